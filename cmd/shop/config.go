@@ -1,0 +1,90 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// config is the service's configuration, read from the environment.
+type config struct {
+	HTTPAddr    string
+	MySQLDSN    string
+	RedisAddr   string
+	LockMode    string
+	LockTTL     time.Duration
+	LockWait    time.Duration
+	StockUpdate string
+	Fencing     bool
+	AdminToken  string
+	LogLevel    slog.Level
+}
+
+// configError is a bad setting; the process exits with status 2.
+type configError struct{ err error }
+
+func (e configError) Error() string { return e.err.Error() }
+func (e configError) Unwrap() error { return e.err }
+
+// loadConfig reads every SHOP_* variable through getenv, applying the
+// defaults of the README, and reports every bad value at once, each naming
+// its variable.
+func loadConfig(getenv func(string) string) (config, error) {
+	var errs []error
+	get := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	oneOf := func(name, def string, allowed ...string) string {
+		v := get(name, def)
+		for _, a := range allowed {
+			if v == a {
+				return v
+			}
+		}
+		errs = append(errs, fmt.Errorf("%s=%q: must be one of %s", name, v, strings.Join(allowed, ", ")))
+		return v
+	}
+	duration := func(name, def string, min time.Duration) time.Duration {
+		v := get(name, def)
+		d, err := time.ParseDuration(v)
+		if err != nil || d < min {
+			errs = append(errs, fmt.Errorf("%s=%q: must be a duration of at least %s, like %s", name, v, min, def))
+		}
+		return d
+	}
+
+	c := config{
+		HTTPAddr:    get("SHOP_HTTP_ADDR", ":8080"),
+		MySQLDSN:    get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
+		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
+		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "local", "none"),
+		LockTTL:     duration("SHOP_LOCK_TTL", "5s", 30*time.Millisecond),
+		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
+		StockUpdate: oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
+		Fencing:     oneOf("SHOP_FENCING", "on", "on", "off") == "on",
+		AdminToken:  getenv("SHOP_ADMIN_TOKEN"),
+	}
+	if _, err := mysql.ParseDSN(c.MySQLDSN); err != nil {
+		errs = append(errs, fmt.Errorf("SHOP_MYSQL_DSN: %w", err))
+	}
+	if !strings.Contains(c.RedisAddr, ":") {
+		errs = append(errs, fmt.Errorf("SHOP_REDIS_ADDR=%q: must be host:port", c.RedisAddr))
+	}
+	if !strings.Contains(c.HTTPAddr, ":") {
+		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))
+	}
+	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
+		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))
+	}
+	if len(errs) > 0 {
+		return c, configError{errors.Join(errs...)}
+	}
+	return c, nil
+}

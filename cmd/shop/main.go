@@ -1,0 +1,109 @@
+// Command shop is the flash-sale inventory service and its tools:
+//
+//	shop serve                            the HTTP service
+//	shop migrate                          apply the schema
+//	shop seed --products N --stock S      reset the catalog
+//	shop verify [--acks FILE] [--json]    check the sale's invariants
+//
+// Configuration comes from SHOP_* environment variables; see README.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// errViolations means verify found broken invariants (exit 1).
+var errViolations = errors.New("invariants broken")
+
+// usageError is a bad command line (exit 2).
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+const usage = `usage: shop <command> [flags]
+
+commands:
+  serve                             run the HTTP service
+  migrate                           apply the database migrations
+  seed --products N --stock S       reset the catalog to products 1..N with S units each
+  verify [--acks FILE] [--json]     check the invariants; exit 1 if any is broken`
+
+// run is the whole program; main only supplies the process's environment.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		return usageError{usage}
+	}
+	cmd, args := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serve(ctx, args, getenv, stderr)
+	case "migrate":
+		return migrate(ctx, args, getenv, stdout)
+	case "seed":
+		return seed(ctx, args, getenv, stdout)
+	case "verify":
+		return verify(ctx, args, getenv, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprintln(stdout, usage)
+		return nil
+	}
+	return usageError{fmt.Sprintf("unknown command %q\n%s", cmd, usage)}
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	var (
+		ue usageError
+		ce configError
+	)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, errViolations):
+		return 1
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintln(stderr, "shop:", ue.msg)
+		return 2
+	case errors.As(err, &ce):
+		fmt.Fprintln(stderr, "shop: bad configuration:\n"+ce.Error())
+		return 2
+	}
+	fmt.Fprintln(stderr, "shop:", err)
+	return 1
+}
+
+// newFlags returns a flag set for a subcommand whose errors come back to run.
+func newFlags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet("shop "+name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	return fs
+}
+
+// parseFlags parses args, turning a bad flag into a usage error.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{fmt.Sprintf("%s: %v", fs.Name(), err)}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Sprintf("%s: unexpected argument %q", fs.Name(), fs.Arg(0))}
+	}
+	return nil
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/handler"
+	"shop/internal/lock"
+	"shop/internal/stock"
+)
+
+const (
+	// mysqlPoolSize is each replica's connection budget; three replicas stay
+	// well inside MariaDB's default of 151 connections.
+	mysqlPoolSize = 40
+	// redisPoolSize bounds the Redis connections of a replica.
+	redisPoolSize = 64
+	// redisTimeout bounds every Redis command.
+	redisTimeout = time.Second
+	// shutdownTimeout is how long in-flight requests get to finish.
+	shutdownTimeout = 30 * time.Second
+)
+
+func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
+	if err := parseFlags(newFlags("serve"), args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+
+	db, err := stock.Open(cfg.MySQLDSN, mysqlPoolSize)
+	if err != nil {
+		return err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	rdb := newRedis(cfg.RedisAddr)
+	defer rdb.Close()
+
+	locker := newLocker(cfg, rdb)
+	update := stock.Guarded
+	if cfg.StockUpdate == "naive" {
+		update = stock.Naive
+	}
+	if cfg.Fencing && cfg.LockMode != "redis" {
+		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
+	}
+	orders := stock.NewService(db, locker, stock.Options{Update: update, Fencing: cfg.Fencing, Logger: log})
+	catalog := stock.NewCatalog(db)
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	gin.SetMode(gin.ReleaseMode)
+	h := handler.New(handler.Deps{
+		Logger:     log,
+		Orders:     orders,
+		Products:   catalog,
+		Seeder:     catalog,
+		AdminToken: cfg.AdminToken,
+		Ready: map[string]handler.Check{
+			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
+			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+		},
+		Registry: reg,
+	})
+
+	ln, err := net.Listen("tcp", cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	log.Info("listening", "addr", ln.Addr().String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
+		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing)
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+
+	// Shutdown stops accepting and waits for in-flight requests; their
+	// contexts are not cancelled, so orders under way commit or roll back
+	// and are answered.
+	log.Info("shutting down", "timeout", shutdownTimeout)
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("serve: shutdown: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func newRedis(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:         addr,
+		PoolSize:     redisPoolSize,
+		DialTimeout:  redisTimeout,
+		ReadTimeout:  redisTimeout,
+		WriteTimeout: redisTimeout,
+	})
+}
+
+func newLocker(cfg config, rdb *redis.Client) stock.Locker {
+	switch cfg.LockMode {
+	case "local":
+		return lock.NewLocal(cfg.LockWait)
+	case "none":
+		return lock.None{}
+	}
+	return lock.NewRedis(rdb, lock.RedisOptions{TTL: cfg.LockTTL, Wait: cfg.LockWait})
+}

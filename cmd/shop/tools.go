@@ -1,0 +1,173 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/go-sql-driver/mysql"
+	"gorm.io/gorm"
+
+	"shop/internal/stock"
+	"shop/migrations"
+)
+
+// openDB loads the configuration and connects to MySQL for a one-shot
+// command.
+func openDB(getenv func(string) string) (*gorm.DB, func(), error) {
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := stock.Open(cfg.MySQLDSN, 4)
+	if err != nil {
+		return nil, nil, err
+	}
+	closeDB := func() {
+		if sqlDB, err := db.DB(); err == nil {
+			sqlDB.Close()
+		}
+	}
+	return db, closeDB, nil
+}
+
+func migrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	if err := parseFlags(newFlags("migrate"), args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	if err := createDatabase(ctx, cfg.MySQLDSN); err != nil {
+		return err
+	}
+	db, closeDB, err := openDB(getenv)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	if err := migrations.Up(ctx, sqlDB); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "migrations applied")
+	return nil
+}
+
+// createDatabase creates the DSN's database if it does not exist, so that
+// migrate works on a fresh server.
+func createDatabase(ctx context.Context, dsn string) error {
+	c, err := mysql.ParseDSN(dsn)
+	if err != nil || c.DBName == "" {
+		return err
+	}
+	name := c.DBName
+	c.DBName = ""
+	db, err := stock.Open(c.FormatDSN(), 1)
+	if err != nil {
+		return err
+	}
+	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	quoted := "`" + strings.ReplaceAll(name, "`", "``") + "`"
+	if err := db.WithContext(ctx).Exec("CREATE DATABASE IF NOT EXISTS " + quoted + " CHARACTER SET utf8mb4").Error; err != nil {
+		return fmt.Errorf("migrate: create database %s: %w", quoted, err)
+	}
+	return nil
+}
+
+func seed(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := newFlags("seed")
+	products := fs.Int("products", 5000, "number of products")
+	units := fs.Int("stock", 1, "units of each product")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	db, closeDB, err := openDB(getenv)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	if err := stock.NewCatalog(db).Seed(ctx, *products, *units); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "seeded %d products with %d units each\n", *products, *units)
+	return nil
+}
+
+func verify(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	fs := newFlags("verify")
+	acksPath := fs.String("acks", "", "file of acknowledged order ids, one per line")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	var acks []int64
+	if *acksPath != "" {
+		var err error
+		if acks, err = readAcks(*acksPath); err != nil {
+			return err
+		}
+	}
+	db, closeDB, err := openDB(getenv)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	report, err := stock.Verify(ctx, db, acks)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(struct {
+			stock.Report
+			OK bool `json:"ok"`
+		}{report, report.OK()}); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprint(stdout, report)
+	}
+	if !report.OK() {
+		return errViolations
+	}
+	return nil
+}
+
+// readAcks reads one order id per line; blank lines are skipped.
+func readAcks(path string) ([]int64, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	defer f.Close()
+	acks := []int64{}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		id, err := strconv.ParseInt(line, 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("verify: %s line %d: not an order id: %q", path, n, line)
+		}
+		acks = append(acks, id)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("verify: %w", err)
+	}
+	return acks, nil
+}

@@ -1,0 +1,76 @@
+package handler
+
+import (
+	"errors"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+
+	"shop/internal/stock"
+)
+
+// Errors of the HTTP layer itself; the domain's are in package stock.
+var (
+	errRouteNotFound     = errors.New("no such route")
+	errMethodNotAllowed  = errors.New("method not allowed")
+	errTooLarge          = errors.New("request body too large")
+	errUnsupportedMedia  = errors.New("Content-Type must be application/json")
+	errUnauthorized      = errors.New("missing or wrong bearer token")
+	errUnavailable       = errors.New("a dependency does not answer")
+	errAdminDisabled     = errors.New("the admin API is off")
+	errInternal          = errors.New("internal error")
+)
+
+// retryAfterSeconds is what a 503 asks the client to wait.
+const retryAfterSeconds = "1"
+
+// status maps an error to its HTTP status, error code and client-facing
+// message. It is the only place that does: every handler reports failures
+// through writeError. Messages of unknown errors are never shown.
+func status(err error) (int, string, string) {
+	switch {
+	case errors.Is(err, stock.ErrInvalid):
+		return http.StatusBadRequest, "invalid_argument", err.Error()
+	case errors.Is(err, stock.ErrNotFound):
+		return http.StatusNotFound, "not_found", "no such product"
+	case errors.Is(err, errRouteNotFound), errors.Is(err, errAdminDisabled):
+		return http.StatusNotFound, "not_found", err.Error()
+	case errors.Is(err, errMethodNotAllowed):
+		return http.StatusMethodNotAllowed, "method_not_allowed", err.Error()
+	case errors.Is(err, stock.ErrSoldOut):
+		return http.StatusConflict, "sold_out", "the product is sold out"
+	case errors.Is(err, stock.ErrAlreadyOrdered):
+		return http.StatusConflict, "already_ordered", "this user already ordered this product"
+	case errors.Is(err, stock.ErrIdempotencyMismatch):
+		return http.StatusUnprocessableEntity, "idempotency_mismatch", "the Idempotency-Key was used for a different order"
+	case errors.Is(err, errTooLarge):
+		return http.StatusRequestEntityTooLarge, "too_large", err.Error()
+	case errors.Is(err, errUnsupportedMedia):
+		return http.StatusUnsupportedMediaType, "unsupported_media_type", err.Error()
+	case errors.Is(err, errUnauthorized):
+		return http.StatusUnauthorized, "unauthorized", err.Error()
+	case errors.Is(err, stock.ErrBusy), errors.Is(err, errUnavailable):
+		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
+	}
+	return http.StatusInternalServerError, "internal", errInternal.Error()
+}
+
+type errorBody struct {
+	Error errorDetail `json:"error"`
+}
+
+type errorDetail struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+// writeError answers with err's status and the JSON error shape, and keeps
+// err on the context for the access log.
+func writeError(c *gin.Context, err error) {
+	code, name, msg := status(err)
+	if code == http.StatusServiceUnavailable {
+		c.Header("Retry-After", retryAfterSeconds)
+	}
+	_ = c.Error(err)
+	c.AbortWithStatusJSON(code, errorBody{Error: errorDetail{Code: name, Message: msg}})
+}

@@ -1,0 +1,51 @@
+package handler
+
+import (
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+)
+
+type productResponse struct {
+	SKUID      int64  `json:"sku_id"`
+	Name       string `json:"name"`
+	PriceCents int64  `json:"price_cents"`
+	Stock      int    `json:"stock"`
+}
+
+type stockResponse struct {
+	SKUID int64 `json:"sku_id"`
+	Stock int   `json:"stock"`
+}
+
+func handleProduct(products Products) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id, err := pathID(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		p, err := products.Product(c, id)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock})
+	}
+}
+
+func handleStock(products Products) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id, err := pathID(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		n, err := products.Stock(c, id)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, stockResponse{SKUID: id, Stock: n})
+	}
+}

@@ -1,0 +1,24 @@
+package handler
+
+import (
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// addRoutes is the whole API at a glance.
+func addRoutes(r *gin.Engine, d Deps) {
+	m := newMetrics(d.Registry)
+	r.Use(recovery(d.Logger), observe(d.Logger, m))
+	r.NoRoute(func(c *gin.Context) { writeError(c, errRouteNotFound) })
+	r.NoMethod(func(c *gin.Context) { writeError(c, errMethodNotAllowed) })
+
+	r.GET("/healthz", handleHealthz())
+	r.GET("/readyz", handleReadyz(d.Ready))
+	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})))
+
+	api := r.Group("/api/v1")
+	api.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
+	api.GET("/products/:id", handleProduct(d.Products))
+	api.GET("/products/:id/stock", handleStock(d.Products))
+	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))
+}

@@ -1,0 +1,65 @@
+// Package handler is shop's HTTP API on gin: request decoding and
+// validation, the mapping of domain errors to statuses in one place
+// (errors.go), health, readiness and metrics.
+package handler
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"shop/internal/stock"
+)
+
+// Orders places orders; *stock.Service implements it.
+type Orders interface {
+	PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (stock.Order, error)
+}
+
+// Products reads products. Product may come from a cache; Stock is
+// authoritative.
+type Products interface {
+	Product(ctx context.Context, id int64) (stock.Product, error)
+	Stock(ctx context.Context, id int64) (int, error)
+}
+
+// Seeder resets the catalog.
+type Seeder interface {
+	Seed(ctx context.Context, products, stock int) error
+}
+
+// Check reports whether a dependency answers; /readyz runs them all.
+type Check func(ctx context.Context) error
+
+// Deps is everything the API needs.
+type Deps struct {
+	Logger   *slog.Logger
+	Orders   Orders
+	Products Products
+	Seeder   Seeder
+	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
+	// admin API off.
+	AdminToken string
+	// Ready lists the checks of /readyz by name.
+	Ready map[string]Check
+	// Registry receives the HTTP metrics; /metrics serves it.
+	Registry *prometheus.Registry
+}
+
+// New returns the HTTP handler of the whole API.
+func New(d Deps) http.Handler {
+	if d.Logger == nil {
+		d.Logger = slog.New(slog.DiscardHandler)
+	}
+	if d.Registry == nil {
+		d.Registry = prometheus.NewRegistry()
+	}
+	r := gin.New()
+	r.HandleMethodNotAllowed = true
+	r.ContextWithFallback = true
+	addRoutes(r, d)
+	return r
+}

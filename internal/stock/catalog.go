@@ -1,0 +1,87 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+
+	"gorm.io/gorm"
+)
+
+// Catalog reads and resets products in MySQL.
+type Catalog struct {
+	db *gorm.DB
+}
+
+// NewCatalog returns a Catalog on db.
+func NewCatalog(db *gorm.DB) *Catalog { return &Catalog{db: db} }
+
+// Product returns the product with id. Errors: ErrInvalid, ErrNotFound.
+func (c *Catalog) Product(ctx context.Context, id int64) (Product, error) {
+	if err := validateID(id); err != nil {
+		return Product{}, err
+	}
+	var p Product
+	if err := c.db.WithContext(ctx).Take(&p, id).Error; err != nil {
+		return Product{}, classify(ctx, "product", notFound(err, id))
+	}
+	return p, nil
+}
+
+// Stock returns the product's stock as MySQL has it now.
+// Errors: ErrInvalid, ErrNotFound.
+func (c *Catalog) Stock(ctx context.Context, id int64) (int, error) {
+	if err := validateID(id); err != nil {
+		return 0, err
+	}
+	var p Product
+	if err := c.db.WithContext(ctx).Select("id", "stock").Take(&p, id).Error; err != nil {
+		return 0, classify(ctx, "stock", notFound(err, id))
+	}
+	return p.Stock, nil
+}
+
+// seedBatch is how many products one INSERT carries.
+const seedBatch = 1000
+
+// Seed replaces the catalog with products 1..n, each with stock units, and
+// deletes every order, in one transaction. Errors: ErrInvalid.
+func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
+	if n < 0 || n > 10_000_000 {
+		return fmt.Errorf("%w: products must be between 0 and 10000000", ErrInvalid)
+	}
+	if stock < 0 || stock > 1_000_000_000 {
+		return fmt.Errorf("%w: stock must be between 0 and 1000000000", ErrInvalid)
+	}
+	return c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("DELETE FROM orders").Error; err != nil {
+			return fmt.Errorf("stock: seed: %w", err)
+		}
+		if err := tx.Exec("DELETE FROM products").Error; err != nil {
+			return fmt.Errorf("stock: seed: %w", err)
+		}
+		batch := make([]Product, 0, min(n, seedBatch))
+		for id := 1; id <= n; id++ {
+			batch = append(batch, Product{
+				ID:           int64(id),
+				Name:         fmt.Sprintf("Product %d", id),
+				PriceCents:   int64(100 + id*37%9900),
+				InitialStock: stock,
+				Stock:        stock,
+			})
+			if len(batch) == cap(batch) || id == n {
+				if err := tx.Omit("updated_at").Create(&batch).Error; err != nil {
+					return fmt.Errorf("stock: seed: %w", err)
+				}
+				batch = batch[:0]
+			}
+		}
+		return nil
+	})
+}
+
+func validateID(id int64) error {
+	if id <= 0 {
+		return fmt.Errorf("%w: id must be a positive integer", ErrInvalid)
+	}
+	return nil
+}

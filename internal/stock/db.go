@@ -1,0 +1,75 @@
+package stock
+
+import (
+	"context"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	gormmysql "gorm.io/driver/mysql"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Open connects to MySQL with dsn, a go-sql-driver DSN, using a pool of at
+// most maxConns connections. It does not wait for the server to answer.
+func Open(dsn string, maxConns int) (*gorm.DB, error) {
+	db, err := gorm.Open(gormmysql.Open(dsn), &gorm.Config{
+		Logger:                 logger.Discard,
+		SkipDefaultTransaction: true,
+		DisableAutomaticPing:   true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("stock: open mysql: %w", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("stock: open mysql: %w", err)
+	}
+	sqlDB.SetMaxOpenConns(maxConns)
+	sqlDB.SetMaxIdleConns(maxConns)
+	sqlDB.SetConnMaxIdleTime(time.Minute)
+	return db, nil
+}
+
+// Ping checks that MySQL answers.
+func Ping(ctx context.Context, db *gorm.DB) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.PingContext(ctx)
+}
+
+// MySQL error numbers this package reacts to.
+const (
+	errDupEntry        = 1062
+	errLockWaitTimeout = 1205
+	errDeadlock        = 1213
+)
+
+// mysqlErrorNumber returns the MySQL error number in err's chain, or 0.
+func mysqlErrorNumber(err error) uint16 {
+	var me *mysql.MySQLError
+	if errors.As(err, &me) {
+		return me.Number
+	}
+	return 0
+}
+
+// transient reports whether err means the database could not do the work now
+// (it is down, unreachable, or gave up on a lock) rather than that the work
+// was wrong: such errors become ErrBusy.
+func transient(err error) bool {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn),
+		errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr):
+		return true
+	}
+	n := mysqlErrorNumber(err)
+	return n == errLockWaitTimeout || n == errDeadlock
+}

@@ -1,0 +1,251 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+
+	"shop/internal/lock"
+)
+
+// Update selects how PlaceOrder writes the new stock.
+type Update int
+
+const (
+	// Guarded decrements in one conditional statement,
+	// UPDATE … SET stock = stock - 1 … WHERE stock > 0, so the database
+	// itself refuses to go below zero whatever the lock does.
+	Guarded Update = iota
+	// Naive writes back the value it read minus one, as the seeds do. It is
+	// correct only while the lock really excludes every other writer; it is
+	// kept to show what the lock is for.
+	Naive
+)
+
+// Options configures a Service.
+type Options struct {
+	// Update is how the stock is written.
+	Update Update
+	// Fencing makes every stock write carry the lease's fencing token and
+	// lets MySQL refuse it unless the token is newer than the row's. It has
+	// no effect with a lock that gives no tokens (lock.Local, lock.None).
+	Fencing bool
+	// BeforeWrite, when set, runs after the product is read and before its
+	// stock is written. Tests pause there to make races deterministic.
+	BeforeWrite func(ctx context.Context, sku int64)
+	// Logger receives what the caller cannot act on, such as a failed
+	// release. Default: discard.
+	Logger *slog.Logger
+}
+
+// Service places orders.
+type Service struct {
+	db    *gorm.DB
+	locks Locker
+	opt   Options
+}
+
+// NewService returns a Service that writes through db under locks.
+func NewService(db *gorm.DB, locks Locker, opt Options) *Service {
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	return &Service{db: db, locks: locks, opt: opt}
+}
+
+// releaseTimeout bounds the release of a SKU lock after the transaction.
+const releaseTimeout = 2 * time.Second
+
+// PlaceOrder sells one unit of product sku to user.
+//
+// It takes the SKU's lock, then in one transaction reads the product, checks
+// it is in stock and not yet ordered by user, decrements the stock and
+// inserts the order; the lock is released only after COMMIT has returned. A
+// returned Order has been committed.
+//
+// With a non-empty idempotencyKey, a repeated call returns the order the
+// first call created (Replayed set) and creates nothing.
+//
+// Errors: ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered,
+// ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence when MySQL
+// refused a stale holder's write).
+func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+	if err := validateOrder(sku, user, idempotencyKey); err != nil {
+		return Order{}, err
+	}
+	if idempotencyKey != "" {
+		// A replay needs no lock.
+		if o, ok, err := s.replay(s.db.WithContext(ctx), sku, user, idempotencyKey); err != nil || ok {
+			return o, classify(ctx, "place order", err)
+		}
+	}
+
+	lease, err := s.locks.Obtain(ctx, LockKey(sku))
+	if err != nil {
+		return Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
+	}
+	defer s.release(ctx, lease)
+
+	var o Order
+	err = s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+		var err error
+		o, err = s.placeOrder(lease.Context(), tx, lease.Fence(), sku, user, idempotencyKey)
+		return err
+	})
+	if mysqlErrorNumber(err) == errDupEntry && idempotencyKey != "" {
+		// A concurrent call with the same key committed first.
+		o, ok, rerr := s.replay(s.db.WithContext(ctx), sku, user, idempotencyKey)
+		if rerr == nil && ok {
+			return o, nil
+		}
+	}
+	if err != nil {
+		return Order{}, s.classifyLease(ctx, lease, err)
+	}
+	return o, nil
+}
+
+func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user int64, idempotencyKey string) (Order, error) {
+	var p Product
+	if err := tx.Select("id", "stock", "fence").Take(&p, sku).Error; err != nil {
+		return Order{}, notFound(err, sku)
+	}
+	if idempotencyKey != "" {
+		if o, ok, err := s.replay(tx, sku, user, idempotencyKey); err != nil || ok {
+			return o, err
+		}
+	}
+	var n int64
+	if err := tx.Model(&Order{}).Where("user_id = ? AND sku_id = ?", user, sku).Count(&n).Error; err != nil {
+		return Order{}, err
+	}
+	if n > 0 {
+		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
+	}
+	if p.Stock <= 0 {
+		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+	}
+	if s.opt.BeforeWrite != nil {
+		s.opt.BeforeWrite(ctx, sku)
+	}
+	fenced := s.opt.Fencing && fence > 0
+	if err := s.writeStock(tx, p, fenced, fence); err != nil {
+		return Order{}, err
+	}
+	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	if idempotencyKey != "" {
+		o.IdempotencyKey = &idempotencyKey
+	}
+	if err := tx.Create(&o).Error; err != nil {
+		if mysqlErrorNumber(err) == errDupEntry && idempotencyKey == "" {
+			return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
+		}
+		return Order{}, err
+	}
+	return o, nil
+}
+
+// writeStock takes one unit off p, read earlier in the same transaction.
+func (s *Service) writeStock(tx *gorm.DB, p Product, fenced bool, fence int64) error {
+	var res *gorm.DB
+	switch {
+	case s.opt.Update == Guarded && fenced:
+		res = tx.Exec("UPDATE products SET stock = stock - 1, fence = ? WHERE id = ? AND stock > 0 AND fence < ?", fence, p.ID, fence)
+	case s.opt.Update == Guarded:
+		res = tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = ? AND stock > 0", p.ID)
+	case fenced:
+		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence < ?", p.Stock-1, fence, p.ID, fence)
+	default:
+		// The seeds' read-modify-write. Its row count proves nothing (a row
+		// already at the written value counts as unchanged), so it is not
+		// checked: this write never refuses.
+		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", p.Stock-1, p.ID).Error
+	}
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 1 {
+		return nil
+	}
+	// Refused: either the stock ran out since the read, or a newer holder
+	// wrote the row.
+	var now Product
+	if err := tx.Select("stock", "fence").Take(&now, p.ID).Error; err != nil {
+		return err
+	}
+	if fenced && now.Fence >= fence {
+		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, p.ID, fence, now.Fence)
+	}
+	return fmt.Errorf("%w: sku %d", ErrSoldOut, p.ID)
+}
+
+// replay finds the order created earlier under key. ok is false when there is
+// none.
+func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok bool, err error) {
+	res := db.Where("idempotency_key = ?", key).Limit(1).Find(&o)
+	if res.Error != nil || res.RowsAffected == 0 {
+		return Order{}, false, res.Error
+	}
+	if o.SKUID != sku || o.UserID != user {
+		return Order{}, false, fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, key)
+	}
+	o.Replayed = true
+	return o, true, nil
+}
+
+func (s *Service) release(ctx context.Context, lease *lock.Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		s.opt.Logger.WarnContext(ctx, "release sku lock", "key", lease.Key(), "err", err)
+	}
+}
+
+// classifyLease is classify for errors met under a lease: work cut short
+// because the lease was lost is ErrBusy.
+func (s *Service) classifyLease(ctx context.Context, lease *lock.Lease, err error) error {
+	if cause := context.Cause(lease.Context()); errors.Is(cause, lock.ErrNotHeld) && ctx.Err() == nil {
+		return fmt.Errorf("%w: %w", ErrBusy, cause)
+	}
+	return classify(ctx, "place order", err)
+}
+
+// classify wraps database failures that may pass with ErrBusy and leaves
+// domain errors as they are.
+func classify(ctx context.Context, op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound),
+		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch):
+		return err
+	case ctx.Err() != nil:
+		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))
+	case transient(err):
+		return fmt.Errorf("%w: %w", ErrBusy, err)
+	}
+	return fmt.Errorf("stock: %s: %w", op, err)
+}
+
+func validateOrder(sku, user int64, idempotencyKey string) error {
+	switch {
+	case sku <= 0:
+		return fmt.Errorf("%w: sku_id must be a positive integer", ErrInvalid)
+	case user <= 0:
+		return fmt.Errorf("%w: user_id must be a positive integer", ErrInvalid)
+	case idempotencyKey != "" && !ValidIdempotencyKey(idempotencyKey):
+		return fmt.Errorf("%w: Idempotency-Key must be 1-64 characters of A-Z a-z 0-9 _ -", ErrInvalid)
+	}
+	return nil
+}
+
+func notFound(err error, id int64) error {
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return fmt.Errorf("%w: product %d", ErrNotFound, id)
+	}
+	return err
+}

@@ -1,0 +1,80 @@
+// Package stock is the domain of shop: products with a stock count, orders
+// that take one unit each, and the rules that keep the two consistent under
+// any number of concurrent buyers and replicas.
+//
+// It knows nothing of HTTP. It declares what it needs from the outside — a
+// Locker — and uses MySQL through gorm.
+package stock
+
+import (
+	"context"
+	"errors"
+	"regexp"
+	"strconv"
+	"time"
+
+	"shop/internal/lock"
+)
+
+// The errors of the domain. Callers compare with errors.Is; the returned
+// errors wrap these with detail.
+var (
+	// ErrInvalid marks a request that breaks the rules of input; its message
+	// says which and is meant for the client.
+	ErrInvalid = errors.New("invalid argument")
+	// ErrNotFound means there is no product with that id.
+	ErrNotFound = errors.New("stock: not found")
+	// ErrSoldOut means the product has no unit left.
+	ErrSoldOut = errors.New("stock: sold out")
+	// ErrAlreadyOrdered means the user already holds an order for the product.
+	ErrAlreadyOrdered = errors.New("stock: already ordered")
+	// ErrIdempotencyMismatch means an idempotency key was used before for a
+	// different order.
+	ErrIdempotencyMismatch = errors.New("stock: idempotency key reused for a different order")
+	// ErrBusy means the order could not be placed now and may succeed later:
+	// the SKU lock was not obtained in time or was lost, or MySQL or Redis
+	// did not answer. Nothing was written.
+	ErrBusy = errors.New("stock: busy")
+	// ErrStaleFence means MySQL refused a write because a newer lock holder
+	// had written the row: this holder's lease had expired. It is wrapped
+	// together with ErrBusy.
+	ErrStaleFence = errors.New("stock: stale fencing token")
+)
+
+// Product is an item on sale.
+type Product struct {
+	ID           int64     `gorm:"column:id;primaryKey;autoIncrement:false"`
+	Name         string    `gorm:"column:name"`
+	PriceCents   int64     `gorm:"column:price_cents"`
+	InitialStock int       `gorm:"column:initial_stock"`
+	Stock        int       `gorm:"column:stock"`
+	Fence        int64     `gorm:"column:fence"`
+	UpdatedAt    time.Time `gorm:"column:updated_at;autoUpdateTime:false"`
+}
+
+// Order is one unit of one product sold to one user.
+type Order struct {
+	ID             int64     `gorm:"column:id;primaryKey"`
+	SKUID          int64     `gorm:"column:sku_id"`
+	UserID         int64     `gorm:"column:user_id"`
+	IdempotencyKey *string   `gorm:"column:idempotency_key"`
+	Fence          int64     `gorm:"column:fence"`
+	CreatedAt      time.Time `gorm:"column:created_at;autoCreateTime:false"`
+
+	// Replayed is true when the order was placed earlier under the same
+	// idempotency key and this call created nothing.
+	Replayed bool `gorm:"-"`
+}
+
+// Locker gives exclusive leases on keys; internal/lock implements it.
+type Locker interface {
+	Obtain(ctx context.Context, key string) (*lock.Lease, error)
+}
+
+// LockKey is the lock key that guards a SKU.
+func LockKey(sku int64) string { return "sku:" + strconv.FormatInt(sku, 10) }
+
+var idempotencyKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ValidIdempotencyKey reports whether k is 1–64 characters of [A-Za-z0-9_-].
+func ValidIdempotencyKey(k string) bool { return idempotencyKeyRE.MatchString(k) }
