@@ -11,14 +11,14 @@ import (
 
 // Errors of the HTTP layer itself; the domain's are in package stock.
 var (
-	errRouteNotFound     = errors.New("no such route")
-	errMethodNotAllowed  = errors.New("method not allowed")
-	errTooLarge          = errors.New("request body too large")
-	errUnsupportedMedia  = errors.New("Content-Type must be application/json")
-	errUnauthorized      = errors.New("missing or wrong bearer token")
-	errUnavailable       = errors.New("a dependency does not answer")
-	errAdminDisabled     = errors.New("the admin API is off")
-	errInternal          = errors.New("internal error")
+	errRouteNotFound    = errors.New("no such route")
+	errMethodNotAllowed = errors.New("method not allowed")
+	errTooLarge         = errors.New("request body too large")
+	errUnsupportedMedia = errors.New("Content-Type must be application/json")
+	errUnauthorized     = errors.New("missing or wrong bearer token")
+	errUnavailable      = errors.New("a dependency does not answer")
+	errAdminDisabled    = errors.New("the admin API is off")
+	errInternal         = errors.New("internal error")
 )
 
 // retryAfterSeconds is what a 503 asks the client to wait.

@@ -46,6 +46,7 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 
 // MySQL error numbers this package reacts to.
 const (
+	errTooManyConns    = 1040
 	errDupEntry        = 1062
 	errLockWaitTimeout = 1205
 	errDeadlock        = 1213
@@ -71,5 +72,5 @@ func transient(err error) bool {
 		return true
 	}
 	n := mysqlErrorNumber(err)
-	return n == errLockWaitTimeout || n == errDeadlock
+	return n == errTooManyConns || n == errLockWaitTimeout || n == errDeadlock
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
 
 	"shop/internal/lock"
 )
@@ -172,9 +173,10 @@ func (s *Service) writeStock(tx *gorm.DB, p Product, fenced bool, fence int64) e
 		return nil
 	}
 	// Refused: either the stock ran out since the read, or a newer holder
-	// wrote the row.
+	// wrote the row. A locking read sees the row as committed now, not as
+	// the transaction's snapshot had it.
 	var now Product
-	if err := tx.Select("stock", "fence").Take(&now, p.ID).Error; err != nil {
+	if err := tx.Clauses(clause.Locking{Strength: "SHARE"}).Select("stock", "fence").Take(&now, p.ID).Error; err != nil {
 		return err
 	}
 	if fenced && now.Fence >= fence {

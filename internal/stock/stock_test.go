@@ -1,0 +1,249 @@
+package stock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/lock"
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+// fleet is several replicas of the order path on one database: each has its
+// own connection pool and, in local mode, its own lock table.
+type fleet struct {
+	db       *testenv.DB
+	replicas []*stock.Service
+}
+
+type fleetConfig struct {
+	replicas int
+	lockMode string // redis, local, none
+	update   stock.Update
+	fencing  bool
+	hook     func(ctx context.Context, sku int64)
+}
+
+func newFleet(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, c fleetConfig) *fleet {
+	t.Helper()
+	f := &fleet{db: db}
+	for range c.replicas {
+		var locker stock.Locker
+		switch c.lockMode {
+		case "redis":
+			locker = lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 30 * time.Second})
+		case "local":
+			locker = lock.NewLocal(30 * time.Second)
+		case "none":
+			locker = lock.None{}
+		default:
+			t.Fatalf("unknown lock mode %q", c.lockMode)
+		}
+		f.replicas = append(f.replicas, stock.NewService(db.Open(t), locker,
+			stock.Options{Update: c.update, Fencing: c.fencing, BeforeWrite: c.hook}))
+	}
+	return f
+}
+
+// rendezvous returns a BeforeWrite hook that holds each buyer between its
+// read and its write until another buyer of the same SKU has read too, or
+// until patience runs out. Any design that lets two buyers of one SKU read
+// before either writes is then caught every run; a design that excludes them
+// just waits out the patience.
+func rendezvous(patience time.Duration) func(context.Context, int64) {
+	var (
+		mu      sync.Mutex
+		waiting = map[int64]chan struct{}{}
+	)
+	return func(ctx context.Context, sku int64) {
+		mu.Lock()
+		if ch, ok := waiting[sku]; ok {
+			delete(waiting, sku)
+			mu.Unlock()
+			close(ch)
+			return
+		}
+		ch := make(chan struct{})
+		waiting[sku] = ch
+		mu.Unlock()
+		select {
+		case <-ch:
+		case <-time.After(patience):
+			mu.Lock()
+			if waiting[sku] == ch {
+				delete(waiting, sku)
+			}
+			mu.Unlock()
+		case <-ctx.Done():
+		}
+	}
+}
+
+type outcome struct {
+	created, soldOut, other int
+	firstOther              error
+}
+
+// sellOut seeds skus products of one unit and sends buyers buyers at each,
+// all at once, buyer j of a SKU through replica j mod len(replicas).
+func (f *fleet) sellOut(t *testing.T, skus, buyers int) outcome {
+	t.Helper()
+	ctx := context.Background()
+	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, skus, 1); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu  sync.Mutex
+		out outcome
+		wg  sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for sku := 1; sku <= skus; sku++ {
+		for j := range buyers {
+			svc := f.replicas[j%len(f.replicas)]
+			user := int64(sku*1000 + j)
+			wg.Go(func() {
+				<-start
+				_, err := svc.PlaceOrder(ctx, int64(sku), user, "")
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case err == nil:
+					out.created++
+				case errors.Is(err, stock.ErrSoldOut):
+					out.soldOut++
+				default:
+					out.other++
+					if out.firstOther == nil {
+						out.firstOther = err
+					}
+				}
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+func verify(t *testing.T, db *testenv.DB) stock.Report {
+	t.Helper()
+	r, err := stock.Verify(context.Background(), db.Gorm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestExperiment is the seeds' experiment: many SKUs of one unit, four
+// buyers each, at once, through one or three replicas.
+func TestExperiment(t *testing.T) {
+	const skus, buyers = 40, 4
+	tests := []struct {
+		name     string
+		cfg      fleetConfig
+		wantSafe bool
+	}{
+		{"redis lock, naive write, 3 replicas", fleetConfig{replicas: 3, lockMode: "redis", update: stock.Naive}, true},
+		{"redis lock, naive write, fenced, 3 replicas", fleetConfig{replicas: 3, lockMode: "redis", update: stock.Naive, fencing: true}, true},
+		{"local lock, naive write, 1 replica", fleetConfig{replicas: 1, lockMode: "local", update: stock.Naive}, true},
+		{"local lock, naive write, 3 replicas", fleetConfig{replicas: 3, lockMode: "local", update: stock.Naive}, false},
+		{"no lock, naive write, 3 replicas", fleetConfig{replicas: 3, lockMode: "none", update: stock.Naive}, false},
+		{"no lock, guarded write, 3 replicas", fleetConfig{replicas: 3, lockMode: "none", update: stock.Guarded}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.MySQL(t)
+			rdb, prefix := testenv.Redis(t)
+			tt.cfg.hook = rendezvous(150 * time.Millisecond)
+			f := newFleet(t, db, rdb, prefix, tt.cfg)
+			out := f.sellOut(t, skus, buyers)
+			r := verify(t, db)
+			t.Logf("created %d, sold out %d, other %d; %s", out.created, out.soldOut, out.other, r)
+
+			if out.other > 0 {
+				t.Fatalf("%d orders failed unexpectedly, first: %v", out.other, out.firstOther)
+			}
+			if !tt.wantSafe {
+				if r.OK() {
+					t.Fatal("verify found nothing wrong, but this design must oversell")
+				}
+				if r.Oversold < skus {
+					t.Errorf("oversold %d units, want every one of the %d SKUs oversold", r.Oversold, skus)
+				}
+				return
+			}
+			if !r.OK() {
+				t.Fatalf("invariants broken:\n%s", r)
+			}
+			if out.created != skus || out.soldOut != skus*(buyers-1) {
+				t.Errorf("created %d, sold out %d; want %d and %d", out.created, out.soldOut, skus, skus*(buyers-1))
+			}
+			if r.Orders != skus || r.Stock != 0 {
+				t.Errorf("MySQL has %d orders and %d units left; want %d and 0", r.Orders, r.Stock, skus)
+			}
+		})
+	}
+}
+
+// TestFencingStopsPausedHolder is the pause in Kleppmann's critique of
+// Redis locks: holder A reads, is stopped (its watchdog with it) past its
+// TTL, B takes the lock and sells the unit, then A wakes up and writes.
+func TestFencingStopsPausedHolder(t *testing.T) {
+	for _, fencing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fencing=%v", fencing), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testenv.MySQL(t)
+			rdb, prefix := testenv.Redis(t)
+			if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 1); err != nil {
+				t.Fatal(err)
+			}
+			read, resume := make(chan struct{}), make(chan struct{})
+			lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond,
+				After: func(time.Duration) <-chan time.Time { return nil }}) // stopped: no renewals
+			a := stock.NewService(db.Open(t), lockA, stock.Options{Update: stock.Naive, Fencing: fencing,
+				BeforeWrite: func(context.Context, int64) { close(read); <-resume }})
+			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
+			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: fencing})
+
+			errA := make(chan error, 1)
+			go func() {
+				_, err := a.PlaceOrder(ctx, 1, 100, "")
+				errA <- err
+			}()
+			<-read
+			// A's lease runs out while A is stopped; B's Obtain waits for it.
+			if _, err := b.PlaceOrder(ctx, 1, 200, ""); err != nil {
+				t.Fatalf("B: %v", err)
+			}
+			close(resume)
+			err := <-errA
+			r := verify(t, db)
+			t.Logf("A: %v; %s", err, r)
+
+			if fencing {
+				if !errors.Is(err, stock.ErrStaleFence) || !errors.Is(err, stock.ErrBusy) {
+					t.Errorf("A's write = %v, want ErrStaleFence and ErrBusy", err)
+				}
+				if !r.OK() || r.Orders != 1 {
+					t.Errorf("want one order and every invariant holding:\n%s", r)
+				}
+				return
+			}
+			if err != nil {
+				t.Errorf("A without fencing: %v, want its stale write to go through", err)
+			}
+			if r.OK() || r.Oversold != 1 {
+				t.Errorf("want the oversell reported (1 unit):\n%s", r)
+			}
+		})
+	}
+}

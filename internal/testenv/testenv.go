@@ -1,0 +1,152 @@
+// Package testenv gives tests their own database and Redis key space on the
+// real MariaDB and Redis that `make test` starts. It is imported by tests
+// only.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
+
+	"shop/internal/stock"
+	"shop/migrations"
+)
+
+const (
+	// MySQLEnv names the DSN of the test server, without a database.
+	MySQLEnv = "SHOP_TEST_MYSQL_DSN"
+	// RedisEnv names the address of the test Redis.
+	RedisEnv = "SHOP_TEST_REDIS_ADDR"
+)
+
+// lookup returns the variable, failing the test when it is missing: a
+// missing server must break the run, not pass it silently. Only -short runs
+// may go without.
+func lookup(tb testing.TB, name string) string {
+	tb.Helper()
+	v := os.Getenv(name)
+	if v == "" {
+		if testing.Short() {
+			tb.Skipf("%s is not set; -short runs skip tests that need servers", name)
+		}
+		tb.Fatalf("%s is not set: run `make test`, which starts private MariaDB and Redis", name)
+	}
+	return v
+}
+
+// Name returns a fresh name for a database or key prefix.
+func Name() string { return strings.ToLower(rand.Text()[:12]) }
+
+// DB is a private, migrated database on the test server.
+type DB struct {
+	// DSN opens the database; every Open is a separate pool, like a
+	// separate replica.
+	DSN string
+	// Gorm is a pool on it.
+	Gorm *gorm.DB
+}
+
+// MySQL creates a database with the schema of migrations/, dropped when the
+// test ends.
+func MySQL(tb testing.TB) *DB {
+	tb.Helper()
+	base := lookup(tb, MySQLEnv)
+	cfg, err := mysql.ParseDSN(base)
+	if err != nil {
+		tb.Fatalf("%s: %v", MySQLEnv, err)
+	}
+	cfg.DBName = ""
+	cfg.ParseTime = true
+	admin, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { admin.Close() })
+	name := "shop_test_" + Name()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
+		tb.Fatalf("create database: %v", err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if _, err := admin.ExecContext(ctx, "DROP DATABASE "+name); err != nil {
+			tb.Errorf("drop database: %v", err)
+		}
+	})
+
+	cfg.DBName = name
+	db := &DB{DSN: cfg.FormatDSN()}
+	db.Gorm = db.Open(tb)
+	sqlDB, err := db.Gorm.DB()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := migrations.Up(ctx, sqlDB); err != nil {
+		tb.Fatal(err)
+	}
+	return db
+}
+
+// Open returns a new pool on the database, closed when the test ends.
+func (d *DB) Open(tb testing.TB) *gorm.DB {
+	tb.Helper()
+	g, err := stock.Open(d.DSN, 20)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if sqlDB, err := g.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	return g
+}
+
+// Redis returns a client of the test Redis and a key prefix of the test's
+// own; keys under the prefix are deleted when the test ends.
+func Redis(tb testing.TB) (*redis.Client, string) {
+	tb.Helper()
+	c := RedisAt(tb, lookup(tb, RedisEnv))
+	prefix := "test:" + Name() + ":"
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		if err := iter.Err(); err != nil {
+			tb.Errorf("clean redis keys %s*: %v", prefix, err)
+		}
+	})
+	return c, prefix
+}
+
+// RedisAt returns a client of the Redis at addr, closed when the test ends.
+func RedisAt(tb testing.TB, addr string) *redis.Client {
+	tb.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, PoolSize: 200})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		tb.Fatalf("redis at %s: %v", addr, err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	return c
+}
+
+// RedisAddr is the address of the test Redis.
+func RedisAddr(tb testing.TB) string {
+	tb.Helper()
+	return lookup(tb, RedisEnv)
+}

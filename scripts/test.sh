@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# make test: start private MariaDB and Redis on free loopback ports, run the
+# whole suite with the race detector against them, and stop them however the
+# tests end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+ensure_deps
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
+cleanup() {
+  stop_pidfile "$tmp/redis/pid"
+  stop_pidfile "$tmp/mariadb/pid"
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+mysql_port=$(free_port)
+SHOP_INNODB_FLUSH=2 start_mariadb "$tmp/mariadb" "$mysql_port"
+redis_port=$(free_port)
+start_redis "$tmp/redis" "$redis_port"
+
+export SHOP_TEST_MYSQL_DSN="root@tcp(127.0.0.1:$mysql_port)/?parseTime=true"
+export SHOP_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
+
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+[ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
+go vet ./...
+go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ./...
