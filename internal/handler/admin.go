@@ -37,7 +37,7 @@ func handleSeed(seeder Seeder) gin.HandlerFunc {
 			writeError(c, invalid("stock must be between 0 and 1000000000"))
 			return
 		}
-		if err := seeder.Seed(c, int(*req.Products), int(*req.Stock)); err != nil {
+		if err := seeder.Seed(c.Request.Context(), int(*req.Products), int(*req.Stock)); err != nil {
 			writeError(c, err)
 			return
 		}

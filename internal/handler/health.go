@@ -30,7 +30,7 @@ func handleReadyz(checks map[string]Check) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		var failed []string
 		for _, name := range names {
-			ctx, cancel := context.WithTimeout(c, readyTimeout)
+			ctx, cancel := context.WithTimeout(c.Request.Context(), readyTimeout)
 			err := checks[name](ctx)
 			cancel()
 			if err != nil {

@@ -26,7 +26,7 @@ func recovery(log *slog.Logger) gin.HandlerFunc {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				log.ErrorContext(c, "panic", "method", c.Request.Method, "path", c.Request.URL.Path, "panic", fmt.Sprint(v))
+				log.ErrorContext(c.Request.Context(), "panic", "method", c.Request.Method, "path", c.Request.URL.Path, "panic", fmt.Sprint(v))
 				writeError(c, errInternal)
 			}
 		}()
@@ -53,14 +53,14 @@ func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
 		if code >= 500 {
 			level = slog.LevelError
 		}
-		if !log.Enabled(c, level) {
+		if !log.Enabled(c.Request.Context(), level) {
 			return
 		}
 		attrs := []any{"method", c.Request.Method, "path", c.Request.URL.Path, "status", code, "duration", elapsed}
 		if err := c.Errors.Last(); err != nil {
 			attrs = append(attrs, "err", err.Err)
 		}
-		log.Log(c, level, "request", attrs...)
+		log.Log(c.Request.Context(), level, "request", attrs...)
 	}
 }
 

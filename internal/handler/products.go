@@ -25,7 +25,7 @@ func handleProduct(products Products) gin.HandlerFunc {
 			writeError(c, err)
 			return
 		}
-		p, err := products.Product(c, id)
+		p, err := products.Product(c.Request.Context(), id)
 		if err != nil {
 			writeError(c, err)
 			return
@@ -41,7 +41,7 @@ func handleStock(products Products) gin.HandlerFunc {
 			writeError(c, err)
 			return
 		}
-		n, err := products.Stock(c, id)
+		n, err := products.Stock(c.Request.Context(), id)
 		if err != nil {
 			writeError(c, err)
 			return

@@ -59,7 +59,6 @@ func New(d Deps) http.Handler {
 	}
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
-	r.ContextWithFallback = true
 	addRoutes(r, d)
 	return r
 }
