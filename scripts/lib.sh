@@ -39,11 +39,14 @@ ensure_deps() {
   fi
 }
 
-# free_port prints a TCP port on 127.0.0.1 that nothing listens on.
+# free_port prints a TCP port on 127.0.0.1 that nothing listens on, below
+# the kernel's ephemeral range so no outgoing connection can be holding it.
 free_port() {
-  local port i
+  local port i low=32768
+  [ -r /proc/sys/net/ipv4/ip_local_port_range ] && read -r low _ </proc/sys/net/ipv4/ip_local_port_range
+  [ "$low" -gt 11000 ] || low=32768
   for i in $(seq 1 200); do
-    port=$(( 20000 + RANDOM % 40000 ))
+    port=$(( 10000 + RANDOM % (low - 10000) ))
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
       echo "$port"; return 0
     fi
@@ -51,11 +54,13 @@ free_port() {
   die "no free port found"
 }
 
-# wait_port PORT SECONDS waits until something accepts on 127.0.0.1:PORT.
+# wait_port PORT SECONDS [PID] waits until something accepts on
+# 127.0.0.1:PORT; it gives up early if process PID has died.
 wait_port() {
-  local port=$1 deadline=$(( SECONDS + $2 ))
+  local port=$1 deadline=$(( SECONDS + $2 )) pid=${3:-}
   while ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
     [ $SECONDS -lt $deadline ] || return 1
+    [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 1
     sleep 0.1
   done
 }
@@ -76,7 +81,7 @@ start_mariadb() {
     --skip-log-bin --max-connections=1000 --innodb-buffer-pool-size=256M \
     --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}" &
   echo $! >"$dir/pid"
-  wait_port "$port" 60 || { tail -20 "$dir/mysqld.log" >&2; die "MariaDB did not start on port $port"; }
+  wait_port "$port" 60 $! || { tail -20 "$dir/mysqld.log" >&2; die "MariaDB did not start on port $port"; }
   log "MariaDB on 127.0.0.1:$port (data in $dir)"
 }
 
@@ -88,7 +93,7 @@ start_redis() {
   "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
     --logfile "$dir/redis.log" --maxclients 10000 &
   echo $! >"$dir/pid"
-  wait_port "$port" 20 || { tail -20 "$dir/redis.log" >&2; die "Redis did not start on port $port"; }
+  wait_port "$port" 20 $! || { tail -20 "$dir/redis.log" >&2; die "Redis did not start on port $port"; }
   log "Redis on 127.0.0.1:$port"
 }
 

@@ -15,6 +15,7 @@ type config struct {
 	HTTPAddr    string
 	MySQLDSN    string
 	RedisAddr   string
+	RedisPrefix string
 	LockMode    string
 	LockTTL     time.Duration
 	LockWait    time.Duration
@@ -64,6 +65,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		HTTPAddr:    get("SHOP_HTTP_ADDR", ":8080"),
 		MySQLDSN:    get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
 		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
+		RedisPrefix: get("SHOP_REDIS_PREFIX", "shop:"),
 		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "local", "none"),
 		LockTTL:     duration("SHOP_LOCK_TTL", "5s", 30*time.Millisecond),
 		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),

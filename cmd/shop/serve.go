@@ -60,7 +60,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if cfg.Fencing && cfg.LockMode != "redis" {
 		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
 	}
-	orders := stock.NewService(db, locker, stock.Options{Update: update, Fencing: cfg.Fencing, Logger: log})
+	orders := stock.NewService(db, locker, stock.Options{Update: update, Fencing: cfg.Fencing, Concurrency: mysqlPoolSize, Logger: log})
 	catalog := stock.NewCatalog(db)
 
 	reg := prometheus.NewRegistry()
@@ -135,5 +135,5 @@ func newLocker(cfg config, rdb *redis.Client) stock.Locker {
 	case "none":
 		return lock.None{}
 	}
-	return lock.NewRedis(rdb, lock.RedisOptions{TTL: cfg.LockTTL, Wait: cfg.LockWait})
+	return lock.NewRedis(rdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait})
 }

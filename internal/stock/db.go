@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -59,6 +60,26 @@ func mysqlErrorNumber(err error) uint16 {
 		return me.Number
 	}
 	return 0
+}
+
+// The unique indexes of orders (migrations/).
+const (
+	userSKUIndex        = "uq_orders_user_sku"
+	idempotencyKeyIndex = "uq_orders_idempotency_key"
+)
+
+// duplicate returns the name of the unique index err violated, or "".
+func duplicate(err error) string {
+	var me *mysql.MySQLError
+	if !errors.As(err, &me) || me.Number != errDupEntry {
+		return ""
+	}
+	for _, index := range []string{userSKUIndex, idempotencyKeyIndex} {
+		if strings.Contains(me.Message, "'"+index+"'") {
+			return index
+		}
+	}
+	return "unknown"
 }
 
 // transient reports whether err means the database could not do the work now

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
 	"gorm.io/gorm/clause"
 
@@ -38,6 +39,11 @@ type Options struct {
 	// BeforeWrite, when set, runs after the product is read and before its
 	// stock is written. Tests pause there to make races deterministic.
 	BeforeWrite func(ctx context.Context, sku int64)
+	// Concurrency bounds how many orders one Service works on at once;
+	// the rest wait their turn (within their context). Keep it at or below
+	// the database pool size so that a lock holder never queues for a
+	// connection while others queue for its lock. Zero means no bound.
+	Concurrency int
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
 	Logger *slog.Logger
@@ -48,6 +54,7 @@ type Service struct {
 	db    *gorm.DB
 	locks Locker
 	opt   Options
+	slots *semaphore.Weighted // nil: unbounded
 }
 
 // NewService returns a Service that writes through db under locks.
@@ -55,7 +62,11 @@ func NewService(db *gorm.DB, locks Locker, opt Options) *Service {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	return &Service{db: db, locks: locks, opt: opt}
+	s := &Service{db: db, locks: locks, opt: opt}
+	if opt.Concurrency > 0 {
+		s.slots = semaphore.NewWeighted(int64(opt.Concurrency))
+	}
+	return s
 }
 
 // releaseTimeout bounds the release of a SKU lock after the transaction.
@@ -63,10 +74,11 @@ const releaseTimeout = 2 * time.Second
 
 // PlaceOrder sells one unit of product sku to user.
 //
-// It takes the SKU's lock, then in one transaction reads the product, checks
-// it is in stock and not yet ordered by user, decrements the stock and
-// inserts the order; the lock is released only after COMMIT has returned. A
-// returned Order has been committed.
+// A product that is missing or sold out is refused at once, without the
+// lock: stock only goes down during a sale, so a read of zero is final.
+// Otherwise PlaceOrder takes the SKU's lock and, in one transaction,
+// decrements the stock and inserts the order; the lock is released only
+// after COMMIT has returned. A returned Order has been committed.
 //
 // With a non-empty idempotencyKey, a repeated call returns the order the
 // first call created (Replayed set) and creates nothing.
@@ -78,13 +90,38 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
 	}
+	if s.slots != nil {
+		if err := s.slots.Acquire(ctx, 1); err != nil {
+			return Order{}, fmt.Errorf("%w: waiting for a slot: %w", ErrBusy, err)
+		}
+		defer s.slots.Release(1)
+	}
+	db := s.db.WithContext(ctx)
 	if idempotencyKey != "" {
 		// A replay needs no lock.
-		if o, ok, err := s.replay(s.db.WithContext(ctx), sku, user, idempotencyKey); err != nil || ok {
+		if o, ok, err := s.replay(db, sku, user, idempotencyKey); err != nil || ok {
 			return o, classify(ctx, "place order", err)
 		}
 	}
+	o, err := s.place(ctx, sku, user, idempotencyKey)
+	if err != nil && idempotencyKey != "" {
+		// A call with the same key may have committed meanwhile: then its
+		// order is the answer, whatever this attempt ran into.
+		switch o, ok, rerr := s.replay(db, sku, user, idempotencyKey); {
+		case ok:
+			return o, nil
+		case errors.Is(rerr, ErrIdempotencyMismatch):
+			return Order{}, rerr
+		}
+	}
+	return o, err
+}
 
+// place checks the stock, takes the lock and runs the transaction.
+func (s *Service) place(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+	if err := inStock(s.db.WithContext(ctx), sku); err != nil {
+		return Order{}, classify(ctx, "place order", err)
+	}
 	lease, err := s.locks.Obtain(ctx, LockKey(sku))
 	if err != nil {
 		return Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
@@ -97,44 +134,46 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 		o, err = s.placeOrder(lease.Context(), tx, lease.Fence(), sku, user, idempotencyKey)
 		return err
 	})
-	if mysqlErrorNumber(err) == errDupEntry && idempotencyKey != "" {
-		// A concurrent call with the same key committed first.
-		o, ok, rerr := s.replay(s.db.WithContext(ctx), sku, user, idempotencyKey)
-		if rerr == nil && ok {
-			return o, nil
-		}
-	}
-	if err != nil {
-		return Order{}, s.classifyLease(ctx, lease, err)
-	}
-	return o, nil
-}
-
-func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user int64, idempotencyKey string) (Order, error) {
-	var p Product
-	if err := tx.Select("id", "stock", "fence").Take(&p, sku).Error; err != nil {
-		return Order{}, notFound(err, sku)
-	}
-	if idempotencyKey != "" {
-		if o, ok, err := s.replay(tx, sku, user, idempotencyKey); err != nil || ok {
-			return o, err
-		}
-	}
-	var n int64
-	if err := tx.Model(&Order{}).Where("user_id = ? AND sku_id = ?", user, sku).Count(&n).Error; err != nil {
-		return Order{}, err
-	}
-	if n > 0 {
+	switch {
+	case err == nil:
+		return o, nil
+	case duplicate(err) == userSKUIndex:
 		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
 	}
+	return Order{}, s.classifyLease(ctx, lease, err)
+}
+
+// inStock refuses a product that does not exist or has no unit left.
+func inStock(db *gorm.DB, sku int64) error {
+	var p Product
+	if err := db.Select("stock").Take(&p, sku).Error; err != nil {
+		return notFound(err, sku)
+	}
 	if p.Stock <= 0 {
-		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+	}
+	return nil
+}
+
+// placeOrder is PlaceOrder's transaction. One order per user and SKU, and
+// one per idempotency key, are left to the unique indexes: a second INSERT
+// fails and the transaction, stock write included, rolls back.
+func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user int64, idempotencyKey string) (Order, error) {
+	var read Product
+	if s.opt.Update == Naive {
+		// The seeds' read-modify-write needs the value it will write back.
+		if err := tx.Select("id", "stock").Take(&read, sku).Error; err != nil {
+			return Order{}, notFound(err, sku)
+		}
+		if read.Stock <= 0 {
+			return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		}
 	}
 	if s.opt.BeforeWrite != nil {
 		s.opt.BeforeWrite(ctx, sku)
 	}
 	fenced := s.opt.Fencing && fence > 0
-	if err := s.writeStock(tx, p, fenced, fence); err != nil {
+	if err := s.writeStock(tx, sku, read.Stock, fenced, fence); err != nil {
 		return Order{}, err
 	}
 	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
@@ -142,29 +181,27 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 		o.IdempotencyKey = &idempotencyKey
 	}
 	if err := tx.Create(&o).Error; err != nil {
-		if mysqlErrorNumber(err) == errDupEntry && idempotencyKey == "" {
-			return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
-		}
 		return Order{}, err
 	}
 	return o, nil
 }
 
-// writeStock takes one unit off p, read earlier in the same transaction.
-func (s *Service) writeStock(tx *gorm.DB, p Product, fenced bool, fence int64) error {
+// writeStock takes one unit off product sku. read is the stock a naive write
+// read earlier in the transaction.
+func (s *Service) writeStock(tx *gorm.DB, sku int64, read int, fenced bool, fence int64) error {
 	var res *gorm.DB
 	switch {
 	case s.opt.Update == Guarded && fenced:
-		res = tx.Exec("UPDATE products SET stock = stock - 1, fence = ? WHERE id = ? AND stock > 0 AND fence < ?", fence, p.ID, fence)
+		res = tx.Exec("UPDATE products SET stock = stock - 1, fence = ? WHERE id = ? AND stock > 0 AND fence < ?", fence, sku, fence)
 	case s.opt.Update == Guarded:
-		res = tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = ? AND stock > 0", p.ID)
+		res = tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = ? AND stock > 0", sku)
 	case fenced:
-		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence < ?", p.Stock-1, fence, p.ID, fence)
+		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence < ?", read-1, fence, sku, fence)
 	default:
 		// The seeds' read-modify-write. Its row count proves nothing (a row
 		// already at the written value counts as unchanged), so it is not
 		// checked: this write never refuses.
-		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", p.Stock-1, p.ID).Error
+		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read-1, sku).Error
 	}
 	if res.Error != nil {
 		return res.Error
@@ -172,17 +209,17 @@ func (s *Service) writeStock(tx *gorm.DB, p Product, fenced bool, fence int64) e
 	if res.RowsAffected == 1 {
 		return nil
 	}
-	// Refused: either the stock ran out since the read, or a newer holder
+	// Refused: the product is gone, its stock ran out, or a newer holder
 	// wrote the row. A locking read sees the row as committed now, not as
 	// the transaction's snapshot had it.
 	var now Product
-	if err := tx.Clauses(clause.Locking{Strength: "SHARE"}).Select("stock", "fence").Take(&now, p.ID).Error; err != nil {
-		return err
+	if err := tx.Clauses(clause.Locking{Strength: "SHARE"}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
+		return notFound(err, sku)
 	}
 	if fenced && now.Fence >= fence {
-		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, p.ID, fence, now.Fence)
+		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, sku, fence, now.Fence)
 	}
-	return fmt.Errorf("%w: sku %d", ErrSoldOut, p.ID)
+	return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 }
 
 // replay finds the order created earlier under key. ok is false when there is

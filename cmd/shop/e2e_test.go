@@ -1,0 +1,243 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"shop/internal/testenv"
+)
+
+// logSink collects a replica's JSON log and reports the address it listens
+// on.
+type logSink struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	addr chan string
+	sent bool
+}
+
+var listenRE = regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
+
+func (s *logSink) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.buf.Write(p)
+	if m := listenRE.FindSubmatch(s.buf.Bytes()); m != nil && !s.sent {
+		s.sent = true
+		s.addr <- string(m[1])
+	}
+	return len(p), nil
+}
+
+func (s *logSink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.buf.String()
+}
+
+// replica is one `shop serve` run in-process, the way main runs it.
+type replica struct {
+	url  string
+	stop context.CancelFunc
+	done chan error
+	log  *logSink
+}
+
+func startReplica(t *testing.T, vars map[string]string) *replica {
+	t.Helper()
+	vars["SHOP_HTTP_ADDR"] = "127.0.0.1:0"
+	ctx, cancel := context.WithCancel(context.Background())
+	r := &replica{stop: cancel, done: make(chan error, 1), log: &logSink{addr: make(chan string, 1)}}
+	go func() { r.done <- run(ctx, []string{"serve"}, env(vars), r.log, r.log) }()
+	select {
+	case addr := <-r.log.addr:
+		r.url = "http://" + addr
+	case err := <-r.done:
+		t.Fatalf("serve exited: %v\n%s", err, r.log)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("serve did not start:\n%s", r.log)
+	}
+	t.Cleanup(func() {
+		cancel()
+		<-r.done
+	})
+	waitReady(t, r.url)
+	return r
+}
+
+func waitReady(t *testing.T, url string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		res, err := http.Get(url + "/readyz")
+		if err == nil {
+			res.Body.Close()
+			if res.StatusCode == 200 {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s never became ready: %v", url, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type tally struct {
+	mu     sync.Mutex
+	status map[int]int
+	acks   []string
+	errs   int
+}
+
+func (tl *tally) add(status int, body []byte, err error) {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	if err != nil {
+		tl.errs++
+		return
+	}
+	tl.status[status]++
+	if status == http.StatusCreated {
+		var o struct {
+			OrderID int64 `json:"order_id"`
+		}
+		if json.Unmarshal(body, &o) == nil {
+			tl.acks = append(tl.acks, fmt.Sprint(o.OrderID))
+		}
+	}
+}
+
+func postOrder(client *http.Client, url string, sku, user int) (int, []byte, error) {
+	res, err := client.Post(url+"/api/v1/orders", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)))
+	if err != nil {
+		return 0, nil, err
+	}
+	defer res.Body.Close()
+	var buf bytes.Buffer
+	_, err = buf.ReadFrom(res.Body)
+	return res.StatusCode, buf.Bytes(), err
+}
+
+// TestThreeReplicasSellEachUnitOnce is the acceptance run in small: three
+// `shop serve` on one MariaDB and one Redis, every SKU wanted by four buyers
+// at once through different replicas; then `shop verify --acks`.
+func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
+	const skus, buyers = 150, 4
+	db := testenv.MySQL(t)
+	_, prefix := testenv.Redis(t)
+	vars := func() map[string]string {
+		return map[string]string{
+			"SHOP_MYSQL_DSN":    db.DSN,
+			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
+			"SHOP_LOCK_MODE":    "redis",
+			"SHOP_STOCK_UPDATE": "naive",
+			"SHOP_REDIS_PREFIX": prefix,
+		}
+	}
+	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
+		t.Fatal(out)
+	}
+	var replicas []*replica
+	for range 3 {
+		replicas = append(replicas, startReplica(t, vars()))
+	}
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	tl := &tally{status: map[int]int{}}
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for sku := 1; sku <= skus; sku++ {
+		for j := range buyers {
+			url := replicas[(sku+j)%len(replicas)].url
+			wg.Go(func() {
+				<-start
+				tl.add(postOrder(client, url, sku, sku*10+j))
+			})
+		}
+	}
+	close(start)
+	wg.Wait()
+	if tl.status[201] != skus || tl.status[409] != skus*(buyers-1) || tl.errs != 0 {
+		t.Errorf("responses %v, transport errors %d; want %d×201 and %d×409", tl.status, tl.errs, skus, skus*(buyers-1))
+		for _, r := range replicas {
+			for _, line := range strings.Split(r.log.String(), "\n") {
+				if strings.Contains(line, `"level":"ERROR"`) {
+					t.Log(line)
+				}
+			}
+		}
+	}
+	acks := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(acks, []byte(strings.Join(tl.acks, "\n")+"\n"), 0o600)
+	if code, out := shop(t, db, "verify", "--acks", acks); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// TestShutdownLosesNoAcknowledgedOrder stops a replica while orders are in
+// flight: every 201 it sent must be in MySQL, and the process must exit
+// cleanly.
+func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
+	const skus = 300 // the catalog; the buyers stop after the 50th acknowledgement
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus+30), "--stock", "1"); code != 0 {
+		t.Fatal(out)
+	}
+	_, prefix := testenv.Redis(t)
+	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": prefix})
+	client := &http.Client{Timeout: 30 * time.Second}
+	tl := &tally{status: map[int]int{}}
+	skusc := make(chan int)
+	var wg sync.WaitGroup
+	for range 30 {
+		wg.Go(func() {
+			for sku := range skusc {
+				tl.add(postOrder(client, r.url, sku, 1))
+			}
+		})
+	}
+	for sku := 1; sku <= skus; sku++ {
+		skusc <- sku
+		tl.mu.Lock()
+		acked := len(tl.acks)
+		tl.mu.Unlock()
+		if acked >= 50 {
+			break
+		}
+	}
+	r.stop() // what SIGTERM does in main, with orders in flight
+	for sku := 1; sku <= 30; sku++ {
+		skusc <- skus + sku // more buyers keep coming; the stopped server refuses them
+	}
+	close(skusc)
+	wg.Wait()
+	if err := <-r.done; err != nil {
+		t.Errorf("serve after shutdown: %v", err)
+	}
+	r.done <- nil // for the cleanup
+	if tl.status[201] == 0 {
+		t.Fatalf("no order was acknowledged before shutdown: %v", tl.status)
+	}
+	acks := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(acks, []byte(strings.Join(tl.acks, "\n")+"\n"), 0o600)
+	code, out := shop(t, db, "verify", "--acks", acks)
+	if code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+	t.Logf("acknowledged %d, refused connection %d; %s", tl.status[201], tl.errs, strings.SplitN(out, "\n", 2)[0])
+	if !strings.Contains(r.log.String(), `"msg":"stopped"`) {
+		t.Errorf("no clean stop in the log:\n%s", r.log)
+	}
+}

@@ -1,0 +1,185 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+// env returns a getenv over m.
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	tests := []struct {
+		name, value string
+	}{
+		{"SHOP_LOCK_MODE", "zookeeper"},
+		{"SHOP_LOCK_TTL", "five"},
+		{"SHOP_LOCK_TTL", "1ms"},
+		{"SHOP_LOCK_WAIT", "-1s"},
+		{"SHOP_STOCK_UPDATE", "optimistic"},
+		{"SHOP_FENCING", "yes"},
+		{"SHOP_LOG_LEVEL", "loud"},
+		{"SHOP_MYSQL_DSN", "not a dsn"},
+		{"SHOP_REDIS_ADDR", "localhost"},
+		{"SHOP_HTTP_ADDR", "8080"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
+			var stderr bytes.Buffer
+			err := run(context.Background(), []string{"serve"}, env(map[string]string{tt.name: tt.value}), &stderr, &stderr)
+			if code := exitCode(err, &stderr); code != 2 {
+				t.Errorf("exit code %d, want 2 (err %v)", code, err)
+			}
+			if !strings.Contains(stderr.String(), tt.name) {
+				t.Errorf("message does not name %s: %q", tt.name, stderr.String())
+			}
+		})
+	}
+	if _, err := loadConfig(env(nil)); err != nil {
+		t.Errorf("defaults rejected: %v", err)
+	}
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{nil, {"nope"}, {"seed", "--products", "x"}, {"verify", "extra"}} {
+		var out bytes.Buffer
+		if code := exitCode(run(context.Background(), args, env(nil), &out, &out), &out); code != 2 {
+			t.Errorf("shop %v: exit %d, want 2", args, code)
+		}
+	}
+}
+
+// shop runs the command with SHOP_MYSQL_DSN set to db and returns its exit
+// code and output.
+func shop(t *testing.T, db *testenv.DB, args ...string) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	err := run(context.Background(), args, env(map[string]string{"SHOP_MYSQL_DSN": db.DSN}), &out, &out)
+	return exitCode(err, &out), out.String()
+}
+
+func TestMigrateSeedVerify(t *testing.T) {
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "migrate"); code != 0 {
+		t.Fatalf("migrate again: %d %s", code, out)
+	}
+	if code, out := shop(t, db, "seed", "--products", "20", "--stock", "3"); code != 0 {
+		t.Fatalf("seed: %d %s", code, out)
+	}
+	code, out := shop(t, db, "verify")
+	if code != 0 || !strings.Contains(out, "products 20, initial stock 60, stock 60, orders 0") {
+		t.Fatalf("verify of a fresh catalog: %d\n%s", code, out)
+	}
+}
+
+func TestMigrateCreatesDatabase(t *testing.T) {
+	db := testenv.MySQL(t)
+	fresh := &testenv.DB{DSN: strings.Replace(db.DSN, "/shop_test_", "/shop_fresh_", 1)}
+	t.Cleanup(func() {
+		db.Gorm.Exec("DROP DATABASE IF EXISTS " + strings.TrimPrefix(dbName(fresh.DSN), "/"))
+	})
+	if code, out := shop(t, fresh, "migrate"); code != 0 {
+		t.Fatalf("migrate on a server without the database: %d %s", code, out)
+	}
+	if code, out := shop(t, fresh, "verify"); code != 0 {
+		t.Fatalf("verify after migrate: %d %s", code, out)
+	}
+}
+
+func dbName(dsn string) string {
+	i := strings.Index(dsn, "/")
+	j := strings.Index(dsn, "?")
+	return dsn[i+1 : j]
+}
+
+// TestVerifyDetectsEachViolation breaks a database in each way verify checks
+// and expects exit 1 with that check failing, and only that one.
+func TestVerifyDetectsEachViolation(t *testing.T) {
+	tests := []struct {
+		check string
+		sql   []string
+		acks  string
+	}{
+		{check: "stock >= 0", sql: []string{
+			"UPDATE products SET stock = -1, initial_stock = -1 WHERE id = 1",
+		}},
+		{check: "initial_stock == stock + orders", sql: []string{
+			"INSERT INTO orders (sku_id, user_id) VALUES (2, 7)",
+		}},
+		{check: "one order per (user, sku)", sql: []string{
+			"ALTER TABLE orders DROP INDEX uq_orders_user_sku",
+			"UPDATE products SET initial_stock = 3 WHERE id = 3",
+			"INSERT INTO orders (sku_id, user_id) VALUES (3, 7), (3, 7)",
+		}},
+		{check: "every order names a product", sql: []string{
+			"INSERT INTO orders (sku_id, user_id) VALUES (999, 7)",
+		}},
+		{check: "every acknowledged order exists", acks: "12345\n"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.check, func(t *testing.T) {
+			db := testenv.MySQL(t)
+			if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), 5, 1); err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range tt.sql {
+				if err := db.Gorm.Exec(q).Error; err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			args := []string{"verify"}
+			if tt.acks != "" {
+				path := filepath.Join(t.TempDir(), "acks")
+				if err := os.WriteFile(path, []byte(tt.acks), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				args = append(args, "--acks", path)
+			}
+			code, out := shop(t, db, args...)
+			if code != 1 {
+				t.Errorf("exit %d, want 1\n%s", code, out)
+			}
+			if !strings.Contains(out, "FAIL  "+tt.check+":") {
+				t.Errorf("%q not reported:\n%s", tt.check, out)
+			}
+			if n := strings.Count(out, "FAIL"); n != 1 {
+				t.Errorf("%d checks failed, want only %q:\n%s", n, tt.check, out)
+			}
+		})
+	}
+}
+
+func TestVerifyJSON(t *testing.T) {
+	db := testenv.MySQL(t)
+	shop(t, db, "seed", "--products", "2", "--stock", "1")
+	code, out := shop(t, db, "verify", "--json")
+	if code != 0 || !strings.Contains(out, `"ok": true`) || !strings.Contains(out, `"oversold_units": 0`) {
+		t.Errorf("verify --json: %d\n%s", code, out)
+	}
+}
+
+func TestReadAcks(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(path, []byte("1\n\n 2 \n3\n"), 0o600)
+	got, err := readAcks(path)
+	if err != nil || len(got) != 3 || got[2] != 3 {
+		t.Errorf("readAcks = %v, %v", got, err)
+	}
+	os.WriteFile(path, []byte("1\nx\n"), 0o600)
+	if _, err := readAcks(path); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("bad line: %v", err)
+	}
+	if _, err := readAcks(filepath.Join(t.TempDir(), "none")); err == nil || errors.Is(err, errViolations) {
+		t.Errorf("missing file: %v", err)
+	}
+}
