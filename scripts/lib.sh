@@ -79,7 +79,7 @@ start_mariadb() {
   "$mysqld" --no-defaults --datadir="$dir/data" "${user[@]}" --bind-address=127.0.0.1 --port="$port" \
     --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --log-error="$dir/mysqld.log" \
     --skip-log-bin --max-connections=1000 --innodb-buffer-pool-size=256M \
-    --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}" &
+    --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}" </dev/null >"$dir/stdout.log" 2>&1 &
   echo $! >"$dir/pid"
   wait_port "$port" 60 $! || { tail -20 "$dir/mysqld.log" >&2; die "MariaDB did not start on port $port"; }
   log "MariaDB on 127.0.0.1:$port (data in $dir)"
@@ -91,7 +91,7 @@ start_redis() {
   redis=$(find_bin redis-server) || die "redis-server not found"
   mkdir -p "$dir"
   "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-    --logfile "$dir/redis.log" --maxclients 10000 &
+    --logfile "$dir/redis.log" --maxclients 10000 </dev/null >/dev/null 2>&1 &
   echo $! >"$dir/pid"
   wait_port "$port" 20 $! || { tail -20 "$dir/redis.log" >&2; die "Redis did not start on port $port"; }
   log "Redis on 127.0.0.1:$port"

@@ -13,6 +13,7 @@ import (
 // config is the service's configuration, read from the environment.
 type config struct {
 	HTTPAddr    string
+	DebugAddr   string
 	MySQLDSN    string
 	RedisAddr   string
 	RedisPrefix string
@@ -63,6 +64,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 
 	c := config{
 		HTTPAddr:    get("SHOP_HTTP_ADDR", ":8080"),
+		DebugAddr:   getenv("SHOP_DEBUG_ADDR"),
 		MySQLDSN:    get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
 		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
 		RedisPrefix: get("SHOP_REDIS_PREFIX", "shop:"),
@@ -81,6 +83,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if !strings.Contains(c.HTTPAddr, ":") {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))
+	}
+	if c.DebugAddr != "" && !strings.Contains(c.DebugAddr, ":") {
+		errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be [host]:port", c.DebugAddr))
 	}
 	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
 		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))

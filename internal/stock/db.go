@@ -17,8 +17,17 @@ import (
 
 // Open connects to MySQL with dsn, a go-sql-driver DSN, using a pool of at
 // most maxConns connections. It does not wait for the server to answer.
+// Times are read as time.Time whatever the DSN says.
 func Open(dsn string, maxConns int) (*gorm.DB, error) {
-	db, err := gorm.Open(gormmysql.Open(dsn), &gorm.Config{
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		return nil, fmt.Errorf("stock: open mysql: %w", err)
+	}
+	// Send each statement with its arguments in one round trip instead of
+	// preparing, executing and closing it in three.
+	cfg.InterpolateParams = true
+	cfg.ParseTime = true
+	db, err := gorm.Open(gormmysql.Open(cfg.FormatDSN()), &gorm.Config{
 		Logger:                 logger.Discard,
 		SkipDefaultTransaction: true,
 		DisableAutomaticPing:   true,

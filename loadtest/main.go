@@ -1,0 +1,328 @@
+// Command loadtest fires hey's requester at shop and records what the buyers
+// were told.
+//
+//	go run ./loadtest -scenario sellout -url http://127.0.0.1:8080 -skus 5000 -buyers 4
+//
+// Scenarios:
+//
+//	sellout  every SKU 1..skus wanted by buyers buyers at once (one unit each after `shop seed`)
+//	hotsku   one SKU wanted by n buyers
+//	read     n GET /api/v1/products/{id} over ids 1..skus
+//
+// With several -url (comma-separated), request i goes to url i mod len, so
+// the buyers of one SKU arrive through different replicas. It prints hey's
+// summary and a progress line each second, and writes a JSON result (-json)
+// and the ids of the acknowledged orders, one per line (-acks), for
+// `shop verify --acks`.
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/rakyll/hey/requester"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	scenario    string
+	urls        []string
+	skus        int
+	buyers      int
+	sku         int
+	n           int
+	concurrency int
+	timeout     time.Duration
+	jsonPath    string
+	acksPath    string
+	keys        bool
+}
+
+// Result is what -json writes.
+type Result struct {
+	Scenario    string         `json:"scenario"`
+	URLs        []string       `json:"urls"`
+	Requests    int            `json:"requests"`
+	Concurrency int            `json:"concurrency"`
+	Seconds     float64        `json:"seconds"`
+	RPS         float64        `json:"rps"`
+	P50Ms       float64        `json:"p50_ms"`
+	P99Ms       float64        `json:"p99_ms"`
+	Statuses    map[string]int `json:"statuses"`
+	Errors      map[string]int `json:"errors,omitempty"`
+	Acks        int            `json:"acks"`
+}
+
+func parse(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
+	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku or read")
+	urls := fs.String("url", "http://127.0.0.1:8080", "base URL(s), comma-separated")
+	fs.IntVar(&o.skus, "skus", 5000, "sellout/read: SKUs 1..skus")
+	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per SKU")
+	fs.IntVar(&o.sku, "sku", 1, "hotsku: the SKU")
+	fs.IntVar(&o.n, "n", 0, "requests (hotsku, read; sellout: skus×buyers)")
+	fs.IntVar(&o.concurrency, "c", 4000, "concurrent buyers (workers); each sends n/c requests in turn")
+	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "per-request timeout")
+	fs.StringVar(&o.jsonPath, "json", "", "write the result as JSON to this file")
+	fs.StringVar(&o.acksPath, "acks", "", "write acknowledged order ids to this file")
+	fs.BoolVar(&o.keys, "idempotency-keys", false, "send an Idempotency-Key with each order")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	for _, u := range strings.Split(*urls, ",") {
+		if _, err := url.ParseRequestURI(u); err != nil {
+			return o, fmt.Errorf("-url %q: %w", u, err)
+		}
+		o.urls = append(o.urls, strings.TrimRight(u, "/"))
+	}
+	switch o.scenario {
+	case "sellout":
+		o.n = o.skus * o.buyers
+	case "hotsku", "read":
+		if o.n <= 0 {
+			o.n = 1000
+		}
+	default:
+		return o, fmt.Errorf("-scenario %q: want sellout, hotsku or read", o.scenario)
+	}
+	if o.n <= 0 || o.skus <= 0 || o.buyers <= 0 {
+		return o, errors.New("-n, -skus and -buyers must be positive")
+	}
+	if o.concurrency <= 0 {
+		return o, errors.New("-c must be positive")
+	}
+	o.concurrency = min(o.concurrency, o.n)
+	// hey gives each worker n/c requests and drops the remainder.
+	for o.n%o.concurrency != 0 {
+		o.concurrency--
+	}
+	return o, nil
+}
+
+// requests returns hey's RequestFunc for the scenario: request i (in the
+// order hey asks for them) is always the same request.
+func requests(o options) func() *http.Request {
+	var next atomic.Int64
+	return func() *http.Request {
+		i := int(next.Add(1) - 1)
+		base := o.urls[i%len(o.urls)]
+		var sku, user int
+		switch o.scenario {
+		case "read":
+			req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/products/%d", base, i%o.skus+1), nil)
+			return req
+		case "hotsku":
+			sku, user = o.sku, i+1
+		default: // sellout: the buyers of a SKU are consecutive
+			sku, user = i/o.buyers+1, i+1
+		}
+		body := fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)
+		req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		if o.keys {
+			req.Header.Set("Idempotency-Key", fmt.Sprintf("lt-%d-%d", sku, user))
+		}
+		return req
+	}
+}
+
+// summary is hey's summary, rendered by hey's report with this template;
+// the lines starting with @@ carry figures for the JSON result.
+const summary = `
+Summary:
+  Total:	{{ formatNumber .Total.Seconds }} secs
+  Slowest:	{{ formatNumber .Slowest }} secs
+  Fastest:	{{ formatNumber .Fastest }} secs
+  Average:	{{ formatNumber .Average }} secs
+  Requests/sec:	{{ formatNumber .Rps }}
+
+Response time histogram:
+{{ histogram .Histogram }}
+Latency distribution:{{ range .LatencyDistribution }}
+  {{ .Percentage }}% in {{ formatNumber .Latency }} secs{{ end }}
+
+Status code distribution:{{ range $code, $num := .StatusCodeDist }}
+  [{{ $code }}]	{{ $num }} responses{{ end }}
+{{ if gt (len .ErrorDist) 0 }}
+Error distribution:{{ range $err, $num := .ErrorDist }}
+  [{{ $num }}]	{{ $err }}{{ end }}{{ end }}
+@@total {{ .Total.Seconds }}
+@@rps {{ .Rps }}{{ range .LatencyDistribution }}
+@@lat {{ .Percentage }} {{ .Latency }}{{ end }}
+`
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parse(args)
+	if err != nil {
+		return err
+	}
+	// Each worker holds a connection to the tap, whose end is in this
+	// process too; the tap's own connections to the service are capped.
+	if err := raiseFileLimit(uint64(2*o.concurrency + len(o.urls)*tapConnsPerHost + 256)); err != nil {
+		return fmt.Errorf("%w: lower -c", err)
+	}
+	tp, err := newTap()
+	if err != nil {
+		return err
+	}
+	defer tp.close()
+	proxy, _ := url.Parse("http://" + tp.addr)
+
+	var report bytes.Buffer
+	reqs := requests(o)
+	first := reqs() // hey needs Request set even with RequestFunc
+	w := &requester.Work{
+		Request:     first,
+		RequestFunc: reqs,
+		N:           o.n,
+		C:           o.concurrency,
+		Timeout:     int(o.timeout.Seconds()),
+		ProxyAddr:   proxy,
+		Output:      summary,
+		Writer:      &report,
+	}
+	// The first request was only a template: start the sequence again.
+	w.RequestFunc = requests(o)
+	w.Init()
+
+	fmt.Fprintf(stderr, "loadtest: %s, %d requests, %d at once, to %s\n", o.scenario, o.n, o.concurrency, strings.Join(o.urls, ", "))
+	finished := make(chan struct{})
+	go progress(ctx, tp, o.n, finished, stderr, w)
+	w.Run()
+	close(finished)
+
+	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Statuses: map[string]int{}}
+	printSummary(report.String(), stdout, &res)
+	statuses, errs, acks := tp.snapshot()
+	for code, n := range statuses {
+		res.Statuses[strconv.Itoa(code)] = n
+	}
+	if len(errs) > 0 {
+		res.Errors = errs
+	}
+	res.Acks = len(acks)
+	for e, n := range errs {
+		fmt.Fprintf(stdout, "tap error [%d]: %s\n", n, e)
+	}
+	fmt.Fprintf(stdout, "acknowledged orders: %d\n", len(acks))
+
+	if o.acksPath != "" {
+		var b strings.Builder
+		for _, id := range acks {
+			fmt.Fprintln(&b, id)
+		}
+		if err := os.WriteFile(o.acksPath, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.jsonPath != "" {
+		data, _ := json.MarshalIndent(res, "", "  ")
+		if err := os.WriteFile(o.jsonPath, append(data, '\n'), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// printSummary prints hey's summary without the @@ lines, which it reads into
+// res.
+func printSummary(report string, w io.Writer, res *Result) {
+	sc := bufio.NewScanner(strings.NewReader(report))
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		switch {
+		case len(f) == 2 && f[0] == "@@total":
+			res.Seconds, _ = strconv.ParseFloat(f[1], 64)
+		case len(f) == 2 && f[0] == "@@rps":
+			res.RPS, _ = strconv.ParseFloat(f[1], 64)
+		case len(f) == 3 && f[0] == "@@lat":
+			lat, _ := strconv.ParseFloat(f[2], 64)
+			switch f[1] {
+			case "50":
+				res.P50Ms = lat * 1000
+			case "99":
+				res.P99Ms = lat * 1000
+			}
+		case strings.HasPrefix(line, "@@"):
+		default:
+			fmt.Fprintln(w, line)
+		}
+	}
+}
+
+// progress prints a line each second until the run ends; an interrupt stops
+// the run early.
+func progress(ctx context.Context, tp *tap, total int, finished <-chan struct{}, w io.Writer, work *requester.Work) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	start := time.Now()
+	for {
+		select {
+		case <-finished:
+			return
+		case <-ctx.Done():
+			work.Stop()
+			return
+		case <-tick.C:
+			statuses, errs, _ := tp.snapshot()
+			n := 0
+			for _, v := range errs {
+				n += v
+			}
+			fmt.Fprintf(w, "progress: %d/%d done in %s, statuses %v, errors %d\n",
+				tp.done.Load(), total, time.Since(start).Round(time.Second), statuses, n)
+		}
+	}
+}
+
+// raiseFileLimit lifts the open-files limit to at least want: every worker
+// holds a connection to the tap and the tap one to the service.
+func raiseFileLimit(want uint64) error {
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	if lim.Cur >= want {
+		return nil
+	}
+	if lim.Max < want {
+		raised := syscall.Rlimit{Cur: want, Max: want}
+		if syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised) == nil {
+			return nil
+		}
+	}
+	lim.Cur = min(want, lim.Max)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		return err
+	}
+	if lim.Cur < want {
+		return fmt.Errorf("open-files limit is %d, below the %d this run needs", lim.Cur, want)
+	}
+	return nil
+}
