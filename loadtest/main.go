@@ -29,6 +29,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -172,8 +173,8 @@ Status code distribution:{{ range $code, $num := .StatusCodeDist }}
 Error distribution:{{ range $err, $num := .ErrorDist }}
   [{{ $num }}]	{{ $err }}{{ end }}{{ end }}
 @@total {{ .Total.Seconds }}
-@@rps {{ .Rps }}{{ range .LatencyDistribution }}
-@@lat {{ .Percentage }} {{ .Latency }}{{ end }}
+@@rps {{ .Rps }}
+@@lats{{ range .Lats }} {{ . }}{{ end }}
 `
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -250,9 +251,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // printSummary prints hey's summary without the @@ lines, which it reads into
-// res.
+// res. Percentiles are taken here from every latency hey measured (nearest
+// rank), as hey's own table leaves p99 empty below 100 requests.
 func printSummary(report string, w io.Writer, res *Result) {
 	sc := bufio.NewScanner(strings.NewReader(report))
+	sc.Buffer(nil, 64<<20)
 	for sc.Scan() {
 		line := sc.Text()
 		f := strings.Fields(line)
@@ -261,19 +264,30 @@ func printSummary(report string, w io.Writer, res *Result) {
 			res.Seconds, _ = strconv.ParseFloat(f[1], 64)
 		case len(f) == 2 && f[0] == "@@rps":
 			res.RPS, _ = strconv.ParseFloat(f[1], 64)
-		case len(f) == 3 && f[0] == "@@lat":
-			lat, _ := strconv.ParseFloat(f[2], 64)
-			switch f[1] {
-			case "50":
-				res.P50Ms = lat * 1000
-			case "99":
-				res.P99Ms = lat * 1000
+		case len(f) > 0 && f[0] == "@@lats":
+			lats := make([]float64, 0, len(f)-1)
+			for _, v := range f[1:] {
+				if x, err := strconv.ParseFloat(v, 64); err == nil {
+					lats = append(lats, x)
+				}
 			}
+			slices.Sort(lats)
+			res.P50Ms = percentile(lats, 50) * 1000
+			res.P99Ms = percentile(lats, 99) * 1000
 		case strings.HasPrefix(line, "@@"):
 		default:
 			fmt.Fprintln(w, line)
 		}
 	}
+}
+
+// percentile returns the nearest-rank p-th percentile of sorted xs.
+func percentile(xs []float64, p int) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	rank := (p*len(xs) + 99) / 100 // ceil(p/100 × n)
+	return xs[max(rank, 1)-1]
 }
 
 // progress prints a line each second until the run ends; an interrupt stops

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// shopStub sells one unit per SKU: the first buyer gets 201 with the SKU as
+// order id, later ones 409. It also records who asked.
+type shopStub struct {
+	mu    sync.Mutex
+	sold  map[int64]bool
+	users map[int64]int64 // user → sku
+}
+
+func (s *shopStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct{ SKUID, UserID int64 }
+	body, _ := io.ReadAll(r.Body)
+	json.Unmarshal(bytes.ReplaceAll(bytes.ReplaceAll(body, []byte("sku_id"), []byte("SKUID")), []byte("user_id"), []byte("UserID")), &req)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.users[req.UserID] = req.SKUID
+	if s.sold[req.SKUID] {
+		w.WriteHeader(http.StatusConflict)
+		fmt.Fprint(w, `{"error":{"code":"sold_out","message":"x"}}`)
+		return
+	}
+	s.sold[req.SKUID] = true
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%d,"sku_id":%d,"user_id":%d,"created_at":"x"}`, req.SKUID, req.SKUID, req.UserID)
+}
+
+func TestSelloutRecordsAcks(t *testing.T) {
+	stub := &shopStub{sold: map[int64]bool{}, users: map[int64]int64{}}
+	a, b := httptest.NewServer(stub), httptest.NewServer(stub)
+	defer a.Close()
+	defer b.Close()
+	dir := t.TempDir()
+	acks, result := filepath.Join(dir, "acks"), filepath.Join(dir, "result.json")
+
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"-scenario", "sellout", "-url", a.URL + "," + b.URL,
+		"-skus", "10", "-buyers", "4", "-c", "8", "-acks", acks, "-json", result}, &out, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, _ := os.ReadFile(acks)
+	lines := strings.Fields(string(data))
+	sort.Strings(lines)
+	if got := strings.Join(lines, ","); got != "1,10,2,3,4,5,6,7,8,9" {
+		t.Errorf("acks = %s, want the ten orders", got)
+	}
+	var r Result
+	data, _ = os.ReadFile(result)
+	if err := json.Unmarshal(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Requests != 40 || r.Statuses["201"] != 10 || r.Statuses["409"] != 30 || r.Acks != 10 || r.RPS <= 0 || r.P99Ms <= 0 {
+		t.Errorf("result = %+v", r)
+	}
+	// Every buyer is a different user; buyers of SKU s are users 4(s-1)+1..4s.
+	if len(stub.users) != 40 || stub.users[1] != 1 || stub.users[4] != 1 || stub.users[5] != 2 || stub.users[40] != 10 {
+		t.Errorf("requests went out as %v", stub.users)
+	}
+	if !strings.Contains(out.String(), "Requests/sec:") || strings.Contains(out.String(), "@@") {
+		t.Errorf("summary:\n%s", out.String())
+	}
+}
+
+func TestParse(t *testing.T) {
+	o, err := parse([]string{"-skus", "5000", "-buyers", "4", "-c", "3000"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.n != 20000 || 20000%o.concurrency != 0 || o.concurrency > 3000 {
+		t.Errorf("n %d, c %d: hey would drop requests", o.n, o.concurrency)
+	}
+	for _, bad := range [][]string{{"-scenario", "x"}, {"-url", "nope"}, {"-c", "0"}, {"-buyers", "0"}} {
+		if _, err := parse(bad); err == nil {
+			t.Errorf("parse(%v) accepted", bad)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	xs := []float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, tt := range []struct {
+		p    int
+		want float64
+	}{{50, 5}, {99, 10}, {10, 1}, {100, 10}} {
+		if got := percentile(xs, tt.p); got != tt.want {
+			t.Errorf("p%d = %v, want %v", tt.p, got, tt.want)
+		}
+	}
+	if percentile(nil, 50) != 0 {
+		t.Error("empty")
+	}
+}
