@@ -17,23 +17,17 @@ import (
 	"shop/migrations"
 )
 
-// openDB loads the configuration and connects to MySQL for a one-shot
-// command.
-func openDB(getenv func(string) string) (*gorm.DB, func(), error) {
-	cfg, err := loadConfig(getenv)
+// openDB connects to MySQL for a one-shot command; close releases the pool.
+func openDB(dsn string) (db *gorm.DB, close func(), err error) {
+	db, err = stock.Open(dsn, 4)
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := stock.Open(cfg.MySQLDSN, 4)
-	if err != nil {
-		return nil, nil, err
-	}
-	closeDB := func() {
+	return db, func() {
 		if sqlDB, err := db.DB(); err == nil {
 			sqlDB.Close()
 		}
-	}
-	return db, closeDB, nil
+	}, nil
 }
 
 func migrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -47,7 +41,7 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	if err := createDatabase(ctx, cfg.MySQLDSN); err != nil {
 		return err
 	}
-	db, closeDB, err := openDB(getenv)
+	db, closeDB, err := openDB(cfg.MySQLDSN)
 	if err != nil {
 		return err
 	}
@@ -72,13 +66,11 @@ func createDatabase(ctx context.Context, dsn string) error {
 	}
 	name := c.DBName
 	c.DBName = ""
-	db, err := stock.Open(c.FormatDSN(), 1)
+	db, closeDB, err := openDB(c.FormatDSN())
 	if err != nil {
 		return err
 	}
-	if sqlDB, err := db.DB(); err == nil {
-		defer sqlDB.Close()
-	}
+	defer closeDB()
 	quoted := "`" + strings.ReplaceAll(name, "`", "``") + "`"
 	if err := db.WithContext(ctx).Exec("CREATE DATABASE IF NOT EXISTS " + quoted + " CHARACTER SET utf8mb4").Error; err != nil {
 		return fmt.Errorf("migrate: create database %s: %w", quoted, err)
@@ -93,7 +85,11 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	db, closeDB, err := openDB(getenv)
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	db, closeDB, err := openDB(cfg.MySQLDSN)
 	if err != nil {
 		return err
 	}
@@ -119,7 +115,11 @@ func verify(ctx context.Context, args []string, getenv func(string) string, stdo
 			return err
 		}
 	}
-	db, closeDB, err := openDB(getenv)
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return err
+	}
+	db, closeDB, err := openDB(cfg.MySQLDSN)
 	if err != nil {
 		return err
 	}
