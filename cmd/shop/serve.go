@@ -50,6 +50,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
+	redis.SetLogger(redisLog{log}) // go-redis logs through a process-wide logger
 	rdb := newRedis(cfg.RedisAddr)
 	defer rdb.Close()
 
@@ -126,6 +127,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// redisLog sends go-redis's own messages (failed dials, mostly) to the JSON
+// log.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
 func newRedis(addr string) *redis.Client {

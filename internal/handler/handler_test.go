@@ -14,6 +14,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
 
 	"shop/internal/handler"
 	"shop/internal/lock"
@@ -290,5 +291,37 @@ func TestIdempotencyKeyConcurrent(t *testing.T) {
 	}
 	if s := a.state(t); s.Orders != 1 || s.Stock != 14 {
 		t.Errorf("MySQL has %d orders and %d units; want 1 and 14", s.Orders, s.Stock)
+	}
+}
+
+// With Redis down an order cannot be locked: 503 busy with Retry-After, and
+// nothing written; /readyz says so too.
+func TestRedisDownIsBusy(t *testing.T) {
+	db := testenv.MySQL(t)
+	catalog := stock.NewCatalog(db.Gorm)
+	if err := catalog.Seed(context.Background(), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { dead.Close() })
+	srv := httptest.NewServer(handler.New(handler.Deps{
+		Orders:   stock.NewService(db.Gorm, lock.NewRedis(dead, lock.RedisOptions{}), stock.Options{}),
+		Products: catalog,
+		Ready: map[string]handler.Check{
+			"redis": func(ctx context.Context) error { return dead.Ping(ctx).Err() },
+		},
+	}))
+	t.Cleanup(srv.Close)
+	a := &api{url: srv.URL, db: db}
+
+	r := a.order(t, `{"sku_id":1,"user_id":1}`, nil)
+	if r.status != 503 || errorCode(t, r) != "busy" || r.header.Get("Retry-After") == "" {
+		t.Errorf("order with Redis down: %d %s, Retry-After %q", r.status, r.raw, r.header.Get("Retry-After"))
+	}
+	if r := a.do(t, "GET", "/readyz", "", nil, nil); r.status != 503 {
+		t.Errorf("readyz with Redis down: %d %s", r.status, r.raw)
+	}
+	if s := a.state(t); s.Orders != 0 || s.Stock != 1 {
+		t.Errorf("a refused order changed the database: %+v", s)
 	}
 }
