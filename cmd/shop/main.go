@@ -14,12 +14,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 )
 
 func main() {
+	// go-redis logs through one process-wide logger; make it JSON like ours.
+	redis.SetLogger(redisLog{slog.New(slog.NewJSONHandler(os.Stderr, nil))})
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	stop()

@@ -50,7 +50,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	redis.SetLogger(redisLog{log}) // go-redis logs through a process-wide logger
 	rdb := newRedis(cfg.RedisAddr)
 	defer rdb.Close()
 
