@@ -115,7 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	// Shutdown stops accepting and waits for in-flight requests; their
 	// contexts are not cancelled, so orders under way commit or roll back
 	// and are answered.
-	log.Info("shutting down", "timeout", shutdownTimeout)
+	log.Info("shutting down", "timeout", shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

@@ -27,7 +27,12 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 	// preparing, executing and closing it in three.
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
-	db, err := gorm.Open(gormmysql.Open(cfg.FormatDSN()), &gorm.Config{
+	db, err := gorm.Open(gormmysql.New(gormmysql.Config{
+		DSN: cfg.FormatDSN(),
+		// Do not ask the server for its version: a replica starts while
+		// MySQL is down and says so on /readyz.
+		SkipInitializeWithVersion: true,
+	}), &gorm.Config{
 		Logger:                 logger.Discard,
 		SkipDefaultTransaction: true,
 		DisableAutomaticPing:   true,
