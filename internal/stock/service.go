@@ -213,7 +213,7 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read int, fenced bool, fenc
 	// wrote the row. A locking read sees the row as committed now, not as
 	// the transaction's snapshot had it.
 	var now Product
-	if err := tx.Clauses(clause.Locking{Strength: "SHARE"}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
+	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
 		return notFound(err, sku)
 	}
 	if fenced && now.Fence >= fence {
