@@ -29,7 +29,7 @@ type tap struct {
 
 // tapConnsPerHost caps the tap's connections to each service URL; requests
 // beyond it wait in the tap, as they would in a server's accept queue.
-const tapConnsPerHost = 1000
+const tapConnsPerHost = 256
 
 func newTap() (*tap, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
