@@ -49,8 +49,10 @@ func status(err error) (int, string, string) {
 		return http.StatusUnsupportedMediaType, "unsupported_media_type", err.Error()
 	case errors.Is(err, errUnauthorized):
 		return http.StatusUnauthorized, "unauthorized", err.Error()
-	case errors.Is(err, stock.ErrBusy), errors.Is(err, errUnavailable):
+	case errors.Is(err, stock.ErrBusy):
 		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
+	case errors.Is(err, errUnavailable):
+		return http.StatusServiceUnavailable, "unavailable", errUnavailable.Error()
 	}
 	return http.StatusInternalServerError, "internal", errInternal.Error()
 }

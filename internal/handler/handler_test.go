@@ -318,7 +318,7 @@ func TestRedisDownIsBusy(t *testing.T) {
 	if r.status != 503 || errorCode(t, r) != "busy" || r.header.Get("Retry-After") == "" {
 		t.Errorf("order with Redis down: %d %s, Retry-After %q", r.status, r.raw, r.header.Get("Retry-After"))
 	}
-	if r := a.do(t, "GET", "/readyz", "", nil, nil); r.status != 503 {
+	if r := a.do(t, "GET", "/readyz", "", nil, nil); r.status != 503 || errorCode(t, r) != "unavailable" {
 		t.Errorf("readyz with Redis down: %d %s", r.status, r.raw)
 	}
 	if s := a.state(t); s.Orders != 0 || s.Stock != 1 {
