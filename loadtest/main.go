@@ -195,11 +195,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	proxy, _ := url.Parse("http://" + tp.addr)
 
 	var report bytes.Buffer
-	reqs := requests(o)
-	first := reqs() // hey needs Request set even with RequestFunc
 	w := &requester.Work{
-		Request:     first,
-		RequestFunc: reqs,
+		Request:     requests(o)(), // hey needs Request set even with RequestFunc
+		RequestFunc: requests(o),
 		N:           o.n,
 		C:           o.concurrency,
 		Timeout:     int(o.timeout.Seconds()),
@@ -207,8 +205,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		Output:      summary,
 		Writer:      &report,
 	}
-	// The first request was only a template: start the sequence again.
-	w.RequestFunc = requests(o)
 	w.Init()
 
 	fmt.Fprintf(stderr, "loadtest: %s, %d requests, %d at once, to %s\n", o.scenario, o.n, o.concurrency, strings.Join(o.urls, ", "))

@@ -55,17 +55,6 @@ func decode(c *gin.Context, v any) error {
 
 func invalid(msg string) error { return fmt.Errorf("%w: %s", stock.ErrInvalid, msg) }
 
-// positive returns *p when it is set and positive.
-func positive(name string, p *int64) (int64, error) {
-	if p == nil {
-		return 0, invalid(name + " is required")
-	}
-	if *p <= 0 {
-		return 0, invalid(name + " must be a positive integer")
-	}
-	return *p, nil
-}
-
 // pathID parses the :id path parameter as a positive int64.
 func pathID(c *gin.Context) (int64, error) {
 	id, err := strconv.ParseInt(c.Param("id"), 10, 64)

@@ -25,22 +25,25 @@ type orderResponse struct {
 // orderTimeout bounds one order, lock wait included.
 const orderTimeout = 15 * time.Second
 
-// handlePlaceOrder answers 201 only after the order has been committed.
+// handlePlaceOrder answers 201 only after the order has been committed. The
+// order rules (positive ids, the key's format) are the domain's to check.
 func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
+		fail := func(err error) {
+			_, code, _ := status(err)
+			m.orders.WithLabelValues(code).Inc()
+			writeError(c, err)
+		}
 		sku, user, key, err := readOrder(c)
 		if err != nil {
-			m.orders.WithLabelValues("rejected").Inc()
-			writeError(c, err)
+			fail(err)
 			return
 		}
 		ctx, cancel := context.WithTimeout(c.Request.Context(), orderTimeout)
 		defer cancel()
 		o, err := orders.PlaceOrder(ctx, sku, user, key)
 		if err != nil {
-			_, code, _ := status(err)
-			m.orders.WithLabelValues(code).Inc()
-			writeError(c, err)
+			fail(err)
 			return
 		}
 		if o.Replayed {
@@ -64,19 +67,17 @@ func readOrder(c *gin.Context) (sku, user int64, key string, err error) {
 	case len(keys) > 1:
 		return 0, 0, "", invalid("send at most one Idempotency-Key")
 	case len(keys) == 1:
-		if key = keys[0]; !stock.ValidIdempotencyKey(key) {
-			return 0, 0, "", invalid("Idempotency-Key must be 1-64 characters of A-Z a-z 0-9 _ -")
+		// Sent but empty is an error, not "no key".
+		if key = keys[0]; key == "" {
+			return 0, 0, "", stock.CheckIdempotencyKey(key)
 		}
 	}
 	var req placeOrderRequest
 	if err := decode(c, &req); err != nil {
 		return 0, 0, "", err
 	}
-	if sku, err = positive("sku_id", req.SKUID); err != nil {
-		return 0, 0, "", err
+	if req.SKUID == nil || req.UserID == nil {
+		return 0, 0, "", invalid("sku_id and user_id are required")
 	}
-	if user, err = positive("user_id", req.UserID); err != nil {
-		return 0, 0, "", err
-	}
-	return sku, user, key, nil
+	return *req.SKUID, *req.UserID, key, nil
 }

@@ -146,16 +146,22 @@ func (r *Redis) try(ctx context.Context, key, token string) (int64, error) {
 func (r *Redis) cleanup(ctx context.Context, key, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	_ = releaseScript.Run(ctx, r.client, []string{r.Key(key)}, token).Err()
+	_, _ = r.release(ctx, key, token)
+}
+
+// release deletes key's lock if token holds it, reporting whether it did.
+func (r *Redis) release(ctx context.Context, key, token string) (bool, error) {
+	n, err := releaseScript.Run(ctx, r.client, []string{r.Key(key)}, token).Int64()
+	return n == 1, err
 }
 
 func (r *Redis) lease(ctx context.Context, key, token string, fence int64, start time.Time) *Lease {
 	l := newLease(ctx, key, fence, func(ctx context.Context) error {
-		n, err := releaseScript.Run(ctx, r.client, []string{r.Key(key)}, token).Int64()
+		released, err := r.release(ctx, key, token)
 		switch {
 		case err != nil:
 			return fmt.Errorf("lock: release %q: %w", key, err)
-		case n == 0:
+		case !released:
 			return fmt.Errorf("lock: release %q: %w", key, ErrNotHeld)
 		}
 		return nil

@@ -103,7 +103,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 			return o, classify(ctx, "place order", err)
 		}
 	}
-	o, err := s.place(ctx, sku, user, idempotencyKey)
+	o, err := s.place(ctx, db, sku, user, idempotencyKey)
 	if err != nil && idempotencyKey != "" {
 		// A call with the same key may have committed meanwhile: then its
 		// order is the answer, whatever this attempt ran into.
@@ -118,8 +118,8 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 }
 
 // place checks the stock, takes the lock and runs the transaction.
-func (s *Service) place(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
-	if err := inStock(s.db.WithContext(ctx), sku); err != nil {
+func (s *Service) place(ctx context.Context, db *gorm.DB, sku, user int64, idempotencyKey string) (Order, error) {
+	if err := inStock(db, sku); err != nil {
 		return Order{}, classify(ctx, "place order", err)
 	}
 	lease, err := s.locks.Obtain(ctx, LockKey(sku))
@@ -276,8 +276,8 @@ func validateOrder(sku, user int64, idempotencyKey string) error {
 		return fmt.Errorf("%w: sku_id must be a positive integer", ErrInvalid)
 	case user <= 0:
 		return fmt.Errorf("%w: user_id must be a positive integer", ErrInvalid)
-	case idempotencyKey != "" && !ValidIdempotencyKey(idempotencyKey):
-		return fmt.Errorf("%w: Idempotency-Key must be 1-64 characters of A-Z a-z 0-9 _ -", ErrInvalid)
+	case idempotencyKey != "":
+		return CheckIdempotencyKey(idempotencyKey)
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ package stock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strconv"
 	"time"
@@ -76,5 +77,11 @@ func LockKey(sku int64) string { return "sku:" + strconv.FormatInt(sku, 10) }
 
 var idempotencyKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
-// ValidIdempotencyKey reports whether k is 1–64 characters of [A-Za-z0-9_-].
-func ValidIdempotencyKey(k string) bool { return idempotencyKeyRE.MatchString(k) }
+// CheckIdempotencyKey returns an ErrInvalid error unless k is 1–64
+// characters of [A-Za-z0-9_-].
+func CheckIdempotencyKey(k string) error {
+	if !idempotencyKeyRE.MatchString(k) {
+		return fmt.Errorf("%w: Idempotency-Key must be 1-64 characters of A-Z a-z 0-9 _ -", ErrInvalid)
+	}
+	return nil
+}
