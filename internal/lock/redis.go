@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"errors"
 	"fmt"
 	"time"
 
@@ -35,6 +36,10 @@ type RedisOptions struct {
 	// MinBackoff and MaxBackoff bound the exponential backoff between tries;
 	// defaults 2ms and 100ms.
 	MinBackoff, MaxBackoff time.Duration
+	// NoFencing takes the lock without a fencing token (Lease.Fence is 0)
+	// and keeps no counter key: for mutexes that guard no writes a database
+	// checks, such as a cache rebuild.
+	NoFencing bool
 	// After is the timer the watchdog sleeps on; default time.After. A test
 	// freezes a holder, as a stop-the-world pause would, by handing it a
 	// timer that never fires.
@@ -95,7 +100,6 @@ func (r *Redis) FenceKey(key string) string { return r.Key(key) + ":fence" }
 // the lock gone, or the lease runs out while Redis cannot be reached, the
 // lease's Context is cancelled with a cause wrapping ErrNotHeld.
 func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
-	token := rand.Text()
 	waitCtx, cancel := context.WithTimeout(ctx, r.opt.Wait)
 	defer cancel()
 
@@ -109,18 +113,12 @@ func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
 	b.Reset()
 	var timer *time.Timer
 	for {
-		start := time.Now()
-		fence, err := r.try(waitCtx, key, token)
-		if err != nil {
-			if waitCtx.Err() != nil {
-				// The script may have run although its reply was lost.
-				r.cleanup(ctx, key, token)
-				return nil, notObtained(waitCtx)
-			}
-			return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
+		l, err := r.attempt(ctx, waitCtx, key)
+		if !errors.Is(err, ErrNotObtained) {
+			return l, err
 		}
-		if fence > 0 {
-			return r.lease(ctx, key, token, fence, start), nil
+		if waitCtx.Err() != nil {
+			return nil, notObtained(waitCtx)
 		}
 		d := b.NextBackOff()
 		if timer == nil {
@@ -137,9 +135,33 @@ func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
 	}
 }
 
-func (r *Redis) try(ctx context.Context, key, token string) (int64, error) {
-	keys := []string{r.Key(key), r.FenceKey(key)}
-	return obtainScript.Run(ctx, r.client, keys, token, r.opt.TTL.Milliseconds()).Int64()
+// TryObtain takes the lock on key if it is free and otherwise returns
+// ErrNotObtained at once. The lease is watched as Obtain's is.
+func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
+	return r.attempt(ctx, ctx, key)
+}
+
+// attempt runs the obtain script once, under tryCtx; the lease lives on ctx.
+// A key held by someone else is ErrNotObtained.
+func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error) {
+	token := rand.Text()
+	start := time.Now()
+	keys := []string{r.Key(key)}
+	if !r.opt.NoFencing {
+		keys = append(keys, r.FenceKey(key))
+	}
+	fence, err := obtainScript.Run(tryCtx, r.client, keys, token, r.opt.TTL.Milliseconds()).Int64()
+	switch {
+	case err != nil && tryCtx.Err() != nil:
+		// The script may have run although its reply was lost.
+		r.cleanup(ctx, key, token)
+		return nil, notObtained(tryCtx)
+	case err != nil:
+		return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
+	case fence == 0:
+		return nil, ErrNotObtained
+	}
+	return r.lease(ctx, key, token, max(fence, 0), start), nil
 }
 
 // cleanup releases a lock whose obtain reply was lost, if it was ours.

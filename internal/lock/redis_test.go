@@ -287,3 +287,39 @@ func TestRedisDown(t *testing.T) {
 		t.Errorf("took %v to report Redis down; it should not wait out the lock wait", elapsed)
 	}
 }
+
+func TestRedisTryObtainWithoutFencing(t *testing.T) {
+	l, c := newRedis(t, lock.RedisOptions{TTL: 5 * time.Second, NoFencing: true})
+	ctx := context.Background()
+
+	first, err := l.TryObtain(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryObtain on a free key: %v", err)
+	}
+	if first.Fence() != 0 {
+		t.Errorf("Fence = %d without fencing, want 0", first.Fence())
+	}
+	if n := c.Exists(ctx, l.FenceKey("k")).Val(); n != 0 {
+		t.Errorf("fencing counter exists without fencing")
+	}
+
+	start := time.Now()
+	second, err := l.TryObtain(ctx, "k")
+	if !errors.Is(err, lock.ErrNotObtained) || second != nil {
+		t.Fatalf("TryObtain on a held key = %v, %v; want ErrNotObtained", second, err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("TryObtain on a held key took %v: it must not wait", d)
+	}
+	if err := first.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(ctx, l.Key("k")).Val(); n != 0 {
+		t.Errorf("lock key still exists after release")
+	}
+	again, err := l.TryObtain(ctx, "k")
+	if err != nil {
+		t.Fatalf("TryObtain after release: %v", err)
+	}
+	_ = again.Release(ctx)
+}
