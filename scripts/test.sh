@@ -23,6 +23,8 @@ start_redis "$tmp/redis" "$redis_port"
 
 export SHOP_TEST_MYSQL_DSN="root@tcp(127.0.0.1:$mysql_port)/?parseTime=true"
 export SHOP_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
+SHOP_TEST_REDIS_SERVER=$(find_bin redis-server)
+export SHOP_TEST_REDIS_SERVER
 
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"

@@ -40,6 +40,15 @@ func (c *Catalog) Stock(ctx context.Context, id int64) (int, error) {
 	return p.Stock, nil
 }
 
+// ProductIDs returns the id of every product, in ascending order.
+func (c *Catalog) ProductIDs(ctx context.Context) ([]int64, error) {
+	ids := []int64{}
+	if err := c.db.WithContext(ctx).Model(&Product{}).Order("id").Pluck("id", &ids).Error; err != nil {
+		return nil, classify(ctx, "product ids", err)
+	}
+	return ids, nil
+}
+
 // seedBatch is how many products one INSERT carries.
 const seedBatch = 1000
 

@@ -44,6 +44,9 @@ type Options struct {
 	// the database pool size so that a lock holder never queues for a
 	// connection while others queue for its lock. Zero means no bound.
 	Concurrency int
+	// Cache, when set, is told after each committed order that the product's
+	// stock changed.
+	Cache Invalidator
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
 	Logger *slog.Logger
@@ -69,8 +72,12 @@ func NewService(db *gorm.DB, locks Locker, opt Options) *Service {
 	return s
 }
 
-// releaseTimeout bounds the release of a SKU lock after the transaction.
-const releaseTimeout = 2 * time.Second
+const (
+	// releaseTimeout bounds the release of a SKU lock after the transaction.
+	releaseTimeout = 2 * time.Second
+	// invalidateTimeout bounds telling the cache about a committed order.
+	invalidateTimeout = time.Second
+)
 
 // PlaceOrder sells one unit of product sku to user.
 //
@@ -136,6 +143,7 @@ func (s *Service) place(ctx context.Context, db *gorm.DB, sku, user int64, idemp
 	})
 	switch {
 	case err == nil:
+		s.invalidate(ctx, sku)
 		return o, nil
 	case duplicate(err) == userSKUIndex:
 		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
@@ -234,6 +242,21 @@ func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok 
 	}
 	o.Replayed = true
 	return o, true, nil
+}
+
+// invalidate tells the cache that sku's stock changed. It runs after COMMIT,
+// still under the SKU lock, and even when the caller has gone: the order
+// stands, and a cache left holding the old stock would show it until the
+// entry expires, which is what the log line reports.
+func (s *Service) invalidate(ctx context.Context, sku int64) {
+	if s.opt.Cache == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), invalidateTimeout)
+	defer cancel()
+	if err := s.opt.Cache.Invalidate(ctx, sku); err != nil {
+		s.opt.Logger.WarnContext(ctx, "invalidate cached product", "sku", sku, "err", err)
+	}
 }
 
 func (s *Service) release(ctx context.Context, lease *lock.Lease) {

@@ -3,7 +3,7 @@
 // any number of concurrent buyers and replicas.
 //
 // It knows nothing of HTTP. It declares what it needs from the outside — a
-// Locker — and uses MySQL through gorm.
+// Locker and an Invalidator — and uses MySQL through gorm.
 package stock
 
 import (
@@ -70,6 +70,12 @@ type Order struct {
 // Locker gives exclusive leases on keys; internal/lock implements it.
 type Locker interface {
 	Obtain(ctx context.Context, key string) (*lock.Lease, error)
+}
+
+// Invalidator is told when a product changed, so that a cache of products
+// drops what it holds; internal/cache implements it.
+type Invalidator interface {
+	Invalidate(ctx context.Context, sku int64) error
 }
 
 // LockKey is the lock key that guards a SKU.

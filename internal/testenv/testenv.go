@@ -7,8 +7,12 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"net"
 	"os"
+	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +29,9 @@ const (
 	MySQLEnv = "SHOP_TEST_MYSQL_DSN"
 	// RedisEnv names the address of the test Redis.
 	RedisEnv = "SHOP_TEST_REDIS_ADDR"
+	// RedisServerEnv names the redis-server binary for tests that start
+	// their own; default: redis-server on PATH.
+	RedisServerEnv = "SHOP_TEST_REDIS_SERVER"
 )
 
 // lookup returns the variable, failing the test when it is missing: a
@@ -149,4 +156,47 @@ func RedisAt(tb testing.TB, addr string) *redis.Client {
 func RedisAddr(tb testing.TB) string {
 	tb.Helper()
 	return lookup(tb, RedisEnv)
+}
+
+// RedisServer starts a private redis-server, for a test that stops Redis
+// under a running service. It returns the server's address and a function
+// that kills it; the server is killed when the test ends in any case.
+func RedisServer(tb testing.TB) (addr string, kill func()) {
+	tb.Helper()
+	lookup(tb, RedisEnv) // the same rule as every test that needs servers
+	bin := os.Getenv(RedisServerEnv)
+	if bin == "" {
+		var err error
+		if bin, err = exec.LookPath("redis-server"); err != nil {
+			tb.Fatalf("redis-server: %v (set %s)", err, RedisServerEnv)
+		}
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	ln.Close()
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tb.TempDir())
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start redis-server: %v", err)
+	}
+	var once sync.Once
+	kill = func() {
+		once.Do(func() {
+			cmd.Process.Kill()
+			cmd.Wait()
+		})
+	}
+	tb.Cleanup(kill)
+	addr = "127.0.0.1:" + port
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; {
+		if time.Now().After(deadline) {
+			tb.Fatalf("redis-server on %s did not answer", addr)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return addr, kill
 }

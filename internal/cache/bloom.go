@@ -1,0 +1,129 @@
+package cache
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/bits-and-blooms/bloom/v3"
+	"github.com/redis/go-redis/v9"
+)
+
+// bloomParams are a filter's size in bits (m) and number of hash positions
+// per id (k). Their text form "m:k" is stored beside the bitmap.
+type bloomParams struct{ m, k uint64 }
+
+func (p bloomParams) String() string { return fmt.Sprintf("%d:%d", p.m, p.k) }
+
+func parseBloomParams(s string) (bloomParams, error) {
+	m, k, ok := strings.Cut(s, ":")
+	var p bloomParams
+	var err1, err2 error
+	p.m, err1 = strconv.ParseUint(m, 10, 64)
+	p.k, err2 = strconv.ParseUint(k, 10, 64)
+	if !ok || err1 != nil || err2 != nil || p.m == 0 || p.k == 0 {
+		return bloomParams{}, fmt.Errorf("cache: bad bloom filter parameters %q", s)
+	}
+	return p, nil
+}
+
+// positions returns id's bit positions in a filter of parameters p. The k
+// hashes are bits-and-blooms' (128-bit murmur3, double hashing) of the id's
+// 8 big-endian bytes.
+func (p bloomParams) positions(id int64) []uint64 {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], uint64(id))
+	locs := bloom.Locations(b[:], uint(p.k))
+	for i := range locs {
+		locs[i] %= p.m
+	}
+	return locs
+}
+
+// bloomFilter is a Bloom filter over the ids of existing products, kept in
+// Redis so that every replica consults the same one.
+//
+// The bitmap uses Redis bit order (offset 0 is the high bit of the first
+// byte), so the check script reads it with GETBIT. A build computes the whole
+// bitmap here and swaps it in with one script, rather than sending n·k
+// SETBITs to a live key: readers never see a half-built filter, which would
+// turn away products that exist.
+type bloomFilter struct {
+	rdb        redis.Cmdable
+	bits, meta string // the bitmap and its parameters
+	nextPrefix string // where a build writes before the swap
+	fp         float64
+	// params are the parameters last seen in Redis; a check that finds
+	// others is told them and tries again.
+	params atomic.Pointer[bloomParams]
+}
+
+func newBloomFilter(rdb redis.Cmdable, prefix string, fp float64) *bloomFilter {
+	tag := prefix + "{bloom}"
+	return &bloomFilter{rdb: rdb, bits: tag, meta: tag + ":params", nextPrefix: tag + ":next:", fp: fp}
+}
+
+// errNoFilter means Redis holds no filter (never built, or Redis lost it).
+var errNoFilter = errors.New("cache: no bloom filter")
+
+// mayContain reports whether id may be a product: false means certainly
+// not. It returns errNoFilter when there is no filter to ask.
+func (f *bloomFilter) mayContain(ctx context.Context, id int64) (bool, error) {
+	for range 2 {
+		params := bloomParams{m: 1, k: 1}
+		if p := f.params.Load(); p != nil {
+			params = *p
+		}
+		args := []any{params.String()}
+		for _, pos := range params.positions(id) {
+			args = append(args, pos)
+		}
+		res, err := bloomCheckScript.Run(ctx, f.rdb, []string{f.bits, f.meta}, args...).Result()
+		if err != nil {
+			return false, fmt.Errorf("%w: bloom filter: %w", errRedis, err)
+		}
+		switch v := res.(type) {
+		case int64:
+			if v < 0 {
+				return false, errNoFilter
+			}
+			return v == 1, nil
+		case string:
+			p, err := parseBloomParams(v)
+			if err != nil {
+				return false, err
+			}
+			f.params.Store(&p)
+		}
+	}
+	return false, errors.New("cache: bloom filter parameters keep changing")
+}
+
+// build replaces the filter with one over ids, sized so that an id not
+// among them passes with probability fp.
+func (f *bloomFilter) build(ctx context.Context, ids []int64) error {
+	m, k := bloom.EstimateParameters(uint(max(len(ids), 1)), f.fp)
+	p := bloomParams{m: uint64(m), k: uint64(k)}
+	bitmap := make([]byte, (p.m+7)/8)
+	for _, id := range ids {
+		for _, pos := range p.positions(id) {
+			bitmap[pos/8] |= 0x80 >> (pos % 8)
+		}
+	}
+	next := f.nextPrefix + rand.Text()
+	// The new bitmap expires if this build dies before the swap.
+	if err := f.rdb.Set(ctx, next, bitmap, time.Minute).Err(); err != nil {
+		return fmt.Errorf("cache: build bloom filter: %w", err)
+	}
+	if err := bloomSwapScript.Run(ctx, f.rdb, []string{next, f.bits, f.meta}, p.String()).Err(); err != nil {
+		return fmt.Errorf("cache: build bloom filter: %w", err)
+	}
+	f.params.Store(&p)
+	return nil
+}

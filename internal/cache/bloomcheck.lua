@@ -1,0 +1,20 @@
+-- Ask the Bloom filter whether an id may be in the set.
+-- KEYS[1] the bitmap, KEYS[2] its parameters "m:k" (same hash slot)
+-- ARGV[1] the parameters the caller computed positions for,
+-- ARGV[2..] the id's bit positions
+-- Returns 1 (may be present), 0 (certainly absent), -1 (there is no filter)
+-- or, when the filter has other parameters, those parameters, so the caller
+-- can compute the positions again.
+local params = redis.call('GET', KEYS[2])
+if not params then
+  return -1
+end
+if params ~= ARGV[1] then
+  return params
+end
+for i = 2, #ARGV do
+  if redis.call('GETBIT', KEYS[1], ARGV[i]) == 0 then
+    return 0
+  end
+end
+return 1

@@ -1,0 +1,569 @@
+// Package cache keeps product reads off MySQL with a cache-aside copy in
+// Redis, defended against the three classic failures:
+//
+//   - penetration (requests for ids that do not exist): a Bloom filter over
+//     the existing ids turns most of them away before the cache, and the rest
+//     are cached as placeholders with a short TTL;
+//   - breakdown (a hot key expires under load): one load per key across the
+//     whole fleet — singleflight inside a process, a Redis mutex between
+//     processes — while everyone else waits for the refilled key; hot keys
+//     are also renewed in the background before they expire;
+//   - avalanche (many keys expiring at once): every TTL is jittered.
+//
+// When Redis fails, reads fall back to MySQL through a small concurrency
+// limit (see Products.Product).
+package cache
+
+import (
+	"context"
+	_ "embed"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"golang.org/x/sync/semaphore"
+	"golang.org/x/sync/singleflight"
+
+	"shop/internal/lock"
+	"shop/internal/stock"
+)
+
+var (
+	//go:embed begin.lua
+	beginLua string
+	//go:embed fill.lua
+	fillLua string
+	//go:embed invalidate.lua
+	invalidateLua string
+	//go:embed bloomcheck.lua
+	bloomCheckLua string
+	//go:embed bloomswap.lua
+	bloomSwapLua string
+
+	beginScript      = redis.NewScript(beginLua)
+	fillScript       = redis.NewScript(fillLua)
+	invalidateScript = redis.NewScript(invalidateLua)
+	bloomCheckScript = redis.NewScript(bloomCheckLua)
+	bloomSwapScript  = redis.NewScript(bloomSwapLua)
+)
+
+// Source is where products come from; *stock.Catalog implements it.
+type Source interface {
+	// Product returns the product, or an error wrapping stock.ErrNotFound.
+	Product(ctx context.Context, id int64) (stock.Product, error)
+	// ProductIDs returns the id of every product.
+	ProductIDs(ctx context.Context) ([]int64, error)
+}
+
+// Mutex gives a lease on a key if nobody holds it; *lock.Redis implements
+// it. Every replica must use the same Redis and prefix.
+type Mutex interface {
+	TryObtain(ctx context.Context, key string) (*lock.Lease, error)
+}
+
+// Options configures Products. Zero fields take the defaults.
+type Options struct {
+	// Prefix is put before every key; default "shop:cache:".
+	Prefix string
+	// TTL is how long a product stays cached; default 10m. Each entry's TTL
+	// is drawn uniformly from TTL×(1±Jitter).
+	TTL time.Duration
+	// Jitter spreads TTLs, as a fraction of them; default 0.1, at most 0.5.
+	// Negative means none.
+	Jitter float64
+	// NullTTL is how long "no such product" stays cached; default 60s,
+	// jittered like TTL.
+	NullTTL time.Duration
+	// Bloom turns the Bloom filter on.
+	Bloom bool
+	// BloomFalsePositive is the share of absent ids the filter lets through;
+	// default 0.001.
+	BloomFalsePositive float64
+	// RefreshAhead is the final share of an entry's TTL in which a read
+	// serves it and renews it in the background; default 0.2. Negative turns
+	// refresh-ahead off.
+	RefreshAhead float64
+	// Wait bounds how long a read waits for another replica's load of the
+	// same key; default 1s. Then it falls back to MySQL.
+	Wait time.Duration
+	// LoadTimeout bounds one load from MySQL; default 3s.
+	LoadTimeout time.Duration
+	// Fallback is how many reads of this process may go to MySQL at once
+	// without the cache; default 4.
+	Fallback int
+	// FallbackWait is how long a read waits for a fallback slot; default
+	// 100ms. Then it fails with stock.ErrBusy.
+	FallbackWait time.Duration
+	// RedisTimeout bounds each Redis call of a read; default 500ms. Then the
+	// read falls back to MySQL.
+	RedisTimeout time.Duration
+	// Registerer receives the cache's metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
+	// Logger gets what nobody waits for: failed background work.
+	Logger *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Prefix == "" {
+		o.Prefix = "shop:cache:"
+	}
+	if o.TTL <= 0 {
+		o.TTL = 10 * time.Minute
+	}
+	switch {
+	case o.Jitter == 0:
+		o.Jitter = 0.1
+	case o.Jitter < 0:
+		o.Jitter = 0
+	}
+	o.Jitter = min(o.Jitter, 0.5)
+	if o.NullTTL <= 0 {
+		o.NullTTL = time.Minute
+	}
+	if o.BloomFalsePositive <= 0 || o.BloomFalsePositive >= 1 {
+		o.BloomFalsePositive = 0.001
+	}
+	switch {
+	case o.RefreshAhead == 0:
+		o.RefreshAhead = 0.2
+	case o.RefreshAhead < 0:
+		o.RefreshAhead = 0
+	}
+	o.RefreshAhead = min(o.RefreshAhead, 0.9)
+	if o.Wait <= 0 {
+		o.Wait = time.Second
+	}
+	if o.LoadTimeout <= 0 {
+		o.LoadTimeout = 3 * time.Second
+	}
+	if o.Fallback <= 0 {
+		o.Fallback = 4
+	}
+	if o.FallbackWait <= 0 {
+		o.FallbackWait = 100 * time.Millisecond
+	}
+	if o.RedisTimeout <= 0 {
+		o.RedisTimeout = 500 * time.Millisecond
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+const (
+	// generationTTL is how long an entry's generation outlives its last
+	// load or invalidation; far longer than any load may take.
+	generationTTL = time.Minute
+	// backgroundSlots bounds the refreshes one process runs at once.
+	backgroundSlots = 16
+)
+
+var (
+	// errRedis marks a failed Redis call; the read falls back to MySQL.
+	errRedis = errors.New("cache: redis")
+	// errWaited means another replica's load did not fill the key in time.
+	errWaited = errors.New("cache: waited too long for another load")
+)
+
+// Products is a read-through cache of products in Redis.
+type Products struct {
+	rdb   redis.Cmdable
+	src   Source
+	mutex Mutex
+	opt   Options
+	bloom *bloomFilter
+	m     *metrics
+
+	loads      singleflight.Group
+	fallback   *semaphore.Weighted
+	background *semaphore.Weighted
+	refreshing sync.Map // id → struct{}: refreshes under way here
+	running    sync.WaitGroup
+}
+
+// New returns a cache of src's products in rdb. mutex serialises loads of
+// one key across replicas.
+func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
+	opt.defaults()
+	return &Products{
+		rdb:        rdb,
+		src:        src,
+		mutex:      mutex,
+		opt:        opt,
+		bloom:      newBloomFilter(rdb, opt.Prefix, opt.BloomFalsePositive),
+		m:          newMetrics(opt.Registerer),
+		fallback:   semaphore.NewWeighted(int64(opt.Fallback)),
+		background: semaphore.NewWeighted(backgroundSlots),
+	}
+}
+
+// entry is what the cache holds for an id, as JSON.
+type entry struct {
+	// Product is nil in a placeholder: there is no such product.
+	Product *product `json:"product"`
+	// RefreshAt is when, in Unix milliseconds, reads start renewing the
+	// entry ahead of its expiry; zero for never.
+	RefreshAt int64 `json:"refresh_at,omitempty"`
+}
+
+type product struct {
+	ID         int64  `json:"sku_id"`
+	Name       string `json:"name"`
+	PriceCents int64  `json:"price_cents"`
+	Stock      int    `json:"stock"`
+}
+
+func (e entry) due(now time.Time) bool { return e.RefreshAt > 0 && now.UnixMilli() >= e.RefreshAt }
+
+// Product returns the product with id, from the cache when it holds it.
+// Its stock may lag behind MySQL's until the entry is invalidated.
+//
+// When Redis fails, the read goes to MySQL, but at most Options.Fallback such
+// reads of this process run at once and the rest fail with stock.ErrBusy
+// after Options.FallbackWait. Failing fast alone would turn a Redis outage
+// into a full outage of product pages; falling back without a limit would
+// hand all of the cache's traffic to MySQL at once, the stampede the cache is
+// there to prevent. The same limit applies when a read has waited
+// Options.Wait for another replica's load.
+//
+// Errors: stock.ErrInvalid, stock.ErrNotFound, stock.ErrBusy.
+func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error) {
+	if id <= 0 {
+		return stock.Product{}, fmt.Errorf("%w: id must be a positive integer", stock.ErrInvalid)
+	}
+	if p.opt.Bloom {
+		ok, err := p.mayExist(ctx, id)
+		switch {
+		case err != nil:
+			return p.fallBack(ctx, id, err)
+		case !ok:
+			p.m.bloomRejects.Inc()
+			return stock.Product{}, notFound(id)
+		}
+	}
+	e, ok, err := p.get(ctx, id)
+	switch {
+	case err != nil:
+		return p.fallBack(ctx, id, err)
+	case ok:
+		return p.serve(id, e)
+	}
+	p.m.misses.Inc()
+	ch := p.loads.DoChan(p.entryKey(id), func() (any, error) {
+		// The load outlives the caller who started it: the others sharing
+		// it still want the answer.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opt.Wait+p.opt.LoadTimeout)
+		defer cancel()
+		return p.fill(ctx, id)
+	})
+	select {
+	case <-ctx.Done():
+		return stock.Product{}, fmt.Errorf("%w: waiting for product %d: %w", stock.ErrBusy, id, context.Cause(ctx))
+	case res := <-ch:
+		switch {
+		case errors.Is(res.Err, errRedis), errors.Is(res.Err, errWaited):
+			return p.fallBack(ctx, id, res.Err)
+		case res.Err != nil:
+			return stock.Product{}, res.Err
+		}
+		return answer(id, res.Val.(entry))
+	}
+}
+
+// mayExist asks the Bloom filter. With no filter in Redis it lets every id
+// through and has one built.
+func (p *Products) mayExist(ctx context.Context, id int64) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
+	defer cancel()
+	ok, err := p.bloom.mayContain(ctx, id)
+	if errors.Is(err, errNoFilter) {
+		p.goBackground("bloom", p.rebuildBloom)
+		return true, nil
+	}
+	return ok, err
+}
+
+// serve answers from e, found in the cache, and starts a refresh if e is
+// close to expiry.
+func (p *Products) serve(id int64, e entry) (stock.Product, error) {
+	if e.Product == nil {
+		p.m.nullHits.Inc()
+		return answer(id, e)
+	}
+	p.m.hits.Inc()
+	if e.due(time.Now()) {
+		p.goBackground(strconv.FormatInt(id, 10), func(ctx context.Context) error { return p.refresh(ctx, id) })
+	}
+	return answer(id, e)
+}
+
+// answer is the product e holds, or ErrNotFound for a placeholder.
+func answer(id int64, e entry) (stock.Product, error) {
+	if e.Product == nil {
+		return stock.Product{}, notFound(id)
+	}
+	return stock.Product{ID: e.Product.ID, Name: e.Product.Name, PriceCents: e.Product.PriceCents, Stock: e.Product.Stock}, nil
+}
+
+// fill gets id's entry into the cache. One replica at a time loads a key:
+// the one holding its mutex. The others poll the key, with backoff, until it
+// is filled or the mutex is free again, for at most Options.Wait.
+func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
+	waitCtx, cancel := context.WithTimeout(ctx, p.opt.Wait)
+	defer cancel()
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     2 * time.Millisecond,
+		RandomizationFactor: 1,
+		Multiplier:          2,
+		MaxInterval:         50 * time.Millisecond,
+	}
+	b.Reset()
+	for {
+		lease, err := p.mutex.TryObtain(ctx, p.mutexKey(id))
+		if err == nil {
+			defer p.release(lease)
+			e, _, err := p.load(lease.Context(), id)
+			return e, err
+		}
+		if !errors.Is(err, lock.ErrNotObtained) {
+			return entry{}, fmt.Errorf("%w: load %d: %w", errRedis, id, err)
+		}
+		select {
+		case <-waitCtx.Done():
+			return entry{}, errWaited
+		case <-time.After(b.NextBackOff()):
+		}
+		if e, ok, err := p.get(waitCtx, id); err != nil || ok {
+			return e, err
+		}
+	}
+}
+
+// load reads id from MySQL and caches it; the caller holds id's mutex. A
+// value present and not yet due for refresh was written by whoever held the
+// mutex before, and is taken as it is: loaded reports whether MySQL was read.
+func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, p.opt.LoadTimeout)
+	defer cancel()
+	keys := []string{p.entryKey(id), p.generationKey(id)}
+	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
+	if err != nil || len(vals) != 2 {
+		return entry{}, false, fmt.Errorf("%w: load %d: %w", errRedis, id, err)
+	}
+	if s, ok := vals[0].(string); ok {
+		if e, err := decode(s); err == nil && !e.due(time.Now()) {
+			return e, false, nil
+		}
+	}
+	generation, _ := vals[1].(string)
+
+	p.m.loads.Inc()
+	ttl, nx := p.jitter(p.opt.TTL), ""
+	switch v, err := p.src.Product(ctx, id); {
+	case errors.Is(err, stock.ErrNotFound):
+		ttl, nx = p.jitter(p.opt.NullTTL), "NX"
+	case err != nil:
+		p.m.loadErrors.Inc()
+		return entry{}, true, fmt.Errorf("cache: load %d: %w", id, err)
+	default:
+		e.Product = &product{ID: v.ID, Name: v.Name, PriceCents: v.PriceCents, Stock: v.Stock}
+		if p.opt.RefreshAhead > 0 {
+			e.RefreshAt = time.Now().Add(ttl - time.Duration(float64(ttl)*p.opt.RefreshAhead)).UnixMilli()
+		}
+	}
+	raw, err := json.Marshal(e)
+	if err != nil {
+		return entry{}, true, fmt.Errorf("cache: load %d: %w", id, err)
+	}
+	// Not written means invalidated meanwhile, or (a placeholder) a real
+	// value is there: either way this read still gets what MySQL said.
+	if err := fillScript.Run(ctx, p.rdb, keys, generation, raw, ttl.Milliseconds(), nx).Err(); err != nil {
+		p.opt.Logger.WarnContext(ctx, "cache: write entry", "sku", id, "err", err)
+	}
+	return e, true, nil
+}
+
+// refresh renews id's entry ahead of its expiry, if no other replica is at it.
+func (p *Products) refresh(ctx context.Context, id int64) error {
+	lease, err := p.mutex.TryObtain(ctx, p.mutexKey(id))
+	if errors.Is(err, lock.ErrNotObtained) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer p.release(lease)
+	_, loaded, err := p.load(lease.Context(), id)
+	if loaded && err == nil {
+		p.m.refreshes.Inc()
+	}
+	return err
+}
+
+// goBackground runs fn in the background unless work under the same name is
+// already running here, or too much background work is.
+func (p *Products) goBackground(name string, fn func(context.Context) error) {
+	if _, busy := p.refreshing.LoadOrStore(name, struct{}{}); busy {
+		return
+	}
+	if !p.background.TryAcquire(1) {
+		p.refreshing.Delete(name)
+		return
+	}
+	p.running.Go(func() {
+		defer p.background.Release(1)
+		defer p.refreshing.Delete(name)
+		ctx, cancel := context.WithTimeout(context.Background(), p.opt.LoadTimeout)
+		defer cancel()
+		if err := fn(ctx); err != nil {
+			p.opt.Logger.Warn("cache: background "+name, "err", err)
+		}
+	})
+}
+
+// rebuildBloom builds the Bloom filter from the source, once across replicas.
+func (p *Products) rebuildBloom(ctx context.Context) error {
+	lease, err := p.mutex.TryObtain(ctx, "bloom")
+	if errors.Is(err, lock.ErrNotObtained) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer p.release(lease)
+	if _, err := p.bloom.mayContain(lease.Context(), 1); !errors.Is(err, errNoFilter) {
+		return err // built meanwhile
+	}
+	ids, err := p.src.ProductIDs(lease.Context())
+	if err != nil {
+		return err
+	}
+	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids))
+	return p.bloom.build(lease.Context(), ids)
+}
+
+// fallBack reads id from MySQL without the cache, within the fallback limit.
+// cause is why the cache could not answer.
+func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.Product, error) {
+	wait, cancel := context.WithTimeout(ctx, p.opt.FallbackWait)
+	defer cancel()
+	if err := p.fallback.Acquire(wait, 1); err != nil {
+		p.m.fallbacks.WithLabelValues("rejected").Inc()
+		return stock.Product{}, fmt.Errorf("%w: product cache unavailable and MySQL fallback full: %w", stock.ErrBusy, cause)
+	}
+	defer p.fallback.Release(1)
+	p.m.fallbacks.WithLabelValues("served").Inc()
+	return p.src.Product(ctx, id)
+}
+
+// Invalidate drops id's entry. The order path calls it after each commit.
+//
+// It deletes rather than writes the new stock: a written value could land
+// after a newer one (two writers' SETs are not ordered by the SKU lock once
+// it is released) and would need the whole product, while a delete is the
+// same whoever does it last. The delete also bumps the entry's generation,
+// so a load that read MySQL before the commit cannot write its older copy
+// back afterwards. The next read loads the product once, as any miss does.
+func (p *Products) Invalidate(ctx context.Context, id int64) error {
+	err := invalidateScript.Run(ctx, p.rdb, []string{p.entryKey(id), p.generationKey(id)}, generationTTL.Milliseconds()).Err()
+	if err != nil {
+		return fmt.Errorf("cache: invalidate %d: %w", id, err)
+	}
+	return nil
+}
+
+// Reset follows a reset of the catalog: it rebuilds the Bloom filter from
+// the source's ids and invalidates every cached entry. It returns how many
+// entries it dropped.
+func (p *Products) Reset(ctx context.Context) (int, error) {
+	ids, err := p.src.ProductIDs(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if err := p.bloom.build(ctx, ids); err != nil {
+		return 0, err
+	}
+	cached := map[int64]bool{}
+	iter := p.rdb.Scan(ctx, 0, p.opt.Prefix+"product:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		if id, ok := p.idOf(iter.Val()); ok {
+			cached[id] = true
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return 0, fmt.Errorf("cache: reset: %w", err)
+	}
+	for id := range cached {
+		if err := p.Invalidate(ctx, id); err != nil {
+			return 0, fmt.Errorf("cache: reset: %w", err)
+		}
+	}
+	return len(cached), nil
+}
+
+// Close waits for background refreshes to end.
+func (p *Products) Close() { p.running.Wait() }
+
+// get reads id's entry; ok is false when there is none (or it is garbled,
+// which a load then overwrites).
+func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
+	defer cancel()
+	s, err := p.rdb.Get(ctx, p.entryKey(id)).Result()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return entry{}, false, nil
+	case err != nil:
+		return entry{}, false, fmt.Errorf("%w: get %d: %w", errRedis, id, err)
+	}
+	e, err = decode(s)
+	return e, err == nil, nil
+}
+
+func (p *Products) release(lease *lock.Lease) {
+	ctx, cancel := context.WithTimeout(context.Background(), p.opt.RedisTimeout)
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		p.opt.Logger.Warn("cache: release mutex", "key", lease.Key(), "err", err)
+	}
+}
+
+// jitter draws a TTL uniformly from d×(1±Jitter).
+func (p *Products) jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (1 + p.opt.Jitter*(2*rand.Float64()-1)))
+}
+
+// Keys: an entry and its generation share a hash slot.
+func (p *Products) entryKey(id int64) string {
+	return p.opt.Prefix + "product:{" + strconv.FormatInt(id, 10) + "}"
+}
+func (p *Products) generationKey(id int64) string { return p.entryKey(id) + ":gen" }
+func (p *Products) mutexKey(id int64) string      { return "product:" + strconv.FormatInt(id, 10) }
+
+// idOf returns the id of an entry or generation key.
+func (p *Products) idOf(key string) (int64, bool) {
+	rest, ok := strings.CutPrefix(key, p.opt.Prefix+"product:{")
+	if !ok {
+		return 0, false
+	}
+	digits, _, ok := strings.Cut(rest, "}")
+	id, err := strconv.ParseInt(digits, 10, 64)
+	return id, ok && err == nil
+}
+
+func decode(s string) (entry, error) {
+	var e entry
+	err := json.Unmarshal([]byte(s), &e)
+	return e, err
+}
+
+func notFound(id int64) error { return fmt.Errorf("%w: product %d", stock.ErrNotFound, id) }

@@ -1,0 +1,631 @@
+package cache_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
+
+	"shop/internal/cache"
+	"shop/internal/lock"
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+// TestMain silences go-redis's own log: the Redis-down test makes it print a
+// line per failed dial.
+func TestMain(m *testing.M) {
+	redis.SetLogger(quiet{})
+	os.Exit(m.Run())
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+// queries counts what MySQL's products table is asked, across every replica
+// of a test.
+type queries struct {
+	total, inFlight, peak atomic.Int64
+	// delay, when set, is how long each product query takes at least, so
+	// that concurrent readers really overlap a load.
+	delay time.Duration
+	// gate, when set, is called after each product query has run, before its
+	// result is used: a test blocks there to pause a load.
+	gate func()
+}
+
+// fixture is a seeded database and a Redis key space shared by the replicas
+// of one test.
+type fixture struct {
+	db     *testenv.DB
+	prefix string
+	q      *queries
+}
+
+func newFixture(t *testing.T, products, units int) *fixture {
+	t.Helper()
+	db := testenv.MySQL(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), products, units); err != nil {
+		t.Fatal(err)
+	}
+	_, prefix := testenv.Redis(t)
+	return &fixture{db: db, prefix: prefix, q: &queries{}}
+}
+
+// catalog is a replica's own pool on the database, with the fixture's
+// counters on it.
+func (f *fixture) catalog(t *testing.T) *stock.Catalog {
+	t.Helper()
+	g := f.db.Open(t)
+	products := func(tx *gorm.DB) bool { return tx.Statement.Table == "products" }
+	err := g.Callback().Query().Before("gorm:query").Register("test:before", func(tx *gorm.DB) {
+		if !products(tx) {
+			return
+		}
+		f.q.total.Add(1)
+		n := f.q.inFlight.Add(1)
+		for p := f.q.peak.Load(); n > p && !f.q.peak.CompareAndSwap(p, n); p = f.q.peak.Load() {
+		}
+		time.Sleep(f.q.delay)
+	})
+	if err == nil {
+		err = g.Callback().Query().After("gorm:query").Register("test:after", func(tx *gorm.DB) {
+			if !products(tx) {
+				return
+			}
+			f.q.inFlight.Add(-1)
+			if f.q.gate != nil {
+				f.q.gate()
+			}
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return stock.NewCatalog(g)
+}
+
+// pauseFirstQuery makes the next product query stop after it has run:
+// paused is closed then, and the query goes on when resume is closed.
+func (f *fixture) pauseFirstQuery() (paused, resume chan struct{}) {
+	paused, resume = make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	f.q.gate = func() {
+		if first.CompareAndSwap(false, true) {
+			close(paused)
+			<-resume
+		}
+	}
+	return paused, resume
+}
+
+// replica is one process's cache: its own Redis client, database pool,
+// singleflight group and metrics.
+type replica struct {
+	*cache.Products
+	reg *prometheus.Registry
+}
+
+func (f *fixture) replica(t *testing.T, opt cache.Options) replica {
+	return f.replicaAt(t, testenv.RedisAddr(t), opt, lock.RedisOptions{})
+}
+
+func (f *fixture) replicaAt(t *testing.T, addr string, opt cache.Options, mutex lock.RedisOptions) replica {
+	t.Helper()
+	rdb := testenv.RedisAt(t, addr)
+	mutex.Prefix = f.prefix + "mutex:"
+	mutex.NoFencing = true
+	reg := prometheus.NewRegistry()
+	opt.Prefix = f.prefix + "cache:"
+	opt.Registerer = reg
+	c := cache.New(rdb, f.catalog(t), lock.NewRedis(rdb, mutex), opt)
+	t.Cleanup(c.Close)
+	return replica{c, reg}
+}
+
+// counter returns the value of a cache counter, summed over its labels.
+func (r replica) counter(t *testing.T, name string) float64 {
+	t.Helper()
+	families, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() == "shop_cache_"+name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// reads runs n calls of read on workers goroutines that start together, and
+// returns the errors, nil ones included.
+func reads(n, workers int, read func(i int) error) []error {
+	errs := make([]error, n)
+	var (
+		next  atomic.Int64
+		start = make(chan struct{})
+		wg    sync.WaitGroup
+	)
+	for range workers {
+		wg.Go(func() {
+			<-start
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				errs[i] = read(i)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return errs
+}
+
+func TestPenetration(t *testing.T) {
+	const (
+		products = 5000
+		distinct = 1000
+		gets     = 10_000
+	)
+	absent := func(i int) int64 { return products + 1 + int64(i%distinct) }
+	notFoundOnly := func(t *testing.T, errs []error) {
+		t.Helper()
+		for _, err := range errs {
+			if !errors.Is(err, stock.ErrNotFound) {
+				t.Fatalf("GET of an absent id: %v, want ErrNotFound", err)
+			}
+		}
+	}
+
+	t.Run("bloom", func(t *testing.T) {
+		f := newFixture(t, products, 1)
+		r := f.replica(t, cache.Options{Bloom: true})
+		if _, err := r.Reset(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		f.q.total.Store(0)
+		errs := reads(gets, 50, func(i int) error {
+			_, err := r.Product(context.Background(), absent(i))
+			return err
+		})
+		notFoundOnly(t, errs)
+
+		// Each id the filter lets through (a false positive) is loaded once
+		// and then answered by its placeholder. With p = 0.001, 1000 absent
+		// ids give 1 false positive on average; 10 or more has a probability
+		// below 1e-6 (binomial tail), and the hashes are deterministic, so
+		// the count is the same on every run.
+		rejects := r.counter(t, "bloom_rejects_total")
+		loaded := f.q.total.Load()
+		t.Logf("%d GETs over %d absent ids: %.0f Bloom rejects, %d GETs passed, %d MySQL queries", gets, distinct, rejects, gets-int(rejects), loaded)
+		if loaded > 10 {
+			t.Errorf("MySQL saw %d queries, want at most 10", loaded)
+		}
+		if misses := r.counter(t, "misses_total"); misses != float64(loaded) {
+			t.Errorf("misses = %.0f, want one per loaded id (%d)", misses, loaded)
+		}
+		// Rejected ids leave nothing in Redis: only the passed ones have
+		// placeholders.
+		if n := entries(t, f); int64(n) != loaded {
+			t.Errorf("%d entries cached, want %d (the placeholders of ids the filter let through)", n, loaded)
+		}
+		// No false negatives: every product passes.
+		for id := int64(1); id <= products; id += 97 {
+			if _, err := r.Product(context.Background(), id); err != nil {
+				t.Fatalf("GET product %d: %v", id, err)
+			}
+		}
+	})
+
+	t.Run("null caching", func(t *testing.T) {
+		f := newFixture(t, products, 1)
+		r := f.replica(t, cache.Options{Bloom: false})
+		errs := reads(gets, 50, func(i int) error {
+			_, err := r.Product(context.Background(), absent(i))
+			return err
+		})
+		notFoundOnly(t, errs)
+		loaded := f.q.total.Load()
+		nullHits := r.counter(t, "null_hits_total")
+		t.Logf("%d GETs over %d absent ids without Bloom: %d MySQL queries, %.0f placeholder hits", gets, distinct, loaded, nullHits)
+		if loaded != distinct {
+			t.Errorf("MySQL saw %d queries, want one per distinct id (%d)", loaded, distinct)
+		}
+		if want := float64(gets - distinct); nullHits < want {
+			t.Errorf("placeholder hits = %.0f, want at least %.0f", nullHits, want)
+		}
+	})
+}
+
+// entries counts the cached entries (products and placeholders) of f.
+func entries(t *testing.T, f *fixture) int {
+	t.Helper()
+	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
+	keys, err := scan(rdb, f.prefix+"cache:product:*}")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return len(keys)
+}
+
+func scan(rdb *redis.Client, match string) ([]string, error) {
+	ctx := context.Background()
+	var keys []string
+	iter := rdb.Scan(ctx, 0, match, 1000).Iterator()
+	for iter.Next(ctx) {
+		keys = append(keys, iter.Val())
+	}
+	return keys, iter.Err()
+}
+
+func TestBreakdownOneLoadAcrossReplicas(t *testing.T) {
+	f := newFixture(t, 10, 100)
+	// Generous timeouts: 1000 goroutines on a busy machine must not fall
+	// back for want of CPU; this test is about the number of loads.
+	opt := cache.Options{TTL: 300 * time.Millisecond, Jitter: -1, RefreshAhead: -1, Wait: 5 * time.Second, RedisTimeout: 5 * time.Second}
+	replicas := []replica{f.replica(t, opt), f.replica(t, opt), f.replica(t, opt)}
+	ctx := context.Background()
+	if _, err := replicas[0].Product(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	// Let the hot key expire, then send 1000 buyers at once, spread over the
+	// replicas, while its load takes 100ms.
+	time.Sleep(400 * time.Millisecond)
+	if n := entries(t, f); n != 0 {
+		t.Fatalf("%d entries still cached after the TTL", n)
+	}
+	warmLoads := replicas[0].counter(t, "loads_total")
+	f.q.total.Store(0)
+	f.q.delay = 100 * time.Millisecond
+	errs := reads(1000, 1000, func(i int) error {
+		p, err := replicas[i%3].Product(ctx, 7)
+		if err == nil && (p.ID != 7 || p.Stock != 100) {
+			return errors.New("wrong product")
+		}
+		return err
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("GET: %v", err)
+		}
+	}
+	loads := -warmLoads
+	for _, r := range replicas {
+		loads += r.counter(t, "loads_total")
+	}
+	t.Logf("1000 concurrent GETs of an expired hot key on 3 replicas: %d MySQL queries, %.0f loads", f.q.total.Load(), loads)
+	if n := f.q.total.Load(); n != 1 {
+		t.Errorf("MySQL saw %d queries, want exactly 1", n)
+	}
+	if loads != 1 {
+		t.Errorf("loads = %.0f, want 1", loads)
+	}
+}
+
+func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
+	const products = 5000
+	f := newFixture(t, products, 1)
+	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
+
+	// warm caches every product at once, as a restart or a seed does, and
+	// returns the most keys expiring in one second and the mean over the
+	// window the TTLs are drawn from.
+	warm := func(t *testing.T, opt cache.Options, window time.Duration) (most int, mean float64) {
+		t.Helper()
+		f.prefix += "x" // a key space of its own
+		r := f.replica(t, opt)
+		if _, err := r.Reset(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		errs := reads(products, 64, func(i int) error {
+			_, err := r.Product(context.Background(), int64(i+1))
+			return err
+		})
+		for _, err := range errs {
+			if err != nil {
+				t.Fatalf("warm: %v", err)
+			}
+		}
+		keys, err := scan(rdb, f.prefix+"cache:product:*}")
+		if err != nil || len(keys) != products {
+			t.Fatalf("%d keys cached (%v), want %d", len(keys), err, products)
+		}
+		pipe := rdb.Pipeline()
+		ttls := make([]*redis.DurationCmd, len(keys))
+		for i, k := range keys {
+			ttls[i] = pipe.PTTL(context.Background(), k)
+		}
+		if _, err := pipe.Exec(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		now := time.Now()
+		buckets := map[int64]int{}
+		for _, c := range ttls {
+			buckets[now.Add(c.Val()).Unix()]++
+		}
+		for _, n := range buckets {
+			most = max(most, n)
+		}
+		return most, float64(products) / window.Seconds()
+	}
+
+	t.Run("jittered", func(t *testing.T) {
+		// The defaults: 10m ± 10%, a window of 2 minutes.
+		most, mean := warm(t, cache.Options{Bloom: true}, 2*time.Minute)
+		t.Logf("5000 keys warmed at once, TTL 10m±10%%: at most %d expire in one second; mean %.1f", most, mean)
+		if float64(most) > 2*mean {
+			t.Errorf("%d keys expire in one second, more than twice the mean %.1f", most, mean)
+		}
+	})
+	t.Run("without jitter", func(t *testing.T) {
+		// The same measure over the same window shows the avalanche the
+		// jitter prevents.
+		most, mean := warm(t, cache.Options{Bloom: true, Jitter: -1}, 2*time.Minute)
+		t.Logf("without jitter: %d keys expire in one second; mean over 2m would be %.1f", most, mean)
+		if float64(most) <= 2*mean {
+			t.Errorf("without jitter only %d keys share a second: the measure cannot tell", most)
+		}
+	})
+}
+
+func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+
+	// Replica a reads product 42 while it does not exist, then stalls past
+	// its mutex's lease (its watchdog frozen, as in a long GC pause).
+	paused, resume := f.pauseFirstQuery()
+	frozen := func(time.Duration) <-chan time.Time { return nil }
+	a := f.replicaAt(t, testenv.RedisAddr(t), cache.Options{}, lock.RedisOptions{TTL: 200 * time.Millisecond, After: frozen})
+	b := f.replica(t, cache.Options{})
+	aDone := make(chan error, 1)
+	go func() {
+		_, err := a.Product(ctx, 42)
+		aDone <- err
+	}()
+	<-paused
+
+	// Meanwhile the product is created and replica b caches it.
+	if err := f.db.Gorm.Create(&stock.Product{ID: 42, Name: "Late arrival", PriceCents: 500, InitialStock: 3, Stock: 3}).Error; err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // a's lease runs out
+	if p, err := b.Product(ctx, 42); err != nil || p.Name != "Late arrival" {
+		t.Fatalf("b: %+v, %v", p, err)
+	}
+
+	// a wakes up and writes its placeholder with NX: it must not land.
+	close(resume)
+	if err := <-aDone; !errors.Is(err, stock.ErrNotFound) {
+		t.Errorf("a = %v, want ErrNotFound (what MySQL said when a read it)", err)
+	}
+	for _, r := range []replica{a, b} {
+		if p, err := r.Product(ctx, 42); err != nil || p.Stock != 3 {
+			t.Errorf("after the late placeholder: %+v, %v; want the product", p, err)
+		}
+	}
+}
+
+func TestRealValueReplacesPlaceholder(t *testing.T) {
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	r := f.replica(t, cache.Options{NullTTL: 500 * time.Millisecond, Jitter: -1})
+	if _, err := r.Product(ctx, 43); !errors.Is(err, stock.ErrNotFound) {
+		t.Fatalf("GET of an absent product: %v", err)
+	}
+	if err := f.db.Gorm.Create(&stock.Product{ID: 43, Name: "New", PriceCents: 100, InitialStock: 1, Stock: 1}).Error; err != nil {
+		t.Fatal(err)
+	}
+	// The placeholder answers until it expires; then the product shows.
+	if _, err := r.Product(ctx, 43); !errors.Is(err, stock.ErrNotFound) {
+		t.Fatalf("GET within the null TTL: %v, want the cached ErrNotFound", err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		p, err := r.Product(ctx, 43)
+		if err == nil && p.Name == "New" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("product still hidden 2s after creation (null TTL 500ms): %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if loads := r.counter(t, "loads_total"); loads != 2 {
+		t.Errorf("loads = %.0f, want 2 (placeholder, then product)", loads)
+	}
+}
+
+func TestOrderInvalidatesCachedStock(t *testing.T) {
+	f := newFixture(t, 3, 5)
+	ctx := context.Background()
+	r := f.replica(t, cache.Options{Bloom: true})
+	if _, err := r.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	orders := stock.NewService(f.db.Gorm, lock.NewLocal(time.Second), stock.Options{Cache: r})
+
+	if p, err := r.Product(ctx, 1); err != nil || p.Stock != 5 {
+		t.Fatalf("before the order: %+v, %v", p, err)
+	}
+	if _, err := orders.PlaceOrder(ctx, 1, 100, ""); err != nil {
+		t.Fatal(err)
+	}
+	// PlaceOrder returns after the invalidation: the next read is fresh.
+	if p, err := r.Product(ctx, 1); err != nil || p.Stock != 4 {
+		t.Fatalf("right after the order: %+v, %v; want stock 4", p, err)
+	}
+
+	// A load that read MySQL before an order committed must not write the
+	// older stock back after the invalidation.
+	paused, resume := f.pauseFirstQuery()
+	if err := r.Invalidate(ctx, 2); err != nil {
+		t.Fatal(err)
+	}
+	loaded := make(chan stock.Product, 1)
+	go func() {
+		p, _ := r.Product(ctx, 2)
+		loaded <- p
+	}()
+	<-paused // the load has read stock 5
+	if _, err := orders.PlaceOrder(ctx, 2, 100, ""); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if p := <-loaded; p.Stock != 5 {
+		t.Fatalf("the paused load returned stock %d, want the 5 it read", p.Stock)
+	}
+	if p, err := r.Product(ctx, 2); err != nil || p.Stock != 4 {
+		t.Fatalf("after the order: %+v, %v; want stock 4, not the paused load's 5", p, err)
+	}
+}
+
+func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
+	opt := cache.Options{TTL: 2 * time.Second, Jitter: -1, RefreshAhead: 0.5, RedisTimeout: 5 * time.Second}
+	replicas := []replica{f.replica(t, opt), f.replica(t, opt), f.replica(t, opt)}
+	if _, err := replicas[0].Product(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1200 * time.Millisecond) // into the last half of the TTL
+	key := f.prefix + "cache:product:{5}"
+	before := rdb.PTTL(ctx, key).Val()
+
+	warmMisses := replicas[0].counter(t, "misses_total")
+	f.q.total.Store(0)
+	f.q.delay = 50 * time.Millisecond
+	errs := reads(300, 300, func(i int) error {
+		_, err := replicas[i%3].Product(ctx, 5)
+		return err
+	})
+	for _, err := range errs {
+		if err != nil {
+			t.Fatalf("GET: %v", err)
+		}
+	}
+	misses, refreshes := -warmMisses, 0.0
+	for _, r := range replicas {
+		r.Close() // waits for the background refresh
+		misses += r.counter(t, "misses_total")
+		refreshes += r.counter(t, "refreshes_total")
+	}
+	after := rdb.PTTL(ctx, key).Val()
+	t.Logf("300 GETs in the refresh window: %.0f misses, %.0f refreshes, %d MySQL queries; TTL %v → %v", misses, refreshes, f.q.total.Load(), before, after)
+	if misses != 0 {
+		t.Errorf("misses = %.0f: reads in the refresh window must be served", misses)
+	}
+	if n := f.q.total.Load(); n != 1 || refreshes != 1 {
+		t.Errorf("%d MySQL queries, %.0f refreshes; want exactly one refresh", n, refreshes)
+	}
+	if after <= before+500*time.Millisecond {
+		t.Errorf("TTL went from %v to %v: the entry was not renewed", before, after)
+	}
+}
+
+func TestBloomFilterRebuiltWhenMissing(t *testing.T) {
+	f := newFixture(t, 100, 1)
+	ctx := context.Background()
+	r := f.replica(t, cache.Options{Bloom: true})
+	// No filter yet (Redis restarted empty, say): products are not turned
+	// away, and the filter gets built.
+	if _, err := r.Product(ctx, 50); err != nil {
+		t.Fatalf("GET with no filter: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for r.counter(t, "bloom_rejects_total") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("absent ids are still not rejected 5s after the filter went missing")
+		}
+		if _, err := r.Product(ctx, 100_000); !errors.Is(err, stock.ErrNotFound) {
+			t.Fatalf("GET of an absent product: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if _, err := r.Product(ctx, 100); err != nil {
+		t.Errorf("GET product 100 after the rebuild: %v", err)
+	}
+}
+
+func TestRedisDownFallsBackWithinLimit(t *testing.T) {
+	f := newFixture(t, 100, 1)
+	ctx := context.Background()
+	addr, kill := testenv.RedisServer(t)
+	const limit = 3
+	r := f.replicaAt(t, addr, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond}, lock.RedisOptions{})
+	if _, err := r.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id := int64(1); id <= 100; id++ {
+		if _, err := r.Product(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.q.total.Store(0)
+	f.q.peak.Store(0)
+	f.q.delay = 10 * time.Millisecond
+
+	// Readers keep going; Redis dies under them.
+	var served, busy, other atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 100 {
+		wg.Go(func() {
+			for i := int64(w); ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, err := r.Product(ctx, 1+i%100)
+				switch {
+				case err == nil:
+					served.Add(1)
+				case errors.Is(err, stock.ErrBusy):
+					busy.Add(1)
+				default:
+					other.Add(1)
+				}
+			}
+		})
+	}
+	time.Sleep(300 * time.Millisecond)
+	cached := served.Load()
+	if n := f.q.total.Load(); n != 0 {
+		t.Errorf("%d MySQL queries while Redis was up and every product cached", n)
+	}
+	kill()
+	killedAt := time.Now()
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	down := time.Since(killedAt)
+
+	n := f.q.total.Load()
+	t.Logf("100 readers: %d served from the cache in 300ms; then Redis down for %v: %d served from MySQL (%.0f queries/s, at most %d at once), %d busy",
+		cached, down.Round(time.Millisecond), n, float64(n)/down.Seconds(), f.q.peak.Load(), busy.Load())
+	if other.Load() != 0 {
+		t.Errorf("%d reads failed with something else than ErrBusy", other.Load())
+	}
+	if p := f.q.peak.Load(); p > limit {
+		t.Errorf("%d MySQL queries at once, limit %d", p, limit)
+	}
+	if n == 0 || busy.Load() == 0 {
+		t.Errorf("%d served from MySQL, %d busy: want both, the limit serving some and refusing the rest", n, busy.Load())
+	}
+	// With each query taking at least 10ms, the limit caps the rate.
+	if rate, most := float64(n)/down.Seconds(), float64(limit)/0.010; rate > most {
+		t.Errorf("%.0f MySQL queries/s, above the %.0f/s the limit allows", rate, most)
+	}
+}
