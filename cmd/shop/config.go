@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +23,10 @@ type config struct {
 	LockWait    time.Duration
 	StockUpdate string
 	Fencing     bool
+	CacheTTL    time.Duration
+	CacheJitter float64
+	NullTTL     time.Duration
+	Bloom       bool
 	AdminToken  string
 	LogLevel    slog.Level
 }
@@ -73,7 +78,16 @@ func loadConfig(getenv func(string) string) (config, error) {
 		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
 		StockUpdate: oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
 		Fencing:     oneOf("SHOP_FENCING", "on", "on", "off") == "on",
+		CacheTTL:    duration("SHOP_CACHE_TTL", "10m", time.Second),
+		NullTTL:     duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
+		Bloom:       oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
 		AdminToken:  getenv("SHOP_ADMIN_TOKEN"),
+	}
+	if c.NullTTL > 5*time.Minute {
+		errs = append(errs, fmt.Errorf("SHOP_CACHE_NULL_TTL=%q: must be at most 5m", getenv("SHOP_CACHE_NULL_TTL")))
+	}
+	if v := get("SHOP_CACHE_JITTER", "10%"); !parseJitter(v, &c.CacheJitter) {
+		errs = append(errs, fmt.Errorf("SHOP_CACHE_JITTER=%q: must be a share of the TTL from 0 to 50%%, like 10%% or 0.1", v))
 	}
 	if _, err := mysql.ParseDSN(c.MySQLDSN); err != nil {
 		errs = append(errs, fmt.Errorf("SHOP_MYSQL_DSN: %w", err))
@@ -94,4 +108,16 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, configError{errors.Join(errs...)}
 	}
 	return c, nil
+}
+
+// parseJitter reads a share written as a percentage ("10%") or a fraction
+// ("0.1"), from 0 to one half.
+func parseJitter(v string, share *float64) bool {
+	pct, isPct := strings.CutSuffix(v, "%")
+	f, err := strconv.ParseFloat(pct, 64)
+	if isPct {
+		f /= 100
+	}
+	*share = f
+	return err == nil && f >= 0 && f <= 0.5
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -136,7 +137,7 @@ func postOrder(client *http.Client, url string, sku, user int) (int, []byte, err
 func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
 	const skus, buyers = 150, 4
 	db := testenv.MySQL(t)
-	_, prefix := testenv.Redis(t)
+	prefix := redisPrefix(t)
 	vars := func() map[string]string {
 		return map[string]string{
 			"SHOP_MYSQL_DSN":    db.DSN,
@@ -155,6 +156,12 @@ func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
 	}
 
 	client := &http.Client{Timeout: 30 * time.Second}
+	// Product pages cached before the sale...
+	for sku := 1; sku <= skus; sku++ {
+		if n := productStock(t, client, replicas[sku%3].url, sku); n != 1 {
+			t.Fatalf("product %d before the sale: stock %d, want 1", sku, n)
+		}
+	}
 	tl := &tally{status: map[int]int{}}
 	var wg sync.WaitGroup
 	start := make(chan struct{})
@@ -184,6 +191,41 @@ func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
 	if code, out := shop(t, db, "verify", "--acks", acks); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
 	}
+	// ...show the sale at once on every replica: each order invalidated its
+	// product.
+	for sku := 1; sku <= skus; sku++ {
+		if n := productStock(t, client, replicas[(sku+1)%3].url, sku); n != 0 {
+			t.Errorf("product %d after the sale: cached stock %d, want 0", sku, n)
+		}
+	}
+	res, err := client.Get(replicas[0].url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	metrics, _ := io.ReadAll(res.Body)
+	for _, name := range []string{"shop_cache_hits_total", "shop_cache_misses_total", "shop_cache_loads_total", "shop_cache_bloom_rejects_total"} {
+		if !bytes.Contains(metrics, []byte("\n"+name+" ")) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+// productStock is the stock GET /api/v1/products/{sku} shows.
+func productStock(t *testing.T, client *http.Client, url string, sku int) int {
+	t.Helper()
+	res, err := client.Get(fmt.Sprintf("%s/api/v1/products/%d", url, sku))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var p struct {
+		Stock int `json:"stock"`
+	}
+	if err := json.NewDecoder(res.Body).Decode(&p); err != nil || res.StatusCode != 200 {
+		t.Fatalf("GET product %d: %d, %v", sku, res.StatusCode, err)
+	}
+	return p.Stock
 }
 
 // TestShutdownLosesNoAcknowledgedOrder stops a replica while orders are in
@@ -195,8 +237,7 @@ func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
 	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus+30), "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
-	_, prefix := testenv.Redis(t)
-	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": prefix})
+	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	client := &http.Client{Timeout: 30 * time.Second}
 	tl := &tally{status: map[int]int{}}
 	skusc := make(chan int)

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"shop/internal/stock"
@@ -32,6 +33,13 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_MYSQL_DSN", "not a dsn"},
 		{"SHOP_REDIS_ADDR", "localhost"},
 		{"SHOP_HTTP_ADDR", "8080"},
+		{"SHOP_CACHE_TTL", "10"},
+		{"SHOP_CACHE_TTL", "10ms"},
+		{"SHOP_CACHE_JITTER", "60%"},
+		{"SHOP_CACHE_JITTER", "-0.1"},
+		{"SHOP_CACHE_JITTER", "lots"},
+		{"SHOP_CACHE_NULL_TTL", "10m"},
+		{"SHOP_BLOOM", "maybe"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -48,6 +56,11 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	if _, err := loadConfig(env(nil)); err != nil {
 		t.Errorf("defaults rejected: %v", err)
 	}
+	for v, want := range map[string]float64{"10%": 0.1, "0.25": 0.25, "0": 0, "50%": 0.5} {
+		if c, err := loadConfig(env(map[string]string{"SHOP_CACHE_JITTER": v})); err != nil || c.CacheJitter != want {
+			t.Errorf("SHOP_CACHE_JITTER=%s: %v, %v; want %v", v, c.CacheJitter, err, want)
+		}
+	}
 }
 
 func TestUsageErrors(t *testing.T) {
@@ -61,11 +74,27 @@ func TestUsageErrors(t *testing.T) {
 
 // shop runs the command with SHOP_MYSQL_DSN set to db and returns its exit
 // code and output.
+// shop runs a one-shot command on db and on the test's Redis key space.
 func shop(t *testing.T, db *testenv.DB, args ...string) (int, string) {
 	t.Helper()
 	var out bytes.Buffer
-	err := run(context.Background(), args, env(map[string]string{"SHOP_MYSQL_DSN": db.DSN}), &out, &out)
+	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)}
+	err := run(context.Background(), args, env(vars), &out, &out)
 	return exitCode(err, &out), out.String()
+}
+
+var prefixes sync.Map // *testing.T → string
+
+// redisPrefix is the test's own Redis key space, the same on every call.
+func redisPrefix(t *testing.T) string {
+	t.Helper()
+	if p, ok := prefixes.Load(t); ok {
+		return p.(string)
+	}
+	_, p := testenv.Redis(t)
+	prefixes.Store(t, p)
+	t.Cleanup(func() { prefixes.Delete(t) })
+	return p
 }
 
 func TestMigrateSeedVerify(t *testing.T) {

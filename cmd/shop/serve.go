@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/stock"
@@ -61,17 +62,25 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if cfg.Fencing && cfg.LockMode != "redis" {
 		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
 	}
-	orders := stock.NewService(db, locker, stock.Options{Update: update, Fencing: cfg.Fencing, Concurrency: mysqlPoolSize, Logger: log})
-	catalog := stock.NewCatalog(db)
-
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	catalog := stock.NewCatalog(db)
+	products := newCache(cfg, rdb, catalog, reg, log)
+	defer products.Close()
+	orders := stock.NewService(db, locker, stock.Options{
+		Update: update, Fencing: cfg.Fencing, Concurrency: mysqlPoolSize, Cache: products, Logger: log,
+	})
+
 	gin.SetMode(gin.ReleaseMode)
 	h := handler.New(handler.Deps{
-		Logger:     log,
-		Orders:     orders,
-		Products:   catalog,
-		Seeder:     catalog,
+		Logger:   log,
+		Orders:   orders,
+		Products: products,
+		Stock:    catalog,
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
+			_, err := seedCatalog(ctx, catalog, products, n, units)
+			return err
+		}),
 		AdminToken: cfg.AdminToken,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
@@ -93,7 +102,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
-		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing)
+		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing,
+		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom)
 
 	if cfg.DebugAddr != "" {
 		dbg, err := serveDebug(cfg.DebugAddr)
@@ -154,6 +164,38 @@ func newLocker(cfg config, rdb *redis.Client) stock.Locker {
 		return lock.None{}
 	}
 	return lock.NewRedis(rdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait})
+}
+
+// newCache is the product cache on rdb in front of catalog. Its metrics go to
+// reg when it is not nil.
+func newCache(cfg config, rdb *redis.Client, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger) *cache.Products {
+	mutex := lock.NewRedis(rdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "cache:mutex:", NoFencing: true})
+	jitter := cfg.CacheJitter
+	if jitter == 0 {
+		jitter = -1 // none; zero would mean the default
+	}
+	return cache.New(rdb, catalog, mutex, cache.Options{
+		Prefix:     cfg.RedisPrefix + "cache:",
+		TTL:        cfg.CacheTTL,
+		Jitter:     jitter,
+		NullTTL:    cfg.NullTTL,
+		Bloom:      cfg.Bloom,
+		Registerer: reg,
+		Logger:     log,
+	})
+}
+
+// seedCatalog resets the catalog, then the product cache and its Bloom
+// filter. It returns how many cached entries were dropped.
+func seedCatalog(ctx context.Context, catalog *stock.Catalog, products *cache.Products, n, units int) (int, error) {
+	if err := catalog.Seed(ctx, n, units); err != nil {
+		return 0, err
+	}
+	dropped, err := products.Reset(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("%w: catalog seeded, but the product cache was not reset: %w", stock.ErrBusy, err)
+	}
+	return dropped, nil
 }
 
 // serveDebug serves net/http/pprof on addr, apart from the public API.

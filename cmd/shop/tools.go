@@ -94,10 +94,16 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 		return err
 	}
 	defer closeDB()
-	if err := stock.NewCatalog(db).Seed(ctx, *products, *units); err != nil {
+	rdb := newRedis(cfg.RedisAddr)
+	defer rdb.Close()
+	catalog := stock.NewCatalog(db)
+	cached := newCache(cfg, rdb, catalog, nil, nil)
+	defer cached.Close()
+	dropped, err := seedCatalog(ctx, catalog, cached, *products, *units)
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "seeded %d products with %d units each\n", *products, *units)
+	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, dropped)
 	return nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
+	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/stock"
@@ -41,10 +42,23 @@ func newAPI(t *testing.T, adminToken string) *api {
 		t.Fatal(err)
 	}
 	locks := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, Wait: 10 * time.Second})
+	mutex := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "cache:mutex:", NoFencing: true})
+	products := cache.New(rdb, catalog, mutex, cache.Options{Prefix: prefix + "cache:", Bloom: true})
+	t.Cleanup(products.Close)
+	if _, err := products.Reset(context.Background()); err != nil {
+		t.Fatal(err)
+	}
 	srv := httptest.NewServer(handler.New(handler.Deps{
-		Orders:     stock.NewService(db.Gorm, locks, stock.Options{Fencing: true}),
-		Products:   catalog,
-		Seeder:     catalog,
+		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),
+		Products: products,
+		Stock:    catalog,
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
+			if err := catalog.Seed(ctx, n, units); err != nil {
+				return err
+			}
+			_, err := products.Reset(ctx)
+			return err
+		}),
 		AdminToken: adminToken,
 		Ready: map[string]handler.Check{
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
@@ -213,6 +227,9 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 
 func TestOrderFlow(t *testing.T) {
 	a := newAPI(t, "")
+	if r := a.do(t, "GET", "/api/v1/products/2", "", nil, nil); r.status != 200 || r.body["stock"] != 5.0 {
+		t.Fatalf("product before any order: %d %s", r.status, r.raw)
+	}
 	r := a.order(t, `{"sku_id":2,"user_id":42}`, nil)
 	if r.status != 201 {
 		t.Fatalf("status %d: %s", r.status, r.raw)
@@ -224,6 +241,10 @@ func TestOrderFlow(t *testing.T) {
 	}
 	if r.body["sku_id"] != 2.0 || r.body["user_id"] != 42.0 {
 		t.Errorf("body = %s", r.raw)
+	}
+	// The cached product shows the order at once: it was invalidated.
+	if r := a.do(t, "GET", "/api/v1/products/2", "", nil, nil); r.status != 200 || r.body["stock"] != 4.0 {
+		t.Errorf("cached product after one order: %d %s", r.status, r.raw)
 	}
 	if r := a.order(t, `{"sku_id":2,"user_id":42}`, nil); r.status != 409 || errorCode(t, r) != "already_ordered" {
 		t.Errorf("second order of a user: %d %s", r.status, r.raw)
@@ -251,6 +272,12 @@ func TestOrderFlow(t *testing.T) {
 func TestAdminSeed(t *testing.T) {
 	a := newAPI(t, adminToken)
 	a.order(t, `{"sku_id":1,"user_id":1}`, nil)
+	if r := a.do(t, "GET", "/api/v1/products/1", "", nil, nil); r.status != 200 || r.body["stock"] != 4.0 {
+		t.Fatalf("product 1 before the seed: %d %s", r.status, r.raw)
+	}
+	if r := a.do(t, "GET", "/api/v1/products/9", "", nil, nil); r.status != 404 {
+		t.Fatalf("product 9 before the seed: %d %s", r.status, r.raw)
+	}
 	r := a.do(t, "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":10,"stock":2}`),
 		map[string][]string{"Authorization": {"Bearer " + adminToken}})
 	if r.status != 200 {
@@ -258,6 +285,14 @@ func TestAdminSeed(t *testing.T) {
 	}
 	if s := a.state(t); s.Products != 10 || s.Stock != 20 || s.Orders != 0 {
 		t.Errorf("after seed: %+v", s)
+	}
+	// The seed reset the cache and the Bloom filter: the cached product 1
+	// is gone and product 9 now exists.
+	if r := a.do(t, "GET", "/api/v1/products/1", "", nil, nil); r.status != 200 || r.body["stock"] != 2.0 {
+		t.Errorf("product 1 after the seed: %d %s", r.status, r.raw)
+	}
+	if r := a.do(t, "GET", "/api/v1/products/9", "", nil, nil); r.status != 200 || r.body["stock"] != 2.0 {
+		t.Errorf("product 9 after the seed: %d %s", r.status, r.raw)
 	}
 }
 
@@ -295,7 +330,7 @@ func TestIdempotencyKeyConcurrent(t *testing.T) {
 }
 
 // With Redis down an order cannot be locked: 503 busy with Retry-After, and
-// nothing written; /readyz says so too.
+// nothing written; /readyz says so too. Product pages still answer.
 func TestRedisDownIsBusy(t *testing.T) {
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
@@ -306,7 +341,8 @@ func TestRedisDownIsBusy(t *testing.T) {
 	t.Cleanup(func() { dead.Close() })
 	srv := httptest.NewServer(handler.New(handler.Deps{
 		Orders:   stock.NewService(db.Gorm, lock.NewRedis(dead, lock.RedisOptions{}), stock.Options{}),
-		Products: catalog,
+		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
+		Stock:    catalog,
 		Ready: map[string]handler.Check{
 			"redis": func(ctx context.Context) error { return dead.Ping(ctx).Err() },
 		},
@@ -320,6 +356,11 @@ func TestRedisDownIsBusy(t *testing.T) {
 	}
 	if r := a.do(t, "GET", "/readyz", "", nil, nil); r.status != 503 || errorCode(t, r) != "unavailable" {
 		t.Errorf("readyz with Redis down: %d %s", r.status, r.raw)
+	}
+	// Product reads fall back to MySQL (within a limit the cache tests
+	// exercise).
+	if r := a.do(t, "GET", "/api/v1/products/1", "", nil, nil); r.status != 200 || r.body["stock"] != 1.0 {
+		t.Errorf("product with Redis down: %d %s", r.status, r.raw)
 	}
 	if s := a.state(t); s.Orders != 0 || s.Stock != 1 {
 		t.Errorf("a refused order changed the database: %+v", s)

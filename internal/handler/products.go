@@ -34,14 +34,14 @@ func handleProduct(products Products) gin.HandlerFunc {
 	}
 }
 
-func handleStock(products Products) gin.HandlerFunc {
+func handleStock(stock Stock) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id, err := pathID(c)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		n, err := products.Stock(c.Request.Context(), id)
+		n, err := stock.Stock(c.Request.Context(), id)
 		if err != nil {
 			writeError(c, err)
 			return

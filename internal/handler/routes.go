@@ -19,6 +19,6 @@ func addRoutes(r *gin.Engine, d Deps) {
 	api := r.Group("/api/v1")
 	api.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
 	api.GET("/products/:id", handleProduct(d.Products))
-	api.GET("/products/:id/stock", handleStock(d.Products))
+	api.GET("/products/:id/stock", handleStock(d.Stock))
 	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))
 }

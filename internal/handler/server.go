@@ -19,16 +19,29 @@ type Orders interface {
 	PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (stock.Order, error)
 }
 
-// Products reads products. Product may come from a cache; Stock is
-// authoritative.
+// Products reads products; *cache.Products implements it. The answer may
+// come from a cache, so its stock may lag.
 type Products interface {
 	Product(ctx context.Context, id int64) (stock.Product, error)
+}
+
+// Stock reads a product's stock as MySQL has it now; *stock.Catalog
+// implements it.
+type Stock interface {
 	Stock(ctx context.Context, id int64) (int, error)
 }
 
 // Seeder resets the catalog.
 type Seeder interface {
 	Seed(ctx context.Context, products, stock int) error
+}
+
+// SeedFunc is a function that is a Seeder.
+type SeedFunc func(ctx context.Context, products, stock int) error
+
+// Seed calls f.
+func (f SeedFunc) Seed(ctx context.Context, products, stock int) error {
+	return f(ctx, products, stock)
 }
 
 // Check reports whether a dependency answers; /readyz runs them all.
@@ -39,6 +52,7 @@ type Deps struct {
 	Logger   *slog.Logger
 	Orders   Orders
 	Products Products
+	Stock    Stock
 	Seeder   Seeder
 	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
 	// admin API off.
