@@ -1,4 +1,4 @@
-.PHONY: test build clean
+.PHONY: test bench build clean
 
 GO ?= go
 
@@ -8,6 +8,10 @@ build:
 ## test: the whole suite against private MariaDB and Redis (installed if missing)
 test:
 	scripts/test.sh
+
+## bench: the benchmarks (GET product from the cache vs MySQL), same servers
+bench:
+	scripts/test.sh bench
 
 clean:
 	rm -rf bin out

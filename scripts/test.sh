@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # make test: start private MariaDB and Redis on free loopback ports, run the
 # whole suite with the race detector against them, and stop them however the
-# tests end.
+# tests end. `scripts/test.sh bench` (make bench) runs the benchmarks instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -26,6 +26,10 @@ export SHOP_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
 SHOP_TEST_REDIS_SERVER=$(find_bin redis-server)
 export SHOP_TEST_REDIS_SERVER
 
+if [ "${1:-}" = bench ]; then
+  go test -run '^$' -bench . -benchtime "${BENCHTIME:-30000x}" ./...
+  exit
+fi
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
 go vet ./...

@@ -76,33 +76,72 @@ var errNoFilter = errors.New("cache: no bloom filter")
 // not. It returns errNoFilter when there is no filter to ask.
 func (f *bloomFilter) mayContain(ctx context.Context, id int64) (bool, error) {
 	for range 2 {
-		params := bloomParams{m: 1, k: 1}
-		if p := f.params.Load(); p != nil {
-			params = *p
-		}
-		args := []any{params.String()}
-		for _, pos := range params.positions(id) {
-			args = append(args, pos)
-		}
-		res, err := bloomCheckScript.Run(ctx, f.rdb, []string{f.bits, f.meta}, args...).Result()
-		if err != nil {
-			return false, fmt.Errorf("%w: bloom filter: %w", errRedis, err)
-		}
-		switch v := res.(type) {
-		case int64:
-			if v < 0 {
-				return false, errNoFilter
-			}
-			return v == 1, nil
-		case string:
-			p, err := parseBloomParams(v)
-			if err != nil {
-				return false, err
-			}
-			f.params.Store(&p)
+		res, err := bloomCheckScript.Run(ctx, f.rdb, f.keys(), f.args(id)...).Result()
+		if ok, retry, err := f.verdict(res, err); !retry {
+			return ok, err
 		}
 	}
 	return false, errors.New("cache: bloom filter parameters keep changing")
+}
+
+// check queues the question of mayContain on pipe, so that it travels with
+// other commands; answer reads the reply.
+func (f *bloomFilter) check(ctx context.Context, pipe redis.Pipeliner, id int64) *redis.Cmd {
+	return bloomCheckScript.EvalSha(ctx, pipe, f.keys(), f.args(id)...)
+}
+
+// answer is mayContain's result from the reply of a check. A script the
+// server does not know yet, or a filter rebuilt with other parameters, is
+// asked again on its own.
+func (f *bloomFilter) answer(ctx context.Context, cmd *redis.Cmd, id int64) (bool, error) {
+	res, err := cmd.Result()
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		return f.mayContain(ctx, id)
+	}
+	ok, retry, err := f.verdict(res, err)
+	if retry {
+		return f.mayContain(ctx, id)
+	}
+	return ok, err
+}
+
+func (f *bloomFilter) keys() []string { return []string{f.bits, f.meta} }
+
+// args are the check script's arguments: the parameters last seen, and id's
+// positions under them.
+func (f *bloomFilter) args(id int64) []any {
+	params := bloomParams{m: 1, k: 1}
+	if p := f.params.Load(); p != nil {
+		params = *p
+	}
+	args := []any{params.String()}
+	for _, pos := range params.positions(id) {
+		args = append(args, pos)
+	}
+	return args
+}
+
+// verdict reads the check script's reply. retry means the filter has other
+// parameters than the positions were computed for; they are stored now.
+func (f *bloomFilter) verdict(res any, err error) (ok, retry bool, _ error) {
+	if err != nil {
+		return false, false, fmt.Errorf("%w: bloom filter: %w", errRedis, err)
+	}
+	switch v := res.(type) {
+	case int64:
+		if v < 0 {
+			return false, false, errNoFilter
+		}
+		return v == 1, false, nil
+	case string:
+		p, err := parseBloomParams(v)
+		if err != nil {
+			return false, false, err
+		}
+		f.params.Store(&p)
+		return false, true, nil
+	}
+	return false, false, fmt.Errorf("cache: bloom filter: unexpected reply %v", res)
 }
 
 // build replaces the filter with one over ids, sized so that an id not

@@ -170,6 +170,8 @@ const (
 var (
 	// errRedis marks a failed Redis call; the read falls back to MySQL.
 	errRedis = errors.New("cache: redis")
+	// errRejected means the Bloom filter ruled the id out.
+	errRejected = errors.New("cache: not in the bloom filter")
 	// errWaited means another replica's load did not fill the key in time.
 	errWaited = errors.New("cache: waited too long for another load")
 )
@@ -240,18 +242,11 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 	if id <= 0 {
 		return stock.Product{}, fmt.Errorf("%w: id must be a positive integer", stock.ErrInvalid)
 	}
-	if p.opt.Bloom {
-		ok, err := p.mayExist(ctx, id)
-		switch {
-		case err != nil:
-			return p.fallBack(ctx, id, err)
-		case !ok:
-			p.m.bloomRejects.Inc()
-			return stock.Product{}, notFound(id)
-		}
-	}
-	e, ok, err := p.get(ctx, id)
+	e, ok, err := p.read(ctx, id)
 	switch {
+	case errors.Is(err, errRejected):
+		p.m.bloomRejects.Inc()
+		return stock.Product{}, notFound(id)
 	case err != nil:
 		return p.fallBack(ctx, id, err)
 	case ok:
@@ -279,17 +274,30 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 	}
 }
 
-// mayExist asks the Bloom filter. With no filter in Redis it lets every id
-// through and has one built.
-func (p *Products) mayExist(ctx context.Context, id int64) (bool, error) {
+// read returns id's entry; ok is false when there is none. With the Bloom
+// filter on, it asks the filter first and returns errRejected for an id the
+// filter rules out. The question and the read of the entry travel in one
+// pipeline, one round trip: the filter's answer decides, and neither writes
+// anything. With no filter in Redis, every id passes and one is built.
+func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
 	defer cancel()
-	ok, err := p.bloom.mayContain(ctx, id)
-	if errors.Is(err, errNoFilter) {
-		p.goBackground("bloom", p.rebuildBloom)
-		return true, nil
+	if !p.opt.Bloom {
+		return p.entry(p.rdb.Get(ctx, p.entryKey(id)))
 	}
-	return ok, err
+	pipe := p.rdb.Pipeline()
+	check := p.bloom.check(ctx, pipe, id)
+	get := pipe.Get(ctx, p.entryKey(id))
+	_, _ = pipe.Exec(ctx) // each command keeps its own error
+	switch maybe, err := p.bloom.answer(ctx, check, id); {
+	case errors.Is(err, errNoFilter):
+		p.goBackground("bloom", p.rebuildBloom)
+	case err != nil:
+		return entry{}, false, err
+	case !maybe:
+		return entry{}, false, errRejected
+	}
+	return p.entry(get)
 }
 
 // serve answers from e, found in the cache, and starts a refresh if e is
@@ -513,17 +521,22 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 // Close waits for background refreshes to end.
 func (p *Products) Close() { p.running.Wait() }
 
-// get reads id's entry; ok is false when there is none (or it is garbled,
-// which a load then overwrites).
+// get reads id's entry, without the Bloom filter.
 func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
 	defer cancel()
-	s, err := p.rdb.Get(ctx, p.entryKey(id)).Result()
+	return p.entry(p.rdb.Get(ctx, p.entryKey(id)))
+}
+
+// entry decodes the reply of a GET of an entry; ok is false when there is
+// none (or it is garbled, which a load then overwrites).
+func (p *Products) entry(get *redis.StringCmd) (e entry, ok bool, err error) {
+	s, err := get.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
 		return entry{}, false, nil
 	case err != nil:
-		return entry{}, false, fmt.Errorf("%w: get %d: %w", errRedis, id, err)
+		return entry{}, false, fmt.Errorf("%w: get %s: %w", errRedis, get.Args()[1], err)
 	}
 	e, err = decode(s)
 	return e, err == nil, nil
