@@ -8,6 +8,8 @@
 //	sellout  every SKU 1..skus wanted by buyers buyers at once (one unit each after `shop seed`)
 //	hotsku   one SKU wanted by n buyers
 //	read     n GET /api/v1/products/{id} over ids 1..skus
+//	hotread  n GET of product sku (breakdown: run it as the key expires)
+//	absent   n GET over ids skus+1..skus+distinct, which do not exist (penetration)
 //
 // With several -url (comma-separated), request i goes to url i mod len, so
 // the buyers of one SKU arrive through different replicas. It prints hey's
@@ -55,6 +57,7 @@ type options struct {
 	skus        int
 	buyers      int
 	sku         int
+	distinct    int
 	n           int
 	concurrency int
 	timeout     time.Duration
@@ -81,12 +84,13 @@ type Result struct {
 func parse(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
-	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku or read")
+	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku, read, hotread or absent")
 	urls := fs.String("url", "http://127.0.0.1:8080", "base URL(s), comma-separated")
 	fs.IntVar(&o.skus, "skus", 5000, "sellout/read: SKUs 1..skus")
 	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per SKU")
-	fs.IntVar(&o.sku, "sku", 1, "hotsku: the SKU")
-	fs.IntVar(&o.n, "n", 0, "requests (hotsku, read; sellout: skus×buyers)")
+	fs.IntVar(&o.sku, "sku", 1, "hotsku, hotread: the SKU")
+	fs.IntVar(&o.distinct, "distinct", 1000, "absent: distinct ids asked for")
+	fs.IntVar(&o.n, "n", 0, "requests (sellout: skus×buyers)")
 	fs.IntVar(&o.concurrency, "c", 4000, "concurrent buyers (workers); each sends n/c requests in turn")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "per-request timeout")
 	fs.StringVar(&o.jsonPath, "json", "", "write the result as JSON to this file")
@@ -104,15 +108,15 @@ func parse(args []string) (options, error) {
 	switch o.scenario {
 	case "sellout":
 		o.n = o.skus * o.buyers
-	case "hotsku", "read":
+	case "hotsku", "read", "hotread", "absent":
 		if o.n <= 0 {
 			o.n = 1000
 		}
 	default:
-		return o, fmt.Errorf("-scenario %q: want sellout, hotsku or read", o.scenario)
+		return o, fmt.Errorf("-scenario %q: want sellout, hotsku, read, hotread or absent", o.scenario)
 	}
-	if o.n <= 0 || o.skus <= 0 || o.buyers <= 0 {
-		return o, errors.New("-n, -skus and -buyers must be positive")
+	if o.n <= 0 || o.skus <= 0 || o.buyers <= 0 || o.distinct <= 0 {
+		return o, errors.New("-n, -skus, -buyers and -distinct must be positive")
 	}
 	if o.concurrency <= 0 {
 		return o, errors.New("-c must be positive")
@@ -135,8 +139,11 @@ func requests(o options) func() *http.Request {
 		var sku, user int
 		switch o.scenario {
 		case "read":
-			req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/products/%d", base, i%o.skus+1), nil)
-			return req
+			return getProduct(base, i%o.skus+1)
+		case "hotread":
+			return getProduct(base, o.sku)
+		case "absent":
+			return getProduct(base, o.skus+1+i%o.distinct)
 		case "hotsku":
 			sku, user = o.sku, i+1
 		default: // sellout: the buyers of a SKU are consecutive
@@ -150,6 +157,11 @@ func requests(o options) func() *http.Request {
 		}
 		return req
 	}
+}
+
+func getProduct(base string, id int) *http.Request {
+	req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/products/%d", base, id), nil)
+	return req
 }
 
 // summary is hey's summary, rendered by hey's report with this template;

@@ -107,3 +107,27 @@ func TestPercentile(t *testing.T) {
 		t.Error("empty")
 	}
 }
+
+func TestReadScenariosAskForTheRightIDs(t *testing.T) {
+	tests := []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"-scenario", "read", "-skus", "3", "-n", "4"}, []string{"/1", "/2", "/3", "/1"}},
+		{[]string{"-scenario", "hotread", "-sku", "7", "-n", "2"}, []string{"/7", "/7"}},
+		{[]string{"-scenario", "absent", "-skus", "10", "-distinct", "2", "-n", "3"}, []string{"/11", "/12", "/11"}},
+	}
+	for _, tt := range tests {
+		o, err := parse(tt.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := requests(o)
+		for i, want := range tt.want {
+			req := next()
+			if req.Method != "GET" || req.URL.Path != "/api/v1/products"+want {
+				t.Errorf("%v request %d: %s %s, want GET /api/v1/products%s", tt.args, i, req.Method, req.URL.Path, want)
+			}
+		}
+	}
+}
