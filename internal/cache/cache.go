@@ -188,7 +188,7 @@ type Products struct {
 	loads      singleflight.Group
 	fallback   *semaphore.Weighted
 	background *semaphore.Weighted
-	refreshing sync.Map // id → struct{}: refreshes under way here
+	underway   sync.Map // name → struct{}: background work running here
 	running    sync.WaitGroup
 }
 
@@ -420,16 +420,16 @@ func (p *Products) refresh(ctx context.Context, id int64) error {
 // goBackground runs fn in the background unless work under the same name is
 // already running here, or too much background work is.
 func (p *Products) goBackground(name string, fn func(context.Context) error) {
-	if _, busy := p.refreshing.LoadOrStore(name, struct{}{}); busy {
+	if _, busy := p.underway.LoadOrStore(name, struct{}{}); busy {
 		return
 	}
 	if !p.background.TryAcquire(1) {
-		p.refreshing.Delete(name)
+		p.underway.Delete(name)
 		return
 	}
 	p.running.Go(func() {
 		defer p.background.Release(1)
-		defer p.refreshing.Delete(name)
+		defer p.underway.Delete(name)
 		ctx, cancel := context.WithTimeout(context.Background(), p.opt.LoadTimeout)
 		defer cancel()
 		if err := fn(ctx); err != nil {
