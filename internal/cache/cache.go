@@ -119,26 +119,14 @@ func (o *Options) defaults() {
 	if o.TTL <= 0 {
 		o.TTL = 10 * time.Minute
 	}
-	switch {
-	case o.Jitter == 0:
-		o.Jitter = 0.1
-	case o.Jitter < 0:
-		o.Jitter = 0
-	}
-	o.Jitter = min(o.Jitter, 0.5)
+	o.Jitter = share(o.Jitter, 0.1, 0.5)
 	if o.NullTTL <= 0 {
 		o.NullTTL = time.Minute
 	}
 	if o.BloomFalsePositive <= 0 || o.BloomFalsePositive >= 1 {
 		o.BloomFalsePositive = 0.001
 	}
-	switch {
-	case o.RefreshAhead == 0:
-		o.RefreshAhead = 0.2
-	case o.RefreshAhead < 0:
-		o.RefreshAhead = 0
-	}
-	o.RefreshAhead = min(o.RefreshAhead, 0.9)
+	o.RefreshAhead = share(o.RefreshAhead, 0.2, 0.9)
 	if o.Wait <= 0 {
 		o.Wait = time.Second
 	}
@@ -157,6 +145,18 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+}
+
+// share reads a fractional option: zero takes def, a negative value means
+// none, and most is the cap.
+func share(v, def, most float64) float64 {
+	switch {
+	case v == 0:
+		return def
+	case v < 0:
+		return 0
+	}
+	return min(v, most)
 }
 
 const (
