@@ -25,6 +25,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -163,6 +164,9 @@ const (
 	// generationTTL is how long an entry's generation outlives its last
 	// load or invalidation; far longer than any load may take.
 	generationTTL = time.Minute
+	// skipRedisFor is how long reads go straight to the fallback after a
+	// Redis call failed.
+	skipRedisFor = time.Second
 	// backgroundSlots bounds the refreshes one process runs at once.
 	backgroundSlots = 16
 )
@@ -172,6 +176,8 @@ var (
 	errRedis = errors.New("cache: redis")
 	// errRejected means the Bloom filter ruled the id out.
 	errRejected = errors.New("cache: not in the bloom filter")
+	// errSkipped means Redis failed a moment ago and was not asked.
+	errSkipped = errors.New("cache: redis failed a moment ago")
 	// errWaited means another replica's load did not fill the key in time.
 	errWaited = errors.New("cache: waited too long for another load")
 )
@@ -187,6 +193,7 @@ type Products struct {
 
 	loads      singleflight.Group
 	fallback   *semaphore.Weighted
+	skipRedis  atomic.Int64 // Unix ns until which reads do not ask Redis; 0: ask
 	background *semaphore.Weighted
 	underway   sync.Map // name → struct{}: background work running here
 	running    sync.WaitGroup
@@ -235,12 +242,17 @@ func (e entry) due(now time.Time) bool { return e.RefreshAt > 0 && now.UnixMilli
 // into a full outage of product pages; falling back without a limit would
 // hand all of the cache's traffic to MySQL at once, the stampede the cache is
 // there to prevent. The same limit applies when a read has waited
-// Options.Wait for another replica's load.
+// Options.Wait for another replica's load. After a failed Redis call, reads
+// skip Redis for a second (then try it again), so that an outage costs each
+// read the fallback's wait rather than a Redis timeout too.
 //
 // Errors: stock.ErrInvalid, stock.ErrNotFound, stock.ErrBusy.
 func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error) {
 	if id <= 0 {
 		return stock.Product{}, fmt.Errorf("%w: id must be a positive integer", stock.ErrInvalid)
+	}
+	if until := p.skipRedis.Load(); until != 0 && time.Now().UnixNano() < until {
+		return p.fallBack(ctx, id, errSkipped)
 	}
 	e, ok, err := p.read(ctx, id)
 	switch {
@@ -462,6 +474,9 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 // fallBack reads id from MySQL without the cache, within the fallback limit.
 // cause is why the cache could not answer.
 func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.Product, error) {
+	if errors.Is(cause, errRedis) && ctx.Err() == nil {
+		p.skipRedis.Store(time.Now().Add(skipRedisFor).UnixNano())
+	}
 	wait, cancel := context.WithTimeout(ctx, p.opt.FallbackWait)
 	defer cancel()
 	if err := p.fallback.Acquire(wait, 1); err != nil {
