@@ -376,7 +376,10 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	defer cancel()
 	keys := []string{p.entryKey(id), p.generationKey(id)}
 	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
-	if err != nil || len(vals) != 2 {
+	if err == nil && len(vals) != 2 {
+		err = fmt.Errorf("begin script answered %v", vals)
+	}
+	if err != nil {
 		return entry{}, false, fmt.Errorf("%w: load %d: %w", errRedis, id, err)
 	}
 	if s, ok := vals[0].(string); ok {
