@@ -72,9 +72,8 @@ func TestUsageErrors(t *testing.T) {
 	}
 }
 
-// shop runs the command with SHOP_MYSQL_DSN set to db and returns its exit
-// code and output.
-// shop runs a one-shot command on db and on the test's Redis key space.
+// shop runs a one-shot command on db and on the test's Redis key space, and
+// returns its exit code and output.
 func shop(t *testing.T, db *testenv.DB, args ...string) (int, string) {
 	t.Helper()
 	var out bytes.Buffer

@@ -292,11 +292,11 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 // pipeline, one round trip: the filter's answer decides, and neither writes
 // anything. With no filter in Redis, every id passes and one is built.
 func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err error) {
+	if !p.opt.Bloom {
+		return p.get(ctx, id)
+	}
 	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
 	defer cancel()
-	if !p.opt.Bloom {
-		return p.entry(p.rdb.Get(ctx, p.entryKey(id)))
-	}
 	pipe := p.rdb.Pipeline()
 	check := p.bloom.check(ctx, pipe, id)
 	get := pipe.Get(ctx, p.entryKey(id))
@@ -309,7 +309,7 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	case !maybe:
 		return entry{}, false, errRejected
 	}
-	return p.entry(get)
+	return entryFrom(get)
 }
 
 // serve answers from e, found in the cache, and starts a refresh if e is
@@ -539,16 +539,16 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 // Close waits for background refreshes to end.
 func (p *Products) Close() { p.running.Wait() }
 
-// get reads id's entry, without the Bloom filter.
+// get reads id's entry, without asking the Bloom filter.
 func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
 	defer cancel()
-	return p.entry(p.rdb.Get(ctx, p.entryKey(id)))
+	return entryFrom(p.rdb.Get(ctx, p.entryKey(id)))
 }
 
-// entry decodes the reply of a GET of an entry; ok is false when there is
-// none (or it is garbled, which a load then overwrites).
-func (p *Products) entry(get *redis.StringCmd) (e entry, ok bool, err error) {
+// entryFrom decodes the reply of a GET of an entry; ok is false when there
+// is none (or it is garbled, which a load then overwrites).
+func entryFrom(get *redis.StringCmd) (e entry, ok bool, err error) {
 	s, err := get.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
