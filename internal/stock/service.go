@@ -170,7 +170,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 	var read Product
 	if s.opt.Update == Naive {
 		// The seeds' read-modify-write needs the value it will write back.
-		if err := tx.Select("id", "stock").Take(&read, sku).Error; err != nil {
+		if err := tx.Select("id", "stock", "fence").Take(&read, sku).Error; err != nil {
 			return Order{}, notFound(err, sku)
 		}
 		if read.Stock <= 0 {
@@ -181,7 +181,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 		s.opt.BeforeWrite(ctx, sku)
 	}
 	fenced := s.opt.Fencing && fence > 0
-	if err := s.writeStock(tx, sku, read.Stock, fenced, fence); err != nil {
+	if err := s.writeStock(tx, sku, read, fenced, fence); err != nil {
 		return Order{}, err
 	}
 	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
@@ -194,9 +194,16 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 	return o, nil
 }
 
-// writeStock takes one unit off product sku. read is the stock a naive write
+// writeStock takes one unit off product sku. read is the row a naive write
 // read earlier in the transaction.
-func (s *Service) writeStock(tx *gorm.DB, sku int64, read int, fenced bool, fence int64) error {
+//
+// A fenced naive write is a compare-and-set on the fence it read, not only a
+// check that its token is the newest: a holder whose lease ran out while its
+// write sat uncommitted in MySQL can still commit after the next holder has
+// read the old stock, and that next holder's token is newer than the row's,
+// yet the stock it read is stale. Any fenced write moves the fence, so an
+// unchanged fence means an unchanged row.
+func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64) error {
 	var res *gorm.DB
 	switch {
 	case s.opt.Update == Guarded && fenced:
@@ -204,12 +211,13 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read int, fenced bool, fenc
 	case s.opt.Update == Guarded:
 		res = tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = ? AND stock > 0", sku)
 	case fenced:
-		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence < ?", read-1, fence, sku, fence)
+		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?",
+			read.Stock-1, fence, sku, read.Fence, fence)
 	default:
 		// The seeds' read-modify-write. Its row count proves nothing (a row
 		// already at the written value counts as unchanged), so it is not
 		// checked: this write never refuses.
-		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read-1, sku).Error
+		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read.Stock-1, sku).Error
 	}
 	if res.Error != nil {
 		return res.Error
@@ -217,15 +225,19 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read int, fenced bool, fenc
 	if res.RowsAffected == 1 {
 		return nil
 	}
-	// Refused: the product is gone, its stock ran out, or a newer holder
-	// wrote the row. A locking read sees the row as committed now, not as
-	// the transaction's snapshot had it.
+	// Refused: the product is gone, its stock ran out, a newer holder wrote
+	// the row, or (naive) an older one wrote it after it was read. A locking
+	// read sees the row as committed now, not as the transaction's snapshot
+	// had it.
 	var now Product
 	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
 		return notFound(err, sku)
 	}
 	if fenced && now.Fence >= fence {
 		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, sku, fence, now.Fence)
+	}
+	if now.Stock > 0 {
+		return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d)", ErrBusy, sku, read.Fence, now.Fence)
 	}
 	return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 }

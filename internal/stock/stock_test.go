@@ -247,3 +247,94 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 		})
 	}
 }
+
+// TestFencingStopsReaderOfUncommittedWrite is the other interleaving of a
+// pause: holder A's naive write is in MySQL, uncommitted, when A stops; B
+// takes the lock, reads the old stock (a plain read does not wait for A's row
+// lock) and its write waits for A's; A wakes and commits. B's token is newer
+// than the fence A wrote, so a check of the token alone would let B's stale
+// read-modify-write through; the fence it read no longer matches.
+func TestFencingStopsReaderOfUncommittedWrite(t *testing.T) {
+	for _, fencing := range []bool{true, false} {
+		t.Run(fmt.Sprintf("fencing=%v", fencing), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db := testenv.MySQL(t)
+			rdb, prefix := testenv.Redis(t)
+			if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 1); err != nil {
+				t.Fatal(err)
+			}
+			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix})
+			// A held token 1; tokens 2..5 went to holders that sold nothing.
+			if err := rdb.Set(ctx, lockB.FenceKey(stock.LockKey(1)), 5, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			a := db.Gorm.Begin()
+			defer a.Rollback()
+			if err := a.Exec("UPDATE products SET stock = 0, fence = 1 WHERE id = 1").Error; err != nil {
+				t.Fatal(err)
+			}
+			if err := a.Create(&stock.Order{SKUID: 1, UserID: 100, Fence: 1, CreatedAt: time.Now().UTC()}).Error; err != nil {
+				t.Fatal(err)
+			}
+
+			read := make(chan struct{})
+			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: fencing,
+				BeforeWrite: func(context.Context, int64) { close(read) }})
+			errB := make(chan error, 1)
+			go func() {
+				_, err := b.PlaceOrder(ctx, 1, 200, "")
+				errB <- err
+			}()
+			<-read
+			waitForLockWait(t, db, errB)
+			if err := a.Commit().Error; err != nil {
+				t.Fatal(err)
+			}
+			err := <-errB
+			r := verify(t, db)
+			t.Logf("B: %v; %s", err, r)
+
+			if fencing {
+				if !errors.Is(err, stock.ErrSoldOut) {
+					t.Errorf("B's write = %v, want ErrSoldOut", err)
+				}
+				if !r.OK() || r.Orders != 1 {
+					t.Errorf("want one order and every invariant holding:\n%s", r)
+				}
+				return
+			}
+			if err != nil {
+				t.Errorf("B without fencing: %v, want its stale write to go through", err)
+			}
+			if r.OK() || r.Oversold != 1 {
+				t.Errorf("want the oversell reported (1 unit):\n%s", r)
+			}
+		})
+	}
+}
+
+// waitForLockWait returns once a statement on db's database is running an
+// UPDATE of products, which here can only be waiting for a row lock; it fails
+// the test if the call that should wait ends first. (INNODB_TRX would say
+// LOCK WAIT, but MariaDB refreshes that table lazily.)
+func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		select {
+		case err := <-ended:
+			t.Fatalf("ended without waiting for the row lock: %v", err)
+		default:
+		}
+		var n int
+		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND INFO LIKE 'UPDATE products%'`).Row().Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			return
+		}
+	}
+	t.Fatal("no UPDATE waited for the row lock")
+}
