@@ -1,11 +1,19 @@
 package handler
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"shop/internal/lock"
+	"shop/internal/stock"
+)
 
 type metrics struct {
 	requests *prometheus.CounterVec
 	duration *prometheus.HistogramVec
 	orders   *prometheus.CounterVec
+	busy     *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -23,7 +31,26 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "shop_orders_total",
 			Help: "Order attempts by outcome: created, replayed or the error code.",
 		}, []string{"result"}),
+		busy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "shop_orders_busy_total",
+			Help: "Orders answered 503 busy, by cause: lock_wait (the SKU lock was not obtained in time), " +
+				"lease_lost (the lock's lease ran out during the order, which was rolled back), " +
+				"stale_fence (MySQL refused the write of a holder whose token was no longer the newest), other.",
+		}, []string{"cause"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.orders)
+	reg.MustRegister(m.requests, m.duration, m.orders, m.busy)
 	return m
+}
+
+// busyCause labels why an order was busy.
+func busyCause(err error) string {
+	switch {
+	case errors.Is(err, stock.ErrStaleFence):
+		return "stale_fence"
+	case errors.Is(err, lock.ErrNotHeld):
+		return "lease_lost"
+	case errors.Is(err, lock.ErrNotObtained):
+		return "lock_wait"
+	}
+	return "other"
 }

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -32,6 +33,9 @@ func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 		fail := func(err error) {
 			_, code, _ := status(err)
 			m.orders.WithLabelValues(code).Inc()
+			if errors.Is(err, stock.ErrBusy) {
+				m.busy.WithLabelValues(busyCause(err)).Inc()
+			}
 			writeError(c, err)
 		}
 		sku, user, key, err := readOrder(c)
