@@ -1,17 +1,36 @@
-.PHONY: test bench build clean
+.PHONY: build test bench demo up down loadtest clean
 
 GO ?= go
 
+## build: bin/shop, bin/loadtest and bin/demo
 build:
 	$(GO) build -o bin/shop ./cmd/shop
+	$(GO) build -o bin/loadtest ./loadtest
+	$(GO) build -o bin/demo ./cmd/demo
 
-## test: the whole suite against private MariaDB and Redis (installed if missing)
+## test: the whole suite against private MariaDB and Redis, then a small fleet behind nginx (installed if missing)
 test:
 	scripts/test.sh
 
 ## bench: the benchmarks (GET product from the cache vs MySQL), same servers
 bench:
 	scripts/test.sh bench
+
+## demo: the lock experiment on a private stack; prints the table, writes out/demo/report.{md,png}
+demo:
+	scripts/demo.sh
+
+## up: the private stack (MariaDB, Redis, 3 replicas, nginx on http://127.0.0.1:8080), left running
+up:
+	scripts/stack.sh up
+
+## down: stop the stack of make up
+down:
+	scripts/stack.sh down
+
+## loadtest: sell-out scenario against BASE_URL (default http://127.0.0.1:8080), then shop verify
+loadtest:
+	scripts/loadtest.sh
 
 clean:
 	rm -rf bin out

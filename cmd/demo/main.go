@@ -1,0 +1,292 @@
+// Command demo reproduces the seeds' experiment on the local stack: for each
+// row it restarts the replicas with one lock mode, reseeds the catalog, fires
+// the sell-out load at nginx and asks `shop verify` whether the sale held.
+//
+//	scripts/demo.sh            (make demo: starts the stack, runs this, stops it)
+//	bin/demo -state .state/demo -out out/demo
+//
+// Every verdict comes from `shop verify --json`; the load's figures come from
+// the loadtest's JSON result. It prints one table, writes report.md and
+// report.png to -out, and exits 1 when a row that must hold did not.
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case errors.Is(err, errRowsFailed):
+		os.Exit(1)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+}
+
+// errRowsFailed means a row that must hold did not; the table says which.
+var errRowsFailed = errors.New("a row that must hold did not")
+
+type options struct {
+	state    string // the stack's state directory
+	stack    string // scripts/stack.sh
+	loadtest string // bin/loadtest
+	out      string
+	skus     int
+	buyers   int
+	workers  int
+	ttl      time.Duration // lock TTL of the pause rows
+	pause    time.Duration // how long a replica is stopped
+	after    time.Duration // how long into the load it is stopped
+}
+
+func parse(args []string) (options, error) {
+	var o options
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.StringVar(&o.state, "state", ".state/demo", "state directory of the stack (scripts/stack.sh)")
+	fs.StringVar(&o.stack, "stack", "scripts/stack.sh", "the stack script")
+	fs.StringVar(&o.loadtest, "loadtest", "bin/loadtest", "the load test binary")
+	fs.StringVar(&o.out, "out", "out/demo", "directory for report.md, report.png and each row's files")
+	fs.IntVar(&o.skus, "skus", 5000, "products, one unit each")
+	fs.IntVar(&o.buyers, "buyers", 4, "buyers per product, arriving together")
+	fs.IntVar(&o.workers, "c", 4000, "concurrent buyers")
+	fs.DurationVar(&o.ttl, "ttl", 500*time.Millisecond, "lock TTL of the pause rows")
+	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the paused replica stays stopped (more than -ttl)")
+	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the replica is stopped")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	switch {
+	case o.skus <= 0 || o.buyers <= 1 || o.workers <= 0:
+		return o, errors.New("-skus and -c must be positive and -buyers above 1")
+	case o.pause <= o.ttl:
+		return o, fmt.Errorf("-pause %s must be longer than -ttl %s, or no lease runs out", o.pause, o.ttl)
+	}
+	return o, nil
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parse(args)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(o.out, "rows"), 0o755); err != nil {
+		return err
+	}
+	ports, err := readEnvFile(filepath.Join(o.state, "ports.env"))
+	if err != nil {
+		return fmt.Errorf("%w (is the stack up? scripts/stack.sh up)", err)
+	}
+	url := "http://127.0.0.1:" + ports["NGINX_PORT"]
+	replicaPorts := strings.Fields(ports["REPLICA_PORTS"])
+
+	rows := experiment(o)
+	var results []result
+	for i, r := range rows {
+		fmt.Fprintf(stderr, "\n== row %d/%d: %s\n", i+1, len(rows), r.label())
+		res, err := runRow(ctx, o, url, replicaPorts[:r.Replicas], i+1, r, stderr)
+		if err != nil {
+			return fmt.Errorf("row %d (%s): %w", i+1, r.label(), err)
+		}
+		fmt.Fprintf(stderr, "== %s: %s, %s\n", r.label(), res.verdict(), res.outcome())
+		results = append(results, res)
+	}
+
+	cores := runtime.NumCPU()
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, table(results))
+	fmt.Fprintf(stdout, "\n%d products × %d buyers through nginx (%s), %d at once; %d CPU cores.\n",
+		o.skus, o.buyers, url, min(o.workers, o.skus*o.buyers), cores)
+	if err := writeReport(o, results, cores); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "report: %s, %s\n", filepath.Join(o.out, "report.md"), filepath.Join(o.out, "report.png"))
+	for _, r := range results {
+		if r.failed() {
+			fmt.Fprintf(stdout, "FAILED: %s\n", r.Row.label())
+			return errRowsFailed
+		}
+	}
+	return nil
+}
+
+// runRow restarts the replicas in the row's mode, reseeds, runs the load
+// (stopping a replica partway if the row says so) and verifies.
+func runRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
+	res := result{Row: r}
+	replicas := append([]string{"replicas", strconv.Itoa(r.Replicas)}, r.env()...)
+	if _, err := command(ctx, stderr, o.stack, replicas...); err != nil {
+		return res, err
+	}
+	if _, err := command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(o.skus), "--stock", "1"); err != nil {
+		return res, err
+	}
+
+	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
+	acks := base + ".acks"
+	load := exec.CommandContext(ctx, o.loadtest, "-scenario", "sellout", "-url", url,
+		"-skus", strconv.Itoa(o.skus), "-buyers", strconv.Itoa(o.buyers), "-c", strconv.Itoa(o.workers),
+		"-json", base+".json", "-acks", acks)
+	logFile, err := os.Create(base + ".log")
+	if err != nil {
+		return res, err
+	}
+	defer logFile.Close()
+	load.Stdout, load.Stderr = logFile, io.MultiWriter(logFile, stderr)
+	if err := load.Start(); err != nil {
+		return res, err
+	}
+	var pauseErr error
+	if r.Pause {
+		res.Paused, pauseErr = pauseReplica(ctx, o, r.PausedReplica(), stderr)
+	}
+	if err := load.Wait(); err != nil {
+		return res, fmt.Errorf("loadtest: %w (see %s.log)", err, base)
+	}
+	if pauseErr != nil {
+		return res, pauseErr
+	}
+	if err := readJSON(base+".json", &res.Load); err != nil {
+		return res, err
+	}
+	if res.Busy, err = busyCauses(ctx, replicaPorts); err != nil {
+		return res, err
+	}
+
+	// verify exits 1 when an invariant is broken; its JSON says which.
+	out, err := command(ctx, stderr, o.stack, "shop", "verify", "--json", "--acks", acks)
+	var exit *exec.ExitError
+	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
+		return res, err
+	}
+	if err := json.Unmarshal(out, &res.Verify); err != nil {
+		return res, fmt.Errorf("shop verify: %w: %q", err, out)
+	}
+	return res, os.WriteFile(base+".verify.json", out, 0o644)
+}
+
+// pauseReplica stops replica i (SIGSTOP) o.after into the load, for o.pause,
+// as a long GC pause or a frozen VM would, then lets it go on. It returns how
+// long the replica was stopped.
+func pauseReplica(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
+	pidFile := filepath.Join(o.state, fmt.Sprintf("replica%d", i), "pid")
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", pidFile, err)
+	}
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(o.after):
+	}
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return 0, fmt.Errorf("stop replica %d: %w", i, err)
+	}
+	start := time.Now()
+	fmt.Fprintf(stderr, "demo: replica %d (pid %d) stopped for %s\n", i, pid, o.pause)
+	select {
+	case <-ctx.Done():
+	case <-time.After(o.pause):
+	}
+	paused := time.Since(start)
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		return paused, fmt.Errorf("continue replica %d: %w", i, err)
+	}
+	fmt.Fprintf(stderr, "demo: replica %d continued after %s\n", i, paused.Round(time.Millisecond))
+	return paused, ctx.Err()
+}
+
+// command runs name with args and returns its standard output; its standard
+// error goes to stderr.
+func command(ctx context.Context, stderr io.Writer, name string, args ...string) ([]byte, error) {
+	var out bytes.Buffer
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Stdout, cmd.Stderr = &out, stderr
+	err := cmd.Run()
+	if err != nil {
+		err = fmt.Errorf("%s %s: %w", name, strings.Join(args, " "), err)
+	}
+	return out.Bytes(), err
+}
+
+func readJSON(path string, v any) error {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", path, err)
+	}
+	return nil
+}
+
+// readEnvFile reads NAME=value lines, as scripts/stack.sh writes them.
+func readEnvFile(path string) (map[string]string, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	env := map[string]string{}
+	for _, line := range strings.Split(string(data), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok {
+			env[k] = strings.Trim(v, `'"`)
+		}
+	}
+	return env, nil
+}
+
+// busyCauses sums the replicas' shop_orders_busy_total by cause.
+func busyCauses(ctx context.Context, ports []string) (map[string]int, error) {
+	sum := map[string]int{}
+	for _, port := range ports {
+		req, err := http.NewRequestWithContext(ctx, "GET", "http://127.0.0.1:"+port+"/metrics", nil)
+		if err != nil {
+			return nil, err
+		}
+		res, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, fmt.Errorf("metrics of replica on %s: %w", port, err)
+		}
+		body, err := io.ReadAll(res.Body)
+		res.Body.Close()
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(string(body), "\n") {
+			rest, ok := strings.CutPrefix(line, `shop_orders_busy_total{cause="`)
+			if !ok {
+				continue
+			}
+			cause, value, _ := strings.Cut(rest, `"} `)
+			n, err := strconv.ParseFloat(value, 64)
+			if err != nil {
+				return nil, fmt.Errorf("metrics of replica on %s: %q: %w", port, line, err)
+			}
+			sum[cause] += int(n)
+		}
+	}
+	return sum, nil
+}

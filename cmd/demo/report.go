@@ -1,0 +1,303 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// row is one line of the experiment: a way of running the fleet.
+type row struct {
+	Lock     string // SHOP_LOCK_MODE: none, local, redis
+	Update   string // SHOP_STOCK_UPDATE: naive, guarded
+	Fencing  bool
+	Replicas int
+	TTL      time.Duration // SHOP_LOCK_TTL; zero leaves the default
+	Pause    bool          // replica 2 is stopped for longer than TTL during the load
+	MustHold bool          // the invariants must hold; otherwise the row is expected to race
+	Shows    string
+}
+
+// experiment is seed 002's experiment, then the pause that the seeds' Redis
+// lock alone does not survive.
+func experiment(o options) []row {
+	return []row{
+		{Lock: "none", Update: "naive", Replicas: 3,
+			Shows: "without a lock the buyers of one product all read stock 1 and all write 0"},
+		{Lock: "local", Update: "naive", Replicas: 1, MustHold: true,
+			Shows: "an in-process mutex per SKU serialises the buyers inside one process"},
+		{Lock: "local", Update: "naive", Replicas: 3,
+			Shows: "the same mutex does nothing for buyers on another replica"},
+		{Lock: "redis", Update: "naive", Replicas: 3, MustHold: true,
+			Shows: "one Redis lock per SKU serialises the buyers of all replicas"},
+		{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, MustHold: true,
+			Shows: "the service's default: Redis lock, conditional fenced UPDATE"},
+		{Lock: "redis", Update: "naive", Replicas: 3, TTL: o.ttl, Pause: true,
+			Shows: "a holder stopped past its TTL loses the lock; if its write lands anyway, the unit sells twice"},
+		{Lock: "redis", Update: "naive", Fencing: true, Replicas: 3, TTL: o.ttl, Pause: true, MustHold: true,
+			Shows: "the same pause with fencing: MySQL refuses the stopped holder's write"},
+	}
+}
+
+// PausedReplica is the replica a pause row stops.
+func (r row) PausedReplica() int { return 2 }
+
+func (r row) fencing() string {
+	if r.Lock != "redis" {
+		return "-" // no tokens to check
+	}
+	if r.Fencing {
+		return "on"
+	}
+	return "off"
+}
+
+func (r row) label() string {
+	s := fmt.Sprintf("%s/%s ×%d", r.Lock, r.Update, r.Replicas)
+	if r.Lock == "redis" {
+		s += ", fencing " + r.fencing()
+	}
+	if r.Pause {
+		s += fmt.Sprintf(", TTL %s, replica %d paused", r.TTL, r.PausedReplica())
+	}
+	return s
+}
+
+func (r row) slug() string {
+	s := fmt.Sprintf("%s-%s-x%d", r.Lock, r.Update, r.Replicas)
+	if r.Lock == "redis" {
+		s += "-fencing-" + r.fencing()
+	}
+	if r.Pause {
+		s += "-pause"
+	}
+	return s
+}
+
+// env is the replicas' settings for the row.
+func (r row) env() []string {
+	env := []string{"SHOP_LOCK_MODE=" + r.Lock, "SHOP_STOCK_UPDATE=" + r.Update, "SHOP_FENCING=off"}
+	if r.Fencing {
+		env[2] = "SHOP_FENCING=on"
+	}
+	if r.TTL > 0 {
+		env = append(env, "SHOP_LOCK_TTL="+r.TTL.String())
+	}
+	return env
+}
+
+// loadResult is what bin/loadtest -json writes.
+type loadResult struct {
+	Requests int            `json:"requests"`
+	Seconds  float64        `json:"seconds"`
+	P50Ms    float64        `json:"p50_ms"`
+	P99Ms    float64        `json:"p99_ms"`
+	Statuses map[string]int `json:"statuses"`
+	Errors   map[string]int `json:"errors"`
+	Acks     int            `json:"acks"`
+}
+
+// verifyReport is what `shop verify --json` prints.
+type verifyReport struct {
+	Products     int64   `json:"products"`
+	InitialStock int64   `json:"initial_stock"`
+	Stock        int64   `json:"stock"`
+	Orders       int64   `json:"orders"`
+	Acks         int     `json:"acks"`
+	Oversold     int64   `json:"oversold_units"`
+	Checks       []check `json:"checks"`
+	OK           bool    `json:"ok"`
+}
+
+type check struct {
+	Name       string   `json:"name"`
+	Violations int64    `json:"violations"`
+	Examples   []string `json:"examples"`
+}
+
+// oversellChecks are the invariants an oversold sale breaks. A row that is
+// expected to race may break these and no other.
+var oversellChecks = []string{"stock >= 0", "initial_stock == stock + orders"}
+
+type result struct {
+	Row    row
+	Load   loadResult
+	Verify verifyReport
+	Paused time.Duration
+	Busy   map[string]int // the replicas' 503 busy answers by cause
+}
+
+// staleHolders renders how many holders lost their lease during the order
+// and how many stale writes MySQL refused.
+func (r result) staleHolders() string {
+	if r.Row.Lock != "redis" {
+		return "-"
+	}
+	return fmt.Sprintf("%d / %d", r.Busy["lease_lost"], r.Busy["stale_fence"])
+}
+
+// broken lists the invariants verify found broken; with beyondOversell,
+// only those that an oversold sale does not explain.
+func (r result) broken(beyondOversell bool) []string {
+	var names []string
+	for _, c := range r.Verify.Checks {
+		if c.Violations > 0 && !(beyondOversell && slices.Contains(oversellChecks, c.Name)) {
+			names = append(names, c.Name)
+		}
+	}
+	return names
+}
+
+func (r result) verdict() string {
+	switch {
+	case r.Verify.OK:
+		return "correct"
+	case len(r.broken(true)) > 0:
+		return "BROKEN"
+	}
+	return "OVERSOLD"
+}
+
+// failed reports whether the row disproves what it must show: a row that
+// must hold broke an invariant or sold nothing, or any row lost an
+// acknowledged order or sold one SKU twice to a user.
+func (r result) failed() bool {
+	if r.Row.MustHold {
+		return !r.Verify.OK || r.Verify.Orders == 0
+	}
+	return len(r.broken(true)) > 0
+}
+
+func (r result) outcome() string {
+	switch {
+	case r.failed() && r.Verify.Orders == 0:
+		return "FAILED: nothing sold"
+	case r.failed():
+		return "FAILED: " + strings.Join(r.broken(!r.Row.MustHold), ", ")
+	case r.Row.MustHold:
+		return "holds, as it must"
+	case r.Verify.OK:
+		return "expected to race; did not race this run"
+	}
+	return "oversold, as expected"
+}
+
+func (r result) created() int { return r.Load.Statuses["201"] }
+
+func (r result) ordersPerSecond() float64 {
+	if r.Load.Seconds <= 0 {
+		return 0
+	}
+	return float64(r.created()) / r.Load.Seconds
+}
+
+// columns are the table's headings; cells gives a row's values.
+var columns = []string{"#", "lock", "update", "fencing", "replicas", "pause", "leases lost / stale writes refused",
+	"requests", "201s", "orders in MySQL", "oversold units", "verify", "orders/s", "p50", "p99", "outcome"}
+
+func (r result) cells(n int) []string {
+	return []string{strconv.Itoa(n), r.Row.Lock, r.Row.Update, r.Row.fencing(), strconv.Itoa(r.Row.Replicas),
+		r.pause(), r.staleHolders(), strconv.Itoa(r.Load.Requests), strconv.Itoa(r.created()),
+		strconv.FormatInt(r.Verify.Orders, 10), strconv.FormatInt(r.Verify.Oversold, 10), r.verdict(),
+		fmt.Sprintf("%.0f", r.ordersPerSecond()), ms(r.Load.P50Ms), ms(r.Load.P99Ms), r.outcome()}
+}
+
+// table renders the results for a terminal.
+func table(results []result) string {
+	var b strings.Builder
+	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, strings.Join(columns, "\t"))
+	for i, r := range results {
+		fmt.Fprintln(w, strings.Join(r.cells(i+1), "\t"))
+	}
+	w.Flush()
+	return b.String()
+}
+
+// markdownTable renders the results as a Markdown table.
+func markdownTable(results []result) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(columns, " | "), strings.Repeat("---|", len(columns)))
+	for i, r := range results {
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(r.cells(i+1), " | "))
+	}
+	return b.String()
+}
+
+func (r result) pause() string {
+	if !r.Row.Pause {
+		return "-"
+	}
+	return fmt.Sprintf("%s > TTL %s", r.Paused.Round(100*time.Millisecond), r.Row.TTL)
+}
+
+func ms(v float64) string { return fmt.Sprintf("%.0fms", v) }
+
+// writeReport writes report.md and report.png to o.out.
+func writeReport(o options, results []result, cores int) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# The lock experiment\n\n")
+	fmt.Fprintf(&b, "%d products with one unit each, %d buyers per product arriving together (%d requests, %d at once), "+
+		"sent by hey through nginx to the replicas; every verdict is `shop verify --json --acks` against MariaDB. "+
+		"Machine: %d CPU cores. Run %s.\n\n", o.skus, o.buyers, o.skus*o.buyers, min(o.workers, o.skus*o.buyers),
+		cores, time.Now().UTC().Format(time.RFC3339))
+	b.WriteString("![oversold units and orders per second per row](report.png)\n\n")
+	b.WriteString(markdownTable(results))
+	b.WriteString("\n## Rows\n\n")
+	for i, r := range results {
+		fmt.Fprintf(&b, "%d. **%s**: %s. ", i+1, r.Row.label(), r.Row.Shows)
+		fmt.Fprintf(&b, "Statuses %s", statuses(r.Load.Statuses))
+		if len(r.Load.Errors) > 0 {
+			fmt.Fprintf(&b, "; transport errors %s", statuses(r.Load.Errors))
+		}
+		fmt.Fprintf(&b, "; %d units left unsold.", r.Verify.Stock)
+		for _, c := range r.Verify.Checks {
+			if c.Violations > 0 {
+				fmt.Fprintf(&b, " Broken: %s (%d, first: %s).", c.Name, c.Violations, strings.Join(c.Examples, "; "))
+			}
+		}
+		b.WriteString("\n")
+	}
+	b.WriteString(`
+A row that must hold fails the demo if any invariant breaks, or if it sold nothing. A row expected to race is
+reported, not failed, when it happens not to race; it fails only if it breaks an invariant other than the stock
+count (a lost acknowledged order, two orders of one user).
+
+In the pause rows, "leases lost" counts orders whose holder found its lease gone (the watchdog cancels the
+lease's context as soon as the stopped process runs again, and the transaction rolls back), "stale writes
+refused" the writes MySQL turned down because a newer token had written the row. Without fencing, a stale
+write gets through only when the stop falls between the holder's last look at its lease and its write reaching
+MySQL, so that row races rarely; with fencing, MySQL refuses such a write whenever it comes.
+`)
+	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(o.out, "report.png"))
+	if err != nil {
+		return err
+	}
+	if err := drawChart(f, results); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// statuses renders a count map in key order: "201×5000 409×15000".
+func statuses(m map[string]int) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = fmt.Sprintf("%s×%d", k, m[k])
+	}
+	return strings.Join(parts, " ")
+}

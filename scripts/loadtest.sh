@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# make loadtest: the sell-out scenario against a running stack, then
+# `shop verify --acks` on what the buyers were told.
+#
+# Environment: BASE_URL (default http://127.0.0.1:8080), SKUS (5000),
+# BUYERS (4), CONCURRENCY (4000). The catalog is reseeded first (SKUS
+# products, one unit each) unless RESEED=0. MySQL and Redis are those of
+# `make up`'s stack, or SHOP_MYSQL_DSN and SHOP_REDIS_ADDR when set.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/lib.sh
+
+url=${BASE_URL:-http://127.0.0.1:8080}
+skus=${SKUS:-5000}
+out=out/loadtest
+mkdir -p "$out"
+go build -o bin/shop ./cmd/shop
+go build -o bin/loadtest ./loadtest
+
+shop=(bin/shop)
+if [ -z "${SHOP_MYSQL_DSN:-}" ]; then
+  [ -f "${SHOP_STATE:-.state/stack}/ports.env" ] || die "no stack: run make up, or set SHOP_MYSQL_DSN and SHOP_REDIS_ADDR"
+  shop=(scripts/stack.sh shop)
+fi
+if [ "${RESEED:-1}" != 0 ]; then
+  "${shop[@]}" seed --products "$skus" --stock 1
+fi
+bin/loadtest -scenario sellout -url "$url" -skus "$skus" -buyers "${BUYERS:-4}" -c "${CONCURRENCY:-4000}" \
+  -json "$out/result.json" -acks "$out/acks.txt"
+log "result: $out/result.json, acknowledged orders: $out/acks.txt"
+"${shop[@]}" verify --acks "$out/acks.txt"
