@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test: start private MariaDB and Redis on free loopback ports, run the
-# whole suite with the race detector against them, and stop them however the
-# tests end. `scripts/test.sh bench` (make bench) runs the benchmarks instead.
+# whole suite with the race detector against them, then the lock experiment
+# on a small fleet behind nginx (scripts/demo.sh), and stop every server
+# however the tests end. `scripts/test.sh bench` (make bench) runs the benchmarks instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -34,3 +35,10 @@ unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
 go vet ./...
 go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ./...
+
+# The fleet: nginx → three replicas → MariaDB and Redis, driven by hey and
+# judged by shop verify, on a small catalog. SHOP_TEST_FLEET=0 skips it.
+if [ "${SHOP_TEST_FLEET:-1}" != 0 ]; then
+  log "the lock experiment on a small fleet behind nginx"
+  SHOP_STATE="$tmp/stack" DEMO_OUT=out/test-fleet scripts/demo.sh -skus 200 -c 200 -ttl 300ms -pause 1s
+fi
