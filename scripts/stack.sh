@@ -120,7 +120,6 @@ start_replicas() {
     wait_ready "${replica_ports[$((i - 1))]}" 30 || { tail -5 "$state/replica$i/shop.log" >&2; die "replica $i is not ready"; }
   done
   echo "$n" >"$state/replicas"
-  echo "$*" >"$state/replica.env"
   log "$n replica(s) on ports ${replica_ports[*]:0:$n}${*:+ with $*}"
 }
 

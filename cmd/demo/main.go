@@ -98,6 +98,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	url := "http://127.0.0.1:" + ports["NGINX_PORT"]
 	replicaPorts := strings.Fields(ports["REPLICA_PORTS"])
+	if len(replicaPorts) < 3 {
+		return fmt.Errorf("%s: want three REPLICA_PORTS, have %q", filepath.Join(o.state, "ports.env"), ports["REPLICA_PORTS"])
+	}
 
 	rows := experiment(o)
 	var results []result

@@ -201,11 +201,7 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 		t.Run(fmt.Sprintf("fencing=%v", fencing), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db := testenv.MySQL(t)
-			rdb, prefix := testenv.Redis(t)
-			if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 1); err != nil {
-				t.Fatal(err)
-			}
+			db, rdb, prefix := oneUnit(t)
 			read, resume := make(chan struct{}), make(chan struct{})
 			lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond,
 				After: func(time.Duration) <-chan time.Time { return nil }}) // stopped: no renewals
@@ -242,11 +238,7 @@ func TestFencingStopsReaderOfUncommittedWrite(t *testing.T) {
 		t.Run(fmt.Sprintf("fencing=%v", fencing), func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			db := testenv.MySQL(t)
-			rdb, prefix := testenv.Redis(t)
-			if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 1); err != nil {
-				t.Fatal(err)
-			}
+			db, rdb, prefix := oneUnit(t)
 			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix})
 			// A held token 1; tokens 2..5 went to holders that sold nothing.
 			if err := rdb.Set(ctx, lockB.FenceKey(stock.LockKey(1)), 5, 0).Err(); err != nil {
@@ -278,6 +270,18 @@ func TestFencingStopsReaderOfUncommittedWrite(t *testing.T) {
 			checkStaleWriter(t, db, fencing, "B", err, stock.ErrSoldOut)
 		})
 	}
+}
+
+// oneUnit returns a fresh database holding product 1 with one unit, and a
+// Redis client with a key prefix of the test's own.
+func oneUnit(t *testing.T) (*testenv.DB, *redis.Client, string) {
+	t.Helper()
+	db := testenv.MySQL(t)
+	rdb, prefix := testenv.Redis(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	return db, rdb, prefix
 }
 
 // checkStaleWriter checks how the order of the holder whose write was stale
