@@ -1,11 +1,17 @@
 // Package lock provides the per-key mutual exclusion that guards the order
-// path, in three strengths chosen by SHOP_LOCK_MODE:
+// path, in the strengths chosen by SHOP_LOCK_MODE:
 //
 //   - Redis: a lease in one Redis (SET NX PX with a random token) that a
 //     watchdog renews while it is held, with a fencing token per acquisition;
+//   - Redlock: the same lease taken on a majority of independent Redis
+//     masters, so that losing one master (or a failover that loses its
+//     writes) does not hand the lock to a second holder;
 //   - Local: a mutex per key inside one process — the seeds' "synchronized",
 //     correct on one replica and useless across several;
 //   - None: no exclusion at all.
+//
+// Reentrant is the seeds' reentrant lock (a Redis hash of owner and depth)
+// for code that takes a lock it may already hold.
 //
 // All of them hand out a *Lease. A Lease's Context is cancelled when the lease
 // is lost (or released), so work done under it aborts instead of running on
@@ -15,7 +21,10 @@ package lock
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 var (
@@ -41,6 +50,9 @@ type Lease struct {
 	// watchdog is closed when the lease's watchdog has stopped; nil when the
 	// lease has none.
 	watchdog chan struct{}
+	// until is when the lease runs out unless renewed, in Unix nanoseconds;
+	// zero for a lease that does not expire.
+	until atomic.Int64
 
 	once sync.Once
 	err  error
@@ -58,6 +70,17 @@ func (l *Lease) Key() string { return l.key }
 // earlier lease on the same key. Zero means the lock gives no tokens (Local,
 // None), so writes cannot be fenced.
 func (l *Lease) Fence() int64 { return l.fence }
+
+// Until returns when the lease runs out unless its watchdog renews it first:
+// for a Redlock, the start of the acquisition or renewal plus the TTL, less
+// the time allowed for clock drift. It is the zero time for a lease that does
+// not expire (Local, None).
+func (l *Lease) Until() time.Time {
+	if n := l.until.Load(); n != 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
+}
 
 // Context is cancelled when the lease is lost or released, or when the
 // context passed to Obtain ends. context.Cause tells which; a lost lease has
@@ -82,4 +105,42 @@ func (l *Lease) Release(ctx context.Context) error {
 // notObtained builds the error for a wait that ended without the lock.
 func notObtained(ctx context.Context) error {
 	return errors.Join(ErrNotObtained, context.Cause(ctx))
+}
+
+// renewFunc extends a lease that is valid until validUntil and returns until
+// when it is valid now. An error wrapping ErrNotHeld means the lease is gone;
+// any other error is retried while the lease lasts.
+type renewFunc func(ctx context.Context, validUntil time.Time) (time.Time, error)
+
+// watch starts l's watchdog: every interval (sooner if the lease would run
+// out first) it calls renew, until l's Context ends. When the lease is gone,
+// or runs out while renew keeps failing, it cancels l's Context with a cause
+// wrapping ErrNotHeld. after is the timer it sleeps on.
+func (l *Lease) watch(after func(time.Duration) <-chan time.Time, interval time.Duration, validUntil time.Time, renew renewFunc) {
+	l.watchdog = make(chan struct{})
+	l.until.Store(validUntil.UnixNano())
+	go func() {
+		defer close(l.watchdog)
+		for {
+			select {
+			case <-l.ctx.Done():
+				return
+			case <-after(min(interval, time.Until(validUntil))):
+			}
+			next, err := renew(l.ctx, validUntil)
+			switch {
+			case l.ctx.Err() != nil:
+				return
+			case err == nil:
+				validUntil = next
+				l.until.Store(next.UnixNano())
+			case errors.Is(err, ErrNotHeld):
+				l.cancel(fmt.Errorf("%w: lease on %q was taken over or expired", ErrNotHeld, l.key))
+				return
+			case !time.Now().Before(validUntil):
+				l.cancel(fmt.Errorf("%w: lease on %q ran out unrenewed: %w", ErrNotHeld, l.key, err))
+				return
+			}
+		}
+	}()
 }

@@ -2,13 +2,13 @@
 -- KEYS[1] the lock, KEYS[2] the key's fencing counter (same hash slot);
 -- without KEYS[2] the lock is taken without a token
 -- ARGV[1] the holder's random token, ARGV[2] the lease length in ms
--- Returns the new fencing token, -1 when taken without a token, or 0 when the
--- lock is held by someone else.
+-- Returns the new fencing token, 0 when taken without a token, or -1 when
+-- the lock is held by someone else.
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return 0
+  return -1
 end
 if #KEYS < 2 then
-  return -1
+  return 0
 end
 -- A counter that is missing (first use, or a Redis restarted empty) starts
 -- from the server's clock in microseconds rather than from zero, so tokens

@@ -4,11 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
-	"errors"
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -19,10 +17,17 @@ var (
 	releaseLua string
 	//go:embed renew.lua
 	renewLua string
+	//go:embed redlock_obtain.lua
+	redlockObtainLua string
+	//go:embed redlock_fence.lua
+	redlockFenceLua string
 
 	obtainScript  = redis.NewScript(obtainLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
+
+	redlockObtainScript = redis.NewScript(redlockObtainLua)
+	redlockFenceScript  = redis.NewScript(redlockFenceLua)
 )
 
 // RedisOptions configures a Redis lock. Zero fields take the defaults.
@@ -36,6 +41,14 @@ type RedisOptions struct {
 	// MinBackoff and MaxBackoff bound the exponential backoff between tries;
 	// defaults 2ms and 100ms.
 	MinBackoff, MaxBackoff time.Duration
+	// NodeTimeout bounds each node's reply to a Redlock; default TTL/10, at
+	// most 50ms: a dead node must not eat the lease.
+	NodeTimeout time.Duration
+	// Subscriber, when set, turns on wake-on-release: a release publishes
+	// on the channel Prefix+"released", and waiters — through one
+	// subscription per lock — retry as soon as their key is released instead
+	// of when their backoff ends. Without it waiters poll with backoff.
+	Subscriber Subscriber
 	// NoFencing takes the lock without a fencing token (Lease.Fence is 0)
 	// and keeps no counter key: for mutexes that guard no writes a database
 	// checks, such as a cache rebuild.
@@ -46,23 +59,7 @@ type RedisOptions struct {
 	After func(time.Duration) <-chan time.Time
 }
 
-// Redis is a lock held as a lease in one Redis server.
-//
-// Obtain runs one script that sets the key with NX and PX to a random token
-// and, only when that succeeded, increments the key's fencing counter: the
-// lock and its token are taken atomically. Release and renewal are
-// compare-and-delete and compare-and-PEXPIRE scripts, so a holder whose lease
-// expired can neither free nor extend the lock of whoever holds it now.
-//
-// Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
-// Redis Cluster.
-type Redis struct {
-	client redis.Scripter
-	opt    RedisOptions
-}
-
-// NewRedis returns a Redis lock on client.
-func NewRedis(client redis.Scripter, opt RedisOptions) *Redis {
+func (opt RedisOptions) withDefaults() RedisOptions {
 	if opt.Prefix == "" {
 		opt.Prefix = "shop:lock:"
 	}
@@ -78,67 +75,83 @@ func NewRedis(client redis.Scripter, opt RedisOptions) *Redis {
 	if opt.MaxBackoff < opt.MinBackoff {
 		opt.MaxBackoff = max(100*time.Millisecond, opt.MinBackoff)
 	}
+	if opt.NodeTimeout <= 0 {
+		opt.NodeTimeout = min(opt.TTL/10, 50*time.Millisecond)
+	}
 	if opt.After == nil {
 		opt.After = time.After
 	}
-	return &Redis{client: client, opt: opt}
+	return opt
+}
+
+// key returns the Redis key that holds the lock on key.
+func (opt RedisOptions) key(key string) string { return opt.Prefix + "{" + key + "}" }
+
+// keys returns the lock's key and, with fencing, its counter's.
+func (opt RedisOptions) keys(key string) []string {
+	if opt.NoFencing {
+		return []string{opt.key(key)}
+	}
+	k := opt.key(key)
+	return []string{k, k + ":fence"}
+}
+
+// Redis is a lock held as a lease in one Redis server.
+//
+// Obtain runs one script that sets the key with NX and PX to a random token
+// and, only when that succeeded, increments the key's fencing counter: the
+// lock and its token are taken atomically. Release and renewal are
+// compare-and-delete and compare-and-PEXPIRE scripts, so a holder whose lease
+// expired can neither free nor extend the lock of whoever holds it now.
+//
+// Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
+// Redis Cluster.
+type Redis struct {
+	client redis.Scripter
+	opt    RedisOptions
+	waiter *waiter
+}
+
+// NewRedis returns a Redis lock on client. Close it when done if
+// opt.Subscriber is set.
+func NewRedis(client redis.Scripter, opt RedisOptions) *Redis {
+	opt = opt.withDefaults()
+	return &Redis{client: client, opt: opt, waiter: newWaiter(opt)}
 }
 
 // Key returns the Redis key that holds the lock on key.
-func (r *Redis) Key(key string) string { return r.opt.Prefix + "{" + key + "}" }
+func (r *Redis) Key(key string) string { return r.opt.key(key) }
 
 // FenceKey returns the Redis key of key's fencing counter.
 func (r *Redis) FenceKey(key string) string { return r.Key(key) + ":fence" }
 
+// Stats reports what the lock's waiters have done so far.
+func (r *Redis) Stats() Stats { return r.waiter.stats() }
+
+// Close ends the subscription to releases, if there is one.
+func (r *Redis) Close() error { return r.waiter.close() }
+
 // Obtain takes the lock on key. While the key is held by someone else it
-// retries with exponential backoff and full jitter, for at most the
-// configured wait and never past ctx; then it returns an error wrapping
-// ErrNotObtained and the context's cause. A Redis error ends the wait at
-// once.
+// retries with exponential backoff and full jitter — or at once when the
+// release is announced — for at most the configured wait and never past
+// ctx; then it returns an error wrapping ErrNotObtained and the context's
+// cause. A Redis error ends the wait at once.
 //
 // The lease's watchdog renews it every TTL/3 until Release. If a renewal finds
 // the lock gone, or the lease runs out while Redis cannot be reached, the
 // lease's Context is cancelled with a cause wrapping ErrNotHeld.
 func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
-	waitCtx, cancel := context.WithTimeout(ctx, r.opt.Wait)
-	defer cancel()
-
-	b := &backoff.ExponentialBackOff{
-		InitialInterval: r.opt.MinBackoff,
-		// Full jitter: each sleep is drawn uniformly from [0, 2×interval].
-		RandomizationFactor: 1,
-		Multiplier:          2,
-		MaxInterval:         r.opt.MaxBackoff,
-	}
-	b.Reset()
-	var timer *time.Timer
-	for {
-		l, err := r.attempt(ctx, waitCtx, key)
-		if !errors.Is(err, ErrNotObtained) {
-			return l, err
-		}
-		if waitCtx.Err() != nil {
-			return nil, notObtained(waitCtx)
-		}
-		d := b.NextBackOff()
-		if timer == nil {
-			timer = time.NewTimer(d)
-			defer timer.Stop()
-		} else {
-			timer.Reset(d)
-		}
-		select {
-		case <-waitCtx.Done():
-			return nil, notObtained(waitCtx)
-		case <-timer.C:
-		}
-	}
+	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
+		return r.attempt(ctx, tryCtx, key)
+	})
 }
 
 // TryObtain takes the lock on key if it is free and otherwise returns
 // ErrNotObtained at once. The lease is watched as Obtain's is.
 func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
-	return r.attempt(ctx, ctx, key)
+	return r.waiter.try(ctx, ctx, func(ctx, tryCtx context.Context) (*Lease, error) {
+		return r.attempt(ctx, tryCtx, key)
+	})
 }
 
 // attempt runs the obtain script once, under tryCtx; the lease lives on ctx.
@@ -146,11 +159,7 @@ func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
 func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error) {
 	token := rand.Text()
 	start := time.Now()
-	keys := []string{r.Key(key)}
-	if !r.opt.NoFencing {
-		keys = append(keys, r.FenceKey(key))
-	}
-	fence, err := obtainScript.Run(tryCtx, r.client, keys, token, r.opt.TTL.Milliseconds()).Int64()
+	fence, err := obtainScript.Run(tryCtx, r.client, r.opt.keys(key), token, r.opt.TTL.Milliseconds()).Int64()
 	switch {
 	case err != nil && tryCtx.Err() != nil:
 		// The script may have run although its reply was lost.
@@ -158,26 +167,9 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 		return nil, notObtained(tryCtx)
 	case err != nil:
 		return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
-	case fence == 0:
+	case fence < 0:
 		return nil, ErrNotObtained
 	}
-	return r.lease(ctx, key, token, max(fence, 0), start), nil
-}
-
-// cleanup releases a lock whose obtain reply was lost, if it was ours.
-func (r *Redis) cleanup(ctx context.Context, key, token string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-	defer cancel()
-	_, _ = r.release(ctx, key, token)
-}
-
-// release deletes key's lock if token holds it, reporting whether it did.
-func (r *Redis) release(ctx context.Context, key, token string) (bool, error) {
-	n, err := releaseScript.Run(ctx, r.client, []string{r.Key(key)}, token).Int64()
-	return n == 1, err
-}
-
-func (r *Redis) lease(ctx context.Context, key, token string, fence int64, start time.Time) *Lease {
 	l := newLease(ctx, key, fence, func(ctx context.Context) error {
 		released, err := r.release(ctx, key, token)
 		switch {
@@ -188,43 +180,36 @@ func (r *Redis) lease(ctx context.Context, key, token string, fence int64, start
 		}
 		return nil
 	})
-	l.watchdog = make(chan struct{})
-	go r.watch(l, token, start.Add(r.opt.TTL))
-	return l
-}
-
-// watch renews l until its Context ends. validUntil is when the lease runs
-// out if no renewal succeeds; it is reckoned from before the command that
-// obtained or renewed it was sent, so it never overestimates.
-func (r *Redis) watch(l *Lease, token string, validUntil time.Time) {
-	defer close(l.watchdog)
-	interval := r.opt.TTL / 3
-	for {
-		select {
-		case <-l.ctx.Done():
-			return
-		case <-r.opt.After(min(interval, time.Until(validUntil))):
-		}
+	l.watch(r.opt.After, r.opt.TTL/3, start.Add(r.opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
-		ok, err := r.renew(l.ctx, l.key, token, validUntil)
+		ctx, cancel := context.WithDeadline(ctx, validUntil)
+		defer cancel()
+		n, err := renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, r.opt.TTL.Milliseconds()).Int64()
 		switch {
-		case l.ctx.Err() != nil:
-			return
-		case err == nil && ok:
-			validUntil = start.Add(r.opt.TTL)
-		case err == nil:
-			l.cancel(fmt.Errorf("%w: lease on %q was taken over or expired", ErrNotHeld, l.key))
-			return
-		case !time.Now().Before(validUntil):
-			l.cancel(fmt.Errorf("%w: lease on %q ran out unrenewed: %w", ErrNotHeld, l.key, err))
-			return
+		case err != nil:
+			return validUntil, err
+		case n != 1:
+			return validUntil, ErrNotHeld
 		}
-	}
+		// Reckoned from before the command was sent: never overestimated.
+		return start.Add(r.opt.TTL), nil
+	})
+	return l, nil
 }
 
-func (r *Redis) renew(ctx context.Context, key, token string, validUntil time.Time) (bool, error) {
-	ctx, cancel := context.WithDeadline(ctx, validUntil)
+// cleanup releases a lock whose obtain reply was lost, if it was ours.
+func (r *Redis) cleanup(ctx context.Context, key, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 	defer cancel()
-	n, err := renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, r.opt.TTL.Milliseconds()).Int64()
+	_, _ = r.release(ctx, key, token)
+}
+
+// release deletes key's lock if token holds it, reporting whether it did,
+// and wakes the key's next waiter.
+func (r *Redis) release(ctx context.Context, key, token string) (bool, error) {
+	n, err := releaseScript.Run(ctx, r.client, []string{r.Key(key)}, append([]any{token}, r.waiter.channel(key)...)...).Int64()
+	if n == 1 {
+		r.waiter.released(key)
+	}
 	return n == 1, err
 }

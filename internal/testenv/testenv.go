@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,6 +164,27 @@ func RedisAddr(tb testing.TB) string {
 // that kills it; the server is killed when the test ends in any case.
 func RedisServer(tb testing.TB) (addr string, kill func()) {
 	tb.Helper()
+	p := StartRedis(tb)
+	return p.Addr, p.Kill
+}
+
+// RedisProc is a private redis-server process that a test can kill, pause
+// and restart.
+type RedisProc struct {
+	// Addr is where it listens, the same across restarts.
+	Addr string
+
+	tb   testing.TB
+	bin  string
+	port string
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+}
+
+// StartRedis starts a private redis-server without persistence on a free
+// loopback port; it is killed when the test ends.
+func StartRedis(tb testing.TB) *RedisProc {
+	tb.Helper()
 	lookup(tb, RedisEnv) // the same rule as every test that needs servers
 	bin := os.Getenv(RedisServerEnv)
 	if bin == "" {
@@ -177,26 +199,60 @@ func RedisServer(tb testing.TB) (addr string, kill func()) {
 	}
 	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 	ln.Close()
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tb.TempDir())
+	p := &RedisProc{Addr: "127.0.0.1:" + port, tb: tb, bin: bin, port: port}
+	tb.Cleanup(p.Kill)
+	p.Restart()
+	return p
+}
+
+// Restart starts the server again after Kill: empty, as a Redis without
+// persistence comes back after a crash. It waits until the server answers.
+func (p *RedisProc) Restart() {
+	p.tb.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		p.tb.Fatalf("redis-server on %s is already running", p.Addr)
+	}
+	cmd := exec.Command(p.bin, "--port", p.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", p.tb.TempDir())
 	if err := cmd.Start(); err != nil {
-		tb.Fatalf("start redis-server: %v", err)
+		p.tb.Fatalf("start redis-server: %v", err)
 	}
-	var once sync.Once
-	kill = func() {
-		once.Do(func() {
-			cmd.Process.Kill()
-			cmd.Wait()
-		})
-	}
-	tb.Cleanup(kill)
-	addr = "127.0.0.1:" + port
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	p.cmd = cmd
+	c := redis.NewClient(&redis.Options{Addr: p.Addr})
 	defer c.Close()
 	for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; {
 		if time.Now().After(deadline) {
-			tb.Fatalf("redis-server on %s did not answer", addr)
+			p.tb.Fatalf("redis-server on %s did not answer", p.Addr)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	return addr, kill
+}
+
+// Kill stops the server at once (SIGKILL), losing everything it held.
+func (p *RedisProc) Kill() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return
+	}
+	p.cmd.Process.Signal(syscall.SIGCONT) // a paused server must die too
+	p.cmd.Process.Kill()
+	p.cmd.Wait()
+	p.cmd = nil
+}
+
+// Pause freezes the server (SIGSTOP): connections stay open and commands
+// go unanswered, as on a hung or partitioned node. Resume undoes it.
+func (p *RedisProc) Pause() { p.signal(syscall.SIGSTOP) }
+
+// Resume lets a paused server run again.
+func (p *RedisProc) Resume() { p.signal(syscall.SIGCONT) }
+
+func (p *RedisProc) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		p.cmd.Process.Signal(sig)
+	}
 }

@@ -1,0 +1,244 @@
+package lock
+
+import (
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redlock is a lock held on a majority of N independent Redis masters (the
+// seeds' RedLock), so that one master that dies, or fails over to a replica
+// that never saw the lock, cannot hand the lock to a second holder.
+//
+// An attempt sends the obtain script to every node at once and waits at most
+// NodeTimeout for each reply. It has the lock if a majority granted it and
+// time is left: the lease is valid until start + TTL − drift, where start is
+// taken before the first command was sent and drift = TTL/100 + 2ms allows for
+// the nodes' clocks running at different rates. Otherwise it releases
+// whatever it took, on every node (a node that timed out may still have
+// granted it). The watchdog renews on every node and keeps the lease while a
+// majority confirms it; once more than a minority deny it, the lease is lost.
+// Release deletes the lock on every node.
+//
+// # Fencing tokens
+//
+// Each node keeps a counter per key, but the nodes' counters disagree: a node
+// may have been down during some acquisitions, or may come back empty. A
+// counter INCRemented on one node is therefore not monotonic. Instead the
+// token is agreed on by majorities, in two rounds:
+//
+//  1. the obtain script, run under the node's share of the lock, returns the
+//     node's counter; the holder takes the maximum m over the majority that
+//     granted the lock;
+//  2. the holder writes m+1 to the nodes it holds (the fence script raises a
+//     counter, never lowers it, and only while the caller holds that node's
+//     share) and uses the token only once a majority has stored it.
+//
+// Any two majorities of the same N nodes share a node, so an acquisition
+// that starts after an earlier holder stored its token reads at least that
+// token and issues a larger one, even if one node lost everything. Two
+// holders that overlap (which the lock itself should prevent, but a pause
+// longer than the lease can cause) may draw the same token; the database's
+// strict fence < token check refuses the second of them. A missing counter
+// starts from the node's clock in microseconds, not from zero, so even a
+// majority restarted empty issues tokens above those already written.
+type Redlock struct {
+	nodes  []redis.Scripter
+	quorum int
+	opt    RedisOptions
+	drift  time.Duration
+	waiter *waiter
+}
+
+// NewRedlock returns a lock on the given independent masters; use an odd
+// number of them, three or more. opt.NodeTimeout bounds each node's reply;
+// opt.Subscriber, if set, should be a client of one of the nodes.
+func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
+	if len(nodes) == 0 {
+		return nil, errors.New("lock: redlock needs at least one node")
+	}
+	opt = opt.withDefaults()
+	return &Redlock{
+		nodes:  nodes,
+		quorum: len(nodes)/2 + 1,
+		opt:    opt,
+		drift:  opt.TTL/100 + 2*time.Millisecond,
+		waiter: newWaiter(opt),
+	}, nil
+}
+
+// Quorum is how many nodes must grant the lock.
+func (r *Redlock) Quorum() int { return r.quorum }
+
+// Key returns the Redis key that holds the lock on key, on every node.
+func (r *Redlock) Key(key string) string { return r.opt.key(key) }
+
+// Stats reports what the lock's waiters have done so far.
+func (r *Redlock) Stats() Stats { return r.waiter.stats() }
+
+// Close ends the subscription to releases, if there is one.
+func (r *Redlock) Close() error { return r.waiter.close() }
+
+// Obtain takes the lock on key on a majority of the nodes, waiting as
+// Redis.Obtain does. When no majority can answer at all it returns the
+// nodes' errors at once.
+func (r *Redlock) Obtain(ctx context.Context, key string) (*Lease, error) {
+	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
+		return r.attempt(ctx, tryCtx, key)
+	})
+}
+
+// reply is one node's answer.
+type reply struct {
+	n   int64
+	err error
+}
+
+var errNoReply = errors.New("no reply within the node timeout")
+
+// each runs f on every node at once, each under the node timeout, and
+// returns the replies in node order. It does not wait for a node past the
+// timeout; that node's reply is errNoReply.
+func (r *Redlock) each(ctx context.Context, f func(context.Context, redis.Scripter) (int64, error)) []reply {
+	ctx, cancel := context.WithTimeout(ctx, r.opt.NodeTimeout)
+	defer cancel()
+	type indexed struct {
+		i int
+		reply
+	}
+	ch := make(chan indexed, len(r.nodes)) // stragglers never block
+	for i, node := range r.nodes {
+		go func() {
+			n, err := f(ctx, node)
+			ch <- indexed{i, reply{n, err}}
+		}()
+	}
+	replies := make([]reply, len(r.nodes))
+	for i := range replies {
+		replies[i].err = errNoReply
+	}
+	for range r.nodes {
+		select {
+		case x := <-ch:
+			replies[x.i] = x.reply
+		case <-ctx.Done():
+			return replies
+		}
+	}
+	return replies
+}
+
+// tally counts the nodes that said yes (n ≥ yes), said no, and failed.
+func tally(replies []reply, yes int64) (ok, no int, errs []error) {
+	for _, rep := range replies {
+		switch {
+		case rep.err != nil:
+			errs = append(errs, rep.err)
+		case rep.n >= yes:
+			ok++
+		default:
+			no++
+		}
+	}
+	return ok, no, errs
+}
+
+// unreachable returns the errors that are not timeouts.
+func unreachable(errs []error) []error {
+	var down []error
+	for _, err := range errs {
+		var ne net.Error
+		timeout := errors.Is(err, errNoReply) || errors.Is(err, context.DeadlineExceeded) ||
+			errors.Is(err, context.Canceled) || (errors.As(err, &ne) && ne.Timeout())
+		if !timeout {
+			down = append(down, err)
+		}
+	}
+	return down
+}
+
+func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, error) {
+	token := rand.Text()
+	keys := r.opt.keys(key)
+	ttl := r.opt.TTL.Milliseconds()
+	start := time.Now()
+	validUntil := start.Add(r.opt.TTL - r.drift)
+
+	replies := r.each(tryCtx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		return redlockObtainScript.Run(ctx, node, keys, token, ttl).Int64()
+	})
+	held, _, errs := tally(replies, 0)
+	if held < r.quorum || !time.Now().Before(validUntil) {
+		r.cleanup(ctx, key, token)
+		// Nodes that refuse connections will not come back within the
+		// wait: report the outage at once. Slow nodes are retried.
+		if down := unreachable(errs); len(down) > len(r.nodes)-r.quorum {
+			return nil, fmt.Errorf("lock: obtain %q: %d of %d nodes unreachable: %w",
+				key, len(down), len(r.nodes), errors.Join(down...))
+		}
+		return nil, ErrNotObtained
+	}
+
+	var fence int64
+	if !r.opt.NoFencing {
+		for _, rep := range replies {
+			if rep.err == nil {
+				fence = max(fence, rep.n+1)
+			}
+		}
+		replies = r.each(tryCtx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+			return redlockFenceScript.Run(ctx, node, keys, token, fence).Int64()
+		})
+		if stored, _, _ := tally(replies, 1); stored < r.quorum || !time.Now().Before(validUntil) {
+			r.cleanup(ctx, key, token)
+			return nil, ErrNotObtained
+		}
+	}
+
+	l := newLease(ctx, key, fence, func(ctx context.Context) error { return r.release(ctx, key, token) })
+	l.watch(r.opt.After, r.opt.TTL/3, validUntil, func(ctx context.Context, validUntil time.Time) (time.Time, error) {
+		start := time.Now()
+		replies := r.each(ctx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+			return renewScript.Run(ctx, node, []string{r.Key(key)}, token, ttl).Int64()
+		})
+		ok, no, errs := tally(replies, 1)
+		switch {
+		case ok >= r.quorum:
+			return start.Add(r.opt.TTL - r.drift), nil
+		case no > len(r.nodes)-r.quorum:
+			return validUntil, ErrNotHeld
+		}
+		return validUntil, fmt.Errorf("lock: renew %q: %d of %d nodes confirmed: %w", key, ok, len(r.nodes), errors.Join(errs...))
+	})
+	return l, nil
+}
+
+// cleanup releases what an attempt that failed may have taken.
+func (r *Redlock) cleanup(ctx context.Context, key, token string) {
+	_ = r.release(context.WithoutCancel(ctx), key, token)
+}
+
+// release deletes the lock on every node where token holds it. It succeeds
+// when a majority deleted it.
+func (r *Redlock) release(ctx context.Context, key, token string) error {
+	args := append([]any{token}, r.waiter.channel(key)...)
+	replies := r.each(ctx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		return releaseScript.Run(ctx, node, []string{r.Key(key)}, args...).Int64()
+	})
+	released, no, errs := tally(replies, 1)
+	if released > 0 {
+		r.waiter.released(key)
+	}
+	switch {
+	case released >= r.quorum:
+		return nil
+	case no > len(r.nodes)-r.quorum:
+		return fmt.Errorf("lock: release %q: %w", key, ErrNotHeld)
+	}
+	return fmt.Errorf("lock: release %q: %d of %d nodes confirmed: %w", key, released, len(r.nodes), errors.Join(errs...))
+}

@@ -1,0 +1,347 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/lock"
+	"shop/internal/testenv"
+)
+
+// cluster is N independent redis-server processes and a client of each.
+type cluster struct {
+	procs   []*testenv.RedisProc
+	clients []*redis.Client
+}
+
+func newCluster(t *testing.T, n int) *cluster {
+	t.Helper()
+	c := &cluster{}
+	for range n {
+		p := testenv.StartRedis(t)
+		c.procs = append(c.procs, p)
+		c.clients = append(c.clients, nodeClient(t, p.Addr))
+	}
+	return c
+}
+
+// nodeClient is a client as serve.go builds them for Redlock: no retries
+// (another node answers instead) and contexts that bound every command.
+func nodeClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, ContextTimeoutEnabled: true, PoolSize: 100})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// lock returns a Redlock on every node of the cluster, with clients of its
+// own, as a separate replica would have.
+func (c *cluster) lock(t *testing.T, opt lock.RedisOptions) *lock.Redlock {
+	t.Helper()
+	nodes := make([]redis.Scripter, len(c.procs))
+	for i, p := range c.procs {
+		nodes[i] = nodeClient(t, p.Addr)
+	}
+	if opt.Prefix == "" {
+		opt.Prefix = "test:"
+	}
+	l, err := lock.NewRedlock(nodes, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// holders lists, per node, the token that holds key there ("" when free;
+// "down" when the node does not answer).
+func (c *cluster) holders(l *lock.Redlock, key string) []string {
+	out := make([]string, len(c.clients))
+	for i, cl := range c.clients {
+		v, err := cl.Get(context.Background(), l.Key(key)).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			out[i] = "down"
+		default:
+			out[i] = v
+		}
+	}
+	return out
+}
+
+// heldOn counts the nodes where key is held.
+func (c *cluster) heldOn(l *lock.Redlock, key string) int {
+	n := 0
+	for _, h := range c.holders(l, key) {
+		if h != "" && h != "down" {
+			n++
+		}
+	}
+	return n
+}
+
+func TestRedlockQuorumWithOneNodeDown(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
+	ctx := context.Background()
+	c.procs[2].Kill()
+
+	lease := obtain(t, l, "k")
+	if lease.Fence() <= 0 {
+		t.Errorf("fence = %d, want a token", lease.Fence())
+	}
+	h := c.holders(l, "k")
+	if h[0] == "" || h[0] != h[1] || h[2] != "down" {
+		t.Fatalf("holders = %q, want one token on nodes 0 and 1, node 2 down", h)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release with 2 of 3 nodes: %v", err)
+	}
+	if n := c.heldOn(l, "k"); n != 0 {
+		t.Errorf("held on %d nodes after Release, want 0: %q", n, c.holders(l, "k"))
+	}
+}
+
+func TestRedlockRefusedWithTwoNodesDown(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 30 * time.Second})
+	c.procs[1].Kill()
+	c.procs[2].Kill()
+
+	lease, err := l.Obtain(context.Background(), "k")
+	if err == nil {
+		lease.Release(context.Background())
+		t.Fatal("obtained with 1 of 3 nodes up")
+	}
+	// No majority can answer: that is an outage to report at once, not a
+	// held lock to wait 30 s for.
+	if errors.Is(err, lock.ErrNotObtained) {
+		t.Errorf("err = %v, want the nodes' errors, not ErrNotObtained", err)
+	}
+	if h := c.holders(l, "k"); h[0] != "" {
+		t.Errorf("the one live node still holds the lock after the refusal: %q", h)
+	}
+}
+
+func TestRedlockMinorityIsNotHeld(t *testing.T) {
+	ctx := context.Background()
+	t.Run("acquire", func(t *testing.T) {
+		c := newCluster(t, 3)
+		l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+		// Someone else holds nodes 0 and 1; node 2 is free.
+		for _, cl := range c.clients[:2] {
+			cl.Set(ctx, l.Key("k"), "other", time.Minute)
+		}
+		if _, err := l.Obtain(ctx, "k"); !errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("Obtain against a majority held elsewhere = %v, want ErrNotObtained", err)
+		}
+		if h := c.holders(l, "k"); h[0] != "other" || h[1] != "other" || h[2] != "" {
+			t.Errorf("holders = %q: the share taken on node 2 must be given back, the others left alone", h)
+		}
+	})
+	t.Run("renew", func(t *testing.T) {
+		c := newCluster(t, 3)
+		l := c.lock(t, lock.RedisOptions{TTL: 300 * time.Millisecond})
+		lease := obtain(t, l, "k")
+		// Nodes 0 and 1 lose the lock (restarted empty, say).
+		for _, cl := range c.clients[:2] {
+			cl.Del(ctx, l.Key("k"))
+		}
+		select {
+		case <-lease.Context().Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lease held on 1 of 3 nodes was not given up")
+		}
+		if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrNotHeld) {
+			t.Errorf("cause = %v, want ErrNotHeld", cause)
+		}
+		if err := lease.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("Release = %v, want ErrNotHeld", err)
+		}
+		if n := c.heldOn(l, "k"); n != 0 {
+			t.Errorf("held on %d nodes after Release, want 0", n)
+		}
+	})
+	t.Run("majority keeps it", func(t *testing.T) {
+		c := newCluster(t, 3)
+		const ttl = 300 * time.Millisecond
+		l := c.lock(t, lock.RedisOptions{TTL: ttl})
+		lease := obtain(t, l, "k")
+		c.clients[0].Del(ctx, l.Key("k"))
+		time.Sleep(3 * ttl) // several renewals
+		if err := lease.Context().Err(); err != nil {
+			t.Fatalf("lease on 2 of 3 nodes was given up: %v", context.Cause(lease.Context()))
+		}
+		if n := c.heldOn(l, "k"); n != 2 {
+			t.Errorf("held on %d nodes, want the 2 renewed", n)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("Release: %v", err)
+		}
+	})
+}
+
+func TestRedlockValidityCountsElapsedTime(t *testing.T) {
+	ctx := context.Background()
+	const nodeTimeout = 100 * time.Millisecond
+	c := newCluster(t, 3)
+	c.procs[2].Pause() // hung: its replies never come, each costs the node timeout
+
+	t.Run("shortened", func(t *testing.T) {
+		const ttl = 2 * time.Second
+		l := c.lock(t, lock.RedisOptions{TTL: ttl, NodeTimeout: nodeTimeout})
+		before := time.Now()
+		lease := obtain(t, l, "a")
+		defer lease.Release(ctx)
+		got := time.Since(before)
+		if got < nodeTimeout {
+			t.Fatalf("obtained in %v, before the hung node's timeout of %v", got, nodeTimeout)
+		}
+		// The lease starts when the first command was sent, not when the
+		// majority answered (at least the node timeout later), and leaves
+		// room for clock drift.
+		after := time.Now()
+		if limit := after.Add(ttl - nodeTimeout - (ttl/100 + 2*time.Millisecond)); lease.Until().After(limit) {
+			t.Errorf("validity left %v, want at most TTL − elapsed − drift ≤ %v", lease.Until().Sub(after), limit.Sub(after))
+		}
+	})
+	t.Run("used up", func(t *testing.T) {
+		// Two nodes grant the lock at once, but waiting for the third
+		// uses up the whole TTL: no time would be left to work in.
+		l := c.lock(t, lock.RedisOptions{TTL: nodeTimeout + time.Millisecond, NodeTimeout: nodeTimeout, Wait: 3 * nodeTimeout})
+		lease, err := l.Obtain(ctx, "b")
+		if err == nil {
+			lease.Release(ctx)
+			t.Fatal("obtained with no validity left")
+		}
+		if !errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("err = %v, want ErrNotObtained", err)
+		}
+		if n := c.heldOn(l, "b"); n != 0 {
+			t.Errorf("held on %d live nodes after giving up, want 0", n)
+		}
+	})
+}
+
+func TestRedlockReleaseCleansAllNodes(t *testing.T) {
+	c := newCluster(t, 3)
+	l := c.lock(t, lock.RedisOptions{})
+	lease := obtain(t, l, "k")
+	h := c.holders(l, "k")
+	if h[0] == "" || h[0] != h[1] || h[1] != h[2] {
+		t.Fatalf("holders = %q, want the same token on all three", h)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h := c.holders(l, "k"); h[0] != "" || h[1] != "" || h[2] != "" {
+		t.Errorf("holders after Release = %q, want none", h)
+	}
+	next := obtain(t, l, "k")
+	if next.Fence() <= lease.Fence() {
+		t.Errorf("next fence %d, want > %d", next.Fence(), lease.Fence())
+	}
+	next.Release(context.Background())
+}
+
+func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, 3)
+	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
+	// A long history: counters above any node's clock in microseconds (and
+	// below 2^53, where Lua's numbers stay exact), so a node restarted empty
+	// (whose counter starts from its clock) is behind, and only the majority
+	// rule keeps tokens rising.
+	const history = int64(1) << 52
+	for _, cl := range c.clients {
+		if err := cl.Set(ctx, l.Key("k")+":fence", history, 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last := history
+	take := func(step string) {
+		t.Helper()
+		for range 3 {
+			lease := obtain(t, l, "k")
+			if lease.Fence() <= last {
+				t.Fatalf("%s: token %d after %d: not increasing", step, lease.Fence(), last)
+			}
+			last = lease.Fence()
+			if err := lease.Release(ctx); err != nil {
+				t.Fatalf("%s: %v", step, err)
+			}
+		}
+	}
+	take("all nodes up")
+	c.procs[2].Kill()
+	take("node 2 down")
+	c.procs[2].Restart()
+	take("node 2 back empty")
+	c.procs[0].Kill()
+	c.procs[0].Restart()
+	take("node 0 restarted empty")
+	c.procs[1].Kill()
+	take("node 1 down, node 0 restarted empty")
+	if last != history+15 {
+		t.Errorf("last token %d, want %d: one per acquisition", last, history+15)
+	}
+}
+
+func TestRedlockMutualExclusionWhileANodeDies(t *testing.T) {
+	c := newCluster(t, 3)
+	const replicas, workers = 3, 60
+	locks := make([]*lock.Redlock, replicas)
+	for i := range locks {
+		locks[i] = c.lock(t, lock.RedisOptions{TTL: 2 * time.Second, Wait: 30 * time.Second})
+	}
+	var (
+		inside, maxInside atomic.Int32
+		mu                sync.Mutex
+		fences            []int64
+		wg                sync.WaitGroup
+		done              atomic.Int32
+	)
+	for i := range workers {
+		wg.Go(func() {
+			lease, err := locks[i%replicas].Obtain(context.Background(), "sku:1")
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if n := inside.Add(1); n > maxInside.Load() {
+				maxInside.Store(n)
+			}
+			mu.Lock()
+			fences = append(fences, lease.Fence())
+			mu.Unlock()
+			time.Sleep(time.Millisecond)
+			inside.Add(-1)
+			if err := lease.Release(context.Background()); err != nil {
+				t.Error(err)
+			}
+			done.Add(1)
+		})
+	}
+	for deadline := time.Now().Add(30 * time.Second); done.Load() < workers/3 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
+	}
+	c.procs[1].Kill()
+	wg.Wait()
+	if got := maxInside.Load(); got != 1 {
+		t.Errorf("%d holders inside at once, want 1", got)
+	}
+	if len(fences) != workers {
+		t.Fatalf("%d of %d workers got the lock", len(fences), workers)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("fence %d = %d after %d: not increasing in holding order", i, fences[i], fences[i-1])
+		}
+	}
+}

@@ -1,0 +1,157 @@
+package lock_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/lock"
+	"shop/internal/testenv"
+)
+
+// never is a backoff so long that a waiter which obtains the lock within a
+// test's run can only have been woken by the release.
+const never = time.Hour
+
+// waitFor polls cond until it holds, failing the test after 10 s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
+}
+
+// obtainAsync starts Obtain on l in a goroutine.
+func obtainAsync(l interface {
+	Obtain(context.Context, string) (*lock.Lease, error)
+}, key string) <-chan *lock.Lease {
+	got := make(chan *lock.Lease, 1)
+	go func() {
+		lease, err := l.Obtain(context.Background(), key)
+		if err != nil {
+			lease = nil
+		}
+		got <- lease
+	}()
+	return got
+}
+
+// received waits for a waiter's result.
+func received(t *testing.T, got <-chan *lock.Lease) *lock.Lease {
+	t.Helper()
+	select {
+	case lease := <-got:
+		if lease == nil {
+			t.Fatal("the waiter did not obtain the lock")
+		}
+		return lease
+	case <-time.After(30 * time.Second):
+		t.Fatal("the waiter is still waiting after the release")
+	}
+	return nil
+}
+
+func TestWakeOnReleaseInProcess(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	ctx := context.Background()
+
+	holder := obtain(t, l, "k")
+	got := obtainAsync(l, "k")
+	waitFor(t, "the waiter tried once and waits", func() bool { return l.Stats().Waiting == 1 })
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := received(t, got)
+	defer lease.Release(ctx)
+	if s := l.Stats(); s.Attempts != 3 || s.Wakeups != 1 {
+		t.Errorf("stats = %+v, want 3 attempts (holder, waiter, waiter woken) and 1 wakeup", s)
+	}
+	if lease.Fence() <= holder.Fence() {
+		t.Errorf("waiter's fence %d, want > %d", lease.Fence(), holder.Fence())
+	}
+}
+
+func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
+	addr := testenv.RedisAddr(t)
+	_, prefix := testenv.Redis(t)
+	replica := func() (*lock.Redis, *redis.Client) {
+		c := testenv.RedisAt(t, addr)
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+		t.Cleanup(func() { l.Close() })
+		return l, c
+	}
+	a, c := replica()
+	b, _ := replica()
+	ctx := context.Background()
+
+	holder := obtain(t, a, "k")
+	got := obtainAsync(b, "k")
+	waitFor(t, "the waiter tried once and subscribed", func() bool {
+		n := c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"]
+		return b.Stats().Waiting == 1 && n == 1
+	})
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := received(t, got)
+	defer lease.Release(ctx)
+	if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
+		t.Errorf("waiter's stats = %+v, want 2 attempts and 1 wakeup", s)
+	}
+}
+
+func TestWakeMissedFallsBackToBackoff(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	// The holder does not announce its release (as if the message were
+	// lost); the waiter must still get the lock, on its backoff.
+	silent := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix})
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: 5 * time.Millisecond, MaxBackoff: 20 * time.Millisecond, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	ctx := context.Background()
+
+	holder := obtain(t, silent, "k")
+	got := obtainAsync(l, "k")
+	waitFor(t, "the waiter tried twice", func() bool { return l.Stats().Attempts >= 3 })
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := received(t, got)
+	defer lease.Release(ctx)
+	if s := l.Stats(); s.Wakeups != 0 {
+		t.Errorf("stats = %+v, want no wakeups: nothing was announced", s)
+	}
+}
+
+func TestWakeOneWaiterPerRelease(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	ctx := context.Background()
+
+	const waiters = 5
+	holder := obtain(t, l, "k")
+	var got []<-chan *lock.Lease
+	for i := range waiters {
+		got = append(got, obtainAsync(l, "k"))
+		waitFor(t, "the waiter tried once and waits", func() bool { return l.Stats().Waiting == i+1 })
+	}
+	// Each release wakes exactly one waiter, in the order they came: no
+	// herd of retries that all but one lose.
+	lease := holder
+	for i := range waiters {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease = received(t, got[i])
+		if s := l.Stats(); s.Attempts != uint64(waiters+1+i+1) || s.Wakeups != uint64(i+1) {
+			t.Fatalf("after release %d: stats = %+v, want %d attempts and %d wakeups", i+1, s, waiters+1+i+1, i+1)
+		}
+	}
+	lease.Release(ctx)
+}
