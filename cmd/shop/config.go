@@ -18,17 +18,19 @@ type config struct {
 	MySQLDSN    string
 	RedisAddr   string
 	RedisPrefix string
-	LockMode    string
-	LockTTL     time.Duration
-	LockWait    time.Duration
-	StockUpdate string
-	Fencing     bool
-	CacheTTL    time.Duration
-	CacheJitter float64
-	NullTTL     time.Duration
-	Bloom       bool
-	AdminToken  string
-	LogLevel    slog.Level
+	// RedlockAddrs are the independent masters of redlock mode.
+	RedlockAddrs []string
+	LockMode     string
+	LockTTL      time.Duration
+	LockWait     time.Duration
+	StockUpdate  string
+	Fencing      bool
+	CacheTTL     time.Duration
+	CacheJitter  float64
+	NullTTL      time.Duration
+	Bloom        bool
+	AdminToken   string
+	LogLevel     slog.Level
 }
 
 // configError is a bad setting; the process exits with status 2.
@@ -73,7 +75,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		MySQLDSN:    get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
 		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
 		RedisPrefix: get("SHOP_REDIS_PREFIX", "shop:"),
-		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "local", "none"),
+		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
 		LockTTL:     duration("SHOP_LOCK_TTL", "5s", 30*time.Millisecond),
 		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
 		StockUpdate: oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
@@ -94,6 +96,20 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if !strings.Contains(c.RedisAddr, ":") {
 		errs = append(errs, fmt.Errorf("SHOP_REDIS_ADDR=%q: must be host:port", c.RedisAddr))
+	}
+	for a := range strings.SplitSeq(getenv("SHOP_REDLOCK_ADDRS"), ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			c.RedlockAddrs = append(c.RedlockAddrs, a)
+		}
+	}
+	for _, a := range c.RedlockAddrs {
+		if !strings.Contains(a, ":") {
+			errs = append(errs, fmt.Errorf("SHOP_REDLOCK_ADDRS: %q must be host:port", a))
+		}
+	}
+	if c.LockMode == "redlock" && len(c.RedlockAddrs) < 3 {
+		errs = append(errs, fmt.Errorf("SHOP_REDLOCK_ADDRS=%q: redlock mode needs at least three independent masters, comma-separated",
+			getenv("SHOP_REDLOCK_ADDRS")))
 	}
 	if !strings.Contains(c.HTTPAddr, ":") {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -40,6 +41,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_CACHE_JITTER", "lots"},
 		{"SHOP_CACHE_NULL_TTL", "10m"},
 		{"SHOP_BLOOM", "maybe"},
+		{"SHOP_REDLOCK_ADDRS", "localhost"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -55,6 +57,14 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	if _, err := loadConfig(env(nil)); err != nil {
 		t.Errorf("defaults rejected: %v", err)
+	}
+	if _, err := loadConfig(env(map[string]string{"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": "a:1,b:2"})); err == nil ||
+		!strings.Contains(err.Error(), "SHOP_REDLOCK_ADDRS") {
+		t.Errorf("redlock with two masters: %v, want an error naming SHOP_REDLOCK_ADDRS", err)
+	}
+	if c, err := loadConfig(env(map[string]string{"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": "a:1, b:2,c:3"})); err != nil ||
+		!slices.Equal(c.RedlockAddrs, []string{"a:1", "b:2", "c:3"}) {
+		t.Errorf("redlock with three masters: %q, %v", c.RedlockAddrs, err)
 	}
 	for v, want := range map[string]float64{"10%": 0.1, "0.25": 0.25, "0": 0, "50%": 0.5} {
 		if c, err := loadConfig(env(map[string]string{"SHOP_CACHE_JITTER": v})); err != nil || c.CacheJitter != want {

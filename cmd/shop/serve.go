@@ -54,12 +54,16 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	rdb := newRedis(cfg.RedisAddr)
 	defer rdb.Close()
 
-	locker := newLocker(cfg, rdb)
+	locker, closeLocker, err := newLocker(cfg, rdb)
+	if err != nil {
+		return err
+	}
+	defer closeLocker()
 	update := stock.Guarded
 	if cfg.StockUpdate == "naive" {
 		update = stock.Naive
 	}
-	if cfg.Fencing && cfg.LockMode != "redis" {
+	if cfg.Fencing && cfg.LockMode != "redis" && cfg.LockMode != "redlock" {
 		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
 	}
 	reg := prometheus.NewRegistry()
@@ -156,14 +160,53 @@ func newRedis(addr string) *redis.Client {
 	})
 }
 
-func newLocker(cfg config, rdb *redis.Client) stock.Locker {
+// newLocker returns the order path's lock and what closes it. The Redis
+// locks wake their waiters on release.
+func newLocker(cfg config, rdb *redis.Client) (stock.Locker, func(), error) {
+	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait}
 	switch cfg.LockMode {
 	case "local":
-		return lock.NewLocal(cfg.LockWait)
+		return lock.NewLocal(cfg.LockWait), func() {}, nil
 	case "none":
-		return lock.None{}
+		return lock.None{}, func() {}, nil
+	case "redlock":
+		nodes := make([]redis.Scripter, len(cfg.RedlockAddrs))
+		clients := make([]*redis.Client, len(cfg.RedlockAddrs))
+		for i, addr := range cfg.RedlockAddrs {
+			clients[i] = newRedlockNode(addr)
+			nodes[i] = clients[i]
+		}
+		opt.Subscriber = clients[0]
+		l, err := lock.NewRedlock(nodes, opt)
+		if err != nil {
+			return nil, nil, fmt.Errorf("serve: %w", err)
+		}
+		return l, func() {
+			l.Close()
+			for _, c := range clients {
+				c.Close()
+			}
+		}, nil
 	}
-	return lock.NewRedis(rdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait})
+	opt.Subscriber = rdb
+	l := lock.NewRedis(rdb, opt)
+	return l, func() { l.Close() }, nil
+}
+
+// newRedlockNode is a client of one Redlock master. It does not retry (the
+// other masters answer instead) and lets the lock's per-node timeout, carried
+// by the context, bound each command.
+func newRedlockNode(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:                  addr,
+		PoolSize:              redisPoolSize,
+		MaxRetries:            -1,
+		DialerRetries:         1,
+		DialTimeout:           redisTimeout,
+		ReadTimeout:           redisTimeout,
+		WriteTimeout:          redisTimeout,
+		ContextTimeoutEnabled: true,
+	})
 }
 
 // newCache is the product cache on rdb in front of catalog. Its metrics go to

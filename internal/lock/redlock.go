@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -93,6 +95,14 @@ func (r *Redlock) Obtain(ctx context.Context, key string) (*Lease, error) {
 	})
 }
 
+// TryObtain takes the lock on key if a majority grants it at once and
+// otherwise returns ErrNotObtained (or the nodes' errors) without waiting.
+func (r *Redlock) TryObtain(ctx context.Context, key string) (*Lease, error) {
+	return r.waiter.try(ctx, ctx, func(ctx, tryCtx context.Context) (*Lease, error) {
+		return r.attempt(ctx, tryCtx, key)
+	})
+}
+
 // reply is one node's answer.
 type reply struct {
 	n   int64
@@ -102,30 +112,49 @@ type reply struct {
 var errNoReply = errors.New("no reply within the node timeout")
 
 // each runs f on every node at once, each under the node timeout, and
-// returns the replies in node order. It does not wait for a node past the
-// timeout; that node's reply is errNoReply.
-func (r *Redlock) each(ctx context.Context, f func(context.Context, redis.Scripter) (int64, error)) []reply {
+// returns the replies in node order as soon as the outcome is known: a
+// majority said yes (n ≥ yes) or can no longer say it. It does not wait for
+// a node past that, or past the timeout; that node's reply is errNoReply,
+// and if late is not nil it is called with the node once f returns there.
+func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, redis.Scripter) (int64, error), late func(redis.Scripter)) []reply {
+	// The calls are not cut short when each returns early: a slower node
+	// still gets its command (a renewal, say) within the timeout.
 	ctx, cancel := context.WithTimeout(ctx, r.opt.NodeTimeout)
-	defer cancel()
+	var running sync.WaitGroup
+	defer func() { go func() { running.Wait(); cancel() }() }()
 	type indexed struct {
 		i int
 		reply
 	}
-	ch := make(chan indexed, len(r.nodes)) // stragglers never block
+	ch := make(chan indexed)
+	gone := make(chan struct{}) // closed when replies are no longer taken
+	defer close(gone)
 	for i, node := range r.nodes {
-		go func() {
+		running.Go(func() {
 			n, err := f(ctx, node)
-			ch <- indexed{i, reply{n, err}}
-		}()
+			select {
+			case ch <- indexed{i, reply{n, err}}:
+			case <-gone:
+				if late != nil {
+					late(node)
+				}
+			}
+		})
 	}
 	replies := make([]reply, len(r.nodes))
 	for i := range replies {
 		replies[i].err = errNoReply
 	}
-	for range r.nodes {
+	ok, notOK := 0, 0
+	for ok < r.quorum && notOK <= len(r.nodes)-r.quorum {
 		select {
 		case x := <-ch:
 			replies[x.i] = x.reply
+			if x.err == nil && x.n >= yes {
+				ok++
+			} else {
+				notOK++
+			}
 		case <-ctx.Done():
 			return replies
 		}
@@ -169,11 +198,22 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 	start := time.Now()
 	validUntil := start.Add(r.opt.TTL - r.drift)
 
-	replies := r.each(tryCtx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+	// A node that answers too late may have granted the lock after the
+	// attempt gave up and cleaned up: its share is given back then, unless
+	// the attempt succeeded (the lease's release reaches every node).
+	var failed atomic.Bool
+	decided := make(chan struct{})
+	replies := r.each(tryCtx, 0, func(ctx context.Context, node redis.Scripter) (int64, error) {
 		return redlockObtainScript.Run(ctx, node, keys, token, ttl).Int64()
+	}, func(node redis.Scripter) {
+		if <-decided; failed.Load() {
+			r.releaseOn(ctx, node, key, token)
+		}
 	})
+	defer close(decided)
 	held, _, errs := tally(replies, 0)
 	if held < r.quorum || !time.Now().Before(validUntil) {
+		failed.Store(true)
 		r.cleanup(ctx, key, token)
 		// Nodes that refuse connections will not come back within the
 		// wait: report the outage at once. Slow nodes are retried.
@@ -191,21 +231,22 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 				fence = max(fence, rep.n+1)
 			}
 		}
-		replies = r.each(tryCtx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		replies = r.each(tryCtx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 			return redlockFenceScript.Run(ctx, node, keys, token, fence).Int64()
-		})
+		}, nil)
 		if stored, _, _ := tally(replies, 1); stored < r.quorum || !time.Now().Before(validUntil) {
+			failed.Store(true)
 			r.cleanup(ctx, key, token)
 			return nil, ErrNotObtained
 		}
 	}
 
-	l := newLease(ctx, key, fence, func(ctx context.Context) error { return r.release(ctx, key, token) })
+	l := newLease(ctx, key, fence, func(ctx context.Context) error { return r.release(ctx, key, token, true) })
 	l.watch(r.opt.After, r.opt.TTL/3, validUntil, func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
-		replies := r.each(ctx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 			return renewScript.Run(ctx, node, []string{r.Key(key)}, token, ttl).Int64()
-		})
+		}, nil)
 		ok, no, errs := tally(replies, 1)
 		switch {
 		case ok >= r.quorum:
@@ -218,20 +259,35 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 	return l, nil
 }
 
-// cleanup releases what an attempt that failed may have taken.
+// cleanup releases what an attempt that failed may have taken. It does not
+// announce it: the lock was never held, and waking the other contenders of a
+// split vote at once would only split it again — they retry on their
+// jittered backoff instead.
 func (r *Redlock) cleanup(ctx context.Context, key, token string) {
-	_ = r.release(context.WithoutCancel(ctx), key, token)
+	_ = r.release(context.WithoutCancel(ctx), key, token, false)
 }
 
-// release deletes the lock on every node where token holds it. It succeeds
-// when a majority deleted it.
-func (r *Redlock) release(ctx context.Context, key, token string) error {
-	args := append([]any{token}, r.waiter.channel(key)...)
-	replies := r.each(ctx, func(ctx context.Context, node redis.Scripter) (int64, error) {
+// releaseOn gives back token's share of key on one node that answered too
+// late, with a second chance as long as a lease could last.
+func (r *Redlock) releaseOn(ctx context.Context, node redis.Scripter, key, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opt.TTL)
+	defer cancel()
+	_ = releaseScript.Run(ctx, node, []string{r.Key(key)}, token).Err()
+}
+
+// release deletes the lock on every node where token holds it, and if
+// announce is set wakes the key's waiters. It succeeds when a majority
+// deleted it.
+func (r *Redlock) release(ctx context.Context, key, token string, announce bool) error {
+	args := []any{token}
+	if announce {
+		args = append(args, r.waiter.channel(key)...)
+	}
+	replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 		return releaseScript.Run(ctx, node, []string{r.Key(key)}, args...).Int64()
-	})
+	}, func(node redis.Scripter) { r.releaseOn(ctx, node, key, token) })
 	released, no, errs := tally(replies, 1)
-	if released > 0 {
+	if announce && released > 0 {
 		r.waiter.released(key)
 	}
 	switch {
