@@ -21,6 +21,12 @@ var (
 	redlockObtainLua string
 	//go:embed redlock_fence.lua
 	redlockFenceLua string
+	//go:embed reentrant_obtain.lua
+	reentrantObtainLua string
+	//go:embed reentrant_release.lua
+	reentrantReleaseLua string
+	//go:embed reentrant_renew.lua
+	reentrantRenewLua string
 
 	obtainScript  = redis.NewScript(obtainLua)
 	releaseScript = redis.NewScript(releaseLua)
@@ -42,7 +48,9 @@ type RedisOptions struct {
 	// defaults 2ms and 100ms.
 	MinBackoff, MaxBackoff time.Duration
 	// NodeTimeout bounds each node's reply to a Redlock; default TTL/10, at
-	// most 50ms: a dead node must not eat the lease.
+	// most 200ms: a dead node must not eat the lease. A Redlock goes on as
+	// soon as a majority has answered, so it waits this long only when the
+	// outcome hangs on a slow node.
 	NodeTimeout time.Duration
 	// Subscriber, when set, turns on wake-on-release: a release publishes
 	// on the channel Prefix+"released", and waiters — through one
@@ -76,7 +84,7 @@ func (opt RedisOptions) withDefaults() RedisOptions {
 		opt.MaxBackoff = max(100*time.Millisecond, opt.MinBackoff)
 	}
 	if opt.NodeTimeout <= 0 {
-		opt.NodeTimeout = min(opt.TTL/10, 50*time.Millisecond)
+		opt.NodeTimeout = min(opt.TTL/10, 200*time.Millisecond)
 	}
 	if opt.After == nil {
 		opt.After = time.After
@@ -116,7 +124,7 @@ type Redis struct {
 // opt.Subscriber is set.
 func NewRedis(client redis.Scripter, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
-	return &Redis{client: client, opt: opt, waiter: newWaiter(opt)}
+	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true)}
 }
 
 // Key returns the Redis key that holds the lock on key.
@@ -149,7 +157,7 @@ func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
 // TryObtain takes the lock on key if it is free and otherwise returns
 // ErrNotObtained at once. The lease is watched as Obtain's is.
 func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
-	return r.waiter.try(ctx, ctx, func(ctx, tryCtx context.Context) (*Lease, error) {
+	return r.waiter.tryObtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
 		return r.attempt(ctx, tryCtx, key)
 	})
 }
@@ -205,11 +213,8 @@ func (r *Redis) cleanup(ctx context.Context, key, token string) {
 }
 
 // release deletes key's lock if token holds it, reporting whether it did,
-// and wakes the key's next waiter.
+// and announces it when waiters are woken on release.
 func (r *Redis) release(ctx context.Context, key, token string) (bool, error) {
 	n, err := releaseScript.Run(ctx, r.client, []string{r.Key(key)}, append([]any{token}, r.waiter.channel(key)...)...).Int64()
-	if n == 1 {
-		r.waiter.released(key)
-	}
 	return n == 1, err
 }

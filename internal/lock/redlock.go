@@ -70,7 +70,7 @@ func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
 		quorum: len(nodes)/2 + 1,
 		opt:    opt,
 		drift:  opt.TTL/100 + 2*time.Millisecond,
-		waiter: newWaiter(opt),
+		waiter: newWaiter(opt, true),
 	}, nil
 }
 
@@ -98,7 +98,7 @@ func (r *Redlock) Obtain(ctx context.Context, key string) (*Lease, error) {
 // TryObtain takes the lock on key if a majority grants it at once and
 // otherwise returns ErrNotObtained (or the nodes' errors) without waiting.
 func (r *Redlock) TryObtain(ctx context.Context, key string) (*Lease, error) {
-	return r.waiter.try(ctx, ctx, func(ctx, tryCtx context.Context) (*Lease, error) {
+	return r.waiter.tryObtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
 		return r.attempt(ctx, tryCtx, key)
 	})
 }
@@ -276,7 +276,7 @@ func (r *Redlock) releaseOn(ctx context.Context, node redis.Scripter, key, token
 }
 
 // release deletes the lock on every node where token holds it, and if
-// announce is set wakes the key's waiters. It succeeds when a majority
+// announce is set tells the key's waiters. It succeeds when a majority
 // deleted it.
 func (r *Redlock) release(ctx context.Context, key, token string, announce bool) error {
 	args := []any{token}
@@ -287,9 +287,6 @@ func (r *Redlock) release(ctx context.Context, key, token string, announce bool)
 		return releaseScript.Run(ctx, node, []string{r.Key(key)}, args...).Int64()
 	}, func(node redis.Scripter) { r.releaseOn(ctx, node, key, token) })
 	released, no, errs := tally(replies, 1)
-	if announce && released > 0 {
-		r.waiter.released(key)
-	}
 	switch {
 	case released >= r.quorum:
 		return nil

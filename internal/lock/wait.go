@@ -30,19 +30,35 @@ type Stats struct {
 }
 
 // waiter is the retry loop the Redis locks share: try, and while the key is
-// held, sleep with exponential backoff and full jitter — unless a release of
-// the key wakes the waiter first.
+// held, sleep with exponential backoff and full jitter.
+//
+// With wake-on-release it does better than poll. The waiters of one process
+// queue for a key in process (keyed), first come first served, and only the
+// first of them contends in Redis: it retries when a release in another
+// process is announced on the lock's channel, or when its backoff ends if
+// the message was missed. A holder in this process hands the key to its next
+// waiter when it has released it in Redis. Polling then costs one Redis try
+// per key and process instead of one per waiter, and a release wakes the one
+// waiter that can use it, without a herd.
 type waiter struct {
 	wait, minBackoff, maxBackoff time.Duration
-	// wake is nil when releases are not announced: backoff only.
-	wake     *wakeups
+	// wake is nil when releases are not announced: every waiter polls.
+	wake *wakeups
+	// queue is set when the waiters of this process queue in line.
+	queue    bool
+	line     keyed
 	attempts atomic.Uint64
 }
 
-func newWaiter(opt RedisOptions) *waiter {
+// newWaiter returns the retry loop for a lock with opt. queue puts the
+// waiters of this process in line with wake-on-release (see waiter);
+// without it every waiter contends in Redis and is woken by announced
+// releases, its own process's included.
+func newWaiter(opt RedisOptions, queue bool) *waiter {
 	w := &waiter{wait: opt.Wait, minBackoff: opt.MinBackoff, maxBackoff: opt.MaxBackoff}
 	if opt.Subscriber != nil {
-		w.wake = newWakeups(opt.Subscriber, opt.Prefix+"released")
+		w.wake = newWakeups(opt.Subscriber, opt.Prefix+"released", queue)
+		w.queue = queue
 	}
 	return w
 }
@@ -54,6 +70,65 @@ type attemptFunc func(ctx, tryCtx context.Context) (*Lease, error)
 // obtain runs attempt until it returns anything but ErrNotObtained, for at
 // most the wait and never past ctx.
 func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc) (*Lease, error) {
+	if !w.queue {
+		return w.poll(ctx, key, attempt, false)
+	}
+	// Uncontended: first in line at once, and the key free in Redis.
+	first := w.line.tryLock(key)
+	if first {
+		l, err := w.try(ctx, ctx, attempt)
+		if err == nil {
+			return w.inLine(l, key), nil
+		}
+		if !errors.Is(err, ErrNotObtained) {
+			w.line.unlock(key)
+			return nil, err
+		}
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, w.wait)
+	defer cancel()
+	if !first && !w.line.lock(waitCtx, key) {
+		return nil, notObtained(waitCtx)
+	}
+	l, err := w.poll(ctx, key, func(ctx, _ context.Context) (*Lease, error) { return attempt(ctx, waitCtx) }, first)
+	if err != nil {
+		w.line.unlock(key)
+		return nil, err
+	}
+	return w.inLine(l, key), nil
+}
+
+// inLine makes l's release hand key to the next waiter of this process.
+func (w *waiter) inLine(l *Lease, key string) *Lease {
+	release := l.release
+	l.release = func(ctx context.Context) error {
+		defer w.line.unlock(key)
+		return release(ctx)
+	}
+	return l
+}
+
+// tryObtain runs attempt once, if no waiter of this process is ahead.
+func (w *waiter) tryObtain(ctx context.Context, key string, attempt attemptFunc) (*Lease, error) {
+	if !w.queue {
+		return w.try(ctx, ctx, attempt)
+	}
+	if !w.line.tryLock(key) {
+		return nil, ErrNotObtained
+	}
+	l, err := w.try(ctx, ctx, attempt)
+	if err != nil {
+		w.line.unlock(key)
+		return nil, err
+	}
+	return w.inLine(l, key), nil
+}
+
+// poll retries attempt with backoff — and, with wake-on-release, as soon as
+// a release of key is announced — for at most the wait and never past ctx.
+// If tried is set, the key was just found held: it waits before the first
+// try.
+func (w *waiter) poll(ctx context.Context, key string, attempt attemptFunc, tried bool) (*Lease, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, w.wait)
 	defer cancel()
 
@@ -69,10 +144,12 @@ func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc) (*
 		timer *time.Timer
 		woken <-chan struct{}
 	)
-	for {
-		l, err := w.try(ctx, waitCtx, attempt)
-		if !errors.Is(err, ErrNotObtained) {
-			return l, err
+	for ; ; tried = false {
+		if !tried {
+			l, err := w.try(ctx, waitCtx, attempt)
+			if !errors.Is(err, ErrNotObtained) {
+				return l, err
+			}
 		}
 		if waitCtx.Err() != nil {
 			return nil, notObtained(waitCtx)
@@ -107,14 +184,6 @@ func (w *waiter) try(ctx, tryCtx context.Context, attempt attemptFunc) (*Lease, 
 	return attempt(ctx, tryCtx)
 }
 
-// released wakes a waiter of this process after the key was released here.
-// Other processes learn of it from the release channel.
-func (w *waiter) released(key string) {
-	if w.wake != nil {
-		w.wake.one(key)
-	}
-}
-
 // channel returns the script arguments that make a release announce itself:
 // the channel and the message, or nothing when releases are not announced.
 func (w *waiter) channel(key string) []any {
@@ -128,7 +197,7 @@ func (w *waiter) stats() Stats {
 	s := Stats{Attempts: w.attempts.Load()}
 	if w.wake != nil {
 		s.Wakeups = w.wake.woken.Load()
-		s.Waiting = w.wake.len()
+		s.Waiting = w.wake.len() + w.line.waiting()
 	}
 	return s
 }
@@ -141,18 +210,16 @@ func (w *waiter) close() error {
 }
 
 // wakeups is a process's one subscription to a lock's release channel,
-// fanned out to the waiters by key. Each release wakes one waiter of the key
-// in each process, the longest waiting first: one retry per release instead
-// of a herd. A waiter that is woken and loses the race stays first in line.
-// A message lost (the subscription reconnecting, say) costs the waiters no
-// more than their backoff.
+// fanned out by key to the waiters first in line. A message lost (the
+// subscription reconnecting, say) costs a waiter no more than its backoff.
 type wakeups struct {
 	sub     Subscriber
 	channel string
-	// id prefixes this process's messages, so it can skip them: its own
-	// releases wake its waiters directly.
-	id    string
-	woken atomic.Uint64
+	// id prefixes this process's messages, so that it can skip them when
+	// skipOwn is set: its waiters queue in line and are handed the key.
+	id      string
+	skipOwn bool
+	woken   atomic.Uint64
 
 	mu      sync.Mutex
 	waiting map[string][]chan struct{}
@@ -161,8 +228,8 @@ type wakeups struct {
 	done    chan struct{} // closed when the receiving goroutine ends
 }
 
-func newWakeups(sub Subscriber, channel string) *wakeups {
-	return &wakeups{sub: sub, channel: channel, id: rand.Text(), waiting: make(map[string][]chan struct{})}
+func newWakeups(sub Subscriber, channel string, skipOwn bool) *wakeups {
+	return &wakeups{sub: sub, channel: channel, id: rand.Text(), skipOwn: skipOwn, waiting: make(map[string][]chan struct{})}
 }
 
 // add puts a waiter for key in line and returns the channel that wakes it
@@ -228,7 +295,7 @@ func (w *wakeups) subscribe() {
 	go func() {
 		defer close(w.done)
 		for m := range msgs {
-			if len(m.Payload) >= len(w.id) && m.Payload[:len(w.id)] != w.id {
+			if len(m.Payload) >= len(w.id) && (!w.skipOwn || m.Payload[:len(w.id)] != w.id) {
 				w.one(m.Payload[len(w.id):])
 			}
 		}

@@ -55,26 +55,36 @@ func received(t *testing.T, got <-chan *lock.Lease) *lock.Lease {
 	return nil
 }
 
-func TestWakeOnReleaseInProcess(t *testing.T) {
+func TestWaitersInProcessAreHandedTheKey(t *testing.T) {
 	c, prefix := testenv.Redis(t)
 	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
 	t.Cleanup(func() { l.Close() })
 	ctx := context.Background()
 
+	const waiters = 5
 	holder := obtain(t, l, "k")
-	got := obtainAsync(l, "k")
-	waitFor(t, "the waiter tried once and waits", func() bool { return l.Stats().Waiting == 1 })
-	if err := holder.Release(ctx); err != nil {
-		t.Fatal(err)
+	var got []<-chan *lock.Lease
+	for i := range waiters {
+		got = append(got, obtainAsync(l, "k"))
+		waitFor(t, "the waiter is in line", func() bool { return l.Stats().Waiting == i+1 })
 	}
-	lease := received(t, got)
-	defer lease.Release(ctx)
-	if s := l.Stats(); s.Attempts != 3 || s.Wakeups != 1 {
-		t.Errorf("stats = %+v, want 3 attempts (holder, waiter, waiter woken) and 1 wakeup", s)
+	// Each release hands the key to the next waiter, in the order they
+	// came, and that waiter's one try in Redis gets it: nobody polls.
+	lease := holder
+	for i := range waiters {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		next := received(t, got[i])
+		if next.Fence() <= lease.Fence() {
+			t.Errorf("fence %d after %d", next.Fence(), lease.Fence())
+		}
+		lease = next
+		if s := l.Stats(); s.Attempts != uint64(1+i+1) || s.Waiting != waiters-i-1 {
+			t.Fatalf("after release %d: stats = %+v, want %d attempts (one per acquisition) and %d waiting", i+1, s, 1+i+1, waiters-i-1)
+		}
 	}
-	if lease.Fence() <= holder.Fence() {
-		t.Errorf("waiter's fence %d, want > %d", lease.Fence(), holder.Fence())
-	}
+	lease.Release(ctx)
 }
 
 func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
@@ -90,19 +100,35 @@ func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
 	b, _ := replica()
 	ctx := context.Background()
 
+	// B's three waiters: the first tries once and waits for the release
+	// to be announced, the other two wait behind it without trying.
+	const waiters = 3
 	holder := obtain(t, a, "k")
-	got := obtainAsync(b, "k")
-	waitFor(t, "the waiter tried once and subscribed", func() bool {
-		n := c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"]
-		return b.Stats().Waiting == 1 && n == 1
+	var got []<-chan *lock.Lease
+	for i := range waiters {
+		got = append(got, obtainAsync(b, "k"))
+		waitFor(t, "the waiter is in line", func() bool { return b.Stats().Waiting == i+1 })
+	}
+	waitFor(t, "B subscribed", func() bool {
+		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1
 	})
+	if s := b.Stats(); s.Attempts != 1 {
+		t.Fatalf("B's stats before the release = %+v, want 1 attempt: only the first in line tries", s)
+	}
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	lease := received(t, got)
-	defer lease.Release(ctx)
+	lease := received(t, got[0])
 	if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
-		t.Errorf("waiter's stats = %+v, want 2 attempts and 1 wakeup", s)
+		t.Errorf("B's stats = %+v, want 2 attempts and 1 wakeup: its backoff is an hour", s)
+	}
+	for i := 1; i < waiters; i++ {
+		lease.Release(ctx)
+		lease = received(t, got[i])
+	}
+	lease.Release(ctx)
+	if s := b.Stats(); s.Attempts != 2+waiters-1 {
+		t.Errorf("B's stats at the end = %+v, want %d attempts", s, 2+waiters-1)
 	}
 }
 
@@ -117,7 +143,7 @@ func TestWakeMissedFallsBackToBackoff(t *testing.T) {
 
 	holder := obtain(t, silent, "k")
 	got := obtainAsync(l, "k")
-	waitFor(t, "the waiter tried twice", func() bool { return l.Stats().Attempts >= 3 })
+	waitFor(t, "the waiter tried thrice", func() bool { return l.Stats().Attempts >= 3 })
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -126,32 +152,4 @@ func TestWakeMissedFallsBackToBackoff(t *testing.T) {
 	if s := l.Stats(); s.Wakeups != 0 {
 		t.Errorf("stats = %+v, want no wakeups: nothing was announced", s)
 	}
-}
-
-func TestWakeOneWaiterPerRelease(t *testing.T) {
-	c, prefix := testenv.Redis(t)
-	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
-	t.Cleanup(func() { l.Close() })
-	ctx := context.Background()
-
-	const waiters = 5
-	holder := obtain(t, l, "k")
-	var got []<-chan *lock.Lease
-	for i := range waiters {
-		got = append(got, obtainAsync(l, "k"))
-		waitFor(t, "the waiter tried once and waits", func() bool { return l.Stats().Waiting == i+1 })
-	}
-	// Each release wakes exactly one waiter, in the order they came: no
-	// herd of retries that all but one lose.
-	lease := holder
-	for i := range waiters {
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-		lease = received(t, got[i])
-		if s := l.Stats(); s.Attempts != uint64(waiters+1+i+1) || s.Wakeups != uint64(i+1) {
-			t.Fatalf("after release %d: stats = %+v, want %d attempts and %d wakeups", i+1, s, waiters+1+i+1, i+1)
-		}
-	}
-	lease.Release(ctx)
 }
