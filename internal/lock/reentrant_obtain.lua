@@ -1,0 +1,26 @@
+-- Take a reentrant lock, or take it again.
+-- KEYS[1] the lock, a hash: owner, depth, fence; KEYS[2] the key's fencing
+-- counter (same hash slot); without KEYS[2] the lock is taken without a token
+-- ARGV[1] the owner, ARGV[2] the lease length in ms
+-- Returns the hold's fencing token (0 without one), the same for every
+-- acquisition of one hold, or -1 when another owner holds the lock.
+local owner = redis.call('HGET', KEYS[1], 'owner')
+if owner == ARGV[1] then
+  redis.call('HINCRBY', KEYS[1], 'depth', 1)
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return tonumber(redis.call('HGET', KEYS[1], 'fence'))
+end
+if owner then
+  return -1
+end
+local fence = 0
+if #KEYS > 1 then
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    local t = redis.call('TIME')
+    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
+  end
+  fence = redis.call('INCR', KEYS[2])
+end
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', fence)
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return fence

@@ -1,0 +1,210 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/lock"
+	"shop/internal/testenv"
+)
+
+func newReentrant(t *testing.T, opt lock.RedisOptions) (*lock.Reentrant, *redis.Client) {
+	t.Helper()
+	c, prefix := testenv.Redis(t)
+	opt.Prefix = prefix
+	l := lock.NewReentrant(c, opt)
+	t.Cleanup(func() { l.Close() })
+	return l, c
+}
+
+// hold reads the lock's hash: its owner's depth ("" owner when free).
+func hold(t *testing.T, c *redis.Client, l *lock.Reentrant, key string) (owner string, depth int) {
+	t.Helper()
+	h, err := c.HGetAll(context.Background(), l.Key(key)).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h["depth"] != "" {
+		if depth, err = strconv.Atoi(h["depth"]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h["owner"], depth
+}
+
+func TestReentrantDepth(t *testing.T) {
+	l, c := newReentrant(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+	a := lock.WithOwner(context.Background(), lock.NewOwner())
+
+	var leases []*lock.Lease
+	for i := 1; i <= 3; i++ {
+		lease, err := l.Obtain(a, "k")
+		if err != nil {
+			t.Fatalf("acquisition %d by the owner: %v", i, err)
+		}
+		leases = append(leases, lease)
+		if _, depth := hold(t, c, l, "k"); depth != i {
+			t.Fatalf("depth after %d acquisitions = %d", i, depth)
+		}
+	}
+	if leases[0].Fence() <= 0 || leases[1].Fence() != leases[0].Fence() || leases[2].Fence() != leases[0].Fence() {
+		t.Errorf("fences %d %d %d, want one token for the whole hold", leases[0].Fence(), leases[1].Fence(), leases[2].Fence())
+	}
+	for i := 2; i >= 1; i-- {
+		if err := leases[i].Release(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if owner, depth := hold(t, c, l, "k"); owner == "" || depth != i {
+			t.Fatalf("after a release: owner %q depth %d, want still held at depth %d", owner, depth, i)
+		}
+	}
+	if err := leases[0].Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if n := c.Exists(context.Background(), l.Key("k")).Val(); n != 0 {
+		t.Error("the lock still exists after the last release")
+	}
+}
+
+func TestReentrantOtherOwnerRefused(t *testing.T) {
+	l, c := newReentrant(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+	a := lock.WithOwner(context.Background(), lock.NewOwner())
+	b := lock.WithOwner(context.Background(), lock.NewOwner())
+
+	held, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Obtain(b, "k"); !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("another owner's Obtain = %v, want ErrNotObtained", err)
+	}
+	if _, depth := hold(t, c, l, "k"); depth != 1 {
+		t.Errorf("depth %d after the refusal, want 1: the refused owner changed it", depth)
+	}
+	if _, err := l.Obtain(context.Background(), "k"); !errors.Is(err, lock.ErrNoOwner) {
+		t.Errorf("Obtain without an owner = %v, want ErrNoOwner", err)
+	}
+	// Released, it is b's.
+	if err := held.Release(a); err != nil {
+		t.Fatal(err)
+	}
+	next, err := l.Obtain(b, "k")
+	if err != nil {
+		t.Fatalf("other owner after the release: %v", err)
+	}
+	if next.Fence() <= held.Fence() {
+		t.Errorf("next hold's fence %d, want > %d", next.Fence(), held.Fence())
+	}
+	next.Release(b)
+}
+
+func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
+	const ttl = 150 * time.Millisecond
+	l, c := newReentrant(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
+	a := lock.WithOwner(context.Background(), lock.NewOwner())
+
+	outer, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The inner acquisition ends; the outer one's watchdog keeps the hold
+	// alive over several TTLs.
+	if err := inner.Release(a); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * ttl)
+	if owner, depth := hold(t, c, l, "k"); owner == "" || depth != 1 {
+		t.Fatalf("after 3×TTL: owner %q depth %d, want held at depth 1", owner, depth)
+	}
+	if err := outer.Context().Err(); err != nil {
+		t.Fatalf("outer lease lost: %v", context.Cause(outer.Context()))
+	}
+	if err := outer.Release(a); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReentrantExpiry(t *testing.T) {
+	// A frozen owner: its watchdog never renews, as in a long pause.
+	l, c := newReentrant(t, lock.RedisOptions{TTL: 200 * time.Millisecond, Wait: 5 * time.Second, After: frozen})
+	a := lock.WithOwner(context.Background(), lock.NewOwner())
+	b := lock.WithOwner(context.Background(), lock.NewOwner())
+
+	first, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The whole hold, depth 2, expires together; b gets the lock.
+	taken, err := l.Obtain(b, "k")
+	if err != nil {
+		t.Fatalf("the expired hold did not free the lock: %v", err)
+	}
+	if owner, depth := hold(t, c, l, "k"); depth != 1 || owner == "" {
+		t.Fatalf("after expiry: owner %q depth %d, want b at depth 1", owner, depth)
+	}
+	// a's releases must not touch b's hold.
+	for _, lease := range []*lock.Lease{again, first} {
+		if err := lease.Release(a); !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("expired owner's Release = %v, want ErrNotHeld", err)
+		}
+	}
+	if _, depth := hold(t, c, l, "k"); depth != 1 {
+		t.Errorf("b's depth %d after a's releases, want 1", depth)
+	}
+	if err := taken.Release(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReentrantWakesWaiterOnLastRelease(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	a := lock.WithOwner(context.Background(), lock.NewOwner())
+	b := lock.WithOwner(context.Background(), lock.NewOwner())
+
+	outer, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := l.Obtain(a, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := obtainAsync(ownerLock{l, b}, "k")
+	waitFor(t, "b waits, subscribed", func() bool {
+		return l.Stats().Waiting == 1 && c.PubSubNumSub(context.Background(), prefix+"released").Val()[prefix+"released"] == 1
+	})
+	// The inner release frees nothing and announces nothing; the outer one
+	// wakes b, whose backoff is an hour.
+	inner.Release(a)
+	outer.Release(a)
+	lease := received(t, got)
+	defer lease.Release(b)
+	if s := l.Stats(); s.Wakeups != 1 {
+		t.Errorf("stats = %+v, want 1 wakeup", s)
+	}
+}
+
+// ownerLock obtains l for a fixed owner.
+type ownerLock struct {
+	l     *lock.Reentrant
+	owner context.Context
+}
+
+func (o ownerLock) Obtain(_ context.Context, key string) (*lock.Lease, error) {
+	return o.l.Obtain(o.owner, key)
+}
