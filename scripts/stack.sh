@@ -89,13 +89,20 @@ start_servers() {
   local i fresh=
   [ -d "$state/mariadb/data/mysql" ] || fresh=1
   alive "$state/mariadb" || start_mariadb "$state/mariadb" "$MYSQL_PORT"
-  for i in 0 1 2; do
-    alive "$state/redis$i" || start_redis "$state/redis$i" "${redis_ports[$i]}"
-  done
+  start_masters
   run_shop migrate >/dev/null
   if [ -n "$fresh" ]; then
     run_shop seed --products "${PRODUCTS:-5000}" --stock "${STOCK:-1}" >&2
   fi
+}
+
+# start_masters starts the Redis masters that are not running (a master
+# killed by the demo comes back empty, as after a crash).
+start_masters() {
+  local i
+  for i in 0 1 2; do
+    alive "$state/redis$i" || start_redis "$state/redis$i" "${redis_ports[$i]}"
+  done
 }
 
 # stop_replicas stops every replica; in-flight requests finish first.
@@ -212,6 +219,7 @@ case ${1:-} in
     [ $# -ge 2 ] && [ "$2" -ge 1 ] && [ "$2" -le $max_replicas ] || die "usage: $0 replicas 1..$max_replicas [VAR=VALUE...]"
     load_ports
     stop_replicas
+    start_masters
     start_replicas "${@:2}"
     nginx_up "$2"
     ;;

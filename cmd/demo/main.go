@@ -159,8 +159,11 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 		return res, err
 	}
 	var pauseErr error
-	if r.Pause {
+	switch {
+	case r.Pause:
 		res.Paused, pauseErr = pauseReplica(ctx, o, r.PausedReplica(), stderr)
+	case r.Kill:
+		res.Killed, pauseErr = killMaster(ctx, o, r.KilledMaster(), stderr)
 	}
 	if err := load.Wait(); err != nil {
 		return res, fmt.Errorf("loadtest: %w (see %s.log)", err, base)
@@ -187,18 +190,47 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	return res, os.WriteFile(base+".verify.json", out, 0o644)
 }
 
-// pauseReplica stops replica i (SIGSTOP) o.after into the load, for o.pause,
-// as a long GC pause or a frozen VM would, then lets it go on. It returns how
-// long the replica was stopped.
-func pauseReplica(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
-	pidFile := filepath.Join(o.state, fmt.Sprintf("replica%d", i), "pid")
-	data, err := os.ReadFile(pidFile)
+// killMaster kills Redis master i (SIGKILL, counted from 1) o.after into the
+// load, as a crash would. The next `stack.sh replicas` starts it again,
+// empty. It returns how far into the load it was killed.
+func killMaster(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
+	start := time.Now()
+	pid, err := readPid(filepath.Join(o.state, fmt.Sprintf("redis%d", i-1), "pid"))
+	if err != nil {
+		return 0, err
+	}
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(o.after):
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		return 0, fmt.Errorf("kill Redis master %d: %w", i, err)
+	}
+	fmt.Fprintf(stderr, "demo: Redis master %d (pid %d) killed\n", i, pid)
+	return time.Since(start), nil
+}
+
+// readPid reads a pid file.
+func readPid(path string) (int, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", pidFile, err)
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	return pid, nil
+}
+
+// pauseReplica stops replica i (SIGSTOP) o.after into the load, for o.pause,
+// as a long GC pause or a frozen VM would, then lets it go on. It returns how
+// long the replica was stopped.
+func pauseReplica(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
+	pid, err := readPid(filepath.Join(o.state, fmt.Sprintf("replica%d", i), "pid"))
+	if err != nil {
+		return 0, err
 	}
 	select {
 	case <-ctx.Done():

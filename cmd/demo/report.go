@@ -19,6 +19,7 @@ type row struct {
 	Replicas int
 	TTL      time.Duration // SHOP_LOCK_TTL; zero leaves the default
 	Pause    bool          // replica 2 is stopped for longer than TTL during the load
+	Kill     bool          // Redis master 3 of the Redlock is killed during the load
 	MustHold bool          // the invariants must hold; otherwise the row is expected to race
 	Shows    string
 }
@@ -41,14 +42,25 @@ func experiment(o options) []row {
 			Shows: "a holder stopped past its TTL loses the lock; if its write lands anyway, the unit sells twice"},
 		{Lock: "redis", Update: "naive", Fencing: true, Replicas: 3, TTL: o.ttl, Pause: true, MustHold: true,
 			Shows: "the same pause with fencing: MySQL refuses the stopped holder's write"},
+		{Lock: "redlock", Update: "naive", Replicas: 3, MustHold: true,
+			Shows: "the lock on a majority of three independent Redis masters serialises the buyers as one Redis does"},
+		{Lock: "redlock", Update: "naive", Replicas: 3, Kill: true, MustHold: true,
+			Shows: "one of the three masters dies during the sale: the two left are a majority, and the lock holds"},
 	}
 }
 
 // PausedReplica is the replica a pause row stops.
 func (r row) PausedReplica() int { return 2 }
 
+// KilledMaster is the Redis master a kill row kills, counted from 1: not
+// the first, which also holds the product cache.
+func (r row) KilledMaster() int { return 3 }
+
+// tokens reports whether the row's lock gives fencing tokens.
+func (r row) tokens() bool { return r.Lock == "redis" || r.Lock == "redlock" }
+
 func (r row) fencing() string {
-	if r.Lock != "redis" {
+	if !r.tokens() {
 		return "-" // no tokens to check
 	}
 	if r.Fencing {
@@ -59,22 +71,28 @@ func (r row) fencing() string {
 
 func (r row) label() string {
 	s := fmt.Sprintf("%s/%s ×%d", r.Lock, r.Update, r.Replicas)
-	if r.Lock == "redis" {
+	if r.tokens() {
 		s += ", fencing " + r.fencing()
 	}
 	if r.Pause {
 		s += fmt.Sprintf(", TTL %s, replica %d paused", r.TTL, r.PausedReplica())
+	}
+	if r.Kill {
+		s += fmt.Sprintf(", Redis master %d killed", r.KilledMaster())
 	}
 	return s
 }
 
 func (r row) slug() string {
 	s := fmt.Sprintf("%s-%s-x%d", r.Lock, r.Update, r.Replicas)
-	if r.Lock == "redis" {
+	if r.tokens() {
 		s += "-fencing-" + r.fencing()
 	}
 	if r.Pause {
 		s += "-pause"
+	}
+	if r.Kill {
+		s += "-kill"
 	}
 	return s
 }
@@ -129,13 +147,14 @@ type result struct {
 	Load   loadResult
 	Verify verifyReport
 	Paused time.Duration
+	Killed time.Duration  // how far into the load the master was killed
 	Busy   map[string]int // the replicas' 503 busy answers by cause
 }
 
 // staleHolders renders how many holders lost their lease during the order
 // and how many stale writes MySQL refused.
 func (r result) staleHolders() string {
-	if r.Row.Lock != "redis" {
+	if !r.Row.tokens() {
 		return "-"
 	}
 	return fmt.Sprintf("%d / %d", r.Busy["lease_lost"], r.Busy["stale_fence"])
@@ -197,12 +216,12 @@ func (r result) ordersPerSecond() float64 {
 }
 
 // columns are the table's headings; cells gives a row's values.
-var columns = []string{"#", "lock", "update", "fencing", "replicas", "pause", "leases lost / stale writes refused",
+var columns = []string{"#", "lock", "update", "fencing", "replicas", "disruption", "leases lost / stale writes refused",
 	"requests", "201s", "orders in MySQL", "oversold units", "verify", "orders/s", "p50", "p99", "outcome"}
 
 func (r result) cells(n int) []string {
 	return []string{strconv.Itoa(n), r.Row.Lock, r.Row.Update, r.Row.fencing(), strconv.Itoa(r.Row.Replicas),
-		r.pause(), r.staleHolders(), strconv.Itoa(r.Load.Requests), strconv.Itoa(r.created()),
+		r.disruption(), r.staleHolders(), strconv.Itoa(r.Load.Requests), strconv.Itoa(r.created()),
 		strconv.FormatInt(r.Verify.Orders, 10), strconv.FormatInt(r.Verify.Oversold, 10), r.verdict(),
 		fmt.Sprintf("%.0f", r.ordersPerSecond()), ms(r.Load.P50Ms), ms(r.Load.P99Ms), r.outcome()}
 }
@@ -229,11 +248,15 @@ func markdownTable(results []result) string {
 	return b.String()
 }
 
-func (r result) pause() string {
-	if !r.Row.Pause {
-		return "-"
+// disruption says what was done to the fleet during the load.
+func (r result) disruption() string {
+	switch {
+	case r.Row.Pause:
+		return fmt.Sprintf("replica paused %s > TTL %s", r.Paused.Round(100*time.Millisecond), r.Row.TTL)
+	case r.Row.Kill:
+		return fmt.Sprintf("master %d killed at %s", r.Row.KilledMaster(), r.Killed.Round(100*time.Millisecond))
 	}
-	return fmt.Sprintf("%s > TTL %s", r.Paused.Round(100*time.Millisecond), r.Row.TTL)
+	return "-"
 }
 
 func ms(v float64) string { return fmt.Sprintf("%.0fms", v) }

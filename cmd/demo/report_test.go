@@ -75,6 +75,9 @@ func TestReport(t *testing.T) {
 			res.Paused = 2 * time.Second
 			res.Busy = map[string]int{"lease_lost": 3, "stale_fence": 1}
 		}
+		if r.Kill {
+			res.Killed = 500 * time.Millisecond
+		}
 		results = append(results, res)
 	}
 
@@ -82,7 +85,8 @@ func TestReport(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)+1 {
 		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)+1, tbl)
 	}
-	for _, want := range []string{"redis  guarded", "2s > TTL 500ms", "3 / 1", "oversold, as expected", "holds, as it must"} {
+	for _, want := range []string{"redis    guarded", "2s > TTL 500ms", "3 / 1", "oversold, as expected", "holds, as it must",
+		"redlock  naive", "master 3 killed at 500ms"} {
 		if !strings.Contains(tbl, want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl)
 		}
