@@ -1,4 +1,4 @@
-.PHONY: build test bench demo up down loadtest clean
+.PHONY: build test bench bench-lock demo up down loadtest clean
 
 GO ?= go
 
@@ -15,6 +15,10 @@ test:
 ## bench: the benchmarks (GET product from the cache vs MySQL), same servers
 bench:
 	scripts/test.sh bench
+
+## bench-lock: our Redis lock side by side with redsync and bsm/redislock on a private Redis; prints one table
+bench-lock:
+	scripts/test.sh bench-lock
 
 ## demo: the lock experiment on a private stack; prints the table, writes out/demo/report.{md,png}
 demo:

@@ -2,7 +2,8 @@
 # make test: start private MariaDB and Redis on free loopback ports, run the
 # whole suite with the race detector against them, then the lock experiment
 # on a small fleet behind nginx (scripts/demo.sh), and stop every server
-# however the tests end. `scripts/test.sh bench` (make bench) runs the benchmarks instead.
+# however the tests end. `scripts/test.sh bench` (make bench) runs the benchmarks instead, and
+# `scripts/test.sh bench-lock` (make bench-lock) the lock comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -28,7 +29,12 @@ SHOP_TEST_REDIS_SERVER=$(find_bin redis-server)
 export SHOP_TEST_REDIS_SERVER
 
 if [ "${1:-}" = bench ]; then
-  go test -run '^$' -bench . -benchtime "${BENCHTIME:-30000x}" ./...
+  # Not lockbench: its one benchmark is run once, by `make bench-lock`.
+  go test -run '^$' -bench . -benchtime "${BENCHTIME:-30000x}" $(go list ./... | grep -v /lockbench)
+  exit
+fi
+if [ "${1:-}" = bench-lock ]; then
+  go test -run '^$' -bench '^BenchmarkCompare$' -benchtime 1x ./internal/lock/lockbench
   exit
 fi
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
