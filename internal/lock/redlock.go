@@ -116,12 +116,21 @@ var errNoReply = errors.New("no reply within the node timeout")
 // majority said yes (n ≥ yes) or can no longer say it. It does not wait for
 // a node past that, or past the timeout; that node's reply is errNoReply,
 // and if late is not nil it is called with the node once f returns there.
-func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, redis.Scripter) (int64, error), late func(redis.Scripter)) []reply {
-	// The calls are not cut short when each returns early: a slower node
-	// still gets its command (a renewal, say) within the timeout.
-	ctx, cancel := context.WithTimeout(ctx, r.opt.NodeTimeout)
+// settled is closed when every call has returned.
+func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, redis.Scripter) (int64, error), late func(redis.Scripter)) (replies []reply, settled <-chan struct{}) {
+	// The calls are not cut short when each returns early, nor when ctx
+	// ends: a slower node still gets its command (a grant the lease's
+	// release will find, a renewal) within the node timeout.
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opt.NodeTimeout)
 	var running sync.WaitGroup
-	defer func() { go func() { running.Wait(); cancel() }() }()
+	done := make(chan struct{})
+	defer func() {
+		go func() {
+			running.Wait()
+			cancel()
+			close(done)
+		}()
+	}()
 	type indexed struct {
 		i int
 		reply
@@ -131,7 +140,7 @@ func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, r
 	defer close(gone)
 	for i, node := range r.nodes {
 		running.Go(func() {
-			n, err := f(ctx, node)
+			n, err := f(callCtx, node)
 			select {
 			case ch <- indexed{i, reply{n, err}}:
 			case <-gone:
@@ -141,7 +150,7 @@ func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, r
 			}
 		})
 	}
-	replies := make([]reply, len(r.nodes))
+	replies = make([]reply, len(r.nodes))
 	for i := range replies {
 		replies[i].err = errNoReply
 	}
@@ -155,11 +164,13 @@ func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, r
 			} else {
 				notOK++
 			}
+		case <-callCtx.Done():
+			return replies, done
 		case <-ctx.Done():
-			return replies
+			return replies, done
 		}
 	}
-	return replies
+	return replies, done
 }
 
 // tally counts the nodes that said yes (n ≥ yes), said no, and failed.
@@ -203,7 +214,7 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 	// the attempt succeeded (the lease's release reaches every node).
 	var failed atomic.Bool
 	decided := make(chan struct{})
-	replies := r.each(tryCtx, 0, func(ctx context.Context, node redis.Scripter) (int64, error) {
+	replies, granted := r.each(tryCtx, 0, func(ctx context.Context, node redis.Scripter) (int64, error) {
 		return redlockObtainScript.Run(ctx, node, keys, token, ttl).Int64()
 	}, func(node redis.Scripter) {
 		if <-decided; failed.Load() {
@@ -231,7 +242,7 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 				fence = max(fence, rep.n+1)
 			}
 		}
-		replies = r.each(tryCtx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		replies, _ = r.each(tryCtx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 			return redlockFenceScript.Run(ctx, node, keys, token, fence).Int64()
 		}, nil)
 		if stored, _, _ := tally(replies, 1); stored < r.quorum || !time.Now().Before(validUntil) {
@@ -241,10 +252,24 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 		}
 	}
 
-	l := newLease(ctx, key, fence, func(ctx context.Context) error { return r.release(ctx, key, token, true) })
+	var l *Lease
+	l = newLease(ctx, key, fence, func(ctx context.Context) error {
+		// A grant still on its way to a slow node must land before the
+		// release, or it would outlive it there.
+		select {
+		case <-granted:
+		case <-ctx.Done():
+		}
+		err := r.release(ctx, key, token, true)
+		if cause := context.Cause(l.ctx); err == nil && errors.Is(cause, ErrNotHeld) {
+			// Released where it was left, but it had been lost.
+			return fmt.Errorf("lock: release %q: %w", key, cause)
+		}
+		return err
+	})
 	l.watch(r.opt.After, r.opt.TTL/3, validUntil, func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
-		replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		replies, _ := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 			return renewScript.Run(ctx, node, []string{r.Key(key)}, token, ttl).Int64()
 		}, nil)
 		ok, no, errs := tally(replies, 1)
@@ -276,22 +301,24 @@ func (r *Redlock) releaseOn(ctx context.Context, node redis.Scripter, key, token
 }
 
 // release deletes the lock on every node where token holds it, and if
-// announce is set tells the key's waiters. It succeeds when a majority
-// deleted it.
+// announce is set tells the key's waiters. It succeeds when the lock is free
+// on a majority and was released on at least one node; ErrNotHeld when no
+// node had it any more.
 func (r *Redlock) release(ctx context.Context, key, token string, announce bool) error {
 	args := []any{token}
 	if announce {
 		args = append(args, r.waiter.channel(key)...)
 	}
-	replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+	replies, _ := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 		return releaseScript.Run(ctx, node, []string{r.Key(key)}, args...).Int64()
 	}, func(node redis.Scripter) { r.releaseOn(ctx, node, key, token) })
 	released, no, errs := tally(replies, 1)
 	switch {
-	case released >= r.quorum:
-		return nil
-	case no > len(r.nodes)-r.quorum:
+	case released+no < r.quorum:
+		return fmt.Errorf("lock: release %q: %d of %d nodes confirmed: %w", key, released, len(r.nodes), errors.Join(errs...))
+	case released == 0:
 		return fmt.Errorf("lock: release %q: %w", key, ErrNotHeld)
 	}
-	return fmt.Errorf("lock: release %q: %d of %d nodes confirmed: %w", key, released, len(r.nodes), errors.Join(errs...))
+	// Free on a majority; a node that did not answer lets its share expire.
+	return nil
 }

@@ -124,9 +124,8 @@ func TestRedlockRefusedWithTwoNodesDown(t *testing.T) {
 	if errors.Is(err, lock.ErrNotObtained) {
 		t.Errorf("err = %v, want the nodes' errors, not ErrNotObtained", err)
 	}
-	if h := c.holders(l, "k"); h[0] != "" {
-		t.Errorf("the one live node still holds the lock after the refusal: %q", h)
-	}
+	// A grant that arrived after the refusal is given back too.
+	waitFor(t, "the live node no longer holds the lock", func() bool { return c.holders(l, "k")[0] == "" })
 }
 
 func TestRedlockMinorityIsNotHeld(t *testing.T) {
@@ -245,9 +244,8 @@ func TestRedlockReleaseCleansAllNodes(t *testing.T) {
 	if err := lease.Release(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if h := c.holders(l, "k"); h[0] != "" || h[1] != "" || h[2] != "" {
-		t.Errorf("holders after Release = %q, want none", h)
-	}
+	// Release returns once a majority released; the third follows.
+	waitFor(t, "no node holds the lock", func() bool { return c.heldOn(l, "k") == 0 })
 	next := obtain(t, l, "k")
 	if next.Fence() <= lease.Fence() {
 		t.Errorf("next fence %d, want > %d", next.Fence(), lease.Fence())
@@ -273,7 +271,10 @@ func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
 	take := func(step string) {
 		t.Helper()
 		for range 3 {
-			lease := obtain(t, l, "k")
+			lease, err := l.Obtain(ctx, "k")
+			if err != nil {
+				t.Fatalf("%s: %v (holders %q)", step, err, c.holders(l, "k"))
+			}
 			if lease.Fence() <= last {
 				t.Fatalf("%s: token %d after %d: not increasing", step, lease.Fence(), last)
 			}
