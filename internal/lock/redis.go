@@ -11,8 +11,8 @@ import (
 )
 
 var (
-	//go:embed obtain.lua
-	obtainLua string
+	//go:embed reseed.lua
+	reseedLua string
 	//go:embed release.lua
 	releaseLua string
 	//go:embed renew.lua
@@ -28,7 +28,7 @@ var (
 	//go:embed reentrant_renew.lua
 	reentrantRenewLua string
 
-	obtainScript  = redis.NewScript(obtainLua)
+	reseedScript  = redis.NewScript(reseedLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
 
@@ -106,23 +106,40 @@ func (opt RedisOptions) keys(key string) []string {
 
 // Redis is a lock held as a lease in one Redis server.
 //
-// Obtain runs one script that sets the key with NX and PX to a random token
-// and, only when that succeeded, increments the key's fencing counter: the
-// lock and its token are taken atomically. Release and renewal are
-// compare-and-delete and compare-and-PEXPIRE scripts, so a holder whose lease
-// expired can neither free nor extend the lock of whoever holds it now.
+// An attempt is one round trip without Lua: MULTI, SET key token NX PX ttl,
+// INCR the key's fencing counter, EXEC. The two run together, so the holder's
+// token is the counter's value at the moment it took the lock and every later
+// holder's is larger; attempts that find the lock held increment it too,
+// which only makes later tokens larger still. A counter that comes back small
+// was lost (first use, a Redis restarted empty, an eviction): the holder then
+// restarts it from the server's clock in microseconds (reseed.lua), above any
+// token handed out before. Release and renewal are compare-and-delete and
+// compare-and-PEXPIRE scripts, so a holder whose lease expired can neither
+// free nor extend the lock of whoever holds it now.
 //
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
 type Redis struct {
-	client redis.Scripter
+	client Client
 	opt    RedisOptions
 	waiter *waiter
 }
 
+// Client is what a Redis lock needs of its go-redis client; *redis.Client
+// and *redis.ClusterClient have it.
+type Client interface {
+	redis.Scripter
+	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
+	TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// lostCounter: a fencing counter below it (12.7 days in microseconds) was
+// lost and counted up again from zero.
+const lostCounter = 1 << 40
+
 // NewRedis returns a Redis lock on client. Close it when done if
 // opt.Subscriber is set.
-func NewRedis(client redis.Scripter, opt RedisOptions) *Redis {
+func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
 	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true)}
 }
@@ -167,10 +184,10 @@ func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
 func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error) {
 	token := rand.Text()
 	start := time.Now()
-	fence, err := obtainScript.Run(tryCtx, r.client, r.opt.keys(key), token, r.opt.TTL.Milliseconds()).Int64()
+	fence, err := r.take(tryCtx, key, token)
 	switch {
 	case err != nil && tryCtx.Err() != nil:
-		// The script may have run although its reply was lost.
+		// The commands may have run although the reply was lost.
 		r.cleanup(ctx, key, token)
 		return nil, notObtained(tryCtx)
 	case err != nil:
@@ -203,6 +220,37 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 		return start.Add(r.opt.TTL), nil
 	})
 	return l, nil
+}
+
+// take sets key's lock to token if it is free and returns the fencing token
+// (0 without fencing), or -1 if the lock is held.
+func (r *Redis) take(ctx context.Context, key, token string) (int64, error) {
+	k := r.Key(key)
+	if r.opt.NoFencing {
+		ok, err := r.client.SetNX(ctx, k, token, r.opt.TTL).Result()
+		if err != nil || !ok {
+			return -1, err
+		}
+		return 0, nil
+	}
+	var (
+		set   *redis.BoolCmd
+		fence *redis.IntCmd
+	)
+	if _, err := r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		set = p.SetNX(ctx, k, token, r.opt.TTL)
+		fence = p.Incr(ctx, k+":fence")
+		return nil
+	}); err != nil {
+		return -1, err
+	}
+	switch {
+	case !set.Val():
+		return -1, nil
+	case fence.Val() < lostCounter:
+		return reseedScript.Run(ctx, r.client, []string{k + ":fence"}).Int64()
+	}
+	return fence.Val(), nil
 }
 
 // cleanup releases a lock whose obtain reply was lost, if it was ours.
