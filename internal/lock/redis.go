@@ -13,6 +13,8 @@ import (
 var (
 	//go:embed reseed.lua
 	reseedLua string
+	//go:embed wait.lua
+	waitLua string
 	//go:embed release.lua
 	releaseLua string
 	//go:embed renew.lua
@@ -29,6 +31,7 @@ var (
 	reentrantRenewLua string
 
 	reseedScript  = redis.NewScript(reseedLua)
+	waitScript    = redis.NewScript(waitLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
 
@@ -141,7 +144,7 @@ const lostCounter = 1 << 40
 // opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
-	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true)}
+	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, client)}
 }
 
 // Key returns the Redis key that holds the lock on key.
@@ -263,6 +266,7 @@ func (r *Redis) cleanup(ctx context.Context, key, token string) {
 // release deletes key's lock if token holds it, reporting whether it did,
 // and announces it when waiters are woken on release.
 func (r *Redis) release(ctx context.Context, key, token string) (bool, error) {
-	n, err := releaseScript.Run(ctx, r.client, []string{r.Key(key)}, append([]any{token}, r.waiter.channel(key)...)...).Int64()
+	keys, args := r.waiter.release(r.Key(key), key, token)
+	n, err := releaseScript.Run(ctx, r.client, keys, args...).Int64()
 	return n == 1, err
 }

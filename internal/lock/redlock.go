@@ -59,7 +59,8 @@ type Redlock struct {
 
 // NewRedlock returns a lock on the given independent masters; use an odd
 // number of them, three or more. opt.NodeTimeout bounds each node's reply;
-// opt.Subscriber, if set, should be a client of one of the nodes.
+// opt.Subscriber, if set, must be a client of the first node, where waiters
+// flag the keys they wait for.
 func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
 	if len(nodes) == 0 {
 		return nil, errors.New("lock: redlock needs at least one node")
@@ -70,7 +71,7 @@ func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
 		quorum: len(nodes)/2 + 1,
 		opt:    opt,
 		drift:  opt.TTL/100 + 2*time.Millisecond,
-		waiter: newWaiter(opt, true),
+		waiter: newWaiter(opt, true, nodes[0]),
 	}, nil
 }
 
@@ -305,12 +306,12 @@ func (r *Redlock) releaseOn(ctx context.Context, node redis.Scripter, key, token
 // on a majority and was released on at least one node; ErrNotHeld when no
 // node had it any more.
 func (r *Redlock) release(ctx context.Context, key, token string, announce bool) error {
-	args := []any{token}
+	keys, args := []string{r.Key(key)}, []any{token}
 	if announce {
-		args = append(args, r.waiter.channel(key)...)
+		keys, args = r.waiter.release(r.Key(key), key, token)
 	}
 	replies, _ := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
-		return releaseScript.Run(ctx, node, []string{r.Key(key)}, args...).Int64()
+		return releaseScript.Run(ctx, node, keys, args...).Int64()
 	}, func(node redis.Scripter) { r.releaseOn(ctx, node, key, token) })
 	released, no, errs := tally(replies, 1)
 	switch {

@@ -60,7 +60,7 @@ func NewReentrant(client redis.Scripter, opt RedisOptions) *Reentrant {
 	opt = opt.withDefaults()
 	// No in-process line: an owner taking the lock again must not queue
 	// behind itself. Every waiter is woken by the announced release.
-	return &Reentrant{client: client, opt: opt, waiter: newWaiter(opt, false)}
+	return &Reentrant{client: client, opt: opt, waiter: newWaiter(opt, false, client)}
 }
 
 // Key returns the Redis key of the hash that holds the lock on key.
@@ -98,8 +98,8 @@ func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Le
 		return nil, ErrNotObtained
 	}
 	l := newLease(ctx, key, fence, func(ctx context.Context) error {
-		args := append([]any{owner}, r.waiter.channel(key)...)
-		n, err := reentrantReleaseScript.Run(ctx, r.client, []string{r.Key(key)}, args...).Int64()
+		keys, args := r.waiter.release(r.Key(key), key, owner)
+		n, err := reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
 		switch {
 		case err != nil:
 			return fmt.Errorf("lock: release %q: %w", key, err)

@@ -45,7 +45,9 @@ type waiter struct {
 	// wake is nil when releases are not announced: every waiter polls.
 	wake *wakeups
 	// queue is set when the waiters of this process queue in line.
-	queue    bool
+	queue bool
+	// mark flags a key as waited for, with wake-on-release.
+	mark     func(ctx context.Context, key string)
 	line     keyed
 	attempts atomic.Uint64
 }
@@ -53,12 +55,17 @@ type waiter struct {
 // newWaiter returns the retry loop for a lock with opt. queue puts the
 // waiters of this process in line with wake-on-release (see waiter);
 // without it every waiter contends in Redis and is woken by announced
-// releases, its own process's included.
-func newWaiter(opt RedisOptions, queue bool) *waiter {
+// releases, its own process's included. Waiting flags are set on node, the
+// Redis the subscription listens to.
+func newWaiter(opt RedisOptions, queue bool, node redis.Scripter) *waiter {
 	w := &waiter{wait: opt.Wait, minBackoff: opt.MinBackoff, maxBackoff: opt.MaxBackoff}
 	if opt.Subscriber != nil {
 		w.wake = newWakeups(opt.Subscriber, opt.Prefix+"released", queue)
 		w.queue = queue
+		ttl := opt.TTL.Milliseconds()
+		w.mark = func(ctx context.Context, key string) {
+			_ = waitScript.Run(ctx, node, []string{opt.key(key) + waitingSuffix}, ttl).Err()
+		}
 	}
 	return w
 }
@@ -154,12 +161,19 @@ func (w *waiter) poll(ctx context.Context, key string, attempt attemptFunc, trie
 		if waitCtx.Err() != nil {
 			return nil, notObtained(waitCtx)
 		}
-		if woken == nil && w.wake != nil {
-			// Registered after the first failure, so the uncontended path
-			// pays nothing; a release in between is caught by the backoff.
-			ch, done := w.wake.add(key)
-			defer done()
-			woken = ch
+		if w.wake != nil {
+			if woken == nil {
+				// Registered after the first failure, so the uncontended
+				// path pays nothing; a release in between is caught by
+				// the backoff.
+				ch, done := w.wake.add(key)
+				defer done()
+				woken = ch
+			}
+			// Flag the lock as waited for, so that its release is
+			// announced. A flag set just after the release is missed:
+			// the backoff covers it.
+			w.mark(waitCtx, key)
 		}
 		d := b.NextBackOff()
 		if timer == nil {
@@ -184,14 +198,19 @@ func (w *waiter) try(ctx, tryCtx context.Context, attempt attemptFunc) (*Lease, 
 	return attempt(ctx, tryCtx)
 }
 
-// channel returns the script arguments that make a release announce itself:
-// the channel and the message, or nothing when releases are not announced.
-func (w *waiter) channel(key string) []any {
+// release returns the keys and the extra arguments of a release script on
+// lockKey, the Redis key of key: with wake-on-release, the lock's waiting
+// flag, and the channel and message the script publishes when the flag was
+// set.
+func (w *waiter) release(lockKey, key string, args ...any) ([]string, []any) {
 	if w.wake == nil {
-		return nil
+		return []string{lockKey}, args
 	}
-	return []any{w.wake.channel, w.wake.id + key}
+	return []string{lockKey, lockKey + waitingSuffix}, append(args, w.wake.channel, w.wake.id+key)
 }
+
+// waitingSuffix names a lock's waiting flag: the lock's key and this.
+const waitingSuffix = ":waiting"
 
 func (w *waiter) stats() Stats {
 	s := Stats{Attempts: w.attempts.Load()}

@@ -2,6 +2,8 @@ package lock_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -151,5 +153,50 @@ func TestWakeMissedFallsBackToBackoff(t *testing.T) {
 	defer lease.Release(ctx)
 	if s := l.Stats(); s.Wakeups != 0 {
 		t.Errorf("stats = %+v, want no wakeups: nothing was announced", s)
+	}
+}
+
+func TestReleaseAnnouncedOnlyWhenWaitedFor(t *testing.T) {
+	addr := testenv.StartRedis(t).Addr
+	c := testenv.RedisAt(t, addr)
+	l := lock.NewRedis(c, lock.RedisOptions{Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	ctx := context.Background()
+	publishes := func() int {
+		t.Helper()
+		stats, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(stats) {
+			if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
+				n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+				return n
+			}
+		}
+		return 0
+	}
+
+	for range 10 {
+		obtain(t, l, "k").Release(ctx)
+	}
+	if n := publishes(); n != 0 {
+		t.Errorf("%d PUBLISH after 10 releases nobody waited for, want 0", n)
+	}
+
+	// A waiter in another process flags the key; the release is announced.
+	other := testenv.RedisAt(t, addr)
+	b := lock.NewRedis(other, lock.RedisOptions{Subscriber: other, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { b.Close() })
+	holder := obtain(t, l, "k")
+	got := obtainAsync(b, "k")
+	waitFor(t, "the waiter subscribed and flagged the key", func() bool {
+		return c.PubSubNumSub(ctx, "shop:lock:released").Val()["shop:lock:released"] == 1 &&
+			c.Exists(ctx, l.Key("k")+":waiting").Val() == 1
+	})
+	holder.Release(ctx)
+	received(t, got).Release(ctx)
+	if n := publishes(); n != 1 {
+		t.Errorf("%d PUBLISH after a release with a waiter, want 1", n)
 	}
 }
