@@ -42,7 +42,7 @@ import (
 //     often than the other two.
 //
 // Ours does more per acquisition than either peer: it increments a fencing
-// counter in the obtain script and starts a watchdog goroutine per lease
+// counter in the same MULTI/EXEC as its SET NX and starts a watchdog per lease
 // (neither peer renews by itself). The leases here are far shorter than TTL/3,
 // so no renewal is ever sent.
 const (
@@ -676,8 +676,12 @@ func BenchmarkCompare(b *testing.B) {
 			cs = append(slices.Clone(contenders), floor)
 		}
 		rounds := make([][]row, len(cs))
-		for range sc.rounds {
-			for i, c := range cs {
+		for round := range sc.rounds {
+			// Each round starts with the next contender: no lock always
+			// runs first, or right after the same one.
+			for j := range cs {
+				i := (j + round) % len(cs)
+				c := cs[i]
 				r := row{scenario: sc.name, name: c.name, acqPerSec: nan, nsPerOp: nan, allocsPerAcq: nan,
 					p50: nan, p99: nan, again: nan, cmdsPerAcq: nan, tripsPerAcq: nan}
 				prefix := "bench:" + testenv.Name() + ":"
