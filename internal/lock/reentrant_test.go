@@ -185,8 +185,9 @@ func TestReentrantWakesWaiterOnLastRelease(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := obtainAsync(ownerLock{l, b}, "k")
-	waitFor(t, "b waits, subscribed", func() bool {
-		return l.Stats().Waiting == 1 && c.PubSubNumSub(context.Background(), prefix+"released").Val()[prefix+"released"] == 1
+	waitFor(t, "b waits, subscribed, having flagged the key", func() bool {
+		return l.Stats().Waiting == 1 && c.PubSubNumSub(context.Background(), prefix+"released").Val()[prefix+"released"] == 1 &&
+			c.Exists(context.Background(), l.Key("k")+":waiting").Val() == 1
 	})
 	// The inner release frees nothing and announces nothing; the outer one
 	// wakes b, whose backoff is an hour.

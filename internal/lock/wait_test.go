@@ -111,8 +111,9 @@ func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
 		got = append(got, obtainAsync(b, "k"))
 		waitFor(t, "the waiter is in line", func() bool { return b.Stats().Waiting == i+1 })
 	}
-	waitFor(t, "B subscribed", func() bool {
-		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1
+	waitFor(t, "B subscribed and flagged the key", func() bool {
+		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1 &&
+			c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
 	})
 	if s := b.Stats(); s.Attempts != 1 {
 		t.Fatalf("B's stats before the release = %+v, want 1 attempt: only the first in line tries", s)
