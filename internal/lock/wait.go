@@ -21,11 +21,12 @@ type Subscriber interface {
 type Stats struct {
 	// Attempts is how many times an acquisition was tried in Redis.
 	Attempts uint64
-	// Wakeups is how many waiters were woken by a release (their own
-	// process's, or one announced on the release channel) rather than by
-	// their backoff timer.
+	// Wakeups is how many times a waiter retried because a release was
+	// announced on the lock's channel rather than when its backoff ended.
+	// (A waiter handed the key by a holder of its own process is not
+	// counted: that is no retry.)
 	Wakeups uint64
-	// Waiting is how many waiters are in line for a wakeup now.
+	// Waiting is how many callers are waiting for a key now.
 	Waiting int
 }
 
@@ -77,11 +78,8 @@ type attemptFunc func(ctx, tryCtx context.Context) (*Lease, error)
 // obtain runs attempt until it returns anything but ErrNotObtained, for at
 // most the wait and never past ctx.
 func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc) (*Lease, error) {
-	if !w.queue {
-		return w.poll(ctx, key, attempt, false)
-	}
 	// Uncontended: first in line at once, and the key free in Redis.
-	first := w.line.tryLock(key)
+	first := w.queue && w.line.tryLock(key)
 	if first {
 		l, err := w.try(ctx, ctx, attempt)
 		if err == nil {
@@ -94,10 +92,13 @@ func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc) (*
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, w.wait)
 	defer cancel()
+	if !w.queue {
+		return w.poll(ctx, waitCtx, key, attempt, false)
+	}
 	if !first && !w.line.lock(waitCtx, key) {
 		return nil, notObtained(waitCtx)
 	}
-	l, err := w.poll(ctx, key, func(ctx, _ context.Context) (*Lease, error) { return attempt(ctx, waitCtx) }, first)
+	l, err := w.poll(ctx, waitCtx, key, attempt, first)
 	if err != nil {
 		w.line.unlock(key)
 		return nil, err
@@ -132,12 +133,9 @@ func (w *waiter) tryObtain(ctx context.Context, key string, attempt attemptFunc)
 }
 
 // poll retries attempt with backoff — and, with wake-on-release, as soon as
-// a release of key is announced — for at most the wait and never past ctx.
-// If tried is set, the key was just found held: it waits before the first
-// try.
-func (w *waiter) poll(ctx context.Context, key string, attempt attemptFunc, tried bool) (*Lease, error) {
-	waitCtx, cancel := context.WithTimeout(ctx, w.wait)
-	defer cancel()
+// a release of key is announced — until waitCtx ends. If tried is set, the
+// key was just found held: it waits before the first try.
+func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptFunc, tried bool) (*Lease, error) {
 
 	b := &backoff.ExponentialBackOff{
 		InitialInterval: w.minBackoff,

@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"strings"
 	"testing"
@@ -42,6 +43,18 @@ func obtainAsync(l interface {
 	return got
 }
 
+// line starts n waiters for key on l, one after the other, each once the
+// one before is waiting.
+func line(t *testing.T, l *lock.Redis, key string, n int) []<-chan *lock.Lease {
+	t.Helper()
+	var got []<-chan *lock.Lease
+	for i := range n {
+		got = append(got, obtainAsync(l, key))
+		waitFor(t, "the waiter is in line", func() bool { return l.Stats().Waiting == i+1 })
+	}
+	return got
+}
+
 // received waits for a waiter's result.
 func received(t *testing.T, got <-chan *lock.Lease) *lock.Lease {
 	t.Helper()
@@ -65,11 +78,7 @@ func TestWaitersInProcessAreHandedTheKey(t *testing.T) {
 
 	const waiters = 5
 	holder := obtain(t, l, "k")
-	var got []<-chan *lock.Lease
-	for i := range waiters {
-		got = append(got, obtainAsync(l, "k"))
-		waitFor(t, "the waiter is in line", func() bool { return l.Stats().Waiting == i+1 })
-	}
+	got := line(t, l, "k", waiters)
 	// Each release hands the key to the next waiter, in the order they
 	// came, and that waiter's one try in Redis gets it: nobody polls.
 	lease := holder
@@ -106,11 +115,7 @@ func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
 	// to be announced, the other two wait behind it without trying.
 	const waiters = 3
 	holder := obtain(t, a, "k")
-	var got []<-chan *lock.Lease
-	for i := range waiters {
-		got = append(got, obtainAsync(b, "k"))
-		waitFor(t, "the waiter is in line", func() bool { return b.Stats().Waiting == i+1 })
-	}
+	got := line(t, b, "k", waiters)
 	waitFor(t, "B subscribed and flagged the key", func() bool {
 		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1 &&
 			c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
@@ -199,5 +204,38 @@ func TestReleaseAnnouncedOnlyWhenWaitedFor(t *testing.T) {
 	received(t, got).Release(ctx)
 	if n := publishes(); n != 1 {
 		t.Errorf("%d PUBLISH after a release with a waiter, want 1", n)
+	}
+}
+
+func TestWaitInLineCountsAgainstTheBudget(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	const wait = time.Second
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, Wait: wait})
+	t.Cleanup(func() { l.Close() })
+	// Held by another process, so that this one's first waiter polls Redis.
+	holder := obtain(t, lock.NewRedis(c, lock.RedisOptions{Prefix: prefix}), "k")
+	defer holder.Release(context.Background())
+
+	// The first waiter polls Redis until its caller gives up, 0.8 s in; the
+	// second waits in line behind it, then polls. It must give up when its
+	// own wait is over, the time in line included, not a wait later.
+	start := time.Now()
+	first := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), wait*8/10)
+		defer cancel()
+		_, err := l.Obtain(ctx, "k")
+		first <- err
+	}()
+	waitFor(t, "the first waiter polls", func() bool { return l.Stats().Waiting == 1 })
+	_, err := l.Obtain(context.Background(), "k")
+	if !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("second waiter: err = %v, want ErrNotObtained", err)
+	}
+	if elapsed := time.Since(start); elapsed > wait*14/10 {
+		t.Errorf("the second waiter gave up after %v, well past its %v wait", elapsed, wait)
+	}
+	if err := <-first; !errors.Is(err, lock.ErrNotObtained) {
+		t.Errorf("first waiter: err = %v, want ErrNotObtained", err)
 	}
 }
