@@ -195,24 +195,18 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 // empty. It returns how far into the load it was killed.
 func killMaster(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
 	start := time.Now()
-	pid, err := readPid(filepath.Join(o.state, fmt.Sprintf("redis%d", i-1), "pid"))
+	pid, err := signalAfter(ctx, o, fmt.Sprintf("redis%d", i-1), syscall.SIGKILL)
 	if err != nil {
-		return 0, err
-	}
-	select {
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-time.After(o.after):
-	}
-	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return 0, fmt.Errorf("kill Redis master %d: %w", i, err)
 	}
 	fmt.Fprintf(stderr, "demo: Redis master %d (pid %d) killed\n", i, pid)
 	return time.Since(start), nil
 }
 
-// readPid reads a pid file.
-func readPid(path string) (int, error) {
+// signalAfter sends sig, o.after from now, to the process whose pid file is
+// in the stack's state directory dir, and returns its pid.
+func signalAfter(ctx context.Context, o options, dir string, sig syscall.Signal) (int, error) {
+	path := filepath.Join(o.state, dir, "pid")
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return 0, err
@@ -221,23 +215,20 @@ func readPid(path string) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("%s: %w", path, err)
 	}
-	return pid, nil
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(o.after):
+	}
+	return pid, syscall.Kill(pid, sig)
 }
 
 // pauseReplica stops replica i (SIGSTOP) o.after into the load, for o.pause,
 // as a long GC pause or a frozen VM would, then lets it go on. It returns how
 // long the replica was stopped.
 func pauseReplica(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
-	pid, err := readPid(filepath.Join(o.state, fmt.Sprintf("replica%d", i), "pid"))
+	pid, err := signalAfter(ctx, o, fmt.Sprintf("replica%d", i), syscall.SIGSTOP)
 	if err != nil {
-		return 0, err
-	}
-	select {
-	case <-ctx.Done():
-		return 0, ctx.Err()
-	case <-time.After(o.after):
-	}
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		return 0, fmt.Errorf("stop replica %d: %w", i, err)
 	}
 	start := time.Now()

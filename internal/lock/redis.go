@@ -198,8 +198,21 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 	case fence < 0:
 		return nil, ErrNotObtained
 	}
+	ttl := r.opt.TTL.Milliseconds()
+	return leaseIn(ctx, r.opt, key, fence, start,
+		func(ctx context.Context) (bool, error) { return r.release(ctx, key, token) },
+		func(ctx context.Context) (int64, error) {
+			return renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, ttl).Int64()
+		}), nil
+}
+
+// leaseIn is a lease on key in one Redis, taken at start: release frees the
+// lock and reports whether it was still held; renew extends it and returns 1
+// if it was held.
+func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, start time.Time,
+	release func(context.Context) (bool, error), renew func(context.Context) (int64, error)) *Lease {
 	l := newLease(ctx, key, fence, func(ctx context.Context) error {
-		released, err := r.release(ctx, key, token)
+		released, err := release(ctx)
 		switch {
 		case err != nil:
 			return fmt.Errorf("lock: release %q: %w", key, err)
@@ -208,11 +221,11 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 		}
 		return nil
 	})
-	l.watch(r.opt.After, r.opt.TTL/3, start.Add(r.opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
+	l.watch(opt.After, opt.TTL/3, start.Add(opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
 		ctx, cancel := context.WithDeadline(ctx, validUntil)
 		defer cancel()
-		n, err := renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, r.opt.TTL.Milliseconds()).Int64()
+		n, err := renew(ctx)
 		switch {
 		case err != nil:
 			return validUntil, err
@@ -220,9 +233,9 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 			return validUntil, ErrNotHeld
 		}
 		// Reckoned from before the command was sent: never overestimated.
-		return start.Add(r.opt.TTL), nil
+		return start.Add(opt.TTL), nil
 	})
-	return l, nil
+	return l
 }
 
 // take sets key's lock to token if it is free and returns the fencing token

@@ -97,29 +97,13 @@ func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Le
 	case fence < 0:
 		return nil, ErrNotObtained
 	}
-	l := newLease(ctx, key, fence, func(ctx context.Context) error {
-		keys, args := r.waiter.release(r.Key(key), key, owner)
-		n, err := reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
-		switch {
-		case err != nil:
-			return fmt.Errorf("lock: release %q: %w", key, err)
-		case n < 0:
-			return fmt.Errorf("lock: release %q: %w", key, ErrNotHeld)
-		}
-		return nil
-	})
-	l.watch(r.opt.After, r.opt.TTL/3, start.Add(r.opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
-		start := time.Now()
-		ctx, cancel := context.WithDeadline(ctx, validUntil)
-		defer cancel()
-		n, err := reentrantRenewScript.Run(ctx, r.client, []string{r.Key(key)}, owner, ttl).Int64()
-		switch {
-		case err != nil:
-			return validUntil, err
-		case n != 1:
-			return validUntil, ErrNotHeld
-		}
-		return start.Add(r.opt.TTL), nil
-	})
-	return l, nil
+	return leaseIn(ctx, r.opt, key, fence, start,
+		func(ctx context.Context) (bool, error) {
+			keys, args := r.waiter.release(r.Key(key), key, owner)
+			n, err := reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
+			return n >= 0, err
+		},
+		func(ctx context.Context) (int64, error) {
+			return reentrantRenewScript.Run(ctx, r.client, []string{r.Key(key)}, owner, ttl).Int64()
+		}), nil
 }

@@ -37,6 +37,16 @@ func hold(t *testing.T, c *redis.Client, l *lock.Reentrant, key string) (owner s
 	return h["owner"], depth
 }
 
+// obtainAs takes l on key for the owner in ctx.
+func obtainAs(t *testing.T, l *lock.Reentrant, owner context.Context, key string) *lock.Lease {
+	t.Helper()
+	lease, err := l.Obtain(owner, key)
+	if err != nil {
+		t.Fatalf("obtain %q: %v", key, err)
+	}
+	return lease
+}
+
 func TestReentrantDepth(t *testing.T) {
 	l, c := newReentrant(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
@@ -76,10 +86,7 @@ func TestReentrantOtherOwnerRefused(t *testing.T) {
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 	b := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	held, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := obtainAs(t, l, a, "k")
 	if _, err := l.Obtain(b, "k"); !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("another owner's Obtain = %v, want ErrNotObtained", err)
 	}
@@ -108,14 +115,8 @@ func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
 	l, c := newReentrant(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	outer, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	outer := obtainAs(t, l, a, "k")
+	inner := obtainAs(t, l, a, "k")
 	// The inner acquisition ends; the outer one's watchdog keeps the hold
 	// alive over several TTLs.
 	if err := inner.Release(a); err != nil {
@@ -139,14 +140,8 @@ func TestReentrantExpiry(t *testing.T) {
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 	b := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	first, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	again, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := obtainAs(t, l, a, "k")
+	again := obtainAs(t, l, a, "k")
 	// The whole hold, depth 2, expires together; b gets the lock.
 	taken, err := l.Obtain(b, "k")
 	if err != nil {
@@ -176,14 +171,8 @@ func TestReentrantWakesWaiterOnLastRelease(t *testing.T) {
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 	b := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	outer, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
-	inner, err := l.Obtain(a, "k")
-	if err != nil {
-		t.Fatal(err)
-	}
+	outer := obtainAs(t, l, a, "k")
+	inner := obtainAs(t, l, a, "k")
 	got := obtainAsync(ownerLock{l, b}, "k")
 	waitFor(t, "b waits, subscribed, having flagged the key", func() bool {
 		return l.Stats().Waiting == 1 && c.PubSubNumSub(context.Background(), prefix+"released").Val()[prefix+"released"] == 1 &&
