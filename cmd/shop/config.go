@@ -107,9 +107,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Errorf("SHOP_REDLOCK_ADDRS: %q must be host:port", a))
 		}
 	}
-	if c.LockMode == "redlock" && len(c.RedlockAddrs) < 3 {
-		errs = append(errs, fmt.Errorf("SHOP_REDLOCK_ADDRS=%q: redlock mode needs at least three independent masters, comma-separated",
-			getenv("SHOP_REDLOCK_ADDRS")))
+	if c.LockMode == "redlock" && len(c.RedlockAddrs) == 0 {
+		errs = append(errs, errors.New("SHOP_REDLOCK_ADDRS: redlock mode needs the independent Redis masters, comma-separated host:port"))
 	}
 	if !strings.Contains(c.HTTPAddr, ":") {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))

@@ -63,6 +63,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if cfg.StockUpdate == "naive" {
 		update = stock.Naive
 	}
+	if n := len(cfg.RedlockAddrs); cfg.LockMode == "redlock" && n < 3 {
+		log.Warn("SHOP_REDLOCK_ADDRS has fewer than three masters: a majority of them survives no failure", "masters", n)
+	}
 	if cfg.Fencing && cfg.LockMode != "redis" && cfg.LockMode != "redlock" {
 		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
 	}
