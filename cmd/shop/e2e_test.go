@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -223,10 +224,21 @@ func sellEachUnitOnce(t *testing.T, lockVars map[string]string) {
 	}
 	defer res.Body.Close()
 	metrics, _ := io.ReadAll(res.Body)
-	for _, name := range []string{"shop_cache_hits_total", "shop_cache_misses_total", "shop_cache_loads_total", "shop_cache_bloom_rejects_total"} {
+	for _, name := range []string{"shop_cache_hits_total", "shop_cache_misses_total", "shop_cache_loads_total", "shop_cache_bloom_rejects_total",
+		"shop_lock_attempts_total", "shop_lock_wakeups_total", "shop_lock_waiting"} {
 		if !bytes.Contains(metrics, []byte("\n"+name+" ")) {
 			t.Errorf("/metrics lacks %s", name)
 		}
+	}
+	// Replica 0 took locks for its share of the 201s.
+	var attempts float64
+	for line := range strings.Lines(string(metrics)) {
+		if v, ok := strings.CutPrefix(line, "shop_lock_attempts_total "); ok {
+			attempts, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	if attempts < 1 {
+		t.Errorf("shop_lock_attempts_total = %v on a replica that placed orders", attempts)
 	}
 }
 

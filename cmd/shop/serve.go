@@ -71,6 +71,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if l, ok := locker.(interface{ Stats() lock.Stats }); ok {
+		registerLockStats(reg, l.Stats)
+	}
 	catalog := stock.NewCatalog(db)
 	products := newCache(cfg, rdb, catalog, reg, log)
 	defer products.Close()
@@ -194,6 +197,24 @@ func newLocker(cfg config, rdb *redis.Client) (stock.Locker, func(), error) {
 	opt.Subscriber = rdb
 	l := lock.NewRedis(rdb, opt)
 	return l, func() { l.Close() }, nil
+}
+
+// registerLockStats exports what the order lock's waiters do.
+func registerLockStats(reg prometheus.Registerer, stats func() lock.Stats) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "shop_lock_attempts_total",
+			Help: "Tries to take an order lock in Redis.",
+		}, func() float64 { return float64(stats().Attempts) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "shop_lock_wakeups_total",
+			Help: "Retries of a waiter woken by an announced release rather than by its backoff.",
+		}, func() float64 { return float64(stats().Wakeups) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "shop_lock_waiting",
+			Help: "Orders waiting for their SKU lock now.",
+		}, func() float64 { return float64(stats().Waiting) }),
+	)
 }
 
 // newRedlockNode is a client of one Redlock master. It does not retry (the
