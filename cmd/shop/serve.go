@@ -156,14 +156,17 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
-func newRedis(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{
+func newRedis(addr string) *redis.Client { return redis.NewClient(redisOptions(addr)) }
+
+// redisOptions are a replica's settings for a client of the Redis at addr.
+func redisOptions(addr string) *redis.Options {
+	return &redis.Options{
 		Addr:         addr,
 		PoolSize:     redisPoolSize,
 		DialTimeout:  redisTimeout,
 		ReadTimeout:  redisTimeout,
 		WriteTimeout: redisTimeout,
-	})
+	}
 }
 
 // newLocker returns the order path's lock and what closes it. The Redis
@@ -221,16 +224,11 @@ func registerLockStats(reg prometheus.Registerer, stats func() lock.Stats) {
 // other masters answer instead) and lets the lock's per-node timeout, carried
 // by the context, bound each command.
 func newRedlockNode(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{
-		Addr:                  addr,
-		PoolSize:              redisPoolSize,
-		MaxRetries:            -1,
-		DialerRetries:         1,
-		DialTimeout:           redisTimeout,
-		ReadTimeout:           redisTimeout,
-		WriteTimeout:          redisTimeout,
-		ContextTimeoutEnabled: true,
-	})
+	o := redisOptions(addr)
+	o.MaxRetries = -1
+	o.DialerRetries = 1
+	o.ContextTimeoutEnabled = true
+	return redis.NewClient(o)
 }
 
 // newCache is the product cache on rdb in front of catalog. Its metrics go to

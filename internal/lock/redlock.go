@@ -75,9 +75,6 @@ func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
 	}, nil
 }
 
-// Quorum is how many nodes must grant the lock.
-func (r *Redlock) Quorum() int { return r.quorum }
-
 // Key returns the Redis key that holds the lock on key, on every node.
 func (r *Redlock) Key(key string) string { return r.opt.key(key) }
 
