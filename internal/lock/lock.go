@@ -53,6 +53,9 @@ type Lease struct {
 	// until is when the lease runs out unless renewed, in Unix nanoseconds;
 	// zero for a lease that does not expire.
 	until atomic.Int64
+	// contended is set by a release that announced the key to a waiter of
+	// another process.
+	contended atomic.Bool
 
 	once sync.Once
 	err  error
@@ -101,6 +104,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	})
 	return l.err
 }
+
+// Contended reports, once Release has returned, whether the release was
+// announced to a waiter: another process was waiting for the key. Only the
+// Redis lock with wake-on-release knows; other leases report false. A holder
+// that is about to take the key again can first give that waiter its turn.
+func (l *Lease) Contended() bool { return l.contended.Load() }
 
 // notObtained builds the error for a wait that ended without the lock.
 func notObtained(ctx context.Context) error {

@@ -199,11 +199,17 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 		return nil, ErrNotObtained
 	}
 	ttl := r.opt.TTL.Milliseconds()
-	return leaseIn(ctx, r.opt, key, fence, start,
-		func(ctx context.Context) (bool, error) { return r.release(ctx, key, token) },
+	var l *Lease
+	l = leaseIn(ctx, r.opt, key, fence, start,
+		func(ctx context.Context) (bool, error) {
+			n, err := r.release(ctx, key, token)
+			l.contended.Store(n == releasedAnnounced)
+			return n >= released, err
+		},
 		func(ctx context.Context) (int64, error) {
 			return renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, ttl).Int64()
-		}), nil
+		})
+	return l, nil
 }
 
 // leaseIn is a lease on key in one Redis, taken at start: release frees the
@@ -276,10 +282,15 @@ func (r *Redis) cleanup(ctx context.Context, key, token string) {
 	_, _ = r.release(ctx, key, token)
 }
 
-// release deletes key's lock if token holds it, reporting whether it did,
-// and announces it when waiters are woken on release.
-func (r *Redis) release(ctx context.Context, key, token string) (bool, error) {
+// What release.lua answers when the caller held the lock.
+const (
+	released          = 1
+	releasedAnnounced = 2 // and a waiter was told
+)
+
+// release deletes key's lock if token holds it and announces it when
+// waiters are woken on release. It returns release.lua's answer.
+func (r *Redis) release(ctx context.Context, key, token string) (int64, error) {
 	keys, args := r.waiter.release(r.Key(key), key, token)
-	n, err := releaseScript.Run(ctx, r.client, keys, args...).Int64()
-	return n == 1, err
+	return releaseScript.Run(ctx, r.client, keys, args...).Int64()
 }
