@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -28,6 +30,15 @@ const (
 	Naive
 )
 
+// DefaultBatch is the most orders of one SKU that one lock holder places in
+// one transaction when Options.Batch is zero; chosen by measurement (README,
+// make bench-orders).
+const DefaultBatch = 64
+
+// DefaultSoldOutTTL is how long a replica trusts, by default, that a
+// product it found sold out still is.
+const DefaultSoldOutTTL = time.Second
+
 // Options configures a Service.
 type Options struct {
 	// Update is how the stock is written.
@@ -36,28 +47,55 @@ type Options struct {
 	// lets MySQL refuse it unless the token is newer than the row's. It has
 	// no effect with a lock that gives no tokens (lock.Local, lock.None).
 	Fencing bool
+	// Batch is the most orders of one SKU that one lock holder places in
+	// one transaction; zero means DefaultBatch. With 1, every order takes
+	// the lock itself and places itself alone: the seeds' path. Above 1,
+	// the orders of a SKU that reach this Service while an order of that
+	// SKU waits for or holds the lock queue up, and whoever holds the lock
+	// next places up to Batch of them at once (see PlaceOrder).
+	Batch int
+	// SoldOutTTL is how long a product found sold out is refused from
+	// memory, without a query, unless ForgetSoldOut clears it first; zero
+	// means DefaultSoldOutTTL, negative turns the memory off.
+	SoldOutTTL time.Duration
 	// BeforeWrite, when set, runs after the product is read and before its
 	// stock is written. Tests pause there to make races deterministic.
 	BeforeWrite func(ctx context.Context, sku int64)
-	// Concurrency bounds how many orders one Service works on at once;
-	// the rest wait their turn (within their context). Keep it at or below
-	// the database pool size so that a lock holder never queues for a
-	// connection while others queue for its lock. Zero means no bound.
+	// Concurrency bounds how many order transactions one Service runs at
+	// once. A slot is taken before the SKU lock, so that a lock holder
+	// never queues for a connection: keep it at or below the size of the
+	// pool the Service writes through, and give reads a pool of their own
+	// (Reads). With Batch above 1, a SKU's queued orders hold one slot
+	// between them, so a hot SKU leaves the others to the rest. Zero means
+	// no bound.
 	Concurrency int
+	// Reads, when set, is the pool for reads outside the order transaction
+	// (looking up an idempotent replay after a failure), so that they never
+	// take a connection a lock holder needs. Default: the Service's own.
+	Reads *gorm.DB
 	// Cache, when set, is told after each committed order that the product's
 	// stock changed.
 	Cache Invalidator
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
 	Logger *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
 }
 
 // Service places orders.
 type Service struct {
-	db    *gorm.DB
-	locks Locker
-	opt   Options
-	slots *semaphore.Weighted // nil: unbounded
+	db      *gorm.DB
+	reads   *gorm.DB
+	locks   Locker
+	opt     Options
+	slots   *semaphore.Weighted // nil: unbounded
+	soldOut *soldOut
+
+	mu     sync.Mutex
+	queues map[int64]*queue // SKUs with orders queued or being placed
+
+	batches, batched atomic.Uint64
 }
 
 // NewService returns a Service that writes through db under locks.
@@ -65,12 +103,43 @@ func NewService(db *gorm.DB, locks Locker, opt Options) *Service {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	s := &Service{db: db, locks: locks, opt: opt}
+	if opt.Batch <= 0 {
+		opt.Batch = DefaultBatch
+	}
+	if opt.SoldOutTTL == 0 {
+		opt.SoldOutTTL = DefaultSoldOutTTL
+	}
+	if opt.Now == nil {
+		opt.Now = time.Now
+	}
+	if opt.Reads == nil {
+		opt.Reads = db
+	}
+	s := &Service{db: db, reads: opt.Reads, locks: locks, opt: opt,
+		soldOut: newSoldOut(opt.SoldOutTTL, opt.Now), queues: make(map[int64]*queue)}
 	if opt.Concurrency > 0 {
 		s.slots = semaphore.NewWeighted(int64(opt.Concurrency))
 	}
 	return s
 }
+
+// Stats counts the transactions that placed orders.
+type Stats struct {
+	// Batches is how many order transactions ran.
+	Batches uint64
+	// Orders is how many orders they placed or refused.
+	Orders uint64
+}
+
+// Stats reports the order transactions run so far.
+func (s *Service) Stats() Stats {
+	return Stats{Batches: s.batches.Load(), Orders: s.batched.Load()}
+}
+
+// ForgetSoldOut makes this Service forget that product sku (every product
+// when sku is 0) was sold out: call it on every replica when stock goes up,
+// after the change has committed.
+func (s *Service) ForgetSoldOut(sku int64) { s.soldOut.forget(sku) }
 
 const (
 	// releaseTimeout bounds the release of a SKU lock after the transaction.
@@ -81,40 +150,55 @@ const (
 
 // PlaceOrder sells one unit of product sku to user.
 //
-// A product that is missing or sold out is refused at once, without the
-// lock: stock only goes down during a sale, so a read of zero is final.
-// Otherwise PlaceOrder takes the SKU's lock and, in one transaction,
-// decrements the stock and inserts the order; the lock is released only
-// after COMMIT has returned. A returned Order has been committed.
+// A product this Service found sold out is refused at once, from memory
+// (see ForgetSoldOut). Otherwise the order is placed under the SKU's lock in
+// one transaction that decrements the stock and inserts the order; the lock
+// is released only after COMMIT has returned. A returned Order has been
+// committed.
+//
+// With Options.Batch above 1, orders of one SKU that arrive while another
+// waits for or holds its lock queue up behind it, and the next holder places
+// the queue, up to Batch orders, in one transaction: one locking read, one
+// UPDATE of stock − n, one multi-row INSERT, in arrival order. An order is
+// answered only after that COMMIT; if the transaction fails, every order in
+// it gets the failure and nothing was written. An order whose context ends
+// before a holder takes it, or that waited through a whole try for the lock
+// that failed, leaves the queue as ErrBusy.
 //
 // With a non-empty idempotencyKey, a repeated call returns the order the
 // first call created (Replayed set) and creates nothing.
 //
 // Errors: ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered,
 // ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence when MySQL
-// refused a stale holder's write).
+// refused a stale holder's write, with lock.ErrNotObtained when the lock was
+// not obtained in time, with lock.ErrNotHeld when the lease was lost).
 func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
 	}
-	if s.slots != nil {
-		if err := s.slots.Acquire(ctx, 1); err != nil {
-			return Order{}, fmt.Errorf("%w: waiting for a slot: %w", ErrBusy, err)
+	if s.soldOut.has(sku) {
+		// A buyer retrying an order that committed must get it back, not
+		// "sold out": with a key, look before refusing.
+		if idempotencyKey != "" {
+			if o, ok, err := s.replay(s.reads.WithContext(ctx), sku, user, idempotencyKey); err != nil || ok {
+				return o, classify(ctx, "place order", err)
+			}
 		}
-		defer s.slots.Release(1)
+		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 	}
-	db := s.db.WithContext(ctx)
-	if idempotencyKey != "" {
-		// A replay needs no lock.
-		if o, ok, err := s.replay(db, sku, user, idempotencyKey); err != nil || ok {
-			return o, classify(ctx, "place order", err)
-		}
+	var (
+		o   Order
+		err error
+	)
+	if s.opt.Batch == 1 {
+		o, err = s.placeAlone(ctx, sku, user, idempotencyKey)
+	} else {
+		o, err = s.enqueue(ctx, sku, user, idempotencyKey)
 	}
-	o, err := s.place(ctx, db, sku, user, idempotencyKey)
-	if err != nil && idempotencyKey != "" {
+	if err != nil && idempotencyKey != "" && !errors.Is(err, ErrIdempotencyMismatch) {
 		// A call with the same key may have committed meanwhile: then its
 		// order is the answer, whatever this attempt ran into.
-		switch o, ok, rerr := s.replay(db, sku, user, idempotencyKey); {
+		switch o, ok, rerr := s.replay(s.reads.WithContext(ctx), sku, user, idempotencyKey); {
 		case ok:
 			return o, nil
 		case errors.Is(rerr, ErrIdempotencyMismatch):
@@ -124,9 +208,25 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 	return o, err
 }
 
-// place checks the stock, takes the lock and runs the transaction.
-func (s *Service) place(ctx context.Context, db *gorm.DB, sku, user int64, idempotencyKey string) (Order, error) {
+// placeAlone is the seeds' path: this order takes the lock itself and is
+// the only one in its transaction.
+func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+	if s.slots != nil {
+		if err := s.slots.Acquire(ctx, 1); err != nil {
+			return Order{}, fmt.Errorf("%w: waiting for a slot: %w", ErrBusy, err)
+		}
+		defer s.slots.Release(1)
+	}
+	db := s.reads.WithContext(ctx)
+	if idempotencyKey != "" {
+		// A replay needs no lock.
+		if o, ok, err := s.replay(db, sku, user, idempotencyKey); err != nil || ok {
+			return o, classify(ctx, "place order", err)
+		}
+	}
+	gen := s.soldOut.generation()
 	if err := inStock(db, sku); err != nil {
+		s.learn(sku, gen, err)
 		return Order{}, classify(ctx, "place order", err)
 	}
 	lease, err := s.locks.Obtain(ctx, LockKey(sku))
@@ -134,21 +234,47 @@ func (s *Service) place(ctx context.Context, db *gorm.DB, sku, user int64, idemp
 		return Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
 	}
 	defer s.release(ctx, lease)
+	if s.soldOut.has(sku) {
+		// Sold out by another order of this replica while this one waited.
+		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+	}
+	o, err := s.placeOne(ctx, lease, sku, user, idempotencyKey)
+	if err == nil {
+		s.invalidate(ctx, sku)
+	}
+	return o, err
+}
 
+// placeOne places one order under lease in a transaction of its own.
+func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int64, idempotencyKey string) (Order, error) {
+	gen := s.soldOut.generation()
 	var o Order
-	err = s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
 		var err error
 		o, err = s.placeOrder(lease.Context(), tx, lease.Fence(), sku, user, idempotencyKey)
 		return err
 	})
+	s.count(1)
 	switch {
 	case err == nil:
-		s.invalidate(ctx, sku)
 		return o, nil
 	case duplicate(err) == userSKUIndex:
 		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
 	}
+	s.learn(sku, gen, err)
 	return Order{}, s.classifyLease(ctx, lease, err)
+}
+
+// learn remembers sku as sold out when err says it is.
+func (s *Service) learn(sku int64, gen uint64, err error) {
+	if errors.Is(err, ErrSoldOut) {
+		s.soldOut.mark(sku, gen)
+	}
+}
+
+func (s *Service) count(orders int) {
+	s.batches.Add(1)
+	s.batched.Add(uint64(orders))
 }
 
 // inStock refuses a product that does not exist or has no unit left.
@@ -181,7 +307,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 		s.opt.BeforeWrite(ctx, sku)
 	}
 	fenced := s.opt.Fencing && fence > 0
-	if err := s.writeStock(tx, sku, read, fenced, fence); err != nil {
+	if err := s.writeStock(tx, sku, read, fenced, fence, 1); err != nil {
 		return Order{}, err
 	}
 	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
@@ -194,7 +320,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 	return o, nil
 }
 
-// writeStock takes one unit off product sku. read is the row a naive write
+// writeStock takes n units off product sku. read is the row a naive write
 // read earlier in the transaction.
 //
 // A fenced naive write is a compare-and-set on the fence it read, not only a
@@ -203,21 +329,21 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 // read the old stock, and that next holder's token is newer than the row's,
 // yet the stock it read is stale. Any fenced write moves the fence, so an
 // unchanged fence means an unchanged row.
-func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64) error {
+func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64, n int) error {
 	var res *gorm.DB
 	switch {
 	case s.opt.Update == Guarded && fenced:
-		res = tx.Exec("UPDATE products SET stock = stock - 1, fence = ? WHERE id = ? AND stock > 0 AND fence < ?", fence, sku, fence)
+		res = tx.Exec("UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?", n, fence, sku, n, fence)
 	case s.opt.Update == Guarded:
-		res = tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = ? AND stock > 0", sku)
+		res = tx.Exec("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?", n, sku, n)
 	case fenced:
 		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?",
-			read.Stock-1, fence, sku, read.Fence, fence)
+			read.Stock-n, fence, sku, read.Fence, fence)
 	default:
 		// The seeds' read-modify-write. Its row count proves nothing (a row
 		// already at the written value counts as unchanged), so it is not
 		// checked: this write never refuses.
-		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read.Stock-1, sku).Error
+		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read.Stock-n, sku).Error
 	}
 	if res.Error != nil {
 		return res.Error
@@ -236,7 +362,7 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 	if fenced && now.Fence >= fence {
 		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, sku, fence, now.Fence)
 	}
-	if now.Stock > 0 {
+	if now.Stock >= n {
 		return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d)", ErrBusy, sku, read.Fence, now.Fence)
 	}
 	return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)

@@ -1,0 +1,464 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"shop/internal/lock"
+)
+
+// A hot SKU sells one unit per lock hold if every order takes the lock for
+// itself: the hold — obtain, BEGIN, UPDATE, INSERT, COMMIT with its fsync,
+// release — is the SKU's whole throughput. Here the orders of a SKU that
+// reach a replica while one of them waits for or holds the lock queue up,
+// and one goroutine per SKU and replica (the drain) places the queue in
+// batches: it takes the lock, takes whoever is queued (up to Batch, never
+// waiting for more), places them in one transaction and answers each after
+// COMMIT. MySQL stays the only truth; nothing is decremented anywhere else.
+
+// queue holds the orders of one SKU waiting to be placed; Service.mu guards
+// it.
+type queue struct {
+	waiting []*ticket
+	next    uint64 // the seq of the last ticket queued; seqs start at 1
+}
+
+// ticket is one queued order and where its answer goes.
+type ticket struct {
+	ctx  context.Context
+	user int64
+	key  string
+	seq  uint64      // its place in the queue's arrivals
+	done chan answer // buffered: the drain never blocks on a buyer
+}
+
+type answer struct {
+	order Order
+	err   error
+}
+
+func (t *ticket) answer(o Order, err error) { t.done <- answer{o, err} }
+
+// drainCourtesy is how long a drain that released a lock another process
+// was waiting for lets that process take it before trying again itself.
+// Without it the releasing replica, whose next try costs no wake-up, would
+// win the lock back every time while other replicas' buyers wait.
+const drainCourtesy = 3 * time.Millisecond
+
+// enqueue queues the order and waits for its answer. An order still queued
+// when its context ends, or when a try for the lock that began after it was
+// queued runs out of time, leaves the queue as ErrBusy; one already taken
+// into a batch waits for the batch's answer.
+func (s *Service) enqueue(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+	t := &ticket{ctx: ctx, user: user, key: idempotencyKey, done: make(chan answer, 1)}
+	s.mu.Lock()
+	q, running := s.queues[sku]
+	if !running {
+		q = &queue{}
+		s.queues[sku] = q
+	}
+	q.next++
+	t.seq = q.next
+	q.waiting = append(q.waiting, t)
+	s.mu.Unlock()
+	if !running {
+		go s.drain(sku, q)
+	}
+
+	select {
+	case a := <-t.done:
+		return a.order, a.err
+	case <-ctx.Done():
+	}
+	if s.leave(q, t) {
+		return Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(ctx))
+	}
+	// Taken into a batch already: its transaction decides.
+	a := <-t.done
+	return a.order, a.err
+}
+
+// leave takes t out of q if no batch has taken it yet.
+func (s *Service) leave(q *queue, t *ticket) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.Index(q.waiting, t)
+	if i < 0 {
+		return false
+	}
+	q.waiting = slices.Delete(q.waiting, i, i+1)
+	return true
+}
+
+// take removes up to n orders from the head of q, answering those whose
+// buyer has gone instead.
+func (s *Service) take(sku int64, q *queue, n int) []*ticket {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var batch []*ticket
+	for len(q.waiting) > 0 && len(batch) < n {
+		t := q.waiting[0]
+		q.waiting = q.waiting[1:]
+		if t.ctx.Err() != nil {
+			t.answer(Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(t.ctx)))
+			continue
+		}
+		batch = append(batch, t)
+	}
+	return batch
+}
+
+// pending reports whether q still has orders. If not, q is removed, and
+// the drain ends: the next order of the SKU starts a new queue.
+func (s *Service) pending(sku int64, q *queue) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(q.waiting) > 0 {
+		return true
+	}
+	delete(s.queues, sku)
+	return false
+}
+
+// refuseQueued answers with err every order queued for sku before the
+// arrival numbered before; all of them when before is zero.
+func (s *Service) refuseQueued(q *queue, before uint64, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := q.waiting[:0]
+	for _, t := range q.waiting {
+		if before != 0 && t.seq >= before {
+			kept = append(kept, t)
+			continue
+		}
+		t.answer(Order{}, err)
+	}
+	clear(q.waiting[len(kept):])
+	q.waiting = kept
+}
+
+// arrivals returns the seq the next order queued for q will get.
+func (s *Service) arrivals(q *queue) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return q.next + 1
+}
+
+// drain places the orders queued for sku, batch by batch, until none is
+// left.
+func (s *Service) drain(sku int64, q *queue) {
+	ctx := context.Background()
+	for s.pending(sku, q) {
+		if s.soldOut.has(sku) {
+			s.refuseQueued(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+			continue
+		}
+		contended, err := s.placeNext(ctx, sku, q)
+		if err != nil {
+			continue
+		}
+		if contended {
+			time.Sleep(drainCourtesy)
+		}
+	}
+}
+
+// placeNext takes a slot and the SKU's lock, then places the next batch. It
+// reports whether another process was waiting for the lock when it was
+// released. When it returns an error, it has answered the queued orders
+// with it: the product is sold out or gone, or the lock was not obtained
+// (then only the orders that waited for the whole try).
+//
+// The slot is taken before the lock, so that a holder never waits for a
+// connection; a SKU's queue holds one slot at most, so a hot SKU's buyers
+// do not keep other SKUs' orders from the slots.
+func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended bool, err error) {
+	if s.slots != nil {
+		if err := s.slots.Acquire(ctx, 1); err != nil {
+			return false, err // not before the drain's context, which never ends
+		}
+		defer s.slots.Release(1)
+	}
+	// A product another replica sold out is refused without the lock.
+	gen := s.soldOut.generation()
+	if err := inStock(s.reads.WithContext(ctx), sku); err != nil {
+		s.learn(sku, gen, err)
+		err = classify(ctx, "place order", err)
+		s.refuseQueued(q, 0, err)
+		return false, err
+	}
+	tried := s.arrivals(q)
+	lease, err := s.locks.Obtain(ctx, LockKey(sku))
+	if err != nil {
+		err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
+		if errors.Is(err, lock.ErrNotObtained) {
+			// Those who came during the try wait for the next one.
+			s.refuseQueued(q, tried, err)
+		} else {
+			s.refuseQueued(q, 0, err)
+		}
+		return false, err
+	}
+	defer func() {
+		s.release(ctx, lease)
+		contended = lease.Contended()
+	}()
+	batch := s.take(sku, q, s.opt.Batch)
+	switch {
+	case len(batch) == 0:
+	case s.soldOut.has(sku):
+		for _, t := range batch {
+			t.answer(Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+		}
+	case len(batch) == 1:
+		t := batch[0]
+		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
+		if err == nil {
+			s.invalidate(ctx, sku)
+		}
+		t.answer(o, err)
+	default:
+		s.placeBatch(ctx, lease, sku, batch)
+	}
+	return false, nil
+}
+
+// verdict is what a batch decided for one of its orders.
+type verdict struct {
+	sell  bool   // gets a unit
+	order *Order // the order it is answered with, once known
+	err   error
+	// leader is the earlier order of this batch with the same idempotency
+	// key: this one is answered with its result, as a replay.
+	leader int
+}
+
+// placeBatch places batch, orders of sku in arrival order, in one
+// transaction under lease, and answers each.
+func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) {
+	gen := s.soldOut.generation()
+	var (
+		verdicts []verdict
+		left     int
+	)
+	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+		var err error
+		verdicts, left, err = s.placeMany(lease.Context(), tx, lease.Fence(), sku, batch)
+		return err
+	})
+	switch {
+	case err == nil:
+		s.count(len(batch))
+	case duplicate(err) != "":
+		// Another writer inserted one of these orders meanwhile: only
+		// possible where the lock does not exclude (none, local across
+		// replicas). Each order then goes on its own.
+		for _, t := range batch {
+			o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
+			t.answer(o, err)
+		}
+		s.invalidate(ctx, sku)
+		return
+	default:
+		s.count(len(batch))
+		s.learn(sku, gen, err)
+		err = s.classifyLease(ctx, lease, err)
+		for _, t := range batch {
+			t.answer(Order{}, err)
+		}
+		return
+	}
+	if left <= 0 {
+		s.soldOut.mark(sku, gen)
+	}
+	sold := false
+	for i, t := range batch {
+		v := verdicts[i]
+		if v.leader >= 0 {
+			v = verdicts[v.leader]
+			if v.order != nil {
+				o := *v.order
+				o.Replayed = true
+				v.order = &o
+			}
+		}
+		if v.order != nil {
+			t.answer(*v.order, nil)
+		} else {
+			t.answer(Order{}, v.err)
+		}
+		sold = sold || verdicts[i].sell
+	}
+	if sold {
+		s.invalidate(ctx, sku)
+	}
+}
+
+// placeMany is placeBatch's transaction. It reads the product (a locking
+// read, but for the naive update, which reads as the seeds do), looks up
+// the orders its buyers already hold, sells n = min(stock, buyers left) in
+// arrival order with one UPDATE and one INSERT, and reads back the ids the
+// INSERT gave: a multi-row INSERT's ids need not be consecutive
+// (innodb_autoinc_lock_mode=2).
+// It also returns the stock left.
+func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, fence, sku int64, batch []*ticket) ([]verdict, int, error) {
+	var read Product
+	q := tx.Select("id", "stock", "fence")
+	if s.opt.Update == Guarded {
+		q = q.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate})
+	}
+	if err := q.Take(&read, sku).Error; err != nil {
+		return nil, 0, notFound(err, sku)
+	}
+	held, err := heldOrders(tx, sku, batch)
+	if err != nil {
+		return nil, 0, err
+	}
+
+	verdicts := make([]verdict, len(batch))
+	buyers := map[int64]int{}   // user → the order of this batch that buys
+	leaders := map[string]int{} // key → the first order of this batch with it
+	left := read.Stock
+	var sell []Order
+	for i, t := range batch {
+		v := &verdicts[i]
+		v.leader = -1
+		if t.key != "" {
+			if o, ok := held.byKey[t.key]; ok {
+				if o.SKUID != sku || o.UserID != t.user {
+					v.err = fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, t.key)
+				} else {
+					o.Replayed = true
+					v.order = &o
+				}
+				continue
+			}
+			if j, ok := leaders[t.key]; ok {
+				if batch[j].user != t.user {
+					v.err = fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, t.key)
+				} else {
+					v.leader = j
+				}
+				continue
+			}
+			leaders[t.key] = i
+		}
+		_, before := held.byUser[t.user]
+		_, inBatch := buyers[t.user]
+		switch {
+		case t.ctx.Err() != nil:
+			v.err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(t.ctx))
+		case before || inBatch:
+			v.err = fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, t.user, sku)
+		case left <= 0:
+			v.err = fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		default:
+			left--
+			v.sell = true
+			buyers[t.user] = i
+			o := Order{SKUID: sku, UserID: t.user, Fence: fence, CreatedAt: s.opt.Now().UTC().Truncate(time.Microsecond)}
+			if t.key != "" {
+				o.IdempotencyKey = &t.key
+			}
+			sell = append(sell, o)
+		}
+	}
+	if len(sell) == 0 {
+		return verdicts, left, nil
+	}
+
+	if s.opt.BeforeWrite != nil {
+		s.opt.BeforeWrite(ctx, sku)
+	}
+	if err := s.writeStock(tx, sku, read, s.opt.Fencing && fence > 0, fence, len(sell)); err != nil {
+		return nil, 0, err
+	}
+	ids, err := insertOrders(tx, sku, sell)
+	if err != nil {
+		return nil, 0, err
+	}
+	for i := range verdicts {
+		if v := &verdicts[i]; v.sell {
+			o := sell[0]
+			sell = sell[1:]
+			if o.ID = ids[o.UserID]; o.ID == 0 {
+				return nil, 0, fmt.Errorf("stock: order of user %d for sku %d not found after insert", o.UserID, sku)
+			}
+			v.order = &o
+		}
+	}
+	return verdicts, left, nil
+}
+
+// held is what a batch's buyers already hold.
+type held struct {
+	byUser map[int64]Order  // orders of this SKU, by user
+	byKey  map[string]Order // orders under the batch's idempotency keys
+}
+
+// heldOrders looks up, in one query, the batch's buyers' orders of sku and
+// the orders under the batch's idempotency keys (of any SKU).
+func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
+	users := make([]int64, 0, len(batch))
+	var keys []string
+	for _, t := range batch {
+		users = append(users, t.user)
+		if t.key != "" {
+			keys = append(keys, t.key)
+		}
+	}
+	q := tx.Where("sku_id = ? AND user_id IN ?", sku, users)
+	if len(keys) > 0 {
+		q = tx.Where(q).Or("idempotency_key IN ?", keys)
+	}
+	var found []Order
+	if err := q.Find(&found).Error; err != nil {
+		return held{}, err
+	}
+	h := held{byUser: map[int64]Order{}, byKey: map[string]Order{}}
+	for _, o := range found {
+		if o.SKUID == sku {
+			h.byUser[o.UserID] = o
+		}
+		if o.IdempotencyKey != nil {
+			h.byKey[*o.IdempotencyKey] = o
+		}
+	}
+	return h, nil
+}
+
+// insertOrders inserts orders of sku in one statement and returns their ids
+// by user, read back through the (user, sku) unique index.
+func insertOrders(tx *gorm.DB, sku int64, orders []Order) (map[int64]int64, error) {
+	var b strings.Builder
+	b.WriteString("INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at) VALUES ")
+	args := make([]any, 0, 5*len(orders))
+	users := make([]int64, 0, len(orders))
+	for i, o := range orders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?)")
+		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt)
+		users = append(users, o.UserID)
+	}
+	if err := tx.Exec(b.String(), args...).Error; err != nil {
+		return nil, err
+	}
+	var rows []Order
+	if err := tx.Select("id", "user_id").Where("sku_id = ? AND user_id IN ?", sku, users).Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	ids := make(map[int64]int64, len(rows))
+	for _, o := range rows {
+		ids[o.UserID] = o.ID
+	}
+	return ids, nil
+}
