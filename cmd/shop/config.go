@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"shop/internal/stock"
 )
 
 // config is the service's configuration, read from the environment.
@@ -25,13 +27,20 @@ type config struct {
 	LockWait     time.Duration
 	StockUpdate  string
 	Fencing      bool
-	CacheTTL     time.Duration
-	CacheJitter  float64
-	NullTTL      time.Duration
-	Bloom        bool
-	AdminToken   string
-	LogLevel     slog.Level
+	// OrderBatch is the most orders of one SKU one lock holder places in
+	// one transaction.
+	OrderBatch  int
+	CacheTTL    time.Duration
+	CacheJitter float64
+	NullTTL     time.Duration
+	Bloom       bool
+	AdminToken  string
+	LogLevel    slog.Level
 }
+
+// maxOrderBatch bounds SHOP_ORDER_BATCH: a batch is one INSERT of that
+// many rows and one IN list of that many users.
+const maxOrderBatch = 10000
 
 // configError is a bad setting; the process exits with status 2.
 type configError struct{ err error }
@@ -84,6 +93,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 		NullTTL:     duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
 		Bloom:       oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
 		AdminToken:  getenv("SHOP_ADMIN_TOKEN"),
+	}
+	c.OrderBatch = stock.DefaultBatch
+	if v := getenv("SHOP_ORDER_BATCH"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxOrderBatch {
+			errs = append(errs, fmt.Errorf("SHOP_ORDER_BATCH=%q: must be a whole number from 1 (one order per lock hold) to %d", v, maxOrderBatch))
+		}
+		c.OrderBatch = n
 	}
 	if c.NullTTL > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("SHOP_CACHE_NULL_TTL=%q: must be at most 5m", getenv("SHOP_CACHE_NULL_TTL")))

@@ -19,13 +19,18 @@ import (
 	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/lock"
+	"shop/internal/notify"
 	"shop/internal/stock"
 )
 
 const (
-	// mysqlPoolSize is each replica's connection budget; three replicas stay
-	// well inside MariaDB's default of 151 connections.
-	mysqlPoolSize = 40
+	// ordersPoolSize is each replica's connection budget for order
+	// transactions, and readsPoolSize for everything else (product and
+	// stock reads, readiness), so that a lock holder never waits for a
+	// connection a reader holds. Three replicas stay inside MySQL's default
+	// of 151 connections.
+	ordersPoolSize = 32
+	readsPoolSize  = 16
 	// redisPoolSize bounds the Redis connections of a replica.
 	redisPoolSize = 64
 	// redisTimeout bounds every Redis command.
@@ -44,11 +49,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 
-	db, err := stock.Open(cfg.MySQLDSN, mysqlPoolSize)
+	db, err := stock.Open(cfg.MySQLDSN, readsPoolSize)
 	if err != nil {
 		return err
 	}
 	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	ordersDB, err := stock.Open(cfg.MySQLDSN, ordersPoolSize)
+	if err != nil {
+		return err
+	}
+	if sqlDB, err := ordersDB.DB(); err == nil {
 		defer sqlDB.Close()
 	}
 	rdb := newRedis(cfg.RedisAddr)
@@ -77,9 +89,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	catalog := stock.NewCatalog(db)
 	products := newCache(cfg, rdb, catalog, reg, log)
 	defer products.Close()
-	orders := stock.NewService(db, locker, stock.Options{
-		Update: update, Fencing: cfg.Fencing, Concurrency: mysqlPoolSize, Cache: products, Logger: log,
+	orders := stock.NewService(ordersDB, locker, stock.Options{
+		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch,
+		Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
 	})
+	registerOrderStats(reg, orders.Stats)
+	restocks := notify.New(rdb, cfg.RedisPrefix)
+	_, stopRestocks := restocks.Listen(orders.ForgetSoldOut)
+	defer stopRestocks()
 
 	gin.SetMode(gin.ReleaseMode)
 	h := handler.New(handler.Deps{
@@ -88,7 +105,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Products: products,
 		Stock:    catalog,
 		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
-			_, err := seedCatalog(ctx, catalog, products, n, units)
+			_, err := seedCatalog(ctx, catalog, products, restocks, n, units)
 			return err
 		}),
 		AdminToken: cfg.AdminToken,
@@ -112,7 +129,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
-		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing,
+		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom)
 
 	if cfg.DebugAddr != "" {
@@ -251,16 +268,36 @@ func newCache(cfg config, rdb *redis.Client, catalog *stock.Catalog, reg prometh
 }
 
 // seedCatalog resets the catalog, then the product cache and its Bloom
-// filter. It returns how many cached entries were dropped.
-func seedCatalog(ctx context.Context, catalog *stock.Catalog, products *cache.Products, n, units int) (int, error) {
+// filter, and tells every replica to forget what it found sold out. It
+// returns how many cached entries were dropped.
+func seedCatalog(ctx context.Context, catalog *stock.Catalog, products *cache.Products, restocks *notify.Restocks, n, units int) (int, error) {
 	if err := catalog.Seed(ctx, n, units); err != nil {
 		return 0, err
+	}
+	// Announced first: a replica refusing from memory is a wrong answer,
+	// a stale cached product only a stale page.
+	if err := restocks.Announce(ctx, notify.All); err != nil {
+		return 0, fmt.Errorf("%w: catalog seeded, but the replicas were not told: %w", stock.ErrBusy, err)
 	}
 	dropped, err := products.Reset(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("%w: catalog seeded, but the product cache was not reset: %w", stock.ErrBusy, err)
 	}
 	return dropped, nil
+}
+
+// registerOrderStats exports how orders are grouped into transactions.
+func registerOrderStats(reg prometheus.Registerer, stats func() stock.Stats) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "shop_order_transactions_total",
+			Help: "Order transactions run; each places one batch of a SKU's orders.",
+		}, func() float64 { return float64(stats().Batches) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "shop_order_transaction_orders_total",
+			Help: "Orders decided in those transactions (sold, refused or replayed); divided by the transactions, the mean batch.",
+		}, func() float64 { return float64(stats().Orders) }),
+	)
 }
 
 // serveDebug serves net/http/pprof on addr, apart from the public API.

@@ -13,6 +13,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
 
+	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/migrations"
 )
@@ -99,7 +100,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	catalog := stock.NewCatalog(db)
 	cached := newCache(cfg, rdb, catalog, nil, nil)
 	defer cached.Close()
-	dropped, err := seedCatalog(ctx, catalog, cached, *products, *units)
+	dropped, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), *products, *units)
 	if err != nil {
 		return err
 	}
