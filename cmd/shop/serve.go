@@ -297,6 +297,10 @@ func registerOrderStats(reg prometheus.Registerer, stats func() stock.Stats) {
 			Name: "shop_order_transaction_orders_total",
 			Help: "Orders decided in those transactions (sold, refused or replayed); divided by the transactions, the mean batch.",
 		}, func() float64 { return float64(stats().Orders) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "shop_orders_queued",
+			Help: "Orders waiting to be taken into a batch of their SKU.",
+		}, func() float64 { return float64(stats().Queued) }),
 	)
 }
 

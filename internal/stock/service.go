@@ -36,8 +36,10 @@ const (
 const DefaultBatch = 64
 
 // DefaultSoldOutTTL is how long a replica trusts, by default, that a
-// product it found sold out still is.
-const DefaultSoldOutTTL = time.Second
+// product it found sold out still is. Restocks and reseeds clear it at once
+// (ForgetSoldOut); the lapse only bounds how long a change made behind the
+// service's back, by hand in MySQL, goes unseen.
+const DefaultSoldOutTTL = time.Minute
 
 // Options configures a Service.
 type Options struct {
@@ -129,11 +131,19 @@ type Stats struct {
 	Batches uint64
 	// Orders is how many orders they placed or refused.
 	Orders uint64
+	// Queued is how many orders wait, now, to be taken into a batch.
+	Queued int
 }
 
-// Stats reports the order transactions run so far.
+// Stats reports the order transactions run so far and the orders queued.
 func (s *Service) Stats() Stats {
-	return Stats{Batches: s.batches.Load(), Orders: s.batched.Load()}
+	s.mu.Lock()
+	queued := 0
+	for _, q := range s.queues {
+		queued += len(q.waiting)
+	}
+	s.mu.Unlock()
+	return Stats{Batches: s.batches.Load(), Orders: s.batched.Load(), Queued: queued}
 }
 
 // ForgetSoldOut makes this Service forget that product sku (every product
