@@ -65,9 +65,11 @@ wait_port() {
   done
 }
 
-# start_mariadb DIR PORT starts a private MariaDB with its data in DIR.
+# start_mariadb DIR PORT [OPTION...] starts a private MariaDB with its data
+# in DIR; the options go to mariadbd.
 start_mariadb() {
   local dir=$1 port=$2 mysqld install user=()
+  shift 2
   mysqld=$(find_bin mariadbd mysqld) || die "MariaDB server not found"
   install=$(find_bin mariadb-install-db mysql_install_db) || die "mariadb-install-db not found"
   [ "$(id -u)" -eq 0 ] && user=(--user=root)
@@ -79,7 +81,7 @@ start_mariadb() {
   "$mysqld" --no-defaults --datadir="$dir/data" "${user[@]}" --bind-address=127.0.0.1 --port="$port" \
     --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --log-error="$dir/mysqld.log" \
     --skip-log-bin --max-connections=1000 --innodb-buffer-pool-size=256M \
-    --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}" </dev/null >"$dir/stdout.log" 2>&1 &
+    --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}" "$@" </dev/null >"$dir/stdout.log" 2>&1 &
   echo $! >"$dir/pid"
   wait_port "$port" 60 $! || { tail -20 "$dir/mysqld.log" >&2; die "MariaDB did not start on port $port"; }
   log "MariaDB on 127.0.0.1:$port (data in $dir)"

@@ -13,6 +13,7 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
 cleanup() {
   stop_pidfile "$tmp/redis/pid"
   stop_pidfile "$tmp/mariadb/pid"
+  stop_pidfile "$tmp/mariadb-autoinc2/pid"
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -22,9 +23,15 @@ mysql_port=$(free_port)
 SHOP_INNODB_FLUSH=2 start_mariadb "$tmp/mariadb" "$mysql_port"
 redis_port=$(free_port)
 start_redis "$tmp/redis" "$redis_port"
+# A second, small server with MySQL 8's default innodb_autoinc_lock_mode=2,
+# where one multi-row INSERT's ids may interleave with another's.
+autoinc2_port=$(free_port)
+SHOP_INNODB_FLUSH=2 start_mariadb "$tmp/mariadb-autoinc2" "$autoinc2_port" \
+  --innodb-autoinc-lock-mode=2 --innodb-buffer-pool-size=64M
 
 export SHOP_TEST_MYSQL_DSN="root@tcp(127.0.0.1:$mysql_port)/?parseTime=true"
 export SHOP_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
+export SHOP_TEST_MYSQL_AUTOINC2_DSN="root@tcp(127.0.0.1:$autoinc2_port)/?parseTime=true"
 SHOP_TEST_REDIS_SERVER=$(find_bin redis-server)
 export SHOP_TEST_REDIS_SERVER
 

@@ -1,6 +1,7 @@
 package stock_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -27,6 +28,7 @@ type fleetConfig struct {
 	lockMode string // redis, local, none
 	update   stock.Update
 	fencing  bool
+	batch    int // Options.Batch
 	hook     func(ctx context.Context, sku int64)
 }
 
@@ -46,7 +48,7 @@ func newFleet(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, c 
 			t.Fatalf("unknown lock mode %q", c.lockMode)
 		}
 		f.replicas = append(f.replicas, stock.NewService(db.Open(t), locker,
-			stock.Options{Update: c.update, Fencing: c.fencing, BeforeWrite: c.hook}))
+			stock.Options{Update: c.update, Fencing: c.fencing, Batch: c.batch, BeforeWrite: c.hook}))
 	}
 	return f
 }
@@ -113,23 +115,66 @@ func (f *fleet) sellOut(t *testing.T, skus, buyers int) outcome {
 				_, err := svc.PlaceOrder(ctx, int64(sku), user, "")
 				mu.Lock()
 				defer mu.Unlock()
-				switch {
-				case err == nil:
-					out.created++
-				case errors.Is(err, stock.ErrSoldOut):
-					out.soldOut++
-				default:
-					out.other++
-					if out.firstOther == nil {
-						out.firstOther = err
-					}
-				}
+				out.add(err)
 			})
 		}
 	}
 	close(start)
 	wg.Wait()
 	return out
+}
+
+// sellHot seeds one product of units and sends buyers buyers at it, all at
+// once, buyer j through replica j mod len(replicas).
+func (f *fleet) sellHot(t *testing.T, units, buyers int) outcome {
+	t.Helper()
+	ctx := context.Background()
+	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 1, units); err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu  sync.Mutex
+		out outcome
+		wg  sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for j := range buyers {
+		svc := f.replicas[j%len(f.replicas)]
+		wg.Go(func() {
+			<-start
+			_, err := svc.PlaceOrder(ctx, 1, int64(j+1), "")
+			mu.Lock()
+			defer mu.Unlock()
+			out.add(err)
+		})
+	}
+	close(start)
+	wg.Wait()
+	return out
+}
+
+func (out *outcome) add(err error) {
+	switch {
+	case err == nil:
+		out.created++
+	case errors.Is(err, stock.ErrSoldOut):
+		out.soldOut++
+	default:
+		out.other++
+		if out.firstOther == nil {
+			out.firstOther = err
+		}
+	}
+}
+
+// stats sums the replicas' transaction counts.
+func (f *fleet) stats() (batches, orders uint64) {
+	for _, svc := range f.replicas {
+		st := svc.Stats()
+		batches += st.Batches
+		orders += st.Orders
+	}
+	return batches, orders
 }
 
 func verify(t *testing.T, db *testenv.DB) stock.Report {
@@ -141,11 +186,14 @@ func verify(t *testing.T, db *testenv.DB) stock.Report {
 	return r
 }
 
-// TestExperiment is the seeds' experiment: many SKUs of one unit, four
-// buyers each, at once, through one or three replicas.
-func TestExperiment(t *testing.T) {
-	const skus, buyers = 40, 4
-	tests := []struct {
+// experiment is the seeds' table: which designs must hold and which must
+// oversell.
+func experiment() []struct {
+	name     string
+	cfg      fleetConfig
+	wantSafe bool
+} {
+	return []struct {
 		name     string
 		cfg      fleetConfig
 		wantSafe bool
@@ -156,6 +204,25 @@ func TestExperiment(t *testing.T) {
 		{"local lock, naive write, 3 replicas", fleetConfig{replicas: 3, lockMode: "local", update: stock.Naive}, false},
 		{"no lock, naive write, 3 replicas", fleetConfig{replicas: 3, lockMode: "none", update: stock.Naive}, false},
 		{"no lock, guarded write, 3 replicas", fleetConfig{replicas: 3, lockMode: "none", update: stock.Guarded}, true},
+	}
+}
+
+// TestExperiment is the seeds' experiment: many SKUs of one unit, four
+// buyers each, at once, through one or three replicas; one order per lock
+// hold, and coalesced.
+func TestExperiment(t *testing.T) {
+	const skus, buyers = 40, 4
+	var tests []struct {
+		name     string
+		cfg      fleetConfig
+		wantSafe bool
+	}
+	for _, batch := range []int{1, 0} {
+		for _, tt := range experiment() {
+			tt.cfg.batch = batch
+			tt.name = fmt.Sprintf("%s, batch %d", tt.name, cmp.Or(batch, stock.DefaultBatch))
+			tests = append(tests, tt)
+		}
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -188,6 +255,43 @@ func TestExperiment(t *testing.T) {
 			}
 			if r.Orders != skus || r.Stock != 0 {
 				t.Errorf("MySQL has %d orders and %d units left; want %d and 0", r.Orders, r.Stock, skus)
+			}
+		})
+	}
+}
+
+// TestHotSKUExperiment is the experiment on one product of many units,
+// with coalescing on: batches of one SKU's buyers must be as exclusive as
+// single orders were, and the designs that oversold still do.
+func TestHotSKUExperiment(t *testing.T) {
+	const units, buyers = 30, 120
+	for _, tt := range experiment() {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.MySQL(t)
+			rdb, prefix := testenv.Redis(t)
+			tt.cfg.hook = rendezvous(200 * time.Millisecond)
+			f := newFleet(t, db, rdb, prefix, tt.cfg)
+			out := f.sellHot(t, units, buyers)
+			r := verify(t, db)
+			batches, orders := f.stats()
+			t.Logf("created %d, sold out %d, other %d; %d orders in %d transactions; %s",
+				out.created, out.soldOut, out.other, orders, batches, r)
+
+			if out.other > 0 {
+				t.Fatalf("%d orders failed unexpectedly, first: %v", out.other, out.firstOther)
+			}
+			if orders <= batches {
+				t.Errorf("%d orders in %d transactions: nothing was coalesced", orders, batches)
+			}
+			if !tt.wantSafe {
+				if r.OK() || r.Oversold == 0 {
+					t.Fatalf("verify found nothing wrong, but this design must oversell:\n%s", r)
+				}
+				return
+			}
+			if !r.OK() || out.created != units || out.soldOut != buyers-units || r.Orders != units || r.Stock != 0 {
+				t.Fatalf("created %d, sold out %d; want %d and %d:\n%s", out.created, out.soldOut, units, buyers-units, r)
 			}
 		})
 	}

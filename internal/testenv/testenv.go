@@ -28,6 +28,10 @@ import (
 const (
 	// MySQLEnv names the DSN of the test server, without a database.
 	MySQLEnv = "SHOP_TEST_MYSQL_DSN"
+	// MySQLAutoinc2Env names a second test server, started with
+	// innodb_autoinc_lock_mode=2 (MySQL 8's default), where the ids of one
+	// multi-row INSERT may interleave with another's.
+	MySQLAutoinc2Env = "SHOP_TEST_MYSQL_AUTOINC2_DSN"
 	// RedisEnv names the address of the test Redis.
 	RedisEnv = "SHOP_TEST_REDIS_ADDR"
 	// RedisServerEnv names the redis-server binary for tests that start
@@ -66,10 +70,16 @@ type DB struct {
 // test ends.
 func MySQL(tb testing.TB) *DB {
 	tb.Helper()
-	base := lookup(tb, MySQLEnv)
+	return MySQLFrom(tb, MySQLEnv)
+}
+
+// MySQLFrom is MySQL on the server that the variable env names.
+func MySQLFrom(tb testing.TB, env string) *DB {
+	tb.Helper()
+	base := lookup(tb, env)
 	cfg, err := mysql.ParseDSN(base)
 	if err != nil {
-		tb.Fatalf("%s: %v", MySQLEnv, err)
+		tb.Fatalf("%s: %v", env, err)
 	}
 	cfg.DBName = ""
 	cfg.ParseTime = true
