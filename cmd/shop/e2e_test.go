@@ -313,3 +313,52 @@ func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
 		t.Errorf("no clean stop in the log:\n%s", r.log)
 	}
 }
+
+// Each replica remembers the products it found sold out and refuses them
+// without asking MySQL; a reseed must make all three forget at once.
+func TestReseedClearsSoldOutOnEveryReplica(t *testing.T) {
+	db := testenv.MySQL(t)
+	vars := func() map[string]string {
+		return map[string]string{
+			"SHOP_MYSQL_DSN":    db.DSN,
+			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
+			"SHOP_REDIS_PREFIX": redisPrefix(t),
+		}
+	}
+	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
+		t.Fatal(out)
+	}
+	var replicas []*replica
+	for range 3 {
+		replicas = append(replicas, startReplica(t, vars()))
+	}
+	client := &http.Client{Timeout: 30 * time.Second}
+	order := func(r *replica, user int, want int) {
+		t.Helper()
+		code, body, err := postOrder(client, r.url, 1, user)
+		if err != nil || code != want {
+			t.Fatalf("order of user %d via %s: %d %s %v; want %d", user, r.url, code, body, err, want)
+		}
+	}
+	order(replicas[0], 1, 201)
+	for i, r := range replicas {
+		order(r, 10+i, 409) // each replica finds the product sold out
+	}
+	// Stock raised behind the service's back is not seen: the refusal
+	// comes from memory.
+	if err := db.Gorm.Exec("UPDATE products SET stock = 1 WHERE id = 1").Error; err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range replicas {
+		order(r, 20+i, 409)
+	}
+	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "3"); code != 0 {
+		t.Fatal(out)
+	}
+	for i, r := range replicas {
+		order(r, 30+i, 201)
+	}
+	if code, out := shop(t, db, "verify"); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}

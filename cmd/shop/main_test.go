@@ -42,6 +42,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_CACHE_NULL_TTL", "10m"},
 		{"SHOP_BLOOM", "maybe"},
 		{"SHOP_REDLOCK_ADDRS", "localhost"},
+		{"SHOP_ORDER_BATCH", "0"},
+		{"SHOP_ORDER_BATCH", "lots"},
+		{"SHOP_ORDER_BATCH", "10001"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

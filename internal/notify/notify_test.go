@@ -1,0 +1,82 @@
+package notify_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"shop/internal/notify"
+	"shop/internal/testenv"
+)
+
+func TestListenHearsAnnouncements(t *testing.T) {
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	heard := make(chan int64, 16)
+	ready, stop := notify.New(rdb, prefix).Listen(func(sku int64) { heard <- sku })
+	defer stop()
+	select {
+	case <-ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("never subscribed")
+	}
+	// A (re)subscription may have missed announcements: all may have changed.
+	if got := <-heard; got != notify.All {
+		t.Fatalf("on subscribing: heard %d, want All", got)
+	}
+
+	other := notify.New(rdb, prefix+"other:")
+	if err := other.Announce(ctx, 3); err != nil {
+		t.Fatal(err)
+	}
+	if err := notify.New(rdb, prefix).Announce(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-heard:
+		if got != 7 {
+			t.Errorf("heard %d, want 7 (and nothing from another prefix)", got)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("announcement never heard")
+	}
+	if err := stop(); err != nil {
+		t.Errorf("stop: %v", err)
+	}
+	select {
+	case got := <-heard:
+		t.Errorf("heard %d after stop", got)
+	default:
+	}
+}
+
+// Announcements made while a listener's connection was down are lost; the
+// listener is told that everything may have changed once it is back.
+func TestListenStartsOverAfterALostConnection(t *testing.T) {
+	ctx := context.Background()
+	redisProc := testenv.StartRedis(t)
+	rdb := testenv.RedisAt(t, redisProc.Addr)
+	heard := make(chan int64, 16)
+	ready, stop := notify.New(rdb, "p:").Listen(func(sku int64) { heard <- sku })
+	defer stop()
+	<-ready
+	if got := <-heard; got != notify.All {
+		t.Fatalf("on subscribing: heard %d, want All", got)
+	}
+	redisProc.Kill() // the connection drops; go-redis resubscribes once it is back
+	redisProc.Restart()
+	select {
+	case got := <-heard:
+		if got != notify.All {
+			t.Errorf("after the restart: heard %d, want All", got)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("not told after the connection came back")
+	}
+	if err := notify.New(rdb, "p:").Announce(ctx, 5); err != nil {
+		t.Fatal(err)
+	}
+	if got := <-heard; got != 5 {
+		t.Errorf("after the restart: heard %d, want 5", got)
+	}
+}
