@@ -169,9 +169,17 @@ func (r *Redis) Close() error { return r.waiter.close() }
 // the lock gone, or the lease runs out while Redis cannot be reached, the
 // lease's Context is cancelled with a cause wrapping ErrNotHeld.
 func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
+	return r.ObtainWhile(ctx, key, nil)
+}
+
+// ObtainWhile is Obtain for a caller whose reason to wait may go away while
+// the key is held: before each retry it calls still, and gives up with its
+// error if it returns one. A buyer waiting for a SKU that the holder may be
+// selling out checks the stock there. still may be nil.
+func (r *Redis) ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*Lease, error) {
 	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
 		return r.attempt(ctx, tryCtx, key)
-	})
+	}, still)
 }
 
 // TryObtain takes the lock on key if it is free and otherwise returns

@@ -88,9 +88,14 @@ func (r *Redlock) Close() error { return r.waiter.close() }
 // Redis.Obtain does. When no majority can answer at all it returns the
 // nodes' errors at once.
 func (r *Redlock) Obtain(ctx context.Context, key string) (*Lease, error) {
+	return r.ObtainWhile(ctx, key, nil)
+}
+
+// ObtainWhile is Obtain that gives up as Redis.ObtainWhile does.
+func (r *Redlock) ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*Lease, error) {
 	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
 		return r.attempt(ctx, tryCtx, key)
-	})
+	}, still)
 }
 
 // TryObtain takes the lock on key if a majority grants it at once and

@@ -82,7 +82,7 @@ func (r *Reentrant) Obtain(ctx context.Context, key string) (*Lease, error) {
 	}
 	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
 		return r.attempt(ctx, tryCtx, key, owner.id)
-	})
+	}, nil)
 }
 
 func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Lease, error) {

@@ -76,8 +76,10 @@ func newWaiter(opt RedisOptions, queue bool, node redis.Scripter) *waiter {
 type attemptFunc func(ctx, tryCtx context.Context) (*Lease, error)
 
 // obtain runs attempt until it returns anything but ErrNotObtained, for at
-// most the wait and never past ctx.
-func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc) (*Lease, error) {
+// most the wait and never past ctx. If still is not nil, it is called
+// before each retry, once the key was found held; an error from it ends
+// the wait with that error.
+func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc, still func(context.Context) error) (*Lease, error) {
 	// Uncontended: first in line at once, and the key free in Redis.
 	first := w.queue && w.line.tryLock(key)
 	if first {
@@ -93,12 +95,19 @@ func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc) (*
 	waitCtx, cancel := context.WithTimeout(ctx, w.wait)
 	defer cancel()
 	if !w.queue {
-		return w.poll(ctx, waitCtx, key, attempt, false)
+		return w.poll(ctx, waitCtx, key, attempt, still, false)
 	}
 	if !first && !w.line.lock(waitCtx, key) {
 		return nil, notObtained(waitCtx)
 	}
-	l, err := w.poll(ctx, waitCtx, key, attempt, first)
+	if !first && still != nil {
+		// Waited in line behind a holder of this process.
+		if err := still(waitCtx); err != nil {
+			w.line.unlock(key)
+			return nil, err
+		}
+	}
+	l, err := w.poll(ctx, waitCtx, key, attempt, still, first)
 	if err != nil {
 		w.line.unlock(key)
 		return nil, err
@@ -135,7 +144,7 @@ func (w *waiter) tryObtain(ctx context.Context, key string, attempt attemptFunc)
 // poll retries attempt with backoff — and, with wake-on-release, as soon as
 // a release of key is announced — until waitCtx ends. If tried is set, the
 // key was just found held: it waits before the first try.
-func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptFunc, tried bool) (*Lease, error) {
+func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptFunc, still func(context.Context) error, tried bool) (*Lease, error) {
 
 	b := &backoff.ExponentialBackOff{
 		InitialInterval: w.minBackoff,
@@ -186,6 +195,11 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 		case <-timer.C:
 		case <-woken:
 			w.wake.woken.Add(1)
+		}
+		if still != nil {
+			if err := still(waitCtx); err != nil {
+				return nil, err
+			}
 		}
 	}
 }

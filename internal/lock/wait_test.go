@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -237,5 +238,58 @@ func TestWaitInLineCountsAgainstTheBudget(t *testing.T) {
 	}
 	if err := <-first; !errors.Is(err, lock.ErrNotObtained) {
 		t.Errorf("first waiter: err = %v, want ErrNotObtained", err)
+	}
+}
+
+// A waiter whose reason to wait goes away while the key is held gives up
+// when the release wakes it, without taking the key: behind a holder of
+// another process, and behind one of its own.
+func TestObtainWhileGivesUpWithoutTakingTheKey(t *testing.T) {
+	for _, holderIn := range []string{"another process", "this process"} {
+		t.Run(holderIn, func(t *testing.T) {
+			c, prefix := testenv.Redis(t)
+			opt := lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
+			l := lock.NewRedis(c, opt)
+			t.Cleanup(func() { l.Close() })
+			holders := l
+			if holderIn == "another process" {
+				holders = lock.NewRedis(c, opt)
+				t.Cleanup(func() { holders.Close() })
+			}
+			ctx := context.Background()
+			errSoldOut := errors.New("sold out")
+
+			holder := obtain(t, holders, "k")
+			var checks atomic.Int32
+			var wanted atomic.Bool
+			wanted.Store(true)
+			ended := make(chan error, 1)
+			go func() {
+				lease, err := l.ObtainWhile(ctx, "k", func(context.Context) error {
+					checks.Add(1)
+					if !wanted.Load() {
+						return errSoldOut
+					}
+					return nil
+				})
+				if lease != nil {
+					lease.Release(ctx)
+				}
+				ended <- err
+			}()
+			waitFor(t, "the waiter waits", func() bool { return l.Stats().Waiting == 1 })
+			wanted.Store(false)
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-ended; !errors.Is(err, errSoldOut) {
+				t.Fatalf("ObtainWhile = %v, want the check's error", err)
+			}
+			if n := checks.Load(); n != 1 {
+				t.Errorf("%d checks, want one, after the wake-up", n)
+			}
+			next := obtain(t, l, "k") // the waiter left the key free
+			next.Release(ctx)
+		})
 	}
 }
