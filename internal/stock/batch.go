@@ -195,14 +195,16 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 		return false, err
 	}
 	tried := s.arrivals(q)
-	lease, err := s.locks.Obtain(ctx, LockKey(sku))
+	lease, err := s.obtain(ctx, sku)
 	if err != nil {
-		err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
-		if errors.Is(err, lock.ErrNotObtained) {
-			// Those who came during the try wait for the next one.
-			s.refuseQueued(q, tried, err)
-		} else {
+		switch {
+		case errors.Is(err, ErrSoldOut), errors.Is(err, ErrNotFound):
 			s.refuseQueued(q, 0, err)
+		case errors.Is(err, lock.ErrNotObtained):
+			// Those who came during the try wait for the next one.
+			s.refuseQueued(q, tried, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err))
+		default:
+			s.refuseQueued(q, 0, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err))
 		}
 		return false, err
 	}
@@ -228,6 +230,32 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 		s.placeBatch(ctx, lease, sku, batch)
 	}
 	return false, nil
+}
+
+// stillWanted is what a Locker can do beyond Obtain: give up waiting when
+// the reason to wait has gone (lock.Redis, lock.Redlock).
+type stillWanted interface {
+	ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*lock.Lease, error)
+}
+
+// obtain takes sku's lock for a drain. While another process holds it —
+// most likely selling the SKU's last units — the stock is read again before
+// each retry, so that a SKU sold out meanwhile is refused without the lock:
+// in a sell-out, three buyers in four never take it.
+func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
+	l, ok := s.locks.(stillWanted)
+	if !ok {
+		return s.locks.Obtain(ctx, LockKey(sku))
+	}
+	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
+		gen := s.soldOut.generation()
+		err := inStock(s.reads.WithContext(ctx), sku)
+		s.learn(sku, gen, err)
+		if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
+			return err
+		}
+		return nil // a failed read is no reason to stop waiting
+	})
 }
 
 // verdict is what a batch decided for one of its orders.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
 
 	"shop/internal/lock"
 	"shop/internal/stock"
@@ -420,4 +421,36 @@ func TestSoldOutRemembered(t *testing.T) {
 		t.Fatalf("after ForgetSoldOut: %v", err)
 	}
 	checkOrder(t, db, o, 1, 3)
+}
+
+// Orders waiting while another replica sells the last unit are refused
+// when it lets go, without a transaction of their own.
+func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	svc, l, _ := lined(t, db, 1, 1, stock.Options{}, lock.RedisOptions{})
+
+	holder := hold(t, l, 1)
+	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3}, nil)
+	// The holder sells the unit, as another replica's order would.
+	if err := db.Gorm.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = 1").Error; err != nil {
+			return err
+		}
+		return tx.Create(&stock.Order{SKUID: 1, UserID: 99, CreatedAt: time.Now()}).Error
+	}); err != nil {
+		t.Fatal(err)
+	}
+	letGo(t, holder)
+	for i, ch := range answers {
+		if r := <-ch; !errors.Is(r.err, stock.ErrSoldOut) {
+			t.Errorf("buyer %d: %+v, %v; want ErrSoldOut", i+1, r.order, r.err)
+		}
+	}
+	if st := svc.Stats(); st.Batches != 0 {
+		t.Errorf("stats %+v: the waiters ran a transaction to learn it", st)
+	}
+	if r := verify(t, db); !r.OK() || r.Orders != 1 {
+		t.Errorf("want the holder's order only:\n%s", r)
+	}
 }
