@@ -166,6 +166,10 @@ func TestVerifyDetectsEachViolation(t *testing.T) {
 			"INSERT INTO orders (sku_id, user_id) VALUES (999, 7)",
 		}},
 		{check: "every acknowledged order exists", acks: "12345\n"},
+		{check: "every acknowledged order has its sku and user", sql: []string{
+			"UPDATE products SET stock = 0 WHERE id = 4",
+			"INSERT INTO orders (id, sku_id, user_id) VALUES (77, 4, 7)",
+		}, acks: "77 4 8\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.check, func(t *testing.T) {
@@ -211,14 +215,16 @@ func TestVerifyJSON(t *testing.T) {
 
 func TestReadAcks(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "acks")
-	os.WriteFile(path, []byte("1\n\n 2 \n3\n"), 0o600)
+	os.WriteFile(path, []byte("1\n\n 2 \n3\n4 5\t6\n"), 0o600)
 	got, err := readAcks(path)
-	if err != nil || len(got) != 3 || got[2] != 3 {
+	if err != nil || len(got) != 4 || got[2] != (stock.Ack{OrderID: 3}) || got[3] != (stock.Ack{OrderID: 4, SKUID: 5, UserID: 6}) {
 		t.Errorf("readAcks = %v, %v", got, err)
 	}
-	os.WriteFile(path, []byte("1\nx\n"), 0o600)
-	if _, err := readAcks(path); err == nil || !strings.Contains(err.Error(), "line 2") {
-		t.Errorf("bad line: %v", err)
+	for _, bad := range []string{"1\nx\n", "1\n2 3\n", "1\n2 3 4 5\n", "1\n2 3 -4\n"} {
+		os.WriteFile(path, []byte(bad), 0o600)
+		if _, err := readAcks(path); err == nil || !strings.Contains(err.Error(), "line 2") {
+			t.Errorf("bad line in %q: %v", bad, err)
+		}
 	}
 	if _, err := readAcks(filepath.Join(t.TempDir(), "none")); err == nil || errors.Is(err, errViolations) {
 		t.Errorf("missing file: %v", err)

@@ -1,13 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/go-sql-driver/mysql"
@@ -110,12 +108,12 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 
 func verify(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := newFlags("verify")
-	acksPath := fs.String("acks", "", "file of acknowledged order ids, one per line")
+	acksPath := fs.String("acks", "", "file of acknowledged orders, one per line: \"order_id\" or \"order_id sku_id user_id\"")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var acks []int64
+	var acks []stock.Ack
 	if *acksPath != "" {
 		var err error
 		if acks, err = readAcks(*acksPath); err != nil {
@@ -153,28 +151,17 @@ func verify(ctx context.Context, args []string, getenv func(string) string, stdo
 	return nil
 }
 
-// readAcks reads one order id per line; blank lines are skipped.
-func readAcks(path string) ([]int64, error) {
+// readAcks reads the acks file at path: one acknowledged order per line,
+// `order_id` or `order_id sku_id user_id`; blank lines are skipped.
+func readAcks(path string) ([]stock.Ack, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	defer f.Close()
-	acks := []int64{}
-	sc := bufio.NewScanner(f)
-	for n := 1; sc.Scan(); n++ {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" {
-			continue
-		}
-		id, err := strconv.ParseInt(line, 10, 64)
-		if err != nil {
-			return nil, fmt.Errorf("verify: %s line %d: not an order id: %q", path, n, line)
-		}
-		acks = append(acks, id)
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("verify: %w", err)
+	acks, err := stock.ReadAcks(f)
+	if err != nil {
+		return nil, fmt.Errorf("verify: %s: %w", path, err)
 	}
 	return acks, nil
 }

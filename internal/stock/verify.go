@@ -1,13 +1,73 @@
 package stock
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"gorm.io/gorm"
 )
+
+// Ack is one order a buyer was told it has (a 201), as the load test
+// recorded it. SKUID and UserID are those the answer named, or zero when the
+// record holds the order id alone.
+type Ack struct {
+	OrderID int64 `json:"order_id"`
+	SKUID   int64 `json:"sku_id,omitempty"`
+	UserID  int64 `json:"user_id,omitempty"`
+}
+
+// hasIDs reports whether the ack names the order's SKU and user.
+func (a Ack) hasIDs() bool { return a.SKUID != 0 || a.UserID != 0 }
+
+// ParseAck parses one line of an acks file: "order_id", or "order_id sku_id
+// user_id" separated by spaces or tabs. Every id must be a positive integer.
+func ParseAck(line string) (Ack, error) {
+	f := strings.Fields(line)
+	if len(f) != 1 && len(f) != 3 {
+		return Ack{}, fmt.Errorf("want \"order_id\" or \"order_id sku_id user_id\", have %d fields: %q", len(f), line)
+	}
+	names := [...]string{"order_id", "sku_id", "user_id"}
+	ids := make([]int64, len(f))
+	for i, v := range f {
+		id, err := strconv.ParseInt(v, 10, 64)
+		if err != nil || id <= 0 {
+			return Ack{}, fmt.Errorf("%s %q is not a positive integer: %q", names[i], v, line)
+		}
+		ids[i] = id
+	}
+	a := Ack{OrderID: ids[0]}
+	if len(ids) == 3 {
+		a.SKUID, a.UserID = ids[1], ids[2]
+	}
+	return a, nil
+}
+
+// ReadAcks reads an acks file, one ack per line (see ParseAck); blank lines
+// are skipped. An error names the line it is about.
+func ReadAcks(r io.Reader) ([]Ack, error) {
+	acks := []Ack{}
+	sc := bufio.NewScanner(r)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" {
+			continue
+		}
+		a, err := ParseAck(line)
+		if err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		acks = append(acks, a)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read acks: %w", err)
+	}
+	return acks, nil
+}
 
 // Check is the outcome of one invariant.
 type Check struct {
@@ -66,11 +126,13 @@ const exampleLimit = 10
 //   - every SKU has initial_stock == stock + its orders;
 //   - no user holds two orders of one SKU;
 //   - no order names a SKU that does not exist;
-//   - every acknowledged order id in acks exists.
+//   - every acknowledged order in acks exists;
+//   - every acknowledged order that names its SKU and user is that user's
+//     order of that SKU in MySQL (checked only when some ack names them).
 //
 // It returns an error only when it could not check; broken invariants are in
 // the Report.
-func Verify(ctx context.Context, db *gorm.DB, acks []int64) (Report, error) {
+func Verify(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 	db = db.WithContext(ctx)
 	var r Report
 	err := db.Raw(`SELECT COUNT(*), COALESCE(SUM(initial_stock), 0), COALESCE(SUM(stock), 0),
@@ -126,36 +188,66 @@ func Verify(ctx context.Context, db *gorm.DB, acks []int64) (Report, error) {
 	}
 
 	if acks != nil {
-		c, err := verifyAcks(db, acks)
+		checks, err := verifyAcks(db, acks)
 		if err != nil {
 			return r, err
 		}
 		r.Acks = len(acks)
-		r.Checks = append(r.Checks, c)
+		r.Checks = append(r.Checks, checks...)
 	}
 	return r, nil
 }
 
-// verifyAcks checks that every acknowledged order id exists.
-func verifyAcks(db *gorm.DB, acks []int64) (Check, error) {
-	c := Check{Name: "every acknowledged order exists"}
+// The checks of acknowledged orders.
+const (
+	checkAckExists  = "every acknowledged order exists"
+	checkAckMatches = "every acknowledged order has its sku and user"
+)
+
+// verifyAcks checks that every acknowledged order exists and, for the acks
+// that name them, that it has the SKU and user the buyer was told.
+func verifyAcks(db *gorm.DB, acks []Ack) ([]Check, error) {
+	exists, matches := Check{Name: checkAckExists}, Check{Name: checkAckMatches}
+	withIDs := false
 	for chunk := range slices.Chunk(acks, 1000) {
-		var found []int64
-		if err := db.Raw("SELECT id FROM orders WHERE id IN ?", chunk).Scan(&found).Error; err != nil {
-			return c, fmt.Errorf("stock: verify acks: %w", err)
+		ids := make([]int64, len(chunk))
+		for i, a := range chunk {
+			ids[i] = a.OrderID
 		}
-		have := make(map[int64]bool, len(found))
-		for _, id := range found {
-			have[id] = true
+		var found []struct {
+			ID     int64 `gorm:"column:id"`
+			SKUID  int64 `gorm:"column:sku_id"`
+			UserID int64 `gorm:"column:user_id"`
 		}
-		for _, id := range chunk {
-			if !have[id] {
-				c.Violations++
-				if len(c.Examples) < exampleLimit {
-					c.Examples = append(c.Examples, fmt.Sprintf("order %d", id))
-				}
+		if err := db.Raw("SELECT id, sku_id, user_id FROM orders WHERE id IN ?", ids).Scan(&found).Error; err != nil {
+			return nil, fmt.Errorf("stock: verify acks: %w", err)
+		}
+		have := make(map[int64]Ack, len(found))
+		for _, o := range found {
+			have[o.ID] = Ack{OrderID: o.ID, SKUID: o.SKUID, UserID: o.UserID}
+		}
+		for _, a := range chunk {
+			withIDs = withIDs || a.hasIDs()
+			o, ok := have[a.OrderID]
+			switch {
+			case !ok:
+				exists.add(fmt.Sprintf("order %d", a.OrderID))
+			case a.hasIDs() && (o.SKUID != a.SKUID || o.UserID != a.UserID):
+				matches.add(fmt.Sprintf("acknowledged order %d is for sku %d user %d in MySQL, ack says sku %d user %d",
+					a.OrderID, o.SKUID, o.UserID, a.SKUID, a.UserID))
 			}
 		}
 	}
-	return c, nil
+	if !withIDs {
+		return []Check{exists}, nil
+	}
+	return []Check{exists, matches}, nil
+}
+
+// add counts one violation, keeping it as an example while there is room.
+func (c *Check) add(example string) {
+	c.Violations++
+	if len(c.Examples) < exampleLimit {
+		c.Examples = append(c.Examples, example)
+	}
 }
