@@ -14,8 +14,11 @@
 // With several -url (comma-separated), request i goes to url i mod len, so
 // the buyers of one SKU arrive through different replicas. It prints hey's
 // summary and a progress line each second, and writes a JSON result (-json)
-// and the ids of the acknowledged orders, one per line (-acks), for
-// `shop verify --acks`.
+// and the acknowledged orders, one "order_id sku_id user_id" line per 201
+// (-acks), for `shop verify --acks`.
+//
+// Buyer i (counted from 0) is user firstUser+i: -first-user sends a second
+// round of buyers who have not bought before.
 package main
 
 import (
@@ -57,6 +60,7 @@ type options struct {
 	skus        int
 	buyers      int
 	sku         int
+	firstUser   int
 	distinct    int
 	n           int
 	concurrency int
@@ -89,12 +93,13 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.skus, "skus", 5000, "sellout/read: SKUs 1..skus")
 	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per SKU")
 	fs.IntVar(&o.sku, "sku", 1, "hotsku, hotread: the SKU")
+	fs.IntVar(&o.firstUser, "first-user", 1, "sellout, hotsku: the user id of the first buyer; buyer i is first-user+i")
 	fs.IntVar(&o.distinct, "distinct", 1000, "absent: distinct ids asked for")
 	fs.IntVar(&o.n, "n", 0, "requests (sellout: skus×buyers)")
 	fs.IntVar(&o.concurrency, "c", 4000, "concurrent buyers (workers); each sends n/c requests in turn")
 	fs.DurationVar(&o.timeout, "timeout", 60*time.Second, "per-request timeout")
 	fs.StringVar(&o.jsonPath, "json", "", "write the result as JSON to this file")
-	fs.StringVar(&o.acksPath, "acks", "", "write acknowledged order ids to this file")
+	fs.StringVar(&o.acksPath, "acks", "", "write the acknowledged orders to this file, one \"order_id sku_id user_id\" line each")
 	fs.BoolVar(&o.keys, "idempotency-keys", false, "send an Idempotency-Key with each order")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -115,8 +120,8 @@ func parse(args []string) (options, error) {
 	default:
 		return o, fmt.Errorf("-scenario %q: want sellout, hotsku, read, hotread or absent", o.scenario)
 	}
-	if o.n <= 0 || o.skus <= 0 || o.buyers <= 0 || o.distinct <= 0 {
-		return o, errors.New("-n, -skus, -buyers and -distinct must be positive")
+	if o.n <= 0 || o.skus <= 0 || o.buyers <= 0 || o.distinct <= 0 || o.firstUser <= 0 {
+		return o, errors.New("-n, -skus, -buyers, -distinct and -first-user must be positive")
 	}
 	if o.concurrency <= 0 {
 		return o, errors.New("-c must be positive")
@@ -145,9 +150,9 @@ func requests(o options) func() *http.Request {
 		case "absent":
 			return getProduct(base, o.skus+1+i%o.distinct)
 		case "hotsku":
-			sku, user = o.sku, i+1
+			sku, user = o.sku, o.firstUser+i
 		default: // sellout: the buyers of a SKU are consecutive
-			sku, user = i/o.buyers+1, i+1
+			sku, user = i/o.buyers+1, o.firstUser+i
 		}
 		body := fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)
 		req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
@@ -242,8 +247,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 	if o.acksPath != "" {
 		var b strings.Builder
-		for _, id := range acks {
-			fmt.Fprintln(&b, id)
+		for _, a := range acks {
+			fmt.Fprintln(&b, a)
 		}
 		if err := os.WriteFile(o.acksPath, []byte(b.String()), 0o644); err != nil {
 			return err

@@ -55,10 +55,23 @@ func TestSelloutRecordsAcks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Each line is "order_id sku_id user_id" as the 201 said; the stub's
+	// order id is the SKU, and SKU s was sold to one of users 4(s-1)+1..4s.
 	data, _ := os.ReadFile(acks)
-	lines := strings.Fields(string(data))
-	sort.Strings(lines)
-	if got := strings.Join(lines, ","); got != "1,10,2,3,4,5,6,7,8,9" {
+	lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+	var orders []string
+	for _, line := range lines {
+		var order, sku, user int64
+		if n, err := fmt.Sscanf(line, "%d %d %d", &order, &sku, &user); n != 3 || err != nil {
+			t.Fatalf("ack line %q: want \"order_id sku_id user_id\"", line)
+		}
+		if sku != order || (user-1)/4+1 != sku || stub.users[user] != sku {
+			t.Errorf("ack line %q: not the order the stub answered", line)
+		}
+		orders = append(orders, fmt.Sprint(order))
+	}
+	sort.Strings(orders)
+	if got := strings.Join(orders, ","); got != "1,10,2,3,4,5,6,7,8,9" {
 		t.Errorf("acks = %s, want the ten orders", got)
 	}
 	var r Result
@@ -75,6 +88,41 @@ func TestSelloutRecordsAcks(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "Requests/sec:") || strings.Contains(out.String(), "@@") {
 		t.Errorf("summary:\n%s", out.String())
+	}
+}
+
+func TestFirstUser(t *testing.T) {
+	for _, tt := range []struct {
+		args      []string
+		sku, user []int
+	}{
+		{[]string{"-scenario", "sellout", "-skus", "2", "-buyers", "2", "-first-user", "101"}, []int{1, 1, 2, 2}, []int{101, 102, 103, 104}},
+		{[]string{"-scenario", "hotsku", "-sku", "7", "-n", "3"}, []int{7, 7, 7}, []int{1, 2, 3}},
+		{[]string{"-scenario", "hotsku", "-sku", "7", "-n", "2", "-first-user", "50"}, []int{7, 7}, []int{50, 51}},
+	} {
+		o, err := parse(tt.args)
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := requests(o)
+		for i := range tt.sku {
+			body, _ := io.ReadAll(next().Body)
+			if want := fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, tt.sku[i], tt.user[i]); string(body) != want {
+				t.Errorf("%v request %d: %s, want %s", tt.args, i, body, want)
+			}
+		}
+	}
+	if _, err := parse([]string{"-first-user", "0"}); err == nil {
+		t.Error("-first-user 0 accepted")
+	}
+}
+
+func TestAckLine(t *testing.T) {
+	if got := fmt.Sprint(ack{7, 3, 9}); got != "7 3 9" {
+		t.Errorf("ack line %q", got)
+	}
+	if got := fmt.Sprint(ack{orderID: 7}); got != "7" {
+		t.Errorf("ack line of a 201 without sku and user: %q", got)
 	}
 }
 

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,7 +16,8 @@ import (
 // tap is an HTTP forward proxy on loopback that hey's requester sends every
 // request through. hey keeps only status codes and timings; the tap also
 // reads each response body, so that every 201 becomes a line of the acks
-// file: the orders the buyers were told they have.
+// file: the orders the buyers were told they have, with the SKU and user
+// each answer named.
 type tap struct {
 	transport *http.Transport
 	server    *http.Server
@@ -24,7 +27,20 @@ type tap struct {
 	mu       sync.Mutex
 	statuses map[int]int
 	errors   map[string]int
-	acks     []int64
+	acks     []ack
+}
+
+// ack is one 201: the order, and the SKU and user its body named (zero if
+// it named none).
+type ack struct{ orderID, skuID, userID int64 }
+
+// String renders the ack as a line of the acks file: "order_id sku_id
+// user_id", or the order id alone if the answer lacked the others.
+func (a ack) String() string {
+	if a.skuID <= 0 || a.userID <= 0 {
+		return strconv.FormatInt(a.orderID, 10)
+	}
+	return fmt.Sprintf("%d %d %d", a.orderID, a.skuID, a.userID)
 }
 
 // tapConnsPerHost caps the tap's connections to each service URL; requests
@@ -85,13 +101,15 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 func (t *tap) record(status int, body []byte, err error) {
-	var ack int64
+	var a ack
 	if status == http.StatusCreated {
 		var o struct {
 			OrderID int64 `json:"order_id"`
+			SKUID   int64 `json:"sku_id"`
+			UserID  int64 `json:"user_id"`
 		}
 		if json.NewDecoder(bytes.NewReader(body)).Decode(&o) == nil {
-			ack = o.OrderID
+			a = ack{o.OrderID, o.SKUID, o.UserID}
 		}
 	}
 	t.mu.Lock()
@@ -101,13 +119,13 @@ func (t *tap) record(status int, body []byte, err error) {
 		return
 	}
 	t.statuses[status]++
-	if ack > 0 {
-		t.acks = append(t.acks, ack)
+	if a.orderID > 0 {
+		t.acks = append(t.acks, a)
 	}
 }
 
 // snapshot returns copies of what the tap has seen.
-func (t *tap) snapshot() (map[int]int, map[string]int, []int64) {
+func (t *tap) snapshot() (map[int]int, map[string]int, []ack) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	s := make(map[int]int, len(t.statuses))
@@ -118,5 +136,5 @@ func (t *tap) snapshot() (map[int]int, map[string]int, []int64) {
 	for k, v := range t.errors {
 		e[k] = v
 	}
-	return s, e, append([]int64(nil), t.acks...)
+	return s, e, append([]ack(nil), t.acks...)
 }
