@@ -1,4 +1,4 @@
-.PHONY: build test bench bench-lock demo up down loadtest clean
+.PHONY: build test bench bench-lock bench-orders demo up down loadtest clean
 
 GO ?= go
 
@@ -19,6 +19,10 @@ bench:
 ## bench-lock: our Redis lock side by side with redsync and bsm/redislock on a private Redis; prints one table
 bench-lock:
 	scripts/test.sh bench-lock
+
+## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch) on a private stack; one table
+bench-orders:
+	scripts/bench-orders.sh
 
 ## demo: the lock experiment on a private stack; prints the table, writes out/demo/report.{md,png}
 demo:

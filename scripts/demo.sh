@@ -4,7 +4,8 @@
 # runs the lock experiment (bin/demo), and stops the stack however it ends.
 # Extra arguments go to bin/demo (-skus, -buyers, -c, -ttl, -pause, ...).
 #
-# Environment: SHOP_STATE (default .state/demo), DEMO_OUT (default out/demo).
+# Environment: SHOP_STATE (default .state/demo), DEMO_OUT (default out/demo),
+# DEMO_MODE (-bench: make bench-orders, see scripts/bench-orders.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -20,4 +21,4 @@ trap 'exit 130' INT TERM
 scripts/stack.sh down >/dev/null 2>&1 || true # a stack left by an interrupted run
 scripts/stack.sh up >/dev/null
 go build -o bin/demo ./cmd/demo
-bin/demo -state "$SHOP_STATE" -out "$out" "$@"
+bin/demo ${DEMO_MODE:-} -state "$SHOP_STATE" -out "$out" "$@"

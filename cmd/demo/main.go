@@ -1,9 +1,13 @@
 // Command demo reproduces the seeds' experiment on the local stack: for each
 // row it restarts the replicas with one lock mode, reseeds the catalog, fires
 // the sell-out load at nginx and asks `shop verify` whether the sale held.
+// Then the hot SKU: one product with many units and more buyers than units,
+// sold lock-free one order at a time, under the Redis lock one order at a
+// time, and with the service's default order coalescing.
 //
 //	scripts/demo.sh            (make demo: starts the stack, runs this, stops it)
 //	bin/demo -state .state/demo -out out/demo
+//	bin/demo -bench ...        (make bench-orders: the order path side by side, see bench.go)
 //
 // Every verdict comes from `shop verify --json`; the load's figures come from
 // the loadtest's JSON result. It prints one table, writes report.md and
@@ -32,10 +36,15 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	var err error
+	if len(os.Args) > 1 && (os.Args[1] == "-bench" || os.Args[1] == "--bench") {
+		err = runBench(ctx, os.Args, os.Stdout, os.Stderr)
+	} else {
+		err = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	}
 	stop()
 	switch {
-	case errors.Is(err, errRowsFailed):
+	case errors.Is(err, errRowsFailed), errors.Is(err, errVerifyFailed):
 		os.Exit(1)
 	case err != nil:
 		fmt.Fprintln(os.Stderr, "demo:", err)
@@ -57,6 +66,10 @@ type options struct {
 	ttl      time.Duration // lock TTL of the pause rows
 	pause    time.Duration // how long a replica is stopped
 	after    time.Duration // how long into the load it is stopped
+
+	hotUnits   int // units of the hot SKU; 0 skips the hot rows
+	hotBuyers  int // buyers of the hot SKU
+	hotWorkers int // concurrent buyers of the hot SKU
 }
 
 func parse(args []string) (options, error) {
@@ -72,12 +85,17 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.ttl, "ttl", 500*time.Millisecond, "lock TTL of the pause rows")
 	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the paused replica stays stopped (more than -ttl)")
 	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the replica is stopped")
+	fs.IntVar(&o.hotUnits, "hot-units", 5000, "units of the hot SKU (0 skips the hot rows)")
+	fs.IntVar(&o.hotBuyers, "hot-buyers", 6000, "buyers of the hot SKU, each a different user")
+	fs.IntVar(&o.hotWorkers, "hot-c", 200, "concurrent buyers of the hot SKU")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	switch {
 	case o.skus <= 0 || o.buyers <= 1 || o.workers <= 0:
 		return o, errors.New("-skus and -c must be positive and -buyers above 1")
+	case o.hotUnits < 0 || o.hotUnits > 0 && (o.hotBuyers <= 0 || o.hotWorkers <= 0):
+		return o, errors.New("-hot-units must not be negative, and with hot units -hot-buyers and -hot-c must be positive")
 	case o.pause <= o.ttl:
 		return o, fmt.Errorf("-pause %s must be longer than -ttl %s, or no lease runs out", o.pause, o.ttl)
 	}
@@ -119,6 +137,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fmt.Fprint(stdout, table(results))
 	fmt.Fprintf(stdout, "\n%d products × %d buyers through nginx (%s), %d at once; %d CPU cores.\n",
 		o.skus, o.buyers, url, min(o.workers, o.skus*o.buyers), cores)
+	if o.hotUnits > 0 {
+		fmt.Fprintf(stdout, "Hot SKU: one product with %d units, %d buyers, %d at once.\n",
+			o.hotUnits, o.hotBuyers, min(o.hotWorkers, o.hotBuyers))
+	}
 	if err := writeReport(o, results, cores); err != nil {
 		return err
 	}
@@ -140,15 +162,23 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	if _, err := command(ctx, stderr, o.stack, replicas...); err != nil {
 		return res, err
 	}
-	if _, err := command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(o.skus), "--stock", "1"); err != nil {
+	products, units := o.skus, 1
+	if r.Hot {
+		products, units = 1, o.hotUnits
+	}
+	if _, err := command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products), "--stock", strconv.Itoa(units)); err != nil {
 		return res, err
 	}
 
 	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
 	acks := base + ".acks"
-	load := exec.CommandContext(ctx, o.loadtest, "-scenario", "sellout", "-url", url,
-		"-skus", strconv.Itoa(o.skus), "-buyers", strconv.Itoa(o.buyers), "-c", strconv.Itoa(o.workers),
-		"-json", base+".json", "-acks", acks)
+	args := []string{"-scenario", "sellout", "-url", url,
+		"-skus", strconv.Itoa(o.skus), "-buyers", strconv.Itoa(o.buyers), "-c", strconv.Itoa(o.workers)}
+	if r.Hot {
+		args = []string{"-scenario", "hotsku", "-url", url, "-sku", "1",
+			"-n", strconv.Itoa(o.hotBuyers), "-c", strconv.Itoa(o.hotWorkers)}
+	}
+	load := exec.CommandContext(ctx, o.loadtest, append(args, "-json", base+".json", "-acks", acks)...)
 	logFile, err := os.Create(base + ".log")
 	if err != nil {
 		return res, err
@@ -178,16 +208,25 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 		return res, err
 	}
 
+	res.Verify, err = verifySale(ctx, o.stack, acks, base+".verify.json", stderr)
+	return res, err
+}
+
+// verifySale runs `shop verify --json --acks acks` on the stack (with env,
+// if given, as the stack script's environment), keeps its output in path and
+// returns its report. A broken invariant is in the report, not an error.
+func verifySale(ctx context.Context, stack, acks, path string, stderr io.Writer, env ...string) (verifyReport, error) {
+	var v verifyReport
 	// verify exits 1 when an invariant is broken; its JSON says which.
-	out, err := command(ctx, stderr, o.stack, "shop", "verify", "--json", "--acks", acks)
+	out, err := commandEnv(ctx, env, stderr, stack, "shop", "verify", "--json", "--acks", acks)
 	var exit *exec.ExitError
 	if err != nil && !(errors.As(err, &exit) && exit.ExitCode() == 1) {
-		return res, err
+		return v, err
 	}
-	if err := json.Unmarshal(out, &res.Verify); err != nil {
-		return res, fmt.Errorf("shop verify: %w: %q", err, out)
+	if err := json.Unmarshal(out, &v); err != nil {
+		return v, fmt.Errorf("shop verify: %w: %q", err, out)
 	}
-	return res, os.WriteFile(base+".verify.json", out, 0o644)
+	return v, os.WriteFile(path, out, 0o644)
 }
 
 // killMaster kills Redis master i (SIGKILL, counted from 1) o.after into the
@@ -248,8 +287,14 @@ func pauseReplica(ctx context.Context, o options, i int, stderr io.Writer) (time
 // command runs name with args and returns its standard output; its standard
 // error goes to stderr.
 func command(ctx context.Context, stderr io.Writer, name string, args ...string) ([]byte, error) {
+	return commandEnv(ctx, nil, stderr, name, args...)
+}
+
+// commandEnv is command with env as the environment (nil: this process's).
+func commandEnv(ctx context.Context, env []string, stderr io.Writer, name string, args ...string) ([]byte, error) {
 	var out bytes.Buffer
 	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = &out, stderr
 	err := cmd.Run()
 	if err != nil {
@@ -287,32 +332,45 @@ func readEnvFile(path string) (map[string]string, error) {
 // busyCauses sums the replicas' shop_orders_busy_total by cause.
 func busyCauses(ctx context.Context, ports []string) (map[string]int, error) {
 	sum := map[string]int{}
+	err := scrapeMetrics(ctx, ports, func(series string, v float64) {
+		if rest, ok := strings.CutPrefix(series, `shop_orders_busy_total{cause="`); ok {
+			sum[strings.TrimSuffix(rest, `"}`)] += int(v)
+		}
+	})
+	return sum, err
+}
+
+// scrapeMetrics reads /metrics of the replicas on ports and calls each with
+// every sample: the series (name and labels) and its value.
+func scrapeMetrics(ctx context.Context, ports []string, each func(series string, v float64)) error {
 	for _, port := range ports {
 		req, err := http.NewRequestWithContext(ctx, "GET", "http://127.0.0.1:"+port+"/metrics", nil)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		res, err := http.DefaultClient.Do(req)
 		if err != nil {
-			return nil, fmt.Errorf("metrics of replica on %s: %w", port, err)
+			return fmt.Errorf("metrics of replica on %s: %w", port, err)
 		}
 		body, err := io.ReadAll(res.Body)
 		res.Body.Close()
 		if err != nil {
-			return nil, err
+			return fmt.Errorf("metrics of replica on %s: %w", port, err)
 		}
 		for _, line := range strings.Split(string(body), "\n") {
-			rest, ok := strings.CutPrefix(line, `shop_orders_busy_total{cause="`)
-			if !ok {
+			if line == "" || strings.HasPrefix(line, "#") {
 				continue
 			}
-			cause, value, _ := strings.Cut(rest, `"} `)
-			n, err := strconv.ParseFloat(value, 64)
-			if err != nil {
-				return nil, fmt.Errorf("metrics of replica on %s: %q: %w", port, line, err)
+			i := strings.LastIndexByte(line, ' ')
+			if i < 0 {
+				return fmt.Errorf("metrics of replica on %s: %q: no value", port, line)
 			}
-			sum[cause] += int(n)
+			v, err := strconv.ParseFloat(line[i+1:], 64)
+			if err != nil {
+				return fmt.Errorf("metrics of replica on %s: %q: %w", port, line, err)
+			}
+			each(line[:i], v)
 		}
 	}
-	return sum, nil
+	return nil
 }

@@ -20,14 +20,19 @@ type row struct {
 	TTL      time.Duration // SHOP_LOCK_TTL; zero leaves the default
 	Pause    bool          // replica 2 is stopped for longer than TTL during the load
 	Kill     bool          // Redis master 3 of the Redlock is killed during the load
+	Hot      bool          // one product with many units (-hot-units) and more buyers (-hot-buyers)
+	Batch    int           // SHOP_ORDER_BATCH; zero leaves the default
 	MustHold bool          // the invariants must hold; otherwise the row is expected to race
+	WantSold int64         // orders the row must sell, when above zero
 	Shows    string
 }
 
 // experiment is seed 002's experiment, then the pause that the seeds' Redis
-// lock alone does not survive.
+// lock alone does not survive, then the hot SKU (unless -hot-units is 0):
+// one product, more buyers than units, with and without the lock and the
+// coalescing of orders.
 func experiment(o options) []row {
-	return []row{
+	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
 			Shows: "without a lock the buyers of one product all read stock 1 and all write 0"},
 		{Lock: "local", Update: "naive", Replicas: 1, MustHold: true,
@@ -47,6 +52,18 @@ func experiment(o options) []row {
 		{Lock: "redlock", Update: "naive", Replicas: 3, Kill: true, MustHold: true,
 			Shows: "one of the three masters dies during the sale: the two left are a majority, and the lock holds"},
 	}
+	if o.hotUnits == 0 {
+		return rows
+	}
+	sold := int64(min(o.hotUnits, o.hotBuyers))
+	return append(rows,
+		row{Lock: "none", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: sold,
+			Shows: "no lock, one order per transaction: the conditional UPDATE alone sells each unit once"},
+		row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: sold,
+			Shows: "the Redis lock, one order per lock hold: every buyer of the SKU waits for the lock in turn"},
+		row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, MustHold: true, WantSold: sold,
+			Shows: "the service's default: each lock holder places the SKU's queued orders in one transaction"},
+	)
 }
 
 // PausedReplica is the replica a pause row stops.
@@ -69,10 +86,35 @@ func (r row) fencing() string {
 	return "off"
 }
 
+// sale names the row's catalog and buyers.
+func (r row) sale() string {
+	if r.Hot {
+		return "hot SKU"
+	}
+	return "sellout"
+}
+
+// batch renders SHOP_ORDER_BATCH.
+func (r row) batch() string {
+	if r.Batch == 0 {
+		return "default"
+	}
+	return strconv.Itoa(r.Batch)
+}
+
 func (r row) label() string {
 	s := fmt.Sprintf("%s/%s ×%d", r.Lock, r.Update, r.Replicas)
+	if r.Hot {
+		s = "hot SKU, " + s
+	}
 	if r.tokens() {
 		s += ", fencing " + r.fencing()
+	}
+	switch {
+	case r.Hot && r.Batch == 0:
+		s += ", default batch"
+	case r.Hot:
+		s += ", batch " + r.batch()
 	}
 	if r.Pause {
 		s += fmt.Sprintf(", TTL %s, replica %d paused", r.TTL, r.PausedReplica())
@@ -85,8 +127,14 @@ func (r row) label() string {
 
 func (r row) slug() string {
 	s := fmt.Sprintf("%s-%s-x%d", r.Lock, r.Update, r.Replicas)
+	if r.Hot {
+		s = "hot-" + s
+	}
 	if r.tokens() {
 		s += "-fencing-" + r.fencing()
+	}
+	if r.Hot {
+		s += "-batch-" + r.batch()
 	}
 	if r.Pause {
 		s += "-pause"
@@ -106,6 +154,9 @@ func (r row) env() []string {
 	if r.TTL > 0 {
 		env = append(env, "SHOP_LOCK_TTL="+r.TTL.String())
 	}
+	if r.Batch > 0 {
+		env = append(env, "SHOP_ORDER_BATCH="+strconv.Itoa(r.Batch))
+	}
 	return env
 }
 
@@ -113,6 +164,7 @@ func (r row) env() []string {
 type loadResult struct {
 	Requests int            `json:"requests"`
 	Seconds  float64        `json:"seconds"`
+	RPS      float64        `json:"rps"`
 	P50Ms    float64        `json:"p50_ms"`
 	P99Ms    float64        `json:"p99_ms"`
 	Statuses map[string]int `json:"statuses"`
@@ -183,19 +235,28 @@ func (r result) verdict() string {
 }
 
 // failed reports whether the row disproves what it must show: a row that
-// must hold broke an invariant or sold nothing, or any row lost an
-// acknowledged order or sold one SKU twice to a user.
+// must hold broke an invariant, sold nothing or sold other than the units it
+// must, or any row lost an acknowledged order or sold one SKU twice to a
+// user.
 func (r result) failed() bool {
 	if r.Row.MustHold {
-		return !r.Verify.OK || r.Verify.Orders == 0
+		return !r.Verify.OK || r.Verify.Orders == 0 || r.soldShort()
 	}
 	return len(r.broken(true)) > 0
+}
+
+// soldShort reports whether a row that must sell a number of units sold
+// another number.
+func (r result) soldShort() bool {
+	return r.Row.WantSold > 0 && r.Verify.Orders != r.Row.WantSold
 }
 
 func (r result) outcome() string {
 	switch {
 	case r.failed() && r.Verify.Orders == 0:
 		return "FAILED: nothing sold"
+	case r.failed() && r.Verify.OK && r.soldShort():
+		return fmt.Sprintf("FAILED: sold %d, must sell %d", r.Verify.Orders, r.Row.WantSold)
 	case r.failed():
 		return "FAILED: " + strings.Join(r.broken(!r.Row.MustHold), ", ")
 	case r.Row.MustHold:
@@ -216,11 +277,11 @@ func (r result) ordersPerSecond() float64 {
 }
 
 // columns are the table's headings; cells gives a row's values.
-var columns = []string{"#", "lock", "update", "fencing", "replicas", "disruption", "leases lost / stale writes refused",
+var columns = []string{"#", "sale", "lock", "update", "fencing", "batch", "replicas", "disruption", "leases lost / stale writes refused",
 	"requests", "201s", "orders in MySQL", "oversold units", "verify", "orders/s", "p50", "p99", "outcome"}
 
 func (r result) cells(n int) []string {
-	return []string{strconv.Itoa(n), r.Row.Lock, r.Row.Update, r.Row.fencing(), strconv.Itoa(r.Row.Replicas),
+	return []string{strconv.Itoa(n), r.Row.sale(), r.Row.Lock, r.Row.Update, r.Row.fencing(), r.Row.batch(), strconv.Itoa(r.Row.Replicas),
 		r.disruption(), r.staleHolders(), strconv.Itoa(r.Load.Requests), strconv.Itoa(r.created()),
 		strconv.FormatInt(r.Verify.Orders, 10), strconv.FormatInt(r.Verify.Oversold, 10), r.verdict(),
 		fmt.Sprintf("%.0f", r.ordersPerSecond()), ms(r.Load.P50Ms), ms(r.Load.P99Ms), r.outcome()}
@@ -269,6 +330,11 @@ func writeReport(o options, results []result, cores int) error {
 		"sent by hey through nginx to the replicas; every verdict is `shop verify --json --acks` against MariaDB. "+
 		"Machine: %d CPU cores. Run %s.\n\n", o.skus, o.buyers, o.skus*o.buyers, min(o.workers, o.skus*o.buyers),
 		cores, time.Now().UTC().Format(time.RFC3339))
+	if o.hotUnits > 0 {
+		fmt.Fprintf(&b, "The hot-SKU rows sell one product with %d units to %d buyers, each a different user (%d at once), "+
+			"through the same nginx; each must hold and sell exactly %d units.\n\n",
+			o.hotUnits, o.hotBuyers, min(o.hotWorkers, o.hotBuyers), min(o.hotUnits, o.hotBuyers))
+	}
 	b.WriteString("![oversold units and orders per second per row](report.png)\n\n")
 	b.WriteString(markdownTable(results))
 	b.WriteString("\n## Rows\n\n")
@@ -287,9 +353,10 @@ func writeReport(o options, results []result, cores int) error {
 		b.WriteString("\n")
 	}
 	b.WriteString(`
-A row that must hold fails the demo if any invariant breaks, or if it sold nothing. A row expected to race is
-reported, not failed, when it happens not to race; it fails only if it breaks an invariant other than the stock
-count (a lost acknowledged order, two orders of one user).
+A row that must hold fails the demo if any invariant breaks, or if it sold nothing; a hot-SKU row also if it
+sold other than min(units, buyers). A row expected to race is reported, not failed, when it happens not to race;
+it fails only if it breaks an invariant other than the stock count (a lost acknowledged order, two orders of one
+user, an acknowledged order that is another buyer's).
 
 In the pause rows, "leases lost" counts orders whose holder found its lease gone (the watchdog cancels the
 lease's context as soon as the stopped process runs again, and the transaction rolls back), "stale writes

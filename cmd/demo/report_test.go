@@ -5,6 +5,7 @@ import (
 	"image/png"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,7 +15,8 @@ import (
 func fake(r row, orders, oversold int64, broken ...string) result {
 	res := result{Row: r, Load: loadResult{Requests: 800, Seconds: 2, Statuses: map[string]int{"201": int(orders)}}}
 	res.Verify.Orders, res.Verify.Oversold = orders, oversold
-	for _, name := range append(oversellChecks, "one order per (user, sku)", "every acknowledged order exists") {
+	for _, name := range append(oversellChecks, "one order per (user, sku)", "every acknowledged order exists",
+		"every acknowledged order has its sku and user") {
 		c := check{Name: name}
 		for _, b := range broken {
 			if b == name {
@@ -30,6 +32,7 @@ func fake(r row, orders, oversold int64, broken ...string) result {
 func TestOutcome(t *testing.T) {
 	must := row{Lock: "redis", Update: "naive", Replicas: 3, MustHold: true}
 	race := row{Lock: "none", Update: "naive", Replicas: 3}
+	hot := row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: 300}
 	const oversell = "initial_stock == stock + orders"
 	tests := []struct {
 		name    string
@@ -45,6 +48,11 @@ func TestOutcome(t *testing.T) {
 		{"race, did not", fake(race, 200, 0), "correct", "expected to race; did not race this run", false},
 		{"race, lost an ack", fake(race, 300, 100, oversell, "every acknowledged order exists"), "BROKEN",
 			"FAILED: every acknowledged order exists", true},
+		{"hot, sold every unit", fake(hot, 300, 0), "correct", "holds, as it must", false},
+		{"hot, sold short", fake(hot, 290, 0), "correct", "FAILED: sold 290, must sell 300", true},
+		{"hot, oversold", fake(hot, 301, 1, oversell), "OVERSOLD", "FAILED: " + oversell, true},
+		{"hot, an ack for another buyer", fake(hot, 300, 0, "every acknowledged order has its sku and user"), "BROKEN",
+			"FAILED: every acknowledged order has its sku and user", true},
 	}
 	for _, tt := range tests {
 		if got := tt.res.verdict(); got != tt.verdict {
@@ -65,9 +73,15 @@ func TestReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := experiment(o)
+	if hot := slices.IndexFunc(rows, func(r row) bool { return r.Hot }); hot != 9 || len(rows) != 12 {
+		t.Fatalf("%d rows, the first hot one at %d; want 9 sell-out rows and 3 hot ones", len(rows), hot)
+	}
 	var results []result
 	for i, r := range rows {
 		res := fake(r, 200, 0)
+		if r.Hot {
+			res = fake(r, r.WantSold, 0)
+		}
 		if !r.MustHold {
 			res = fake(r, 200+int64(i), int64(i), "initial_stock == stock + orders")
 		}
@@ -86,7 +100,8 @@ func TestReport(t *testing.T) {
 		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)+1, tbl)
 	}
 	for _, want := range []string{"redis    guarded", "2s > TTL 500ms", "3 / 1", "oversold, as expected", "holds, as it must",
-		"redlock  naive", "master 3 killed at 500ms"} {
+		"redlock  naive", "master 3 killed at 500ms", "hot SKU  none     guarded  -        1 ", "hot SKU  redis    guarded  on       1 ",
+		"hot SKU  redis    guarded  on       default", "sellout  redis    guarded  on       default"} {
 		if !strings.Contains(tbl, want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl)
 		}
@@ -112,6 +127,48 @@ func TestReport(t *testing.T) {
 	}
 	if h := img.Bounds().Dy(); h != headerSpace+rowHeight*len(rows)+footerSpace {
 		t.Errorf("chart is %d px high, want one band per row", h)
+	}
+	if !strings.Contains(string(md), "hot SKU, redis/guarded ×3, fencing on, default batch") ||
+		!strings.Contains(string(md), "one product with 5000 units to 6000 buyers") {
+		t.Errorf("report.md lacks the hot rows:\n%s", md)
+	}
+}
+
+func TestHotRows(t *testing.T) {
+	o, err := parse([]string{"-hot-units", "300", "-hot-buyers", "400"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var env [][]string
+	for _, r := range experiment(o) {
+		if r.Hot {
+			if !r.MustHold || r.WantSold != 300 || r.Update != "guarded" {
+				t.Errorf("hot row %s: must hold %v, must sell %d", r.label(), r.MustHold, r.WantSold)
+			}
+			env = append(env, r.env())
+		}
+	}
+	want := [][]string{
+		{"SHOP_LOCK_MODE=none", "SHOP_STOCK_UPDATE=guarded", "SHOP_FENCING=on", "SHOP_ORDER_BATCH=1"},
+		{"SHOP_LOCK_MODE=redis", "SHOP_STOCK_UPDATE=guarded", "SHOP_FENCING=on", "SHOP_ORDER_BATCH=1"},
+		{"SHOP_LOCK_MODE=redis", "SHOP_STOCK_UPDATE=guarded", "SHOP_FENCING=on"},
+	}
+	if !slices.EqualFunc(env, want, slices.Equal) {
+		t.Errorf("hot rows' settings %q, want %q", env, want)
+	}
+	if o, _ := parse([]string{"-hot-units", "400", "-hot-buyers", "300"}); experiment(o)[9].WantSold != 300 {
+		t.Error("more units than buyers: the row must sell one unit per buyer")
+	}
+	if o, _ := parse([]string{"-hot-units", "0"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Hot }) {
+		t.Error("-hot-units 0 kept the hot rows")
+	}
+	for _, bad := range [][]string{{"-hot-units", "-1"}, {"-hot-buyers", "0"}, {"-hot-c", "0"}} {
+		if _, err := parse(bad); err == nil {
+			t.Errorf("parse(%v) accepted", bad)
+		}
+	}
+	if _, err := parse([]string{"-hot-units", "0", "-hot-buyers", "0"}); err != nil {
+		t.Errorf("no hot rows, no hot buyers: %v", err)
 	}
 }
 

@@ -1,0 +1,622 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// The order-path benchmark (make bench-orders, `bin/demo -bench`): the same
+// sales under three ways of running the replicas, side by side in one run.
+// The load goes straight to the three replicas, round robin, not through
+// nginx. Each figure comes from the loadtest's JSON result, from deltas of
+// MariaDB's statement counters and of the replicas' /metrics taken right
+// before and after the phase, and stands beside `shop verify --acks`'s
+// verdict on that phase.
+
+// errVerifyFailed means `shop verify` found an invariant broken in some
+// phase of the benchmark; the table says which.
+var errVerifyFailed = errors.New("shop verify found an invariant broken")
+
+type benchOptions struct {
+	state     string // the stack's state directory
+	stack     string // scripts/stack.sh
+	loadtest  string // bin/loadtest
+	out       string
+	rounds    int
+	hotUnits  int
+	hotBuyers int
+	skus      int
+	buyers    int
+	workers   int
+}
+
+func parseBench(args []string) (benchOptions, error) {
+	var o benchOptions
+	fs := flag.NewFlagSet("demo -bench", flag.ContinueOnError)
+	fs.StringVar(&o.state, "state", ".state/bench-orders", "state directory of the stack (scripts/stack.sh)")
+	fs.StringVar(&o.stack, "stack", "scripts/stack.sh", "the stack script")
+	fs.StringVar(&o.loadtest, "loadtest", "bin/loadtest", "the load test binary")
+	fs.StringVar(&o.out, "out", "out/bench-orders", "directory for report.md and each phase's files")
+	fs.IntVar(&o.rounds, "rounds", 1, "how many times the configurations run, interleaved")
+	fs.IntVar(&o.hotUnits, "hot-units", 5000, "hot SKU: units of the one product")
+	fs.IntVar(&o.hotBuyers, "hot-buyers", 6000, "hot SKU: buyers, each a different user")
+	fs.IntVar(&o.skus, "skus", 5000, "sellout: products, one unit each")
+	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per product")
+	fs.IntVar(&o.workers, "c", 200, "concurrent buyers")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.rounds <= 0 || o.hotUnits <= 0 || o.hotBuyers <= 0 || o.skus <= 0 || o.buyers <= 0 || o.workers <= 0 {
+		return o, errors.New("-rounds, -hot-units, -hot-buyers, -skus, -buyers and -c must be positive")
+	}
+	return o, nil
+}
+
+// benchConfig is one way of running the replicas: a column of the
+// comparison.
+type benchConfig struct {
+	Name     string
+	Env      []string // the replicas' settings
+	Baseline bool     // the configuration the others are divided by
+}
+
+// benchConfigs are the lock-free baseline (the guarded UPDATE alone, one
+// order per transaction), the Redis lock with one order per hold, and the
+// service's default (the Redis lock, a SKU's queued orders in one
+// transaction).
+func benchConfigs() []benchConfig {
+	return []benchConfig{
+		{Name: "none, batch 1 (baseline)", Env: []string{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, Baseline: true},
+		{Name: "redis, batch 1", Env: []string{"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}},
+		{Name: "redis, default batch", Env: []string{"SHOP_LOCK_MODE=redis"}},
+	}
+}
+
+// The phases of the benchmark.
+const (
+	phaseHot     = "hot SKU"
+	phaseSellout = "sellout"
+	phaseAfter   = "after sell-out" // one more buyer per product once all are sold
+)
+
+// statementCounters are the MariaDB counters a phase's statements are
+// counted by (SHOW GLOBAL STATUS), in the table's order.
+var statementCounters = []string{"Com_select", "Com_update", "Com_insert", "Com_commit"}
+
+// benchPhase is one phase of one configuration in one round: a line of the
+// table.
+type benchPhase struct {
+	Round     int
+	Phase     string
+	Config    benchConfig
+	Load      loadResult
+	Stmts     map[string]int64 // statementCounters' deltas over the phase
+	Txns      float64          // order transactions of the replicas (shop_order_transactions_total's delta)
+	TxnOrders float64          // orders decided in them (shop_order_transaction_orders_total's delta)
+	Sold      int64            // orders the phase added to MySQL
+	Verify    verifyReport     // shop verify --acks after the phase
+}
+
+// snapshot is what a phase's figures are deltas of.
+type snapshot struct {
+	stmts           map[string]int64
+	txns, txnOrders float64
+	orders          int64
+}
+
+// bench holds a benchmark run's connections and settings.
+type bench struct {
+	o        benchOptions
+	env      []string // of every stack.sh command
+	db       *sql.DB  // the stack's MariaDB, for its counters
+	ports    []string // the replicas'
+	url      string   // the load's -url: the replicas, comma-separated
+	stderr   io.Writer
+	prevSold int64
+}
+
+func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) error {
+	o, err := parseBench(argv[2:])
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Join(o.out, "runs"), 0o755); err != nil {
+		return err
+	}
+	portsFile := filepath.Join(o.state, "ports.env")
+	ports, err := readEnvFile(portsFile)
+	if err != nil {
+		return fmt.Errorf("%w (is the stack up? SHOP_STATE=%s scripts/stack.sh up)", err, o.state)
+	}
+	replicaPorts := strings.Fields(ports["REPLICA_PORTS"])
+	if len(replicaPorts) < 3 || ports["MYSQL_PORT"] == "" {
+		return fmt.Errorf("%s: want three REPLICA_PORTS and MYSQL_PORT, have %q and %q", portsFile, ports["REPLICA_PORTS"], ports["MYSQL_PORT"])
+	}
+	replicaPorts = replicaPorts[:3]
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr = "root", "tcp", "127.0.0.1:"+ports["MYSQL_PORT"]
+	db, err := sql.Open("mysql", cfg.FormatDSN())
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
+
+	b := &bench{o: o, env: stackEnv(o.state), db: db, ports: replicaPorts, stderr: stderr}
+	urls := make([]string, len(replicaPorts))
+	for i, p := range replicaPorts {
+		urls[i] = "http://127.0.0.1:" + p
+	}
+	b.url = strings.Join(urls, ",")
+
+	var phases []benchPhase
+	configs := benchConfigs()
+	for round := 1; round <= o.rounds; round++ {
+		for _, c := range configs {
+			fmt.Fprintf(stderr, "\n== round %d/%d: %s\n", round, o.rounds, c.Name)
+			got, err := b.runConfig(ctx, round, c)
+			phases = append(phases, got...)
+			if err != nil {
+				return fmt.Errorf("round %d, %s: %w", round, c.Name, err)
+			}
+		}
+	}
+
+	command := strings.Join(argv, " ")
+	cores := runtime.NumCPU()
+	tbl := benchTable(phases, o.rounds)
+	notes := benchNotes(o, phases)
+	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, tbl)
+	fmt.Fprint(stdout, notes)
+	fmt.Fprintf(stdout, "\n%d CPU cores (runtime.NumCPU). Command: %s\n", cores, command)
+	if err := writeBenchReport(o, tbl, notes, cores, command); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(o.out, "report.md"))
+	for _, p := range phases {
+		if !p.Verify.OK {
+			fmt.Fprintf(stdout, "FAILED: shop verify, %s, %s, run %d\n", p.Phase, p.Config.Name, p.Round)
+			return errVerifyFailed
+		}
+	}
+	return nil
+}
+
+// stackEnv is the environment of the stack script: this process's, with
+// SHOP_STATE pointing at the bench's stack and no other SHOP_ setting, so
+// that every configuration is exactly the settings it names on the
+// service's defaults.
+func stackEnv(state string) []string {
+	env := []string{"SHOP_STATE=" + state}
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "SHOP_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// runConfig restarts the replicas with c's settings and runs the hot SKU,
+// then the sellout and the round after it.
+func (b *bench) runConfig(ctx context.Context, round int, c benchConfig) ([]benchPhase, error) {
+	o := b.o
+	if _, err := commandEnv(ctx, b.env, b.stderr, o.stack, append([]string{"replicas", "3"}, c.Env...)...); err != nil {
+		return nil, err
+	}
+	var phases []benchPhase
+	slug := func(phase string) string {
+		name := strings.NewReplacer(" ", "-", ",", "", "(", "", ")", "").Replace(c.Name + "-" + phase)
+		return filepath.Join(o.out, "runs", fmt.Sprintf("%d-%s", round, name))
+	}
+
+	if err := b.seed(ctx, 1, o.hotUnits); err != nil {
+		return nil, err
+	}
+	hot, err := b.runPhase(ctx, round, phaseHot, c, slug("hot"), nil,
+		"-scenario", "hotsku", "-sku", "1", "-n", strconv.Itoa(o.hotBuyers))
+	phases = append(phases, hot)
+	if err != nil {
+		return phases, err
+	}
+
+	if err := b.seed(ctx, o.skus, 1); err != nil {
+		return phases, err
+	}
+	sale, err := b.runPhase(ctx, round, phaseSellout, c, slug("sellout"), nil,
+		"-scenario", "sellout", "-skus", strconv.Itoa(o.skus), "-buyers", strconv.Itoa(o.buyers))
+	phases = append(phases, sale)
+	if err != nil {
+		return phases, err
+	}
+	// One new buyer per product, every product sold out: what a refusal costs.
+	after, err := b.runPhase(ctx, round, phaseAfter, c, slug("after"), []string{slug("sellout") + ".acks"},
+		"-scenario", "sellout", "-skus", strconv.Itoa(o.skus), "-buyers", "1",
+		"-first-user", strconv.Itoa(o.skus*o.buyers+1))
+	return append(phases, after), err
+}
+
+// seed resets the catalog to products with units each.
+func (b *bench) seed(ctx context.Context, products, units int) error {
+	_, err := commandEnv(ctx, b.env, b.stderr, b.o.stack, "shop", "seed",
+		"--products", strconv.Itoa(products), "--stock", strconv.Itoa(units))
+	b.prevSold = 0
+	return err
+}
+
+// runPhase runs the loadtest with args against the replicas between two
+// snapshots, then shop verify with the phase's acks and earlier ones. Its
+// files are base.{json,acks,log,verify.json}.
+func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchConfig, base string, earlierAcks []string, args ...string) (benchPhase, error) {
+	p := benchPhase{Round: round, Phase: phase, Config: c}
+	before, err := b.snapshot(ctx)
+	if err != nil {
+		return p, err
+	}
+	args = append(args, "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-json", base+".json", "-acks", base+".acks")
+	if err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
+		return p, err
+	}
+	after, err := b.snapshot(ctx)
+	if err != nil {
+		return p, err
+	}
+	p.Stmts = map[string]int64{}
+	for _, name := range statementCounters {
+		p.Stmts[name] = after.stmts[name] - before.stmts[name]
+	}
+	p.Txns, p.TxnOrders = after.txns-before.txns, after.txnOrders-before.txnOrders
+	if err := readJSON(base+".json", &p.Load); err != nil {
+		return p, err
+	}
+
+	acks := base + ".acks"
+	if len(earlierAcks) > 0 {
+		acks = base + ".all.acks"
+		if err := concatFiles(acks, append(earlierAcks, base+".acks")...); err != nil {
+			return p, err
+		}
+	}
+	if p.Verify, err = verifySale(ctx, b.o.stack, acks, base+".verify.json", b.stderr, b.env...); err != nil {
+		return p, err
+	}
+	p.Sold = p.Verify.Orders - b.prevSold
+	b.prevSold = p.Verify.Orders
+	fmt.Fprintf(b.stderr, "== %s, %s: %s, %.0f orders/s, verify %s\n", phase, c.Name, statuses(p.Load.Statuses), p.ordersPerSecond(), p.verdict())
+	return p, nil
+}
+
+// snapshot reads MariaDB's statement counters and sums the replicas'
+// order transaction counters.
+func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
+	s := snapshot{stmts: map[string]int64{}}
+	query := "SHOW GLOBAL STATUS WHERE Variable_name IN ('" + strings.Join(statementCounters, "','") + "')"
+	rows, err := b.db.QueryContext(ctx, query)
+	if err != nil {
+		return s, fmt.Errorf("mysql status: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var name string
+		var v int64
+		if err := rows.Scan(&name, &v); err != nil {
+			return s, fmt.Errorf("mysql status: %w", err)
+		}
+		s.stmts[name] = v
+	}
+	if err := rows.Err(); err != nil {
+		return s, fmt.Errorf("mysql status: %w", err)
+	}
+	for _, name := range statementCounters {
+		if _, ok := s.stmts[name]; !ok {
+			return s, fmt.Errorf("mysql status: no %s", name)
+		}
+	}
+	err = scrapeMetrics(ctx, b.ports, func(series string, v float64) {
+		switch series {
+		case "shop_order_transactions_total":
+			s.txns += v
+		case "shop_order_transaction_orders_total":
+			s.txnOrders += v
+		}
+	})
+	return s, err
+}
+
+// runLoadtest runs the load test with args to its end, its output in log.
+func runLoadtest(ctx context.Context, bin, log string, stderr io.Writer, args ...string) error {
+	f, err := os.Create(log)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	load := exec.CommandContext(ctx, bin, args...)
+	load.Stdout, load.Stderr = f, io.MultiWriter(f, stderr)
+	if err := load.Run(); err != nil {
+		return fmt.Errorf("loadtest: %w (see %s)", err, log)
+	}
+	return nil
+}
+
+// concatFiles writes the files' contents, one after the other, to path.
+func concatFiles(path string, files ...string) error {
+	var all []byte
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		all = append(all, data...)
+	}
+	return os.WriteFile(path, all, 0o644)
+}
+
+func (p benchPhase) ordersPerSecond() float64 {
+	if p.Load.Seconds <= 0 {
+		return 0
+	}
+	return float64(p.Load.Statuses["201"]) / p.Load.Seconds
+}
+
+// perRequest is the phase's count of a statement per request.
+func (p benchPhase) perRequest(counter string) float64 {
+	if p.Load.Requests == 0 {
+		return 0
+	}
+	return float64(p.Stmts[counter]) / float64(p.Load.Requests)
+}
+
+func (p benchPhase) statementsPerRequest() float64 {
+	var sum float64
+	for _, c := range statementCounters {
+		sum += p.perRequest(c)
+	}
+	return sum
+}
+
+// rate is the figure compared with the baseline: orders/s in a sale,
+// requests/s after the sell-out, where no order is placed.
+func (p benchPhase) rate() float64 {
+	if p.Phase == phaseAfter {
+		return p.Load.RPS
+	}
+	return p.ordersPerSecond()
+}
+
+func (p benchPhase) verdict() string {
+	if p.Verify.OK {
+		return "ok"
+	}
+	var broken []string
+	for _, c := range p.Verify.Checks {
+		if c.Violations > 0 {
+			broken = append(broken, c.Name)
+		}
+	}
+	return "FAIL: " + strings.Join(broken, ", ")
+}
+
+// ordersPerTransaction is the phase's mean batch, or "-" when it ran no
+// order transaction.
+func (p benchPhase) ordersPerTransaction() string {
+	if p.Txns <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f", p.TxnOrders/p.Txns)
+}
+
+// selectPerRefused is the phase's SELECTs per 409, after the sell-out.
+func (p benchPhase) selectPerRefused() string {
+	refused := p.Load.Statuses["409"]
+	if p.Phase != phaseAfter || refused == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.3f", float64(p.Stmts["Com_select"])/float64(refused))
+}
+
+// benchColumns are the table's headings.
+var benchColumns = []string{"phase", "configuration", "run", "requests", "statuses", "sold", "orders/s", "requests/s",
+	"p50", "p99", "SELECT/req", "UPDATE/req", "INSERT/req", "COMMIT/req", "statements/req", "orders/transaction",
+	"SELECT per refused order", "verify", "× baseline"}
+
+// benchOrder sorts the phases for the table: by phase, configuration and
+// round.
+func benchOrder(phases []benchPhase) []benchPhase {
+	rank := func(p benchPhase) (int, int) {
+		phase := slices.Index([]string{phaseHot, phaseSellout, phaseAfter}, p.Phase)
+		config := slices.IndexFunc(benchConfigs(), func(c benchConfig) bool { return c.Name == p.Config.Name })
+		return phase, config
+	}
+	sorted := slices.Clone(phases)
+	slices.SortStableFunc(sorted, func(a, b benchPhase) int {
+		pa, ca := rank(a)
+		pb, cb := rank(b)
+		if pa != pb {
+			return pa - pb
+		}
+		if ca != cb {
+			return ca - cb
+		}
+		return a.Round - b.Round
+	})
+	return sorted
+}
+
+// baselineOf returns the baseline's phase of the same phase and round.
+func baselineOf(phases []benchPhase, p benchPhase) (benchPhase, bool) {
+	i := slices.IndexFunc(phases, func(q benchPhase) bool {
+		return q.Config.Baseline && q.Phase == p.Phase && q.Round == p.Round
+	})
+	if i < 0 {
+		return benchPhase{}, false
+	}
+	return phases[i], true
+}
+
+func ratio(v, base float64) string {
+	if base <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f×", v/base)
+}
+
+func (p benchPhase) cells(phases []benchPhase) []string {
+	st := statuses(p.Load.Statuses)
+	if n := sumCounts(p.Load.Errors); n > 0 {
+		st += fmt.Sprintf(" errors×%d", n)
+	}
+	vs := "-"
+	if base, ok := baselineOf(phases, p); ok {
+		vs = ratio(p.rate(), base.rate())
+	}
+	return []string{p.Phase, p.Config.Name, strconv.Itoa(p.Round), strconv.Itoa(p.Load.Requests), st,
+		strconv.FormatInt(p.Sold, 10), fmt.Sprintf("%.0f", p.ordersPerSecond()), fmt.Sprintf("%.0f", p.Load.RPS),
+		ms(p.Load.P50Ms), ms(p.Load.P99Ms),
+		fmt.Sprintf("%.2f", p.perRequest("Com_select")), fmt.Sprintf("%.2f", p.perRequest("Com_update")),
+		fmt.Sprintf("%.2f", p.perRequest("Com_insert")), fmt.Sprintf("%.2f", p.perRequest("Com_commit")),
+		fmt.Sprintf("%.2f", p.statementsPerRequest()), p.ordersPerTransaction(), p.selectPerRefused(),
+		p.verdict(), vs}
+}
+
+// medianCells summarises the rounds of one phase and configuration: the
+// median of each rate, latency and ratio; verify is ok only if every run's
+// was.
+func medianCells(runs, phases []benchPhase) []string {
+	pick := func(f func(benchPhase) float64) float64 {
+		xs := make([]float64, len(runs))
+		for i, r := range runs {
+			xs[i] = f(r)
+		}
+		return median(xs)
+	}
+	verdict := "ok"
+	for _, r := range runs {
+		if !r.Verify.OK {
+			verdict = "FAIL"
+		}
+	}
+	vs := "-"
+	if _, ok := baselineOf(phases, runs[0]); ok {
+		vs = fmt.Sprintf("%.2f×", pick(func(p benchPhase) float64 {
+			base, _ := baselineOf(phases, p)
+			if base.rate() <= 0 {
+				return 0
+			}
+			return p.rate() / base.rate()
+		}))
+	}
+	first := runs[0]
+	return []string{first.Phase, first.Config.Name, fmt.Sprintf("median of %d", len(runs)), "", "", "",
+		fmt.Sprintf("%.0f", pick(benchPhase.ordersPerSecond)), fmt.Sprintf("%.0f", pick(func(p benchPhase) float64 { return p.Load.RPS })),
+		ms(pick(func(p benchPhase) float64 { return p.Load.P50Ms })), ms(pick(func(p benchPhase) float64 { return p.Load.P99Ms })),
+		"", "", "", "", fmt.Sprintf("%.2f", pick(benchPhase.statementsPerRequest)), "", "", verdict, vs}
+}
+
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if n := len(s); n%2 == 0 {
+		return (s[n/2-1] + s[n/2]) / 2
+	}
+	return s[len(s)/2]
+}
+
+func sumCounts(m map[string]int) int {
+	n := 0
+	for _, v := range m {
+		n += v
+	}
+	return n
+}
+
+// benchTable renders the phases as one Markdown table; with several
+// rounds, each phase and configuration ends with a median line.
+func benchTable(phases []benchPhase, rounds int) string {
+	var b strings.Builder
+	line := func(cells []string) { fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | ")) }
+	line(benchColumns)
+	fmt.Fprintf(&b, "|%s\n", strings.Repeat("---|", len(benchColumns)))
+	sorted := benchOrder(phases)
+	for i, p := range sorted {
+		line(p.cells(phases))
+		last := i == len(sorted)-1 || sorted[i+1].Phase != p.Phase || sorted[i+1].Config.Name != p.Config.Name
+		if rounds > 1 && last {
+			runs := slices.DeleteFunc(slices.Clone(sorted), func(q benchPhase) bool {
+				return q.Phase != p.Phase || q.Config.Name != p.Config.Name
+			})
+			line(medianCells(runs, phases))
+		}
+	}
+	return b.String()
+}
+
+// benchNotes points out what the table's verdicts do not: a sale that sold
+// fewer units than it could have.
+func benchNotes(o benchOptions, phases []benchPhase) string {
+	var b strings.Builder
+	for _, p := range benchOrder(phases) {
+		want := int64(0)
+		switch p.Phase {
+		case phaseHot:
+			want = int64(min(o.hotUnits, o.hotBuyers))
+		case phaseSellout:
+			want = int64(o.skus)
+		}
+		if p.Sold != want {
+			fmt.Fprintf(&b, "\nnote: %s, %s, run %d sold %d units, not %d (statuses %s).", p.Phase, p.Config.Name, p.Round,
+				p.Sold, want, statuses(p.Load.Statuses))
+		}
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// writeBenchReport writes report.md to o.out.
+func writeBenchReport(o benchOptions, tbl, notes string, cores int, command string) error {
+	var b strings.Builder
+	b.WriteString("# The order path side by side\n\n")
+	fmt.Fprintf(&b, "Three replicas on one MariaDB and one Redis; the load goes straight to the replicas, round robin "+
+		"(not through nginx), %d buyers at once, sent by hey. Hot SKU: one product with %d units, %d buyers, each a "+
+		"different user. Sellout: %d products with one unit each, %d buyers per product. After sell-out: right after "+
+		"the sellout, one new buyer per product. Each configuration restarts the replicas; %d round(s), "+
+		"configurations interleaved. Machine: %d CPU cores. Run %s.\n\n",
+		o.workers, o.hotUnits, o.hotBuyers, o.skus, o.buyers, o.rounds, cores, time.Now().UTC().Format(time.RFC3339))
+	b.WriteString(tbl)
+	b.WriteString(notes)
+	b.WriteString(`
+- **orders/s**: 201s per second of the phase; **requests/s** all answers per second; p50 and p99 of every request
+  (hey's timings).
+- **SELECT/req** … **COMMIT/req**: deltas of MariaDB's ` + "`Com_select`, `Com_update`, `Com_insert`, `Com_commit`" + `
+  (` + "`SHOW GLOBAL STATUS`" + `) from right before to right after the phase, divided by its requests;
+  **statements/req** is their sum (BEGIN is not counted).
+- **orders/transaction**: the replicas' ` + "`shop_order_transaction_orders_total` over `shop_order_transactions_total`" + `
+  (deltas over the phase): the mean batch.
+- **SELECT per refused order**: after the sell-out, the phase's SELECTs over its 409s.
+- **verify**: ` + "`shop verify --acks`" + ` right after the phase, with every order acknowledged since the reseed.
+- **× baseline**: orders/s over the baseline's in the same phase and run (after sell-out: requests/s).
+`)
+	fmt.Fprintf(&b, "\nCommand: `%s`\n", command)
+	return os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644)
+}
