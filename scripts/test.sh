@@ -53,5 +53,5 @@ go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ./...
 # judged by shop verify, on a small catalog. SHOP_TEST_FLEET=0 skips it.
 if [ "${SHOP_TEST_FLEET:-1}" != 0 ]; then
   log "the lock experiment on a small fleet behind nginx"
-  SHOP_STATE="$tmp/stack" DEMO_OUT=out/test-fleet scripts/demo.sh -skus 200 -c 200 -ttl 300ms -pause 1s
+  SHOP_STATE="$tmp/stack" DEMO_OUT=out/test-fleet scripts/demo.sh -skus 200 -c 200 -ttl 300ms -pause 1s -hot-units 300 -hot-buyers 400
 fi
