@@ -11,8 +11,8 @@ import (
 )
 
 var (
-	//go:embed reseed.lua
-	reseedLua string
+	//go:embed obtain.lua
+	obtainLua string
 	//go:embed wait.lua
 	waitLua string
 	//go:embed release.lua
@@ -30,7 +30,7 @@ var (
 	//go:embed reentrant_renew.lua
 	reentrantRenewLua string
 
-	reseedScript  = redis.NewScript(reseedLua)
+	obtainScript  = redis.NewScript(obtainLua)
 	waitScript    = redis.NewScript(waitLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
@@ -109,14 +109,14 @@ func (opt RedisOptions) keys(key string) []string {
 
 // Redis is a lock held as a lease in one Redis server.
 //
-// An attempt is one round trip without Lua: MULTI, SET key token NX PX ttl,
-// INCR the key's fencing counter, EXEC. The two run together, so the holder's
-// token is the counter's value at the moment it took the lock and every later
-// holder's is larger; attempts that find the lock held increment it too,
-// which only makes later tokens larger still. A counter that comes back small
-// was lost (first use, a Redis restarted empty, an eviction): the holder then
-// restarts it from the server's clock in microseconds (reseed.lua), above any
-// token handed out before. Release and renewal are compare-and-delete and
+// An attempt is one round trip, obtain.lua: SET key token NX PX ttl and, if
+// that took the lock, INCR the key's fencing counter, so the holder's token
+// is the counter's value at the moment it took the lock and every later
+// holder's is larger. A counter that comes back small was lost (first use, a
+// Redis restarted empty, an eviction): the script then restarts it from the
+// server's clock in microseconds, above any token handed out before. An
+// attempt by a waiter that finds the lock held flags it as waited for in
+// the same round trip (with wake-on-release). Release and renewal are compare-and-delete and
 // compare-and-PEXPIRE scripts, so a holder whose lease expired can neither
 // free nor extend the lock of whoever holds it now.
 //
@@ -133,7 +133,6 @@ type Redis struct {
 type Client interface {
 	redis.Scripter
 	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
-	TxPipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
 }
 
 // lostCounter: a fencing counter below it (12.7 days in microseconds) was
@@ -144,7 +143,9 @@ const lostCounter = 1 << 40
 // opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
-	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, client)}
+	w := newWaiter(opt, true, client)
+	w.attemptMarks = true // obtain.lua flags the key as it finds it held
+	return &Redis{client: client, opt: opt, waiter: w}
 }
 
 // Key returns the Redis key that holds the lock on key.
@@ -173,12 +174,12 @@ func (r *Redis) Obtain(ctx context.Context, key string) (*Lease, error) {
 }
 
 // ObtainWhile is Obtain for a caller whose reason to wait may go away while
-// the key is held: before each retry it calls still, and gives up with its
-// error if it returns one. A buyer waiting for a SKU that the holder may be
+// the key is held: when the key has been released, before trying again, it
+// calls still, and gives up with its error if it returns one. A buyer waiting for a SKU that the holder may be
 // selling out checks the stock there. still may be nil.
 func (r *Redis) ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*Lease, error) {
 	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
-		return r.attempt(ctx, tryCtx, key)
+		return r.attempt(ctx, tryCtx, key, true)
 	}, still)
 }
 
@@ -186,16 +187,17 @@ func (r *Redis) ObtainWhile(ctx context.Context, key string, still func(context.
 // ErrNotObtained at once. The lease is watched as Obtain's is.
 func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
 	return r.waiter.tryObtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
-		return r.attempt(ctx, tryCtx, key)
+		return r.attempt(ctx, tryCtx, key, false)
 	})
 }
 
 // attempt runs the obtain script once, under tryCtx; the lease lives on ctx.
-// A key held by someone else is ErrNotObtained.
-func (r *Redis) attempt(ctx, tryCtx context.Context, key string) (*Lease, error) {
+// A key held by someone else is ErrNotObtained; wait says the caller will
+// wait for it.
+func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Lease, error) {
 	token := rand.Text()
 	start := time.Now()
-	fence, err := r.take(tryCtx, key, token)
+	fence, err := r.take(tryCtx, key, token, wait)
 	switch {
 	case err != nil && tryCtx.Err() != nil:
 		// The commands may have run although the reply was lost.
@@ -253,8 +255,9 @@ func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, sta
 }
 
 // take sets key's lock to token if it is free and returns the fencing token
-// (0 without fencing), or -1 if the lock is held.
-func (r *Redis) take(ctx context.Context, key, token string) (int64, error) {
+// (0 without fencing), or -1 if the lock is held; then, if wait is set and
+// waiters are woken on release, it flags the lock as waited for.
+func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, error) {
 	k := r.Key(key)
 	if r.opt.NoFencing {
 		ok, err := r.client.SetNX(ctx, k, token, r.opt.TTL).Result()
@@ -263,24 +266,11 @@ func (r *Redis) take(ctx context.Context, key, token string) (int64, error) {
 		}
 		return 0, nil
 	}
-	var (
-		set   *redis.BoolCmd
-		fence *redis.IntCmd
-	)
-	if _, err := r.client.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		set = p.SetNX(ctx, k, token, r.opt.TTL)
-		fence = p.Incr(ctx, k+":fence")
-		return nil
-	}); err != nil {
-		return -1, err
+	keys := []string{k, k + ":fence"}
+	if wait && r.waiter.wake != nil {
+		keys = append(keys, k+waitingSuffix)
 	}
-	switch {
-	case !set.Val():
-		return -1, nil
-	case fence.Val() < lostCounter:
-		return reseedScript.Run(ctx, r.client, []string{k + ":fence"}).Int64()
-	}
-	return fence.Val(), nil
+	return obtainScript.Run(ctx, r.client, keys, token, r.opt.TTL.Milliseconds(), lostCounter).Int64()
 }
 
 // cleanup releases a lock whose obtain reply was lost, if it was ours.

@@ -48,9 +48,12 @@ type waiter struct {
 	// queue is set when the waiters of this process queue in line.
 	queue bool
 	// mark flags a key as waited for, with wake-on-release.
-	mark     func(ctx context.Context, key string)
-	line     keyed
-	attempts atomic.Uint64
+	mark func(ctx context.Context, key string)
+	// attemptMarks says that an attempt which finds the key held flags it
+	// itself, so that mark is not needed.
+	attemptMarks bool
+	line         keyed
+	attempts     atomic.Uint64
 }
 
 // newWaiter returns the retry loop for a lock with opt. queue puts the
@@ -77,8 +80,9 @@ type attemptFunc func(ctx, tryCtx context.Context) (*Lease, error)
 
 // obtain runs attempt until it returns anything but ErrNotObtained, for at
 // most the wait and never past ctx. If still is not nil, it is called
-// before each retry, once the key was found held; an error from it ends
-// the wait with that error.
+// before a retry that follows a release of the key (announced, or handed on
+// in this process; before every retry when releases are not announced); an
+// error from it ends the wait with that error.
 func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc, still func(context.Context) error) (*Lease, error) {
 	// Uncontended: first in line at once, and the key free in Redis.
 	first := w.queue && w.line.tryLock(key)
@@ -180,7 +184,9 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 			// Flag the lock as waited for, so that its release is
 			// announced. A flag set just after the release is missed:
 			// the backoff covers it.
-			w.mark(waitCtx, key)
+			if !w.attemptMarks {
+				w.mark(waitCtx, key)
+			}
 		}
 		d := b.NextBackOff()
 		if timer == nil {
@@ -189,14 +195,16 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 		} else {
 			timer.Reset(d)
 		}
+		released := w.wake == nil // without announcements, every retry may follow one
 		select {
 		case <-waitCtx.Done():
 			return nil, notObtained(waitCtx)
 		case <-timer.C:
 		case <-woken:
 			w.wake.woken.Add(1)
+			released = true
 		}
-		if still != nil {
+		if still != nil && released {
 			if err := still(waitCtx); err != nil {
 				return nil, err
 			}

@@ -432,6 +432,11 @@ func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 
 	holder := hold(t, l, 1)
 	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3}, nil)
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Attempts < 2; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the queue never tried the held lock")
+		}
+	}
 	// The holder sells the unit, as another replica's order would.
 	if err := db.Gorm.Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("UPDATE products SET stock = stock - 1 WHERE id = 1").Error; err != nil {
