@@ -154,13 +154,14 @@ func (s *Service) arrivals(q *queue) uint64 {
 // drain places the orders queued for sku, batch by batch, until none is
 // left.
 func (s *Service) drain(sku int64, q *queue) {
-	ctx := context.Background()
 	for s.pending(sku, q) {
 		if s.soldOut.has(sku) {
 			s.refuseQueued(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
 			continue
 		}
+		ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 		contended, err := s.placeNext(ctx, sku, q)
+		cancel()
 		if err != nil {
 			continue
 		}
@@ -169,6 +170,11 @@ func (s *Service) drain(sku int64, q *queue) {
 		}
 	}
 }
+
+// batchTimeout bounds one turn of a drain — slot, stock read, lock wait,
+// transaction — so that a MySQL or Redis that stops answering fails the
+// batch's buyers instead of keeping them forever.
+const batchTimeout = 10 * time.Second
 
 // placeNext takes a slot and the SKU's lock, then places the next batch. It
 // reports whether another process was waiting for the lock when it was
@@ -182,7 +188,9 @@ func (s *Service) drain(sku int64, q *queue) {
 func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended bool, err error) {
 	if s.slots != nil {
 		if err := s.slots.Acquire(ctx, 1); err != nil {
-			return false, err // not before the drain's context, which never ends
+			err = fmt.Errorf("%w: sku %d: waiting for a slot: %w", ErrBusy, sku, err)
+			s.refuseQueued(q, 0, err)
+			return false, err
 		}
 		defer s.slots.Release(1)
 	}

@@ -416,9 +416,10 @@ func (s *Service) release(ctx context.Context, lease *lock.Lease) {
 }
 
 // classifyLease is classify for errors met under a lease: work cut short
-// because the lease was lost is ErrBusy.
+// because the lease was lost or its context ended is ErrBusy.
 func (s *Service) classifyLease(ctx context.Context, lease *lock.Lease, err error) error {
-	if cause := context.Cause(lease.Context()); errors.Is(cause, lock.ErrNotHeld) && ctx.Err() == nil {
+	if cause := context.Cause(lease.Context()); cause != nil && ctx.Err() == nil {
+		// The lease was lost, or a batch ran out of time.
 		return fmt.Errorf("%w: %w", ErrBusy, cause)
 	}
 	return classify(ctx, "place order", err)
