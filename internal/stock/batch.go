@@ -186,18 +186,14 @@ const batchTimeout = 10 * time.Second
 // connection; a SKU's queue holds one slot at most, so a hot SKU's buyers
 // do not keep other SKUs' orders from the slots.
 func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended bool, err error) {
-	if s.slots != nil {
-		if err := s.slots.Acquire(ctx, 1); err != nil {
-			err = fmt.Errorf("%w: sku %d: waiting for a slot: %w", ErrBusy, sku, err)
-			s.refuseQueued(q, 0, err)
-			return false, err
-		}
-		defer s.slots.Release(1)
+	release, err := s.slot(ctx, sku)
+	if err != nil {
+		s.refuseQueued(q, 0, err)
+		return false, err
 	}
+	defer release()
 	// A product another replica sold out is refused without the lock.
-	gen := s.soldOut.generation()
-	if err := inStock(s.reads.WithContext(ctx), sku); err != nil {
-		s.learn(sku, gen, err)
+	if err := s.stocked(s.reads.WithContext(ctx), sku); err != nil {
 		err = classify(ctx, "place order", err)
 		s.refuseQueued(q, 0, err)
 		return false, err
@@ -223,10 +219,6 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 	batch := s.take(sku, q, s.opt.Batch)
 	switch {
 	case len(batch) == 0:
-	case s.soldOut.has(sku):
-		for _, t := range batch {
-			t.answer(Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
-		}
 	case len(batch) == 1:
 		t := batch[0]
 		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
@@ -256,9 +248,7 @@ func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
 		return s.locks.Obtain(ctx, LockKey(sku))
 	}
 	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
-		gen := s.soldOut.generation()
-		err := inStock(s.reads.WithContext(ctx), sku)
-		s.learn(sku, gen, err)
+		err := s.stocked(s.reads.WithContext(ctx), sku)
 		if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
 			return err
 		}

@@ -221,12 +221,11 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 // placeAlone is the seeds' path: this order takes the lock itself and is
 // the only one in its transaction.
 func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
-	if s.slots != nil {
-		if err := s.slots.Acquire(ctx, 1); err != nil {
-			return Order{}, fmt.Errorf("%w: waiting for a slot: %w", ErrBusy, err)
-		}
-		defer s.slots.Release(1)
+	release, err := s.slot(ctx, sku)
+	if err != nil {
+		return Order{}, err
 	}
+	defer release()
 	db := s.reads.WithContext(ctx)
 	if idempotencyKey != "" {
 		// A replay needs no lock.
@@ -234,9 +233,7 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 			return o, classify(ctx, "place order", err)
 		}
 	}
-	gen := s.soldOut.generation()
-	if err := inStock(db, sku); err != nil {
-		s.learn(sku, gen, err)
+	if err := s.stocked(db, sku); err != nil {
 		return Order{}, classify(ctx, "place order", err)
 	}
 	lease, err := s.locks.Obtain(ctx, LockKey(sku))
@@ -287,6 +284,26 @@ func (s *Service) count(orders int) {
 	s.batched.Add(uint64(orders))
 }
 
+// slot takes one of the Options.Concurrency transaction slots; release
+// gives it back.
+func (s *Service) slot(ctx context.Context, sku int64) (release func(), err error) {
+	if s.slots == nil {
+		return func() {}, nil
+	}
+	if err := s.slots.Acquire(ctx, 1); err != nil {
+		return nil, fmt.Errorf("%w: sku %d: waiting for a slot: %w", ErrBusy, sku, err)
+	}
+	return func() { s.slots.Release(1) }, nil
+}
+
+// stocked is inStock on db, remembering a product found sold out.
+func (s *Service) stocked(db *gorm.DB, sku int64) error {
+	gen := s.soldOut.generation()
+	err := inStock(db, sku)
+	s.learn(sku, gen, err)
+	return err
+}
+
 // inStock refuses a product that does not exist or has no unit left.
 func inStock(db *gorm.DB, sku int64) error {
 	var p Product
@@ -320,7 +337,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 	if err := s.writeStock(tx, sku, read, fenced, fence, 1); err != nil {
 		return Order{}, err
 	}
-	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: s.opt.Now().UTC().Truncate(time.Microsecond)}
 	if idempotencyKey != "" {
 		o.IdempotencyKey = &idempotencyKey
 	}

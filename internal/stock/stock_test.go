@@ -96,53 +96,50 @@ type outcome struct {
 // all at once, buyer j of a SKU through replica j mod len(replicas).
 func (f *fleet) sellOut(t *testing.T, skus, buyers int) outcome {
 	t.Helper()
-	ctx := context.Background()
-	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, skus, 1); err != nil {
+	if err := stock.NewCatalog(f.db.Gorm).Seed(context.Background(), skus, 1); err != nil {
 		t.Fatal(err)
 	}
-	var (
-		mu  sync.Mutex
-		out outcome
-		wg  sync.WaitGroup
-	)
-	start := make(chan struct{})
+	var orders []purchase
 	for sku := 1; sku <= skus; sku++ {
 		for j := range buyers {
-			svc := f.replicas[j%len(f.replicas)]
-			user := int64(sku*1000 + j)
-			wg.Go(func() {
-				<-start
-				_, err := svc.PlaceOrder(ctx, int64(sku), user, "")
-				mu.Lock()
-				defer mu.Unlock()
-				out.add(err)
-			})
+			orders = append(orders, purchase{f.replicas[j%len(f.replicas)], int64(sku), int64(sku*1000 + j)})
 		}
 	}
-	close(start)
-	wg.Wait()
-	return out
+	return atOnce(orders)
 }
 
 // sellHot seeds one product of units and sends buyers buyers at it, all at
 // once, buyer j through replica j mod len(replicas).
 func (f *fleet) sellHot(t *testing.T, units, buyers int) outcome {
 	t.Helper()
-	ctx := context.Background()
-	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 1, units); err != nil {
+	if err := stock.NewCatalog(f.db.Gorm).Seed(context.Background(), 1, units); err != nil {
 		t.Fatal(err)
 	}
+	var orders []purchase
+	for j := range buyers {
+		orders = append(orders, purchase{f.replicas[j%len(f.replicas)], 1, int64(j + 1)})
+	}
+	return atOnce(orders)
+}
+
+// purchase is one order sent through one replica.
+type purchase struct {
+	svc       *stock.Service
+	sku, user int64
+}
+
+// atOnce sends the orders together and tallies the answers.
+func atOnce(orders []purchase) outcome {
 	var (
 		mu  sync.Mutex
 		out outcome
 		wg  sync.WaitGroup
 	)
 	start := make(chan struct{})
-	for j := range buyers {
-		svc := f.replicas[j%len(f.replicas)]
+	for _, p := range orders {
 		wg.Go(func() {
 			<-start
-			_, err := svc.PlaceOrder(ctx, 1, int64(j+1), "")
+			_, err := p.svc.PlaceOrder(context.Background(), p.sku, p.user, "")
 			mu.Lock()
 			defer mu.Unlock()
 			out.add(err)
