@@ -2,7 +2,8 @@
 # make test: start private MariaDB and Redis on free loopback ports, run the
 # whole suite with the race detector against them, then the lock experiment
 # on a small fleet behind nginx (scripts/demo.sh), and stop every server
-# however the tests end. `scripts/test.sh bench` (make bench) runs the benchmarks instead, and
+# however the tests end. TEST_PKGS narrows `go test` to some packages
+# (default ./...). `scripts/test.sh bench` (make bench) runs the benchmarks instead, and
 # `scripts/test.sh bench-lock` (make bench-lock) the lock comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -47,7 +48,7 @@ fi
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
 go vet ./...
-go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ./...
+go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ${TEST_PKGS:-./...}
 
 # The fleet: nginx → three replicas → MariaDB and Redis, driven by hey and
 # judged by shop verify, on a small catalog. SHOP_TEST_FLEET=0 skips it.

@@ -40,6 +40,10 @@ var (
 	// had written the row: this holder's lease had expired. It is wrapped
 	// together with ErrBusy.
 	ErrStaleFence = errors.New("stock: stale fencing token")
+	// ErrOutcomeUnknown means the connection to MySQL was lost after COMMIT
+	// was sent: the order may or may not have been placed. Only a retry
+	// with the same idempotency key can tell.
+	ErrOutcomeUnknown = errors.New("stock: outcome unknown")
 )
 
 // Product is an item on sale.
