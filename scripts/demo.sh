@@ -21,4 +21,6 @@ trap 'exit 130' INT TERM
 scripts/stack.sh down >/dev/null 2>&1 || true # a stack left by an interrupted run
 scripts/stack.sh up >/dev/null
 go build -o bin/demo ./cmd/demo
+# The pause rows stop a lock holder at a failpoint: a binary of their own.
+go build -tags failpoints -o bin/shop-failpoints ./cmd/shop
 bin/demo ${DEMO_MODE:-} -state "$SHOP_STATE" -out "$out" "$@"

@@ -64,8 +64,12 @@ type options struct {
 	buyers   int
 	workers  int
 	ttl      time.Duration // lock TTL of the pause rows
-	pause    time.Duration // how long a replica is stopped
-	after    time.Duration // how long into the load it is stopped
+	pause    time.Duration // how long a holder is stopped between its read and its write
+	after    time.Duration // how long into the load a Redlock master is killed
+
+	faults     bool          // run the fault rows
+	faultAfter time.Duration // how long into the load a fault row's fault begins
+	faultSpan  time.Duration // a fault row's load is spread over at least this long
 
 	hotUnits   int // units of the hot SKU; 0 skips the hot rows
 	hotBuyers  int // buyers of the hot SKU
@@ -83,8 +87,11 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.buyers, "buyers", 4, "buyers per product, arriving together")
 	fs.IntVar(&o.workers, "c", 4000, "concurrent buyers")
 	fs.DurationVar(&o.ttl, "ttl", 500*time.Millisecond, "lock TTL of the pause rows")
-	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the paused replica stays stopped (more than -ttl)")
-	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the replica is stopped")
+	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the stopped holder stays stopped (more than -ttl)")
+	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the Redlock master is killed")
+	fs.BoolVar(&o.faults, "faults", true, "run the fault rows (a replica killed, a rolling restart, Redis and MariaDB restarted)")
+	fs.DurationVar(&o.faultAfter, "fault-after", 2*time.Second, "how long into the load a fault row's fault begins")
+	fs.DurationVar(&o.faultSpan, "fault-span", 8*time.Second, "a fault row's load is sent over at least this long (its rate is capped)")
 	fs.IntVar(&o.hotUnits, "hot-units", 5000, "units of the hot SKU (0 skips the hot rows)")
 	fs.IntVar(&o.hotBuyers, "hot-buyers", 6000, "buyers of the hot SKU, each a different user")
 	fs.IntVar(&o.hotWorkers, "hot-c", 200, "concurrent buyers of the hot SKU")
@@ -98,6 +105,8 @@ func parse(args []string) (options, error) {
 		return o, errors.New("-hot-units must not be negative, and with hot units -hot-buyers and -hot-c must be positive")
 	case o.pause <= o.ttl:
 		return o, fmt.Errorf("-pause %s must be longer than -ttl %s, or no lease runs out", o.pause, o.ttl)
+	case o.faults && o.faultSpan <= o.faultAfter:
+		return o, fmt.Errorf("-fault-span %s must be longer than -fault-after %s, or the fault lands after the sale", o.faultSpan, o.faultAfter)
 	}
 	return o, nil
 }
@@ -158,8 +167,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // (stopping a replica partway if the row says so) and verifies.
 func runRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
 	res := result{Row: r}
-	replicas := append([]string{"replicas", strconv.Itoa(r.Replicas)}, r.env()...)
-	if _, err := command(ctx, stderr, o.stack, replicas...); err != nil {
+	if r.Pause {
+		res.Paused = o.pause
+	}
+	if _, err := command(ctx, stderr, o.stack, replicaArgs(o, r)...); err != nil {
 		return res, err
 	}
 	products, units := o.skus, 1
@@ -178,6 +189,14 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 		args = []string{"-scenario", "hotsku", "-url", url, "-sku", "1",
 			"-n", strconv.Itoa(o.hotBuyers), "-c", strconv.Itoa(o.hotWorkers)}
 	}
+	if r.Retry {
+		args = append(args, "-retry")
+	}
+	if r.Fault != "" {
+		// Spread the sale so that the fault lands in the middle of it.
+		rate := float64(o.skus*o.buyers) / o.faultSpan.Seconds()
+		args = append(args, "-rate", strconv.FormatFloat(rate, 'f', 0, 64))
+	}
 	load := exec.CommandContext(ctx, o.loadtest, append(args, "-json", base+".json", "-acks", acks)...)
 	logFile, err := os.Create(base + ".log")
 	if err != nil {
@@ -190,10 +209,10 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	}
 	var pauseErr error
 	switch {
-	case r.Pause:
-		res.Paused, pauseErr = pauseReplica(ctx, o, r.PausedReplica(), stderr)
 	case r.Kill:
 		res.Killed, pauseErr = killMaster(ctx, o, r.KilledMaster(), stderr)
+	case r.Fault != "":
+		res.Killed, pauseErr = injectFault(ctx, o, r, stderr)
 	}
 	if err := load.Wait(); err != nil {
 		return res, fmt.Errorf("loadtest: %w (see %s.log)", err, base)
@@ -212,6 +231,16 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	return res, err
 }
 
+// replicaArgs are the stack script's arguments that restart the replicas
+// for row r.
+func replicaArgs(o options, r row) []string {
+	args := append([]string{"replicas", strconv.Itoa(r.Replicas)}, r.env()...)
+	if r.Pause {
+		args = append(args, stopFor(o.pause)...)
+	}
+	return args
+}
+
 // verifySale runs `shop verify --json --acks acks` on the stack (with env,
 // if given, as the stack script's environment), keeps its output in path and
 // returns its report. A broken invariant is in the report, not an error.
@@ -227,6 +256,24 @@ func verifySale(ctx context.Context, stack, acks, path string, stderr io.Writer,
 		return v, fmt.Errorf("shop verify: %w: %q", err, out)
 	}
 	return v, os.WriteFile(path, out, 0o644)
+}
+
+// injectFault runs the row's fault o.faultAfter into the load, with the
+// stack script, and returns how far into the load it began.
+func injectFault(ctx context.Context, o options, r row, stderr io.Writer) (time.Duration, error) {
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(o.faultAfter):
+	}
+	began := time.Since(start)
+	fmt.Fprintf(stderr, "demo: %s\n", r.faultName())
+	if _, err := command(ctx, stderr, o.stack, r.faultArgs()...); err != nil {
+		return began, fmt.Errorf("%s: %w", r.faultName(), err)
+	}
+	fmt.Fprintf(stderr, "demo: %s: done after %s\n", r.faultName(), (time.Since(start) - began).Round(100*time.Millisecond))
+	return began, nil
 }
 
 // killMaster kills Redis master i (SIGKILL, counted from 1) o.after into the
@@ -260,28 +307,6 @@ func signalAfter(ctx context.Context, o options, dir string, sig syscall.Signal)
 	case <-time.After(o.after):
 	}
 	return pid, syscall.Kill(pid, sig)
-}
-
-// pauseReplica stops replica i (SIGSTOP) o.after into the load, for o.pause,
-// as a long GC pause or a frozen VM would, then lets it go on. It returns how
-// long the replica was stopped.
-func pauseReplica(ctx context.Context, o options, i int, stderr io.Writer) (time.Duration, error) {
-	pid, err := signalAfter(ctx, o, fmt.Sprintf("replica%d", i), syscall.SIGSTOP)
-	if err != nil {
-		return 0, fmt.Errorf("stop replica %d: %w", i, err)
-	}
-	start := time.Now()
-	fmt.Fprintf(stderr, "demo: replica %d (pid %d) stopped for %s\n", i, pid, o.pause)
-	select {
-	case <-ctx.Done():
-	case <-time.After(o.pause):
-	}
-	paused := time.Since(start)
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		return paused, fmt.Errorf("continue replica %d: %w", i, err)
-	}
-	fmt.Fprintf(stderr, "demo: replica %d continued after %s\n", i, paused.Round(time.Millisecond))
-	return paused, ctx.Err()
 }
 
 // command runs name with args and returns its standard output; its standard
@@ -329,7 +354,8 @@ func readEnvFile(path string) (map[string]string, error) {
 	return env, nil
 }
 
-// busyCauses sums the replicas' shop_orders_busy_total by cause.
+// busyCauses sums the replicas' shop_orders_busy_total by cause. A replica
+// that a fault row killed is left out: its counts died with it.
 func busyCauses(ctx context.Context, ports []string) (map[string]int, error) {
 	sum := map[string]int{}
 	err := scrapeMetrics(ctx, ports, func(series string, v float64) {
@@ -349,6 +375,9 @@ func scrapeMetrics(ctx context.Context, ports []string, each func(series string,
 			return err
 		}
 		res, err := http.DefaultClient.Do(req)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			continue // not running
+		}
 		if err != nil {
 			return fmt.Errorf("metrics of replica on %s: %w", port, err)
 		}

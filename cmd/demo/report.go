@@ -18,19 +18,33 @@ type row struct {
 	Fencing  bool
 	Replicas int
 	TTL      time.Duration // SHOP_LOCK_TTL; zero leaves the default
-	Pause    bool          // replica 2 is stopped for longer than TTL during the load
-	Kill     bool          // Redis master 3 of the Redlock is killed during the load
-	Hot      bool          // one product with many units (-hot-units) and more buyers (-hot-buyers)
-	Batch    int           // SHOP_ORDER_BATCH; zero leaves the default
-	MustHold bool          // the invariants must hold; otherwise the row is expected to race
-	WantSold int64         // orders the row must sell, when above zero
+	// Pause stops one order holder per replica between its read and its
+	// write for longer than TTL (the shopStaleWrite failpoint).
+	Pause    bool
+	Kill     bool   // Redis master 3 of the Redlock is killed during the load
+	Fault    string // a stack.sh fault command run during the load (fault rows)
+	Hot      bool   // one product with many units (-hot-units) and more buyers (-hot-buyers)
+	Batch    int    // SHOP_ORDER_BATCH; zero leaves the default
+	Retry    bool   // buyers retry 502, 503, 504 and transport errors under their Idempotency-Key
+	MustHold bool   // the invariants must hold; otherwise the row is expected to race
+	MustRace bool   // the row must oversell: its race is made to happen on every run
+	WantSold int64  // orders the row must sell, when above zero
 	Shows    string
 }
+
+// The fault rows' faults: scripts/stack.sh commands.
+const (
+	faultKillReplica = "kill-replica"
+	faultRolling     = "rolling-restart"
+	faultRedis       = "restart-redis"
+	faultMariaDB     = "restart-mariadb"
+)
 
 // experiment is seed 002's experiment, then the pause that the seeds' Redis
 // lock alone does not survive, then the hot SKU (unless -hot-units is 0):
 // one product, more buyers than units, with and without the lock and the
-// coalescing of orders.
+// coalescing of orders; then (unless -faults=false) the service's default
+// under faults, with buyers who retry.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -43,31 +57,56 @@ func experiment(o options) []row {
 			Shows: "one Redis lock per SKU serialises the buyers of all replicas"},
 		{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, MustHold: true,
 			Shows: "the service's default: Redis lock, conditional fenced UPDATE"},
-		{Lock: "redis", Update: "naive", Replicas: 3, TTL: o.ttl, Pause: true,
-			Shows: "a holder stopped past its TTL loses the lock; if its write lands anyway, the unit sells twice"},
-		{Lock: "redis", Update: "naive", Fencing: true, Replicas: 3, TTL: o.ttl, Pause: true, MustHold: true,
-			Shows: "the same pause with fencing: MySQL refuses the stopped holder's write"},
+		{Lock: "redis", Update: "naive", Replicas: 3, TTL: o.ttl, Pause: true, MustRace: true,
+			Shows: "a holder stopped between its read and its write past its TTL loses the lock; its write lands anyway and the unit sells twice"},
+		{Lock: "redis", Update: "naive", Fencing: true, Replicas: 3, TTL: o.ttl, Pause: true, MustHold: true, WantSold: int64(o.skus),
+			Shows: "the same stop with fencing: MySQL refuses the stopped holder's write, and the sale sells exactly its stock"},
 		{Lock: "redlock", Update: "naive", Replicas: 3, MustHold: true,
 			Shows: "the lock on a majority of three independent Redis masters serialises the buyers as one Redis does"},
 		{Lock: "redlock", Update: "naive", Replicas: 3, Kill: true, MustHold: true,
 			Shows: "one of the three masters dies during the sale: the two left are a majority, and the lock holds"},
 	}
-	if o.hotUnits == 0 {
-		return rows
+	if o.hotUnits > 0 {
+		rows = append(rows, hotRows(o)...)
 	}
-	sold := int64(min(o.hotUnits, o.hotBuyers))
-	return append(rows,
-		row{Lock: "none", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: sold,
-			Shows: "no lock, one order per transaction: the conditional UPDATE alone sells each unit once"},
-		row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: sold,
-			Shows: "the Redis lock, one order per lock hold: every buyer of the SKU waits for the lock in turn"},
-		row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, MustHold: true, WantSold: sold,
-			Shows: "the service's default: each lock holder places the SKU's queued orders in one transaction"},
-	)
+	if o.faults {
+		rows = append(rows, faultRows(o)...)
+	}
+	return rows
 }
 
-// PausedReplica is the replica a pause row stops.
-func (r row) PausedReplica() int { return 2 }
+// faultRows are the service's default under faults, through nginx, with
+// buyers who retry: each must sell exactly its stock, lose no acknowledged
+// order and answer every buyer.
+func faultRows(o options) []row {
+	fault := func(f, shows string) row {
+		return row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Fault: f, Retry: true,
+			MustHold: true, WantSold: int64(o.skus), Shows: shows}
+	}
+	return []row{
+		fault(faultKillReplica, "a replica dies (SIGKILL) mid-sale: its locks lapse, nginx sends its buyers elsewhere, "+
+			"and buyers whose answer was lost retry under their key"),
+		fault(faultRolling, "every replica in turn is taken out of nginx, drains (SIGTERM) and starts again: "+
+			"no request is lost, so even a buyer who does not retry gets an answer from a replica"),
+		fault(faultRedis, "Redis (lock, cache, Bloom filter) is killed and comes back empty: leases are lost, "+
+			"fencing counters restart from the clock, the cache is rebuilt"),
+		fault(faultMariaDB, "MariaDB is restarted mid-sale: orders in flight fail or end with an unknown outcome, "+
+			"and their retries under the same key find what was committed"),
+	}
+}
+
+// hotRows are the hot SKU: one product, more buyers than units.
+func hotRows(o options) []row {
+	sold := int64(min(o.hotUnits, o.hotBuyers))
+	return []row{
+		{Lock: "none", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: sold,
+			Shows: "no lock, one order per transaction: the conditional UPDATE alone sells each unit once"},
+		{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: sold,
+			Shows: "the Redis lock, one order per lock hold: every buyer of the SKU waits for the lock in turn"},
+		{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, MustHold: true, WantSold: sold,
+			Shows: "the service's default: each lock holder places the SKU's queued orders in one transaction"},
+	}
+}
 
 // KilledMaster is the Redis master a kill row kills, counted from 1: not
 // the first, which also holds the product cache.
@@ -117,13 +156,42 @@ func (r row) label() string {
 		s += ", batch " + r.batch()
 	}
 	if r.Pause {
-		s += fmt.Sprintf(", TTL %s, replica %d paused", r.TTL, r.PausedReplica())
+		s += fmt.Sprintf(", TTL %s, a holder stopped between read and write", r.TTL)
 	}
 	if r.Kill {
 		s += fmt.Sprintf(", Redis master %d killed", r.KilledMaster())
 	}
+	if r.Fault != "" {
+		s += ", " + r.faultName() + ", buyers retry"
+	}
 	return s
 }
+
+// faultName says what a fault row does to the stack.
+func (r row) faultName() string {
+	switch r.Fault {
+	case faultKillReplica:
+		return fmt.Sprintf("replica %d killed", r.KilledReplica())
+	case faultRolling:
+		return "rolling restart"
+	case faultRedis:
+		return "Redis restarted empty"
+	case faultMariaDB:
+		return "MariaDB restarted"
+	}
+	return r.Fault
+}
+
+// faultArgs are the stack.sh arguments of a fault row's fault.
+func (r row) faultArgs() []string {
+	if r.Fault == faultKillReplica {
+		return []string{r.Fault, strconv.Itoa(r.KilledReplica())}
+	}
+	return []string{r.Fault}
+}
+
+// KilledReplica is the replica the kill-replica row kills.
+func (r row) KilledReplica() int { return 2 }
 
 func (r row) slug() string {
 	s := fmt.Sprintf("%s-%s-x%d", r.Lock, r.Update, r.Replicas)
@@ -141,6 +209,9 @@ func (r row) slug() string {
 	}
 	if r.Kill {
 		s += "-kill"
+	}
+	if r.Fault != "" {
+		s += "-" + r.Fault
 	}
 	return s
 }
@@ -160,6 +231,16 @@ func (r row) env() []string {
 	return env
 }
 
+// stopFor is the failpoint that stops one order holder per replica between
+// its read and its write for d (see internal/failpoint), and the binary
+// built with it.
+func stopFor(d time.Duration) []string {
+	return []string{"SHOP_BINARY=" + failpointBinary, fmt.Sprintf("GOFAIL_FAILPOINTS=shopStaleWrite=1*return(%d)", d.Milliseconds())}
+}
+
+// failpointBinary is bin/shop built with -tags failpoints (scripts/demo.sh).
+const failpointBinary = "bin/shop-failpoints"
+
 // loadResult is what bin/loadtest -json writes.
 type loadResult struct {
 	Requests int            `json:"requests"`
@@ -167,9 +248,15 @@ type loadResult struct {
 	RPS      float64        `json:"rps"`
 	P50Ms    float64        `json:"p50_ms"`
 	P99Ms    float64        `json:"p99_ms"`
-	Statuses map[string]int `json:"statuses"`
-	Errors   map[string]int `json:"errors"`
+	Statuses map[string]int `json:"statuses"` // every attempt's answer
+	Errors   map[string]int `json:"errors"`   // every attempt's transport error
 	Acks     int            `json:"acks"`
+
+	Buyers        int            `json:"buyers"`
+	Answered      int            `json:"answered"`   // final answer 2xx or 4xx
+	Unanswered    int            `json:"unanswered"` // still 5xx or a transport error at the end
+	Retries       int            `json:"retries"`
+	FinalStatuses map[string]int `json:"final_statuses"`
 }
 
 // verifyReport is what `shop verify --json` prints.
@@ -198,8 +285,8 @@ type result struct {
 	Row    row
 	Load   loadResult
 	Verify verifyReport
-	Paused time.Duration
-	Killed time.Duration  // how far into the load the master was killed
+	Paused time.Duration  // how long a holder was stopped (the failpoint's setting)
+	Killed time.Duration  // how far into the load the master was killed, or the fault began
 	Busy   map[string]int // the replicas' 503 busy answers by cause
 }
 
@@ -224,6 +311,16 @@ func (r result) broken(beyondOversell bool) []string {
 	return names
 }
 
+// lost counts the attempts that never got an answer from a replica: nginx's
+// 502 and 504, and transport errors.
+func (r result) lost() int {
+	n := r.Load.Statuses["502"] + r.Load.Statuses["504"]
+	for _, v := range r.Load.Errors {
+		n += v
+	}
+	return n
+}
+
 func (r result) verdict() string {
 	switch {
 	case r.Verify.OK:
@@ -239,11 +336,22 @@ func (r result) verdict() string {
 // must, or any row lost an acknowledged order or sold one SKU twice to a
 // user.
 func (r result) failed() bool {
-	if r.Row.MustHold {
-		return !r.Verify.OK || r.Verify.Orders == 0 || r.soldShort()
+	switch {
+	case r.Row.MustHold:
+		return !r.Verify.OK || r.Verify.Orders == 0 || r.soldShort() || r.unanswered() || r.lostOnRestart()
+	case r.Row.MustRace && r.Verify.OK:
+		return true
 	}
 	return len(r.broken(true)) > 0
 }
+
+// unanswered reports whether a row whose buyers retry left one without an
+// answer.
+func (r result) unanswered() bool { return r.Row.Retry && r.Load.Unanswered > 0 }
+
+// lostOnRestart reports whether a rolling restart lost a request: one that
+// got no answer from a replica, as a buyer who does not retry would.
+func (r result) lostOnRestart() bool { return r.Row.Fault == faultRolling && r.lost() > 0 }
 
 // soldShort reports whether a row that must sell a number of units sold
 // another number.
@@ -257,14 +365,38 @@ func (r result) outcome() string {
 		return "FAILED: nothing sold"
 	case r.failed() && r.Verify.OK && r.soldShort():
 		return fmt.Sprintf("FAILED: sold %d, must sell %d", r.Verify.Orders, r.Row.WantSold)
+	case r.failed() && r.Verify.OK && r.unanswered():
+		return fmt.Sprintf("FAILED: %d buyers unanswered", r.Load.Unanswered)
+	case r.failed() && r.Verify.OK && r.lostOnRestart():
+		return fmt.Sprintf("FAILED: %d requests lost in the restart", r.lost())
+	case r.failed() && r.Verify.OK:
+		return "FAILED: did not race"
 	case r.failed():
 		return "FAILED: " + strings.Join(r.broken(!r.Row.MustHold), ", ")
 	case r.Row.MustHold:
 		return "holds, as it must"
 	case r.Verify.OK:
 		return "expected to race; did not race this run"
+	case r.Row.MustRace:
+		return "oversold, as it must"
 	}
 	return "oversold, as expected"
+}
+
+// answered renders how many buyers got a final answer (2xx or 4xx).
+func (r result) answered() string {
+	if r.Load.Buyers == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%d/%d", r.Load.Answered, r.Load.Buyers)
+}
+
+// retries renders the extra attempts of a row whose buyers retry.
+func (r result) retries() string {
+	if !r.Row.Retry {
+		return "-"
+	}
+	return strconv.Itoa(r.Load.Retries)
 }
 
 func (r result) created() int { return r.Load.Statuses["201"] }
@@ -278,11 +410,11 @@ func (r result) ordersPerSecond() float64 {
 
 // columns are the table's headings; cells gives a row's values.
 var columns = []string{"#", "sale", "lock", "update", "fencing", "batch", "replicas", "disruption", "leases lost / stale writes refused",
-	"requests", "201s", "orders in MySQL", "oversold units", "verify", "orders/s", "p50", "p99", "outcome"}
+	"requests", "201s", "buyers answered", "retries", "orders in MySQL", "oversold units", "verify", "orders/s", "p50", "p99", "outcome"}
 
 func (r result) cells(n int) []string {
 	return []string{strconv.Itoa(n), r.Row.sale(), r.Row.Lock, r.Row.Update, r.Row.fencing(), r.Row.batch(), strconv.Itoa(r.Row.Replicas),
-		r.disruption(), r.staleHolders(), strconv.Itoa(r.Load.Requests), strconv.Itoa(r.created()),
+		r.disruption(), r.staleHolders(), strconv.Itoa(r.Load.Requests), strconv.Itoa(r.created()), r.answered(), r.retries(),
 		strconv.FormatInt(r.Verify.Orders, 10), strconv.FormatInt(r.Verify.Oversold, 10), r.verdict(),
 		fmt.Sprintf("%.0f", r.ordersPerSecond()), ms(r.Load.P50Ms), ms(r.Load.P99Ms), r.outcome()}
 }
@@ -313,9 +445,11 @@ func markdownTable(results []result) string {
 func (r result) disruption() string {
 	switch {
 	case r.Row.Pause:
-		return fmt.Sprintf("replica paused %s > TTL %s", r.Paused.Round(100*time.Millisecond), r.Row.TTL)
+		return fmt.Sprintf("holder stopped %s > TTL %s", r.Paused, r.Row.TTL)
 	case r.Row.Kill:
 		return fmt.Sprintf("master %d killed at %s", r.Row.KilledMaster(), r.Killed.Round(100*time.Millisecond))
+	case r.Row.Fault != "":
+		return fmt.Sprintf("%s at %s", r.Row.faultName(), r.Killed.Round(100*time.Millisecond))
 	}
 	return "-"
 }
@@ -358,11 +492,19 @@ sold other than min(units, buyers). A row expected to race is reported, not fail
 it fails only if it breaks an invariant other than the stock count (a lost acknowledged order, two orders of one
 user, an acknowledged order that is another buyer's).
 
-In the pause rows, "leases lost" counts orders whose holder found its lease gone (the watchdog cancels the
-lease's context as soon as the stopped process runs again, and the transaction rolls back), "stale writes
-refused" the writes MySQL turned down because a newer token had written the row. Without fencing, a stale
-write gets through only when the stop falls between the holder's last look at its lease and its write reaching
-MySQL, so that row races rarely; with fencing, MySQL refuses such a write whenever it comes.
+In the pause rows one order holder per replica is stopped (the shopStaleWrite failpoint of a binary built with
+-tags failpoints) after it read the product and before it writes the stock, for longer than the lease, with its
+process's lease watchdogs stopped too, as in a GC pause or a frozen VM: its lease runs out in Redis, another
+replica's buyer takes the lock and sells the unit, and then the stopped holder writes what it read. Without fencing
+that write lands and the unit sells twice, on every run (the row must oversell); with fencing MySQL refuses it.
+"leases lost" counts orders whose holder found its lease gone, "stale writes refused" the writes MySQL turned down
+because a newer token had written the row.
+
+The fault rows run the service's default settings with buyers who retry 502, 503, 504 and transport errors under
+their own Idempotency-Key (bin/loadtest -retry, Retry-After honoured), while the stack is disrupted mid-sale. Each
+must sell exactly its stock, lose no acknowledged order, create no duplicate, and leave no buyer without an answer;
+the rolling restart must also lose no request at all (no 502, 504 or transport error), so that buyers who do not
+retry lose nothing either.
 `)
 	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644); err != nil {
 		return err

@@ -33,6 +33,21 @@ func TestOutcome(t *testing.T) {
 	must := row{Lock: "redis", Update: "naive", Replicas: 3, MustHold: true}
 	race := row{Lock: "none", Update: "naive", Replicas: 3}
 	hot := row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Hot: true, Batch: 1, MustHold: true, WantSold: 300}
+	stale := row{Lock: "redis", Update: "naive", Replicas: 3, Pause: true, MustRace: true}
+	fault := func(f string) row {
+		return row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Fault: f, Retry: true, MustHold: true, WantSold: 200}
+	}
+	answered := func(r result, unanswered int, lost map[string]int) result {
+		r.Load.Buyers, r.Load.Answered, r.Load.Unanswered = 800, 800-unanswered, unanswered
+		for k, v := range lost {
+			if k == "error" {
+				r.Load.Errors = map[string]int{"connection reset": v}
+			} else {
+				r.Load.Statuses[k] = v
+			}
+		}
+		return r
+	}
 	const oversell = "initial_stock == stock + orders"
 	tests := []struct {
 		name    string
@@ -53,6 +68,20 @@ func TestOutcome(t *testing.T) {
 		{"hot, oversold", fake(hot, 301, 1, oversell), "OVERSOLD", "FAILED: " + oversell, true},
 		{"hot, an ack for another buyer", fake(hot, 300, 0, "every acknowledged order has its sku and user"), "BROKEN",
 			"FAILED: every acknowledged order has its sku and user", true},
+		{"stopped holder, raced", fake(stale, 201, 1, oversell), "OVERSOLD", "oversold, as it must", false},
+		{"stopped holder, did not race", fake(stale, 200, 0), "correct", "FAILED: did not race", true},
+		{"stopped holder, lost an ack", fake(stale, 201, 1, oversell, "every acknowledged order exists"), "BROKEN",
+			"FAILED: every acknowledged order exists", true},
+		{"fault, every buyer answered", answered(fake(fault(faultKillReplica), 200, 0), 0, map[string]int{"502": 7, "error": 3}),
+			"correct", "holds, as it must", false},
+		{"fault, a buyer unanswered", answered(fake(fault(faultMariaDB), 200, 0), 1, nil), "correct", "FAILED: 1 buyers unanswered", true},
+		{"fault, sold short", answered(fake(fault(faultRedis), 199, 0), 0, nil), "correct", "FAILED: sold 199, must sell 200", true},
+		{"rolling restart, nothing lost", answered(fake(fault(faultRolling), 200, 0), 0, map[string]int{"503": 5}),
+			"correct", "holds, as it must", false},
+		{"rolling restart, a 502", answered(fake(fault(faultRolling), 200, 0), 0, map[string]int{"502": 1}),
+			"correct", "FAILED: 1 requests lost in the restart", true},
+		{"rolling restart, a reset", answered(fake(fault(faultRolling), 200, 0), 0, map[string]int{"error": 2}),
+			"correct", "FAILED: 2 requests lost in the restart", true},
 	}
 	for _, tt := range tests {
 		if got := tt.res.verdict(); got != tt.verdict {
@@ -73,8 +102,11 @@ func TestReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	rows := experiment(o)
-	if hot := slices.IndexFunc(rows, func(r row) bool { return r.Hot }); hot != 9 || len(rows) != 12 {
-		t.Fatalf("%d rows, the first hot one at %d; want 9 sell-out rows and 3 hot ones", len(rows), hot)
+	hot := slices.IndexFunc(rows, func(r row) bool { return r.Hot })
+	faults := slices.IndexFunc(rows, func(r row) bool { return r.Fault != "" })
+	if hot != 9 || faults != 12 || len(rows) != 16 {
+		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d; want 9 sell-out rows, 3 hot ones, 4 fault rows",
+			len(rows), hot, faults)
 	}
 	var results []result
 	for i, r := range rows {
@@ -92,6 +124,10 @@ func TestReport(t *testing.T) {
 		if r.Kill {
 			res.Killed = 500 * time.Millisecond
 		}
+		if r.Fault != "" {
+			res.Killed = 2 * time.Second
+			res.Load.Buyers, res.Load.Answered, res.Load.Retries = 800, 800, 42
+		}
 		results = append(results, res)
 	}
 
@@ -99,7 +135,9 @@ func TestReport(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)+1 {
 		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)+1, tbl)
 	}
-	for _, want := range []string{"redis    guarded", "2s > TTL 500ms", "3 / 1", "oversold, as expected", "holds, as it must",
+	for _, want := range []string{"redis    guarded", "holder stopped 2s > TTL 500ms", "3 / 1", "oversold, as expected", "oversold, as it must",
+		"holds, as it must", "replica 2 killed at 2s", "rolling restart at 2s", "Redis restarted empty at 2s", "MariaDB restarted at 2s",
+		"800/800 ",
 		"redlock  naive", "master 3 killed at 500ms", "hot SKU  none     guarded  -        1 ", "hot SKU  redis    guarded  on       1 ",
 		"hot SKU  redis    guarded  on       default", "sellout  redis    guarded  on       default"} {
 		if !strings.Contains(tbl, want) {
@@ -190,5 +228,42 @@ func TestReadEnvFile(t *testing.T) {
 	}
 	if env["NGINX_PORT"] != "8080" || env["REPLICA_PORTS"] != "1 2 3" {
 		t.Errorf("env = %v", env)
+	}
+}
+
+func TestPauseAndFaultRows(t *testing.T) {
+	o, err := parse([]string{"-skus", "200", "-pause", "1500ms"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pauses, faults int
+	for _, r := range experiment(o) {
+		args := replicaArgs(o, r)
+		stops := slices.Contains(args, "GOFAIL_FAILPOINTS=shopStaleWrite=1*return(1500)") &&
+			slices.Contains(args, "SHOP_BINARY="+failpointBinary)
+		if stops != r.Pause {
+			t.Errorf("%s: replicas %q: the failpoint is set %v, the row pauses %v", r.label(), args, stops, r.Pause)
+		}
+		if r.Pause {
+			pauses++
+			if r.Fencing != r.MustHold || r.Fencing == r.MustRace {
+				t.Errorf("%s: must hold %v, must race %v", r.label(), r.MustHold, r.MustRace)
+			}
+		}
+		if r.Fault != "" {
+			faults++
+			if !r.Retry || !r.MustHold || r.WantSold != 200 || r.Lock != "redis" || r.Update != "guarded" || !r.Fencing || r.Batch != 0 {
+				t.Errorf("fault row %s: the default settings with retrying buyers, selling every unit", r.label())
+			}
+		}
+	}
+	if pauses != 2 || faults != 4 {
+		t.Errorf("%d pause rows and %d fault rows, want 2 and 4", pauses, faults)
+	}
+	if o, _ := parse([]string{"-faults=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Fault != "" }) {
+		t.Error("-faults=false kept the fault rows")
+	}
+	if _, err := parse([]string{"-fault-after", "3s", "-fault-span", "2s"}); err == nil {
+		t.Error("a fault after the end of the sale was accepted")
 	}
 }

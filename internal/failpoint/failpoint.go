@@ -1,0 +1,40 @@
+// Package failpoint holds the service's fault-injection hooks, for the demo
+// and the tests that must make a race happen on every run rather than by
+// chance.
+//
+// They exist only in a binary built with the build tag "failpoints"
+// (`go build -tags failpoints`; make demo builds bin/shop-failpoints so). In
+// a default build New returns Hooks whose fields are all nil, nothing of
+// go.etcd.io/gofail is linked, and no environment variable or request can
+// reach a failpoint: a default `shop serve` has none.
+//
+// In a failpoints build the hooks are etcd's gofail failpoints, set as
+// gofail sets them: GOFAIL_FAILPOINTS in the environment at start-up
+// ("name=terms;name=terms"), or GOFAIL_HTTP=host:port for gofail's HTTP
+// endpoint. The failpoints:
+//
+//	shopStaleWrite=1*return(2000)
+//	    the first order holder to reach it (after it read the product, before
+//	    it writes the stock) stops for 2000 ms, as a process stopped by a GC
+//	    pause or a frozen VM would: the watchdogs of every lease in the process
+//	    stop with it and stay stopped until that holder's transaction has
+//	    ended, so its lease runs out in Redis and its write reaches MySQL
+//	    before it can learn so. This is the one interleaving fencing tokens
+//	    exist for (README, "the lock experiment", rows 6 and 7).
+package failpoint
+
+import (
+	"context"
+	"time"
+)
+
+// Hooks are the places a failpoints build can stop or fail. Every field is
+// nil in a default build, and nil means "no hook" to whoever takes it.
+type Hooks struct {
+	// BeforeWrite is stock.Options.BeforeWrite: it runs under the SKU's
+	// lease between the read of the product and the write of its stock; the
+	// function it returns runs when the order transaction has ended.
+	BeforeWrite func(ctx context.Context, sku int64) (after func())
+	// After is lock.RedisOptions.After, the timer lease watchdogs sleep on.
+	After func(time.Duration) <-chan time.Time
+}

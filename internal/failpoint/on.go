@@ -1,0 +1,98 @@
+//go:build failpoints
+
+package failpoint
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	gofail "go.etcd.io/gofail/runtime"
+)
+
+// Enabled reports whether this binary was built with failpoints.
+const Enabled = true
+
+// gofail registers each failpoint name once per process; replicas run in
+// one test process share them.
+var (
+	register   sync.Once
+	staleWrite *gofail.Failpoint
+	stopped    = &world{}
+)
+
+// New returns the hooks of this binary: gofail's failpoints.
+func New() Hooks {
+	register.Do(func() { staleWrite = gofail.NewFailpoint("shopStaleWrite") })
+	return Hooks{BeforeWrite: beforeWrite, After: stopped.after}
+}
+
+// beforeWrite is the shopStaleWrite failpoint: while it is off it costs
+// one read of the failpoint's terms.
+func beforeWrite(ctx context.Context, sku int64) func() {
+	v, err := staleWrite.Acquire()
+	if err != nil {
+		return nil
+	}
+	d, err := duration(v)
+	if err != nil {
+		staleWrite.BadType(v, "milliseconds (int) or a duration (string)")
+		return nil
+	}
+	fmt.Fprintf(os.Stderr, "failpoint shopStaleWrite: the holder of sku %d stops for %s between its read and its write\n", sku, d)
+	stopped.freeze()
+	time.Sleep(d) // a stopped process does not notice its context either
+	return stopped.thaw
+}
+
+func duration(v any) (time.Duration, error) {
+	switch v := v.(type) {
+	case int:
+		return time.Duration(v) * time.Millisecond, nil
+	case string:
+		return time.ParseDuration(v)
+	}
+	return 0, fmt.Errorf("bad value %v", v)
+}
+
+// world is the part of the process a stop freezes: the timers lease
+// watchdogs sleep on. A timer that runs out while the world is frozen fires
+// only when it thaws, as it would in a stopped process.
+type world struct {
+	mu     sync.Mutex
+	frozen chan struct{} // closed when the world thaws; nil while it runs
+}
+
+func (w *world) freeze() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.frozen == nil {
+		w.frozen = make(chan struct{})
+	}
+}
+
+func (w *world) thaw() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.frozen != nil {
+		close(w.frozen)
+		w.frozen = nil
+	}
+}
+
+// after is time.After that does not fire while the world is frozen.
+func (w *world) after(d time.Duration) <-chan time.Time {
+	ch := make(chan time.Time, 1)
+	time.AfterFunc(d, func() {
+		w.mu.Lock()
+		frozen := w.frozen
+		w.mu.Unlock()
+		if frozen != nil {
+			<-frozen
+		}
+		ch <- time.Now()
+	})
+	return ch
+}
