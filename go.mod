@@ -13,6 +13,7 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rakyll/hey v0.1.5
 	github.com/redis/go-redis/v9 v9.23.0
+	go.etcd.io/gofail v0.2.0
 	golang.org/x/image v0.47.0
 	golang.org/x/sync v0.24.0
 	gorm.io/driver/mysql v1.6.0
@@ -54,7 +55,6 @@ require (
 	github.com/sethvargo/go-retry v0.5.0 // indirect
 	github.com/twitchyliquid64/golang-asm v0.15.1 // indirect
 	github.com/ugorji/go/codec v1.3.1 // indirect
-	go.etcd.io/gofail v0.2.0 // indirect
 	go.mongodb.org/mongo-driver/v2 v2.5.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	go.uber.org/multierr v1.11.0 // indirect
