@@ -274,9 +274,9 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 		verdicts []verdict
 		left     int
 	)
-	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+	err := s.orderTx(lease, func(tx *gorm.DB, after *func()) error {
 		var err error
-		verdicts, left, err = s.placeMany(lease.Context(), tx, lease.Fence(), sku, batch)
+		verdicts, left, err = s.placeMany(lease.Context(), tx, after, lease.Fence(), sku, batch)
 		return err
 	})
 	switch {
@@ -334,7 +334,7 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 // INSERT gave: a multi-row INSERT's ids need not be consecutive
 // (innodb_autoinc_lock_mode=2).
 // It also returns the stock left.
-func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, fence, sku int64, batch []*ticket) ([]verdict, int, error) {
+func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fence, sku int64, batch []*ticket) ([]verdict, int, error) {
 	var read Product
 	q := tx.Select("id", "stock", "fence")
 	if s.opt.Update == Guarded {
@@ -400,9 +400,7 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, fence, sku int64, 
 		return verdicts, left, nil
 	}
 
-	if s.opt.BeforeWrite != nil {
-		s.opt.BeforeWrite(ctx, sku)
-	}
+	s.beforeWrite(ctx, sku, after)
 	if err := s.writeStock(tx, sku, read, s.opt.Fencing && fence > 0, fence, len(sell)); err != nil {
 		return nil, 0, err
 	}

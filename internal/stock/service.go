@@ -60,9 +60,14 @@ type Options struct {
 	// memory, without a query, unless ForgetSoldOut clears it first; zero
 	// means DefaultSoldOutTTL, negative turns the memory off.
 	SoldOutTTL time.Duration
-	// BeforeWrite, when set, runs after the product is read and before its
-	// stock is written. Tests pause there to make races deterministic.
-	BeforeWrite func(ctx context.Context, sku int64)
+	// BeforeWrite, when set, runs inside the lease and the order
+	// transaction, after the product is read and before its stock is
+	// written; ctx is the lease's. If it returns a func, that func runs
+	// once the transaction has ended (committed or rolled back), still
+	// before the lease is released. Tests pause there to make races
+	// deterministic; the demo stops a holder between its read and its write
+	// and keeps its watchdog frozen until the write has reached MySQL.
+	BeforeWrite func(ctx context.Context, sku int64) (after func())
 	// Concurrency bounds how many order transactions one Service runs at
 	// once. A slot is taken before the SKU lock, so that a lock holder
 	// never queues for a connection: keep it at or below the size of the
@@ -256,9 +261,9 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int64, idempotencyKey string) (Order, error) {
 	gen := s.soldOut.generation()
 	var o Order
-	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+	err := s.orderTx(lease, func(tx *gorm.DB, after *func()) error {
 		var err error
-		o, err = s.placeOrder(lease.Context(), tx, lease.Fence(), sku, user, idempotencyKey)
+		o, err = s.placeOrder(lease.Context(), tx, after, lease.Fence(), sku, user, idempotencyKey)
 		return err
 	})
 	s.count(1)
@@ -270,6 +275,27 @@ func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int
 	}
 	s.learn(sku, gen, err)
 	return Order{}, s.classifyLease(ctx, lease, err)
+}
+
+// orderTx runs fn as one order transaction under lease. fn calls
+// beforeWrite with after; what the hook returned runs once the transaction
+// has ended, whatever its outcome, and before the caller releases the lease.
+func (s *Service) orderTx(lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
+	var after func()
+	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+		return fn(tx, &after)
+	})
+	if after != nil {
+		after()
+	}
+	return err
+}
+
+// beforeWrite runs Options.BeforeWrite, keeping what it returns in after.
+func (s *Service) beforeWrite(ctx context.Context, sku int64, after *func()) {
+	if s.opt.BeforeWrite != nil {
+		*after = s.opt.BeforeWrite(ctx, sku)
+	}
 }
 
 // learn remembers sku as sold out when err says it is.
@@ -319,7 +345,7 @@ func inStock(db *gorm.DB, sku int64) error {
 // placeOrder is PlaceOrder's transaction. One order per user and SKU, and
 // one per idempotency key, are left to the unique indexes: a second INSERT
 // fails and the transaction, stock write included, rolls back.
-func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user int64, idempotencyKey string) (Order, error) {
+func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fence, sku, user int64, idempotencyKey string) (Order, error) {
 	var read Product
 	if s.opt.Update == Naive {
 		// The seeds' read-modify-write needs the value it will write back.
@@ -330,9 +356,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 			return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 		}
 	}
-	if s.opt.BeforeWrite != nil {
-		s.opt.BeforeWrite(ctx, sku)
-	}
+	s.beforeWrite(ctx, sku, after)
 	fenced := s.opt.Fencing && fence > 0
 	if err := s.writeStock(tx, sku, read, fenced, fence, 1); err != nil {
 		return Order{}, err
