@@ -412,11 +412,12 @@ func checkStaleWriter(t *testing.T, db *testenv.DB, fencing bool, who string, er
 	}
 }
 
-// waitForLockWait returns once a statement on db's database is running an
-// UPDATE of products, which here can only be waiting for a row lock; it fails
-// the test if the call that should wait ends first. (INNODB_TRX would say
-// LOCK WAIT, but MariaDB refreshes that table lazily.)
-func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) {
+// waitForLockWait returns the connection id of a statement on db's database
+// that is running an UPDATE of products or a locking read of it, which here
+// can only be waiting for a row lock, once there is one; it fails the test if
+// the call that should wait ends first (ended may be nil). (INNODB_TRX would
+// say LOCK WAIT, but MariaDB refreshes that table lazily.)
+func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) int64 {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		select {
@@ -424,15 +425,17 @@ func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) {
 			t.Fatalf("ended without waiting for the row lock: %v", err)
 		default:
 		}
-		var n int
-		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE DB = DATABASE() AND INFO LIKE 'UPDATE products%'`).Row().Scan(&n)
+		var ids []int64
+		err := db.Gorm.Raw(`SELECT ID FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND (INFO LIKE 'UPDATE products%' OR INFO LIKE 'SELECT % FROM %products% FOR UPDATE')`).
+			Scan(&ids).Error
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
+		if len(ids) > 0 {
+			return ids[0]
 		}
 	}
 	t.Fatal("no UPDATE waited for the row lock")
+	return 0
 }
