@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 
 	"shop/internal/lock"
@@ -55,6 +56,40 @@ func TestKilledOrderIsBusy(t *testing.T) {
 					t.Errorf("a killed order changed the database:\n%s", r)
 				}
 			})
+		}
+	}
+}
+
+// With MySQL down, every Catalog call is busy (503), seeding included.
+func TestCatalogMySQLDownIsBusy(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	g, err := stock.Open("root@tcp("+down+")/shop", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := g.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	c := stock.NewCatalog(g)
+	ctx := context.Background()
+	for _, tt := range []struct {
+		name string
+		call func() error
+	}{
+		{"Seed", func() error { return c.Seed(ctx, 3, 1) }},
+		{"Product", func() error { _, err := c.Product(ctx, 1); return err }},
+		{"Stock", func() error { _, err := c.Stock(ctx, 1); return err }},
+		{"ProductIDs", func() error { _, err := c.ProductIDs(ctx); return err }},
+	} {
+		if err := tt.call(); !errors.Is(err, stock.ErrBusy) {
+			t.Errorf("%s with MySQL down: %v, want ErrBusy", tt.name, err)
 		}
 	}
 }
