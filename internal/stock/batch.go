@@ -282,7 +282,7 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 	switch {
 	case err == nil:
 		s.count(len(batch))
-	case duplicate(err) != "":
+	case duplicate(err):
 		// Another writer inserted one of these orders meanwhile: only
 		// possible where the lock does not exclude (none, local across
 		// replicas). Each order then goes on its own.
@@ -358,10 +358,7 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 		v.leader = -1
 		if t.key != "" {
 			if o, ok := held.byKey[t.key]; ok {
-				if o.SKUID != sku || o.UserID != t.user {
-					v.err = fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, t.key)
-				} else {
-					o.Replayed = true
+				if o, v.err = replayOf(o, sku, t.user, t.key); v.err == nil {
 					v.order = &o
 				}
 				continue

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -98,25 +97,12 @@ func mysqlErrorNumber(err error) uint16 {
 	return 0
 }
 
-// The unique indexes of orders (migrations/).
-const (
-	userSKUIndex        = "uq_orders_user_sku"
-	idempotencyKeyIndex = "uq_orders_idempotency_key"
-)
-
-// duplicate returns the name of the unique index err violated, or "".
-func duplicate(err error) string {
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != errDupEntry {
-		return ""
-	}
-	for _, index := range []string{userSKUIndex, idempotencyKeyIndex} {
-		if strings.Contains(me.Message, "'"+index+"'") {
-			return index
-		}
-	}
-	return "unknown"
-}
+// duplicate reports whether err is MySQL refusing a row that one of the
+// table's unique indexes already holds. Which index, and which row, is asked
+// of MySQL (Service.conflict), never read out of the message: servers word
+// it differently (MySQL 8.0.19 and later name the key
+// 'orders.uq_orders_user_sku', MariaDB and older MySQL 'uq_orders_user_sku').
+func duplicate(err error) bool { return mysqlErrorNumber(err) == errDupEntry }
 
 // transient reports whether err means the database could not do the work now
 // (it is down, unreachable, shutting down, read-only, or gave up on a lock or

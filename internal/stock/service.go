@@ -270,8 +270,8 @@ func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int
 	switch {
 	case err == nil:
 		return o, nil
-	case duplicate(err) == userSKUIndex:
-		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
+	case duplicate(err):
+		return s.conflict(ctx, sku, user, idempotencyKey)
 	}
 	s.learn(sku, gen, err)
 	return Order{}, s.classifyLease(ctx, lease, err)
@@ -426,11 +426,39 @@ func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok 
 	if res.Error != nil || res.RowsAffected == 0 {
 		return Order{}, false, res.Error
 	}
+	o, err = replayOf(o, sku, user, key)
+	return o, err == nil, err
+}
+
+// replayOf answers an order under idempotency key with o, the order made
+// under the key before: o itself, Replayed, or ErrIdempotencyMismatch when
+// o is another user's or another SKU's.
+func replayOf(o Order, sku, user int64, key string) (Order, error) {
 	if o.SKUID != sku || o.UserID != user {
-		return Order{}, false, fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, key)
+		return Order{}, fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, key)
 	}
 	o.Replayed = true
-	return o, true, nil
+	return o, nil
+}
+
+// conflict answers an order whose INSERT ran into a unique index of orders
+// (its transaction has rolled back), by asking MySQL which order stands in
+// its way: one under its idempotency key answers it (a replay, or
+// ErrIdempotencyMismatch), one of the user for the SKU is ErrAlreadyOrdered.
+// If neither is there any more (a reseed deleted it), the order is ErrBusy:
+// a retry may pass.
+func (s *Service) conflict(ctx context.Context, sku, user int64, key string) (Order, error) {
+	h, err := heldOrders(s.reads.WithContext(ctx), sku, []*ticket{{user: user, key: key}})
+	if err != nil {
+		return Order{}, classify(ctx, "place order", err)
+	}
+	if o, ok := h.byKey[key]; ok && key != "" {
+		return replayOf(o, sku, user, key)
+	}
+	if _, ok := h.byUser[user]; ok {
+		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
+	}
+	return Order{}, fmt.Errorf("%w: sku %d, user %d: a duplicate order that is gone now", ErrBusy, sku, user)
 }
 
 // invalidate tells the cache that sku's stock changed. It runs after COMMIT,
