@@ -222,7 +222,7 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 	case len(batch) == 1:
 		t := batch[0]
 		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
-		if err == nil {
+		if mayHaveCommitted(err) {
 			s.invalidate(ctx, sku)
 		}
 		t.answer(o, err)
@@ -293,9 +293,15 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 		s.invalidate(ctx, sku)
 		return
 	default:
+		// Every order of the batch gets its failure; under an unknown
+		// outcome each buyer with a key gets its order back instead if
+		// it committed (PlaceOrder looks).
 		s.count(len(batch))
 		s.learn(sku, gen, err)
 		err = s.classifyLease(ctx, lease, err)
+		if mayHaveCommitted(err) {
+			s.invalidate(ctx, sku)
+		}
 		for _, t := range batch {
 			t.answer(Order{}, err)
 		}

@@ -186,7 +186,10 @@ const (
 // Errors: ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered,
 // ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence when MySQL
 // refused a stale holder's write, with lock.ErrNotObtained when the lock was
-// not obtained in time, with lock.ErrNotHeld when the lease was lost).
+// not obtained in time, with lock.ErrNotHeld when the lease was lost),
+// ErrOutcomeUnknown (the connection was lost after COMMIT was sent; with an
+// idempotency key the order is looked up first, and a committed one
+// returned).
 func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
@@ -251,7 +254,7 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 	}
 	o, err := s.placeOne(ctx, lease, sku, user, idempotencyKey)
-	if err == nil {
+	if mayHaveCommitted(err) {
 		s.invalidate(ctx, sku)
 	}
 	return o, err
@@ -280,16 +283,35 @@ func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int
 // orderTx runs fn as one order transaction under lease. fn calls
 // beforeWrite with after; what the hook returned runs once the transaction
 // has ended, whatever its outcome, and before the caller releases the lease.
+//
+// When fn succeeded and the connection failed under the COMMIT, MySQL may
+// have committed or not, and no answer of this connection can tell:
+// orderTx returns ErrOutcomeUnknown. A COMMIT that MySQL answered with an
+// error, and any failure before it, is a rollback.
 func (s *Service) orderTx(lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
-	var after func()
+	var (
+		after      func()
+		committing bool
+	)
 	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
-		return fn(tx, &after)
+		if err := fn(tx, &after); err != nil {
+			return err
+		}
+		committing = true // what fails now is the COMMIT
+		return nil
 	})
 	if after != nil {
 		after()
 	}
+	if err != nil && committing && connLost(err) {
+		return fmt.Errorf("%w: %s: connection lost after COMMIT was sent: %w", ErrOutcomeUnknown, lease.Key(), err)
+	}
 	return err
 }
+
+// mayHaveCommitted reports whether an order transaction that ended with err
+// may have changed the product: it committed, or its outcome is unknown.
+func mayHaveCommitted(err error) bool { return err == nil || errors.Is(err, ErrOutcomeUnknown) }
 
 // beforeWrite runs Options.BeforeWrite, keeping what it returns in after.
 func (s *Service) beforeWrite(ctx context.Context, sku int64, after *func()) {
@@ -487,6 +509,9 @@ func (s *Service) release(ctx context.Context, lease *lock.Lease) {
 // classifyLease is classify for errors met under a lease: work cut short
 // because the lease was lost or its context ended is ErrBusy.
 func (s *Service) classifyLease(ctx context.Context, lease *lock.Lease, err error) error {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return err
+	}
 	if cause := context.Cause(lease.Context()); cause != nil && ctx.Err() == nil {
 		// The lease was lost, or a batch ran out of time.
 		return fmt.Errorf("%w: %w", ErrBusy, cause)
@@ -501,7 +526,8 @@ func classify(ctx context.Context, op string, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound),
-		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch):
+		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch),
+		errors.Is(err, ErrOutcomeUnknown):
 		return err
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))
