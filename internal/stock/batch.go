@@ -297,6 +297,7 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 		// outcome each buyer with a key gets its order back instead if
 		// it committed (PlaceOrder looks).
 		s.count(len(batch))
+		s.repairFence(ctx, err)
 		s.learn(sku, gen, err)
 		err = s.classifyLease(ctx, lease, err)
 		if mayHaveCommitted(err) {

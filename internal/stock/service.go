@@ -161,6 +161,9 @@ const (
 	releaseTimeout = 2 * time.Second
 	// invalidateTimeout bounds telling the cache about a committed order.
 	invalidateTimeout = time.Second
+	// raiseFenceTimeout bounds telling the lock about a row fenced above
+	// its counter.
+	raiseFenceTimeout = time.Second
 )
 
 // PlaceOrder sells one unit of product sku to user.
@@ -276,6 +279,7 @@ func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int
 	case duplicate(err):
 		return s.conflict(ctx, sku, user, idempotencyKey)
 	}
+	s.repairFence(ctx, err)
 	s.learn(sku, gen, err)
 	return Order{}, s.classifyLease(ctx, lease, err)
 }
@@ -433,12 +437,44 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 		return notFound(err, sku)
 	}
 	if fenced && now.Fence >= fence {
-		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, sku, fence, now.Fence)
+		return &staleFence{sku: sku, token: fence, row: now.Fence}
 	}
 	if now.Stock >= n {
 		return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d)", ErrBusy, sku, read.Fence, now.Fence)
 	}
 	return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+}
+
+// staleFence is a fenced write that MySQL refused because the row's fence
+// was at or above the holder's token: ErrBusy and ErrStaleFence.
+type staleFence struct {
+	sku, token, row int64
+}
+
+func (e *staleFence) Error() string {
+	return fmt.Sprintf("%v: %v: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, e.sku, e.token, e.row)
+}
+
+func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
+
+// repairFence tells the lock, when err is a write refused for a stale fence,
+// how far the row's fence has gone, so that a counter that fell behind the
+// rows is raised and the next holder's token is above the fence (see
+// FenceRaiser). It runs once the transaction has ended, bounded and
+// detached from the buyer; a failure is logged and changes nothing else:
+// the order has failed anyway, and the next refusal tries again.
+func (s *Service) repairFence(ctx context.Context, err error) {
+	var stale *staleFence
+	r, ok := s.locks.(FenceRaiser)
+	if !ok || !errors.As(err, &stale) {
+		return
+	}
+	key := LockKey(stale.sku)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), raiseFenceTimeout)
+	defer cancel()
+	if err := r.RaiseFence(ctx, key, stale.row); err != nil {
+		s.opt.Logger.WarnContext(ctx, "raise fencing counter", "key", key, "at_least", stale.row, "err", err)
+	}
 }
 
 // replay finds the order created earlier under key. ok is false when there is
