@@ -222,7 +222,7 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 	case len(batch) == 1:
 		t := batch[0]
 		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
-		if err == nil {
+		if mayHaveCommitted(err) {
 			s.invalidate(ctx, sku)
 		}
 		t.answer(o, err)
@@ -274,15 +274,15 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 		verdicts []verdict
 		left     int
 	)
-	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+	err := s.orderTx(lease, func(tx *gorm.DB, after *func()) error {
 		var err error
-		verdicts, left, err = s.placeMany(lease.Context(), tx, lease.Fence(), sku, batch)
+		verdicts, left, err = s.placeMany(lease.Context(), tx, after, lease.Fence(), sku, batch)
 		return err
 	})
 	switch {
 	case err == nil:
 		s.count(len(batch))
-	case duplicate(err) != "":
+	case duplicate(err):
 		// Another writer inserted one of these orders meanwhile: only
 		// possible where the lock does not exclude (none, local across
 		// replicas). Each order then goes on its own.
@@ -293,9 +293,16 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 		s.invalidate(ctx, sku)
 		return
 	default:
+		// Every order of the batch gets its failure; under an unknown
+		// outcome each buyer with a key gets its order back instead if
+		// it committed (PlaceOrder looks).
 		s.count(len(batch))
+		s.repairFence(ctx, err)
 		s.learn(sku, gen, err)
 		err = s.classifyLease(ctx, lease, err)
+		if mayHaveCommitted(err) {
+			s.invalidate(ctx, sku)
+		}
 		for _, t := range batch {
 			t.answer(Order{}, err)
 		}
@@ -334,7 +341,7 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 // INSERT gave: a multi-row INSERT's ids need not be consecutive
 // (innodb_autoinc_lock_mode=2).
 // It also returns the stock left.
-func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, fence, sku int64, batch []*ticket) ([]verdict, int, error) {
+func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fence, sku int64, batch []*ticket) ([]verdict, int, error) {
 	var read Product
 	q := tx.Select("id", "stock", "fence")
 	if s.opt.Update == Guarded {
@@ -358,10 +365,7 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, fence, sku int64, 
 		v.leader = -1
 		if t.key != "" {
 			if o, ok := held.byKey[t.key]; ok {
-				if o.SKUID != sku || o.UserID != t.user {
-					v.err = fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, t.key)
-				} else {
-					o.Replayed = true
+				if o, v.err = replayOf(o, sku, t.user, t.key); v.err == nil {
 					v.order = &o
 				}
 				continue
@@ -400,9 +404,7 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, fence, sku int64, 
 		return verdicts, left, nil
 	}
 
-	if s.opt.BeforeWrite != nil {
-		s.opt.BeforeWrite(ctx, sku)
-	}
+	s.beforeWrite(ctx, sku, after)
 	if err := s.writeStock(tx, sku, read, s.opt.Fencing && fence > 0, fence, len(sell)); err != nil {
 		return nil, 0, err
 	}

@@ -212,9 +212,10 @@ func TestBatchLostLeaseWritesNothing(t *testing.T) {
 	var rdb *redis.Client
 	var l *lock.Redis
 	svc, l, rdb := lined(t, db, 1, 5, stock.Options{
-		BeforeWrite: func(ctx context.Context, sku int64) {
+		BeforeWrite: func(ctx context.Context, sku int64) func() {
 			rdb.Del(ctx, l.Key(stock.LockKey(sku))) // the lock vanishes (a failover, say)
 			<-ctx.Done()                            // the watchdog notices within TTL/3
+			return nil
 		},
 	}, lock.RedisOptions{TTL: 150 * time.Millisecond})
 
@@ -365,19 +366,19 @@ func TestBatchIdsUnderAutoincLockMode2(t *testing.T) {
 
 // barrier returns a BeforeWrite hook that holds each caller until n have
 // arrived, or until patience runs out.
-func barrier(n int, patience time.Duration) func(context.Context, int64) {
+func barrier(n int, patience time.Duration) func(context.Context, int64) func() {
 	var (
 		mu      sync.Mutex
 		arrived int
 		all     = make(chan struct{})
 	)
-	return func(ctx context.Context, _ int64) {
+	return func(ctx context.Context, _ int64) func() {
 		mu.Lock()
 		if arrived++; arrived%n == 0 {
 			close(all)
 			all = make(chan struct{})
 			mu.Unlock()
-			return
+			return nil
 		}
 		wait := all
 		mu.Unlock()
@@ -386,6 +387,7 @@ func barrier(n int, patience time.Duration) func(context.Context, int64) {
 		case <-time.After(patience):
 		case <-ctx.Done():
 		}
+		return nil
 	}
 }
 

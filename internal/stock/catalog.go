@@ -53,7 +53,9 @@ func (c *Catalog) ProductIDs(ctx context.Context) ([]int64, error) {
 const seedBatch = 1000
 
 // Seed replaces the catalog with products 1..n, each with stock units, and
-// deletes every order, in one transaction. Errors: ErrInvalid.
+// deletes every order, in one transaction. Errors: ErrInvalid, ErrBusy (MySQL
+// down or refusing work for now; a seed is a reset, so it may be repeated
+// whether or not the failed one committed).
 func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 	if n < 0 || n > 10_000_000 {
 		return fmt.Errorf("%w: products must be between 0 and 10000000", ErrInvalid)
@@ -61,12 +63,12 @@ func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 	if stock < 0 || stock > 1_000_000_000 {
 		return fmt.Errorf("%w: stock must be between 0 and 1000000000", ErrInvalid)
 	}
-	return c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("DELETE FROM orders").Error; err != nil {
-			return fmt.Errorf("stock: seed: %w", err)
+			return err
 		}
 		if err := tx.Exec("DELETE FROM products").Error; err != nil {
-			return fmt.Errorf("stock: seed: %w", err)
+			return err
 		}
 		batch := make([]Product, 0, min(n, seedBatch))
 		for id := 1; id <= n; id++ {
@@ -79,13 +81,14 @@ func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 			})
 			if len(batch) == cap(batch) || id == n {
 				if err := tx.Omit("updated_at").Create(&batch).Error; err != nil {
-					return fmt.Errorf("stock: seed: %w", err)
+					return err
 				}
 				batch = batch[:0]
 			}
 		}
 		return nil
 	})
+	return classify(ctx, "seed", err)
 }
 
 func validateID(id int64) error {

@@ -5,8 +5,8 @@ import (
 	"database/sql/driver"
 	"errors"
 	"fmt"
+	"io"
 	"net"
-	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -62,10 +62,31 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 // MySQL error numbers this package reacts to.
 const (
 	errTooManyConns    = 1040
+	errServerShutdown  = 1053 // also what MySQL sends a connection it KILLs
 	errDupEntry        = 1062
 	errLockWaitTimeout = 1205
 	errDeadlock        = 1213
+	errReadOnly        = 1290 // ER_OPTION_PREVENTS_STATEMENT: --read-only, as during a failover
+	errInterrupted     = 1317 // the statement was KILLed (KILL QUERY)
+	errConnKilled      = 1927 // MariaDB: the connection was KILLed
+	errMaxStmtTime     = 1969 // MariaDB: max_statement_time ran out
+	errMaxExecTime     = 3024 // MySQL: max_execution_time ran out
+	errIdleDisconnect  = 4031 // MySQL 8.0.24+: closed by the server after wait_timeout
 )
+
+// outage reports whether MySQL error n says that the server could not do
+// the work now — it is shutting down, read-only, out of connections, or it
+// gave up on a lock or the statement, or killed the connection — rather than
+// that the work was wrong. After any of them the transaction has not
+// committed, and the work may be retried.
+func outage(n uint16) bool {
+	switch n {
+	case errTooManyConns, errServerShutdown, errLockWaitTimeout, errDeadlock, errReadOnly,
+		errInterrupted, errConnKilled, errMaxStmtTime, errMaxExecTime, errIdleDisconnect:
+		return true
+	}
+	return false
+}
 
 // mysqlErrorNumber returns the MySQL error number in err's chain, or 0.
 func mysqlErrorNumber(err error) uint16 {
@@ -76,36 +97,30 @@ func mysqlErrorNumber(err error) uint16 {
 	return 0
 }
 
-// The unique indexes of orders (migrations/).
-const (
-	userSKUIndex        = "uq_orders_user_sku"
-	idempotencyKeyIndex = "uq_orders_idempotency_key"
-)
-
-// duplicate returns the name of the unique index err violated, or "".
-func duplicate(err error) string {
-	var me *mysql.MySQLError
-	if !errors.As(err, &me) || me.Number != errDupEntry {
-		return ""
-	}
-	for _, index := range []string{userSKUIndex, idempotencyKeyIndex} {
-		if strings.Contains(me.Message, "'"+index+"'") {
-			return index
-		}
-	}
-	return "unknown"
-}
+// duplicate reports whether err is MySQL refusing a row that one of the
+// table's unique indexes already holds. Which index, and which row, is asked
+// of MySQL (Service.conflict), never read out of the message: servers word
+// it differently (MySQL 8.0.19 and later name the key
+// 'orders.uq_orders_user_sku', MariaDB and older MySQL 'uq_orders_user_sku').
+func duplicate(err error) bool { return mysqlErrorNumber(err) == errDupEntry }
 
 // transient reports whether err means the database could not do the work now
-// (it is down, unreachable, or gave up on a lock) rather than that the work
-// was wrong: such errors become ErrBusy.
+// (it is down, unreachable, shutting down, read-only, or gave up on a lock or
+// on the statement) rather than that the work was wrong: such errors become
+// ErrBusy.
 func transient(err error) bool {
-	var netErr net.Error
-	switch {
-	case errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn),
-		errors.Is(err, context.DeadlineExceeded), errors.As(err, &netErr):
-		return true
+	return errors.Is(err, context.DeadlineExceeded) || connLost(err) || outage(mysqlErrorNumber(err))
+}
+
+// connLost reports whether err is the connection failing rather than MySQL
+// answering: the connection broke, was closed, or could not be made. A
+// context's end is not one of them (database/sql checks it before it sends
+// a COMMIT), although context.DeadlineExceeded passes for a net.Error.
+func connLost(err error) bool {
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
-	n := mysqlErrorNumber(err)
-	return n == errTooManyConns || n == errLockWaitTimeout || n == errDeadlock
+	var netErr net.Error
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr)
 }

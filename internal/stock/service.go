@@ -60,9 +60,14 @@ type Options struct {
 	// memory, without a query, unless ForgetSoldOut clears it first; zero
 	// means DefaultSoldOutTTL, negative turns the memory off.
 	SoldOutTTL time.Duration
-	// BeforeWrite, when set, runs after the product is read and before its
-	// stock is written. Tests pause there to make races deterministic.
-	BeforeWrite func(ctx context.Context, sku int64)
+	// BeforeWrite, when set, runs inside the lease and the order
+	// transaction, after the product is read and before its stock is
+	// written; ctx is the lease's. If it returns a func, that func runs
+	// once the transaction has ended (committed or rolled back), still
+	// before the lease is released. Tests pause there to make races
+	// deterministic; the demo stops a holder between its read and its write
+	// and keeps its watchdog frozen until the write has reached MySQL.
+	BeforeWrite func(ctx context.Context, sku int64) (after func())
 	// Concurrency bounds how many order transactions one Service runs at
 	// once. A slot is taken before the SKU lock, so that a lock holder
 	// never queues for a connection: keep it at or below the size of the
@@ -156,6 +161,9 @@ const (
 	releaseTimeout = 2 * time.Second
 	// invalidateTimeout bounds telling the cache about a committed order.
 	invalidateTimeout = time.Second
+	// raiseFenceTimeout bounds telling the lock about a row fenced above
+	// its counter.
+	raiseFenceTimeout = time.Second
 )
 
 // PlaceOrder sells one unit of product sku to user.
@@ -181,7 +189,10 @@ const (
 // Errors: ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered,
 // ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence when MySQL
 // refused a stale holder's write, with lock.ErrNotObtained when the lock was
-// not obtained in time, with lock.ErrNotHeld when the lease was lost).
+// not obtained in time, with lock.ErrNotHeld when the lease was lost),
+// ErrOutcomeUnknown (the connection was lost after COMMIT was sent; with an
+// idempotency key the order is looked up first, and a committed one
+// returned).
 func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
@@ -246,7 +257,7 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 	}
 	o, err := s.placeOne(ctx, lease, sku, user, idempotencyKey)
-	if err == nil {
+	if mayHaveCommitted(err) {
 		s.invalidate(ctx, sku)
 	}
 	return o, err
@@ -256,20 +267,61 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int64, idempotencyKey string) (Order, error) {
 	gen := s.soldOut.generation()
 	var o Order
-	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+	err := s.orderTx(lease, func(tx *gorm.DB, after *func()) error {
 		var err error
-		o, err = s.placeOrder(lease.Context(), tx, lease.Fence(), sku, user, idempotencyKey)
+		o, err = s.placeOrder(lease.Context(), tx, after, lease.Fence(), sku, user, idempotencyKey)
 		return err
 	})
 	s.count(1)
 	switch {
 	case err == nil:
 		return o, nil
-	case duplicate(err) == userSKUIndex:
-		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
+	case duplicate(err):
+		return s.conflict(ctx, sku, user, idempotencyKey)
 	}
+	s.repairFence(ctx, err)
 	s.learn(sku, gen, err)
 	return Order{}, s.classifyLease(ctx, lease, err)
+}
+
+// orderTx runs fn as one order transaction under lease. fn calls
+// beforeWrite with after; what the hook returned runs once the transaction
+// has ended, whatever its outcome, and before the caller releases the lease.
+//
+// When fn succeeded and the connection failed under the COMMIT, MySQL may
+// have committed or not, and no answer of this connection can tell:
+// orderTx returns ErrOutcomeUnknown. A COMMIT that MySQL answered with an
+// error, and any failure before it, is a rollback.
+func (s *Service) orderTx(lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
+	var (
+		after      func()
+		committing bool
+	)
+	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
+		if err := fn(tx, &after); err != nil {
+			return err
+		}
+		committing = true // what fails now is the COMMIT
+		return nil
+	})
+	if after != nil {
+		after()
+	}
+	if err != nil && committing && connLost(err) {
+		return fmt.Errorf("%w: %s: connection lost after COMMIT was sent: %w", ErrOutcomeUnknown, lease.Key(), err)
+	}
+	return err
+}
+
+// mayHaveCommitted reports whether an order transaction that ended with err
+// may have changed the product: it committed, or its outcome is unknown.
+func mayHaveCommitted(err error) bool { return err == nil || errors.Is(err, ErrOutcomeUnknown) }
+
+// beforeWrite runs Options.BeforeWrite, keeping what it returns in after.
+func (s *Service) beforeWrite(ctx context.Context, sku int64, after *func()) {
+	if s.opt.BeforeWrite != nil {
+		*after = s.opt.BeforeWrite(ctx, sku)
+	}
 }
 
 // learn remembers sku as sold out when err says it is.
@@ -319,7 +371,7 @@ func inStock(db *gorm.DB, sku int64) error {
 // placeOrder is PlaceOrder's transaction. One order per user and SKU, and
 // one per idempotency key, are left to the unique indexes: a second INSERT
 // fails and the transaction, stock write included, rolls back.
-func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user int64, idempotencyKey string) (Order, error) {
+func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fence, sku, user int64, idempotencyKey string) (Order, error) {
 	var read Product
 	if s.opt.Update == Naive {
 		// The seeds' read-modify-write needs the value it will write back.
@@ -330,9 +382,7 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, fence, sku, user 
 			return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 		}
 	}
-	if s.opt.BeforeWrite != nil {
-		s.opt.BeforeWrite(ctx, sku)
-	}
+	s.beforeWrite(ctx, sku, after)
 	fenced := s.opt.Fencing && fence > 0
 	if err := s.writeStock(tx, sku, read, fenced, fence, 1); err != nil {
 		return Order{}, err
@@ -387,12 +437,44 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 		return notFound(err, sku)
 	}
 	if fenced && now.Fence >= fence {
-		return fmt.Errorf("%w: %w: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, sku, fence, now.Fence)
+		return &staleFence{sku: sku, token: fence, row: now.Fence}
 	}
 	if now.Stock >= n {
 		return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d)", ErrBusy, sku, read.Fence, now.Fence)
 	}
 	return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+}
+
+// staleFence is a fenced write that MySQL refused because the row's fence
+// was at or above the holder's token: ErrBusy and ErrStaleFence.
+type staleFence struct {
+	sku, token, row int64
+}
+
+func (e *staleFence) Error() string {
+	return fmt.Sprintf("%v: %v: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, e.sku, e.token, e.row)
+}
+
+func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
+
+// repairFence tells the lock, when err is a write refused for a stale fence,
+// how far the row's fence has gone, so that a counter that fell behind the
+// rows is raised and the next holder's token is above the fence (see
+// FenceRaiser). It runs once the transaction has ended, bounded and
+// detached from the buyer; a failure is logged and changes nothing else:
+// the order has failed anyway, and the next refusal tries again.
+func (s *Service) repairFence(ctx context.Context, err error) {
+	var stale *staleFence
+	r, ok := s.locks.(FenceRaiser)
+	if !ok || !errors.As(err, &stale) {
+		return
+	}
+	key := LockKey(stale.sku)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), raiseFenceTimeout)
+	defer cancel()
+	if err := r.RaiseFence(ctx, key, stale.row); err != nil {
+		s.opt.Logger.WarnContext(ctx, "raise fencing counter", "key", key, "at_least", stale.row, "err", err)
+	}
 }
 
 // replay finds the order created earlier under key. ok is false when there is
@@ -402,11 +484,39 @@ func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok 
 	if res.Error != nil || res.RowsAffected == 0 {
 		return Order{}, false, res.Error
 	}
+	o, err = replayOf(o, sku, user, key)
+	return o, err == nil, err
+}
+
+// replayOf answers an order under idempotency key with o, the order made
+// under the key before: o itself, Replayed, or ErrIdempotencyMismatch when
+// o is another user's or another SKU's.
+func replayOf(o Order, sku, user int64, key string) (Order, error) {
 	if o.SKUID != sku || o.UserID != user {
-		return Order{}, false, fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, key)
+		return Order{}, fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, key)
 	}
 	o.Replayed = true
-	return o, true, nil
+	return o, nil
+}
+
+// conflict answers an order whose INSERT ran into a unique index of orders
+// (its transaction has rolled back), by asking MySQL which order stands in
+// its way: one under its idempotency key answers it (a replay, or
+// ErrIdempotencyMismatch), one of the user for the SKU is ErrAlreadyOrdered.
+// If neither is there any more (a reseed deleted it), the order is ErrBusy:
+// a retry may pass.
+func (s *Service) conflict(ctx context.Context, sku, user int64, key string) (Order, error) {
+	h, err := heldOrders(s.reads.WithContext(ctx), sku, []*ticket{{user: user, key: key}})
+	if err != nil {
+		return Order{}, classify(ctx, "place order", err)
+	}
+	if o, ok := h.byKey[key]; ok && key != "" {
+		return replayOf(o, sku, user, key)
+	}
+	if _, ok := h.byUser[user]; ok {
+		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
+	}
+	return Order{}, fmt.Errorf("%w: sku %d, user %d: a duplicate order that is gone now", ErrBusy, sku, user)
 }
 
 // invalidate tells the cache that sku's stock changed. It runs after COMMIT,
@@ -435,6 +545,9 @@ func (s *Service) release(ctx context.Context, lease *lock.Lease) {
 // classifyLease is classify for errors met under a lease: work cut short
 // because the lease was lost or its context ended is ErrBusy.
 func (s *Service) classifyLease(ctx context.Context, lease *lock.Lease, err error) error {
+	if errors.Is(err, ErrOutcomeUnknown) {
+		return err
+	}
 	if cause := context.Cause(lease.Context()); cause != nil && ctx.Err() == nil {
 		// The lease was lost, or a batch ran out of time.
 		return fmt.Errorf("%w: %w", ErrBusy, cause)
@@ -449,7 +562,8 @@ func classify(ctx context.Context, op string, err error) error {
 	case err == nil:
 		return nil
 	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound),
-		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch):
+		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch),
+		errors.Is(err, ErrOutcomeUnknown):
 		return err
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))

@@ -3,8 +3,13 @@ package stock_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+	"gorm.io/gorm"
 
 	"shop/internal/lock"
 	"shop/internal/stock"
@@ -126,9 +131,10 @@ func TestPlaceOrderLostLeaseRollsBack(t *testing.T) {
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 150 * time.Millisecond})
 	svc := stock.NewService(db.Gorm, l, stock.Options{
 		Update: stock.Naive,
-		BeforeWrite: func(ctx context.Context, sku int64) {
+		BeforeWrite: func(ctx context.Context, sku int64) func() {
 			rdb.Del(ctx, l.Key(stock.LockKey(sku))) // the lock vanishes (a failover, say)
 			<-ctx.Done()                            // the watchdog notices within TTL/3
+			return nil
 		},
 	})
 	_, err := svc.PlaceOrder(ctx, 1, 7, "")
@@ -138,4 +144,119 @@ func TestPlaceOrderLostLeaseRollsBack(t *testing.T) {
 	if r := verify(t, db); r.Orders != 0 || r.Stock != 1 {
 		t.Errorf("the transaction of a lost lease was not rolled back:\n%s", r)
 	}
+}
+
+// What BeforeWrite returns runs once per transaction, after it has ended
+// (the row it wrote is free, its orders are in MySQL or gone) and before the
+// lease is released, whether the transaction committed or rolled back, alone
+// or as a batch.
+func TestBeforeWriteAfterRunsBetweenTransactionAndRelease(t *testing.T) {
+	users := []int64{1, 2, 3}
+	for _, batch := range []int{1, 0} {
+		for _, commit := range []bool{true, false} {
+			t.Run(fmt.Sprintf("batch=%d,commit=%v", batch, commit), func(t *testing.T) {
+				t.Parallel()
+				ctx := context.Background()
+				db := testenv.MySQL(t)
+				perTx := 1 // orders each transaction places
+				if batch != 1 {
+					perTx = len(users)
+				}
+				opt := stock.Options{Batch: batch, Fencing: true}
+				if !commit {
+					// A naive write is a compare-and-set on the fence it
+					// read: moving the fence between the read and the
+					// write makes the transaction refuse and roll back.
+					opt.Update, perTx = stock.Naive, 0
+				}
+				var (
+					l      *lock.Redis
+					rdb    *redis.Client
+					hooks  atomic.Int32
+					afters atomic.Int32
+					seen   = make(chan string, len(users))
+				)
+				opt.BeforeWrite = func(_ context.Context, sku int64) func() {
+					hooks.Add(1)
+					before := ordersOf(t, db, sku)
+					if !commit {
+						if err := db.Gorm.Exec("UPDATE products SET fence = fence + 1 WHERE id = ?", sku).Error; err != nil {
+							t.Error(err)
+						}
+					}
+					return func() {
+						afters.Add(1)
+						seen <- afterState(db, rdb, l, sku, before+perTx)
+					}
+				}
+				svc, l, rdb := lined(t, db, 1, 5, opt, lock.RedisOptions{})
+				var errs []error
+				if batch == 1 {
+					for _, user := range users {
+						_, err := svc.PlaceOrder(ctx, 1, user, "")
+						errs = append(errs, err)
+					}
+				} else {
+					holder := hold(t, l, 1)
+					answers := queue(t, ctx, svc, 1, users, nil)
+					letGo(t, holder)
+					for _, ch := range answers {
+						errs = append(errs, (<-ch).err)
+					}
+				}
+				for i, err := range errs {
+					if commit && err != nil || !commit && !errors.Is(err, stock.ErrBusy) {
+						t.Errorf("buyer %d: %v", i+1, err)
+					}
+				}
+				close(seen)
+				for s := range seen {
+					if s != "" {
+						t.Error(s)
+					}
+				}
+				if h, a := hooks.Load(), afters.Load(); h == 0 || a != h {
+					t.Errorf("BeforeWrite ran %d times, what it returned %d times; want as often, at least once", h, a)
+				}
+				want := 0
+				if commit {
+					want = len(users)
+				}
+				if r := verify(t, db); !r.OK() || r.Orders != int64(want) {
+					t.Errorf("want %d orders:\n%s", want, r)
+				}
+			})
+		}
+	}
+}
+
+// ordersOf counts the orders of sku in MySQL.
+func ordersOf(t *testing.T, db *testenv.DB, sku int64) int {
+	t.Helper()
+	var n int64
+	if err := db.Gorm.Model(&stock.Order{}).Where("sku_id = ?", sku).Count(&n).Error; err != nil {
+		t.Error(err)
+	}
+	return int(n)
+}
+
+// afterState checks, from outside, what an after hook must find: the SKU's
+// lock still held, no transaction holding its row, and orders orders of the
+// SKU in MySQL. It returns what is wrong, or "".
+func afterState(db *testenv.DB, rdb *redis.Client, l *lock.Redis, sku int64, orders int) string {
+	ctx := context.Background()
+	if n, err := rdb.Exists(ctx, l.Key(stock.LockKey(sku))).Result(); err != nil || n != 1 {
+		return fmt.Sprintf("after hook: lock key exists = %d (%v), want the lease still held", n, err)
+	}
+	err := db.Gorm.Transaction(func(tx *gorm.DB) error {
+		return tx.Exec("SELECT id FROM products WHERE id = ? FOR UPDATE NOWAIT", sku).Error
+	})
+	if err != nil {
+		return fmt.Sprintf("after hook: the product's row is still locked (%v): the transaction has not ended", err)
+	}
+	var n int64
+	if err := db.Gorm.Model(&stock.Order{}).Where("sku_id = ?", sku).Count(&n).Error; err != nil || n != int64(orders) {
+		return fmt.Sprintf("after hook: %d orders of sku %d in MySQL (%v), want %d", n, sku, err, orders)
+	}
+	return ""
 }

@@ -76,6 +76,19 @@ type Locker interface {
 	Obtain(ctx context.Context, key string) (*lock.Lease, error)
 }
 
+// FenceRaiser is what a Locker may do beyond Obtain (lock.Redis and
+// lock.Redlock do): raise key's fencing counter to at least atLeast, never
+// lower it. The order path calls it when MySQL refused a write because the
+// row's fence was at or above the holder's token. Usually a newer holder
+// wrote the row, and the counter is past it already; but if the counter
+// fell behind the rows — a Redis restarted empty starts it again from its
+// own clock, which may be behind the one that counted before — every holder
+// of the SKU would be refused until that clock caught up. Raising the
+// counter to the row's fence lets the next holder write.
+type FenceRaiser interface {
+	RaiseFence(ctx context.Context, key string, atLeast int64) error
+}
+
 // Invalidator is told when a product changed, so that a cache of products
 // drops what it holds; internal/cache implements it.
 type Invalidator interface {

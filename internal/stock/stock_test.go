@@ -29,7 +29,7 @@ type fleetConfig struct {
 	update   stock.Update
 	fencing  bool
 	batch    int // Options.Batch
-	hook     func(ctx context.Context, sku int64)
+	hook     func(ctx context.Context, sku int64) func()
 }
 
 func newFleet(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, c fleetConfig) *fleet {
@@ -58,18 +58,18 @@ func newFleet(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, c 
 // until patience runs out. Any design that lets two buyers of one SKU read
 // before either writes is then caught every run; a design that excludes them
 // just waits out the patience.
-func rendezvous(patience time.Duration) func(context.Context, int64) {
+func rendezvous(patience time.Duration) func(context.Context, int64) func() {
 	var (
 		mu      sync.Mutex
 		waiting = map[int64]chan struct{}{}
 	)
-	return func(ctx context.Context, sku int64) {
+	return func(ctx context.Context, sku int64) func() {
 		mu.Lock()
 		if ch, ok := waiting[sku]; ok {
 			delete(waiting, sku)
 			mu.Unlock()
 			close(ch)
-			return
+			return nil
 		}
 		ch := make(chan struct{})
 		waiting[sku] = ch
@@ -84,6 +84,7 @@ func rendezvous(patience time.Duration) func(context.Context, int64) {
 			mu.Unlock()
 		case <-ctx.Done():
 		}
+		return nil
 	}
 }
 
@@ -307,7 +308,7 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 			lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond,
 				After: func(time.Duration) <-chan time.Time { return nil }}) // stopped: no renewals
 			a := stock.NewService(db.Open(t), lockA, stock.Options{Update: stock.Naive, Fencing: fencing,
-				BeforeWrite: func(context.Context, int64) { close(read); <-resume }})
+				BeforeWrite: func(context.Context, int64) func() { close(read); <-resume; return nil }})
 			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
 			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: fencing})
 
@@ -356,7 +357,7 @@ func TestFencingStopsReaderOfUncommittedWrite(t *testing.T) {
 
 			read := make(chan struct{})
 			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: fencing,
-				BeforeWrite: func(context.Context, int64) { close(read) }})
+				BeforeWrite: func(context.Context, int64) func() { close(read); return nil }})
 			errB := make(chan error, 1)
 			go func() {
 				_, err := b.PlaceOrder(ctx, 1, 200, "")
@@ -411,11 +412,12 @@ func checkStaleWriter(t *testing.T, db *testenv.DB, fencing bool, who string, er
 	}
 }
 
-// waitForLockWait returns once a statement on db's database is running an
-// UPDATE of products, which here can only be waiting for a row lock; it fails
-// the test if the call that should wait ends first. (INNODB_TRX would say
-// LOCK WAIT, but MariaDB refreshes that table lazily.)
-func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) {
+// waitForLockWait returns the connection id of a statement on db's database
+// that is running an UPDATE of products or a locking read of it, which here
+// can only be waiting for a row lock, once there is one; it fails the test if
+// the call that should wait ends first (ended may be nil). (INNODB_TRX would
+// say LOCK WAIT, but MariaDB refreshes that table lazily.)
+func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) int64 {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		select {
@@ -423,15 +425,17 @@ func waitForLockWait(t *testing.T, db *testenv.DB, ended <-chan error) {
 			t.Fatalf("ended without waiting for the row lock: %v", err)
 		default:
 		}
-		var n int
-		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE DB = DATABASE() AND INFO LIKE 'UPDATE products%'`).Row().Scan(&n)
+		var ids []int64
+		err := db.Gorm.Raw(`SELECT ID FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND (INFO LIKE 'UPDATE products%' OR INFO LIKE 'SELECT % FROM %products% FOR UPDATE')`).
+			Scan(&ids).Error
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n > 0 {
-			return
+		if len(ids) > 0 {
+			return ids[0]
 		}
 	}
 	t.Fatal("no UPDATE waited for the row lock")
+	return 0
 }
