@@ -178,7 +178,7 @@ wait_port() {
   local port=$1 deadline=$(( SECONDS + $2 )) pid=${3:-}
   while ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
     [ $SECONDS -lt $deadline ] || return 1
-    [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 1
+    [ -z "$pid" ] || pid_alive "$pid" || return 1
     sleep 0.1
   done
 }
@@ -217,17 +217,41 @@ start_redis() {
   log "Redis on 127.0.0.1:$port"
 }
 
-# stop_pidfile FILE stops the process whose pid FILE holds and waits for it.
+# pid_alive PID tells whether process PID runs. A zombie does not: a
+# server started by an earlier script is an orphan once that script ends,
+# and where the init process does not reap orphans (some containers) it
+# stays a zombie after it exits, which kill -0 still finds.
+pid_alive() {
+  local stat state
+  kill -0 "$1" 2>/dev/null || return 1
+  if [ -r "/proc/$1/stat" ]; then
+    stat=$(<"/proc/$1/stat") || return 1
+    state=${stat##*) }
+    state=${state%% *}
+  else
+    state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  fi
+  [ "${state:0:1}" != Z ]
+}
+
+# stop_pidfile FILE [SECONDS] stops the process whose pid FILE holds
+# (SIGTERM) and waits for it to exit, at least SECONDS (default 10), then
+# kills it (SIGKILL). Give a process that drains on SIGTERM longer than its
+# drain.
 stop_pidfile() {
-  local file=$1 pid i
+  local file=$1 timeout=${2:-10} pid deadline
   [ -f "$file" ] || return 0
   pid=$(cat "$file")
-  if kill "$pid" 2>/dev/null; then
-    for i in $(seq 1 100); do
-      kill -0 "$pid" 2>/dev/null || break
+  if pid_alive "$pid" && kill "$pid" 2>/dev/null; then
+    deadline=$(( SECONDS + timeout + 1 )) # SECONDS counts whole seconds
+    while pid_alive "$pid" && [ $SECONDS -lt $deadline ]; do
       sleep 0.1
     done
-    kill -9 "$pid" 2>/dev/null || true
+    if pid_alive "$pid"; then
+      log "pid $pid did not exit within ${timeout}s of SIGTERM: killing it"
+      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
+    fi
   fi
   rm -f "$file"
 }

@@ -4,7 +4,7 @@
 # package's install does (a compiler or make appears, a service starts, or
 # the install fails). Real redis-servers stand in for the services.
 # make test runs it; it needs redis-server and a C compiler, as make test
-# does. A few seconds.
+# does. About 20 seconds, most of it the drain of stop_pidfile's test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -142,11 +142,46 @@ test_ci_run_without_make() {
   else fail ".ci/run exited 0 although make test failed"; fi
 }
 
+# start_orphan NAME TRAP starts a process that runs TRAP on SIGTERM, from a
+# subshell that ends at once, as scripts/stack.sh's servers outlive it.
+start_orphan() {
+  (bash -c "trap '$2' TERM; while :; do sleep 0.1; done" </dev/null >/dev/null 2>&1 & echo $! >"$tmp/$1.pid")
+  sleep 0.5 # the trap is set
+}
+
+# stop_pidfile waits as long as it is told for a process that drains, kills
+# one that takes longer, and does not wait for one that has exited.
+test_stop_pidfile() {
+  local start took
+  start_orphan drain "sleep 12; touch $tmp/drained; exit 0"
+  stop_pidfile "$tmp/drain.pid" 30
+  if [ -e "$tmp/drained" ]; then ok "stop_pidfile FILE 30 lets a 12-second drain finish"
+  else fail "stop_pidfile FILE 30 killed a process 12 seconds into its drain"; fi
+
+  start_orphan slow "sleep 20; touch $tmp/slow-drained; exit 0"
+  local pid
+  pid=$(cat "$tmp/slow.pid")
+  start=$SECONDS
+  stop_pidfile "$tmp/slow.pid" 1 2>/dev/null
+  took=$((SECONDS - start))
+  if ! pid_alive "$pid" && [ ! -e "$tmp/slow-drained" ] && [ $took -lt 15 ]; then
+    ok "stop_pidfile FILE 1 kills a process that drains for 20 seconds (after ${took}s)"
+  else fail "stop_pidfile FILE 1: alive $(pid_alive "$pid" && echo yes || echo no), after ${took}s"; fi
+
+  start_orphan quick "exit 0"
+  start=$SECONDS
+  stop_pidfile "$tmp/quick.pid" 30
+  took=$((SECONDS - start))
+  if [ $took -lt 5 ]; then ok "stop_pidfile returns once the process has exited (${took}s)"
+  else fail "stop_pidfile waited ${took}s for a process that exited at once"; fi
+}
+
 test_install_starts_nothing
 test_failed_install
 test_existing_policy_kept
 test_race_installs_a_compiler
 test_ci_run_without_make
+test_stop_pidfile
 
 echo "scripts/lib_test.sh: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -24,7 +24,7 @@ ports=$state/ports.env
 max_replicas=3
 
 # alive DIR tells whether the process of DIR/pid runs.
-alive() { [ -f "$1/pid" ] && kill -0 "$(cat "$1/pid")" 2>/dev/null; }
+alive() { [ -f "$1/pid" ] && pid_alive "$(cat "$1/pid")"; }
 
 # http_get PORT PATH prints the status code of GET PATH on 127.0.0.1:PORT,
 # or 000 when nothing answers (no curl needed).
@@ -105,10 +105,17 @@ start_masters() {
   done
 }
 
-# stop_replicas stops every replica; in-flight requests finish first.
+# A replica drains on SIGTERM: it stops accepting, lets its in-flight
+# orders commit or roll back and answers them, within 30 seconds and a
+# short drain period. It is killed only if it takes longer than this.
+replica_stop_timeout=45
+
+# stop_replicas stops every replica; in-flight requests finish first. They
+# drain side by side.
 stop_replicas() {
   local i
-  for i in $(seq 1 $max_replicas); do stop_pidfile "$state/replica$i/pid"; done
+  for i in $(seq 1 $max_replicas); do stop_pidfile "$state/replica$i/pid" $replica_stop_timeout & done
+  wait
 }
 
 # start_replicas N [VAR=VALUE...] starts replicas 1..N with the settings.
@@ -196,7 +203,7 @@ down() {
   stop_replicas
   local i
   for i in 0 1 2; do stop_pidfile "$state/redis$i/pid"; done
-  stop_pidfile "$state/mariadb/pid"
+  stop_pidfile "$state/mariadb/pid" 30 # InnoDB writes its buffers out
   rm -rf "$state"
   log "stack stopped, $state removed"
 }

@@ -18,8 +18,8 @@ esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
 cleanup() {
   stop_pidfile "$tmp/redis/pid"
-  stop_pidfile "$tmp/mariadb/pid"
-  stop_pidfile "$tmp/mariadb-autoinc2/pid"
+  stop_pidfile "$tmp/mariadb/pid" 30
+  stop_pidfile "$tmp/mariadb-autoinc2/pid" 30
   rm -rf "$tmp"
 }
 trap cleanup EXIT
