@@ -19,6 +19,17 @@
 //
 // Buyer i (counted from 0) is user firstUser+i: -first-user sends a second
 // round of buyers who have not bought before.
+//
+// With -retry, every buyer sends an Idempotency-Key of its own
+// (lt-<sku>-<user>) and retries a 502, 503, 504 or a transport error with
+// the same key, waiting a random time up to what Retry-After says (at least
+// 50 ms, at most 5 s, longer the more it has failed), within -retries
+// attempts and -retry-for: the retries happen in the tap, before hey is
+// answered, so hey's latency is the buyer's whole wait. Each buyer's last
+// answer is reported (final_statuses): answered (2xx or 4xx) or unanswered
+// (still 5xx or a transport error when the bound is reached). -rate R caps
+// the buyers started per second over all workers (hey gives each worker
+// R/c), so that a sale lasts long enough for a fault to land mid-sale.
 package main
 
 import (
@@ -30,6 +41,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -68,6 +81,10 @@ type options struct {
 	jsonPath    string
 	acksPath    string
 	keys        bool
+	retry       bool
+	retries     int
+	retryFor    time.Duration
+	rate        float64
 }
 
 // Result is what -json writes.
@@ -83,6 +100,17 @@ type Result struct {
 	Statuses    map[string]int `json:"statuses"`
 	Errors      map[string]int `json:"errors,omitempty"`
 	Acks        int            `json:"acks"`
+	// Rate is -rate: the most buyers started per second, 0 for no limit.
+	Rate float64 `json:"rate,omitempty"`
+	// Retry is -retry. Statuses and Errors count every attempt's answer,
+	// these each buyer's last one; without -retry a buyer makes one
+	// attempt.
+	Retry         bool           `json:"retry"`
+	Buyers        int            `json:"buyers"`
+	Answered      int            `json:"answered"`   // last answer 2xx or 4xx
+	Unanswered    int            `json:"unanswered"` // last answer 5xx or a transport error
+	Retries       int            `json:"retries"`    // attempts after the first, in all
+	FinalStatuses map[string]int `json:"final_statuses"`
 }
 
 func parse(args []string) (options, error) {
@@ -101,6 +129,10 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.jsonPath, "json", "", "write the result as JSON to this file")
 	fs.StringVar(&o.acksPath, "acks", "", "write the acknowledged orders to this file, one \"order_id sku_id user_id\" line each")
 	fs.BoolVar(&o.keys, "idempotency-keys", false, "send an Idempotency-Key with each order")
+	fs.BoolVar(&o.retry, "retry", false, "retry 502, 503, 504 and transport errors with the buyer's Idempotency-Key, honouring Retry-After")
+	fs.IntVar(&o.retries, "retries", 30, "-retry: the most attempts per buyer")
+	fs.DurationVar(&o.retryFor, "retry-for", 90*time.Second, "-retry: no attempt starts later than this after a buyer's first")
+	fs.Float64Var(&o.rate, "rate", 0, "the most buyers started per second, over all workers (0: no limit)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -125,6 +157,12 @@ func parse(args []string) (options, error) {
 	}
 	if o.concurrency <= 0 {
 		return o, errors.New("-c must be positive")
+	}
+	if o.retries <= 0 || o.retryFor <= 0 || o.timeout <= 0 {
+		return o, errors.New("-retries, -retry-for and -timeout must be positive")
+	}
+	if o.rate < 0 {
+		return o, errors.New("-rate must not be negative")
 	}
 	o.concurrency = min(o.concurrency, o.n)
 	// hey gives each worker n/c requests and drops the remainder.
@@ -157,7 +195,7 @@ func requests(o options) func() *http.Request {
 		body := fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)
 		req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
-		if o.keys {
+		if o.keys || o.retry {
 			req.Header.Set("Idempotency-Key", fmt.Sprintf("lt-%d-%d", sku, user))
 		}
 		return req
@@ -204,11 +242,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err := raiseFileLimit(uint64(2*o.concurrency + len(o.urls)*tapConnsPerHost + 256)); err != nil {
 		return fmt.Errorf("%w: lower -c", err)
 	}
-	tp, err := newTap()
+	policy := retryPolicy{attempts: 1, budget: o.timeout, timeout: o.timeout}
+	if o.retry {
+		policy.attempts, policy.budget = o.retries, o.retryFor
+	}
+	tp, err := newTap(policy)
 	if err != nil {
 		return err
 	}
-	defer tp.close()
 	proxy, _ := url.Parse("http://" + tp.addr)
 
 	var report bytes.Buffer
@@ -217,10 +258,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		RequestFunc: requests(o),
 		N:           o.n,
 		C:           o.concurrency,
-		Timeout:     int(o.timeout.Seconds()),
-		ProxyAddr:   proxy,
-		Output:      summary,
-		Writer:      &report,
+		QPS:         o.rate / float64(o.concurrency),
+		// Longer than the tap takes for a buyer, so that the tap's
+		// timeout, not hey's, ends an attempt and is counted.
+		Timeout:   int(math.Ceil((policy.wait() + 5*time.Second).Seconds())),
+		ProxyAddr: proxy,
+		Output:    summary,
+		Writer:    &report,
 	}
 	w.Init()
 
@@ -229,25 +273,22 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	go progress(ctx, tp, o.n, finished, stderr, w)
 	w.Run()
 	close(finished)
+	tp.close(10 * time.Second) // buyers whose hey request gave up are still counted
 
-	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Statuses: map[string]int{}}
+	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Rate: o.rate, Retry: o.retry}
 	printSummary(report.String(), stdout, &res)
-	statuses, errs, acks := tp.snapshot()
-	for code, n := range statuses {
-		res.Statuses[strconv.Itoa(code)] = n
-	}
-	if len(errs) > 0 {
-		res.Errors = errs
-	}
-	res.Acks = len(acks)
-	for e, n := range errs {
+	tl := tp.snapshot()
+	tl.fill(&res)
+	for e, n := range res.Errors {
 		fmt.Fprintf(stdout, "tap error [%d]: %s\n", n, e)
 	}
-	fmt.Fprintf(stdout, "acknowledged orders: %d\n", len(acks))
+	fmt.Fprintf(stdout, "acknowledged orders: %d\n", res.Acks)
+	fmt.Fprintf(stdout, "buyers: %d, answered %d, unanswered %d; retries %d; last answers %s\n",
+		res.Buyers, res.Answered, res.Unanswered, res.Retries, counts(res.FinalStatuses))
 
 	if o.acksPath != "" {
 		var b strings.Builder
-		for _, a := range acks {
+		for _, a := range tl.acks {
 			fmt.Fprintln(&b, a)
 		}
 		if err := os.WriteFile(o.acksPath, []byte(b.String()), 0o644); err != nil {
@@ -261,6 +302,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// fill puts the tally's counts into res.
+func (tl tally) fill(res *Result) {
+	res.Statuses = map[string]int{}
+	for code, n := range tl.statuses {
+		res.Statuses[strconv.Itoa(code)] = n
+	}
+	if len(tl.errors) > 0 {
+		res.Errors = tl.errors
+	}
+	res.Acks = len(tl.acks)
+	res.Retries = tl.retries
+	res.FinalStatuses = tl.finals
+	for key, n := range tl.finals {
+		res.Buyers += n
+		if code, err := strconv.Atoi(key); err == nil && code < 500 {
+			res.Answered += n
+		} else {
+			res.Unanswered += n
+		}
+	}
+}
+
+// counts renders a count per key, keys in order: "201 10, 409 30".
+func counts(m map[string]int) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, fmt.Sprintf("%s %d", k, m[k]))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // printSummary prints hey's summary without the @@ lines, which it reads into
@@ -317,13 +389,13 @@ func progress(ctx context.Context, tp *tap, total int, finished <-chan struct{},
 			work.Stop()
 			return
 		case <-tick.C:
-			statuses, errs, _ := tp.snapshot()
+			tl := tp.snapshot()
 			n := 0
-			for _, v := range errs {
+			for _, v := range tl.errors {
 				n += v
 			}
-			fmt.Fprintf(w, "progress: %d/%d done in %s, statuses %v, errors %d\n",
-				tp.done.Load(), total, time.Since(start).Round(time.Second), statuses, n)
+			fmt.Fprintf(w, "progress: %d/%d done in %s, statuses %v, errors %d, retries %d\n",
+				tp.done.Load(), total, time.Since(start).Round(time.Second), tl.statuses, n, tl.retries)
 		}
 	}
 }

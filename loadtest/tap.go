@@ -2,12 +2,17 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,17 +22,23 @@ import (
 // request through. hey keeps only status codes and timings; the tap also
 // reads each response body, so that every 201 becomes a line of the acks
 // file: the orders the buyers were told they have, with the SKU and user
-// each answer named.
+// each answer named. Each request hey sends is one buyer; with a retry
+// policy the tap retries the buyer's failures before it answers hey, so
+// that hey's latency is the buyer's whole wait.
 type tap struct {
 	transport *http.Transport
 	server    *http.Server
 	addr      string
+	policy    retryPolicy
 
 	done     atomic.Int64
+	retries  atomic.Int64
 	mu       sync.Mutex
-	statuses map[int]int
-	errors   map[string]int
+	statuses map[int]int    // every attempt's answer
+	errors   map[string]int // every attempt's transport error
+	finals   map[string]int // each buyer's last answer: its status code, or "error"
 	acks     []ack
+	acked    map[string]bool // the buyers (Idempotency-Keys) in acks
 }
 
 // ack is one 201: the order, and the SKU and user its body named (zero if
@@ -47,7 +58,8 @@ func (a ack) String() string {
 // beyond it wait in the tap, as they would in a server's accept queue.
 const tapConnsPerHost = 256
 
-func newTap() (*tap, error) {
+// newTap starts a tap that sends each buyer's request by policy.
+func newTap(policy retryPolicy) (*tap, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -59,82 +71,223 @@ func newTap() (*tap, error) {
 			IdleConnTimeout:     30 * time.Second,
 		},
 		addr:     ln.Addr().String(),
+		policy:   policy,
 		statuses: map[int]int{},
 		errors:   map[string]int{},
+		finals:   map[string]int{},
+		acked:    map[string]bool{},
 	}
 	t.server = &http.Server{Handler: t, ReadHeaderTimeout: 10 * time.Second}
 	go t.server.Serve(ln)
 	return t, nil
 }
 
-func (t *tap) close() {
+// close stops the tap once the buyers it is still serving have their
+// answers (at most wait), so that a snapshot taken after it counts them.
+func (t *tap) close(wait time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	t.server.Shutdown(ctx)
 	t.server.Close()
 	t.transport.CloseIdleConnections()
 }
 
-// ServeHTTP forwards a proxied request (absolute URL) and copies the answer
-// back, recording it.
-func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	defer t.done.Add(1)
-	out := r.Clone(r.Context())
-	out.RequestURI = ""
-	out.Header.Del("Proxy-Connection")
-	res, err := t.transport.RoundTrip(out)
-	if err != nil {
-		t.record(0, nil, err)
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	if err != nil {
-		t.record(0, nil, err)
-		http.Error(w, err.Error(), http.StatusBadGateway)
-		return
-	}
-	t.record(res.StatusCode, body, nil)
-	for k, vs := range res.Header {
-		w.Header()[k] = vs
-	}
-	w.WriteHeader(res.StatusCode)
-	w.Write(body)
+// answer is what one attempt got: a response, read whole, or an error.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+	err    error
 }
 
-func (t *tap) record(status int, body []byte, err error) {
-	var a ack
-	if status == http.StatusCreated {
+// ServeHTTP forwards a proxied request (absolute URL), retrying it by the
+// tap's policy, and copies the last answer back, recording every one.
+func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	defer t.done.Add(1)
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	buyer := r.Header.Get("Idempotency-Key")
+	start := time.Now()
+	var a answer
+	for n := 1; ; n++ {
+		a = t.send(r, body)
+		t.record(buyer, a)
+		if !retryable(a) || n >= t.policy.attempts {
+			break
+		}
+		wait := t.policy.delay(n, a.header.Get("Retry-After"))
+		if time.Since(start)+wait > t.policy.budget {
+			break
+		}
+		select {
+		case <-r.Context().Done():
+		case <-time.After(wait):
+		}
+		if r.Context().Err() != nil {
+			break // hey gave up on this buyer
+		}
+		t.retries.Add(1)
+	}
+	t.final(a)
+	if a.err != nil {
+		http.Error(w, a.err.Error(), http.StatusBadGateway)
+		return
+	}
+	for k, vs := range a.header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(a.status)
+	w.Write(a.body)
+}
+
+// send makes one attempt at the request with body, within the policy's
+// timeout. The body is given without GetBody, so the transport never sends
+// an order again by itself: every attempt is the tap's, and counted.
+func (t *tap) send(r *http.Request, body []byte) answer {
+	ctx, cancel := context.WithTimeout(r.Context(), t.policy.timeout)
+	defer cancel()
+	out := r.Clone(ctx)
+	out.RequestURI = ""
+	out.Header.Del("Proxy-Connection")
+	out.Body, out.GetBody, out.ContentLength = nil, nil, int64(len(body))
+	if len(body) > 0 {
+		out.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	res, err := t.transport.RoundTrip(out)
+	if err != nil {
+		return answer{err: err}
+	}
+	defer res.Body.Close()
+	data, err := io.ReadAll(res.Body)
+	if err != nil {
+		return answer{err: err}
+	}
+	return answer{status: res.StatusCode, header: res.Header, body: data}
+}
+
+// retryable tells whether an attempt's answer leaves the order's fate open
+// and asks for another: a transport error, 502, 503 or 504.
+func retryable(a answer) bool {
+	switch {
+	case a.err != nil:
+		return true
+	case a.status == http.StatusBadGateway, a.status == http.StatusServiceUnavailable, a.status == http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// record counts one attempt's answer; a 201 becomes an ack, once per buyer
+// (a buyer is its Idempotency-Key; without one, every request is a buyer of
+// its own).
+func (t *tap) record(buyer string, a answer) {
+	var ak ack
+	if a.err == nil && a.status == http.StatusCreated {
 		var o struct {
 			OrderID int64 `json:"order_id"`
 			SKUID   int64 `json:"sku_id"`
 			UserID  int64 `json:"user_id"`
 		}
-		if json.NewDecoder(bytes.NewReader(body)).Decode(&o) == nil {
-			a = ack{o.OrderID, o.SKUID, o.UserID}
+		if json.NewDecoder(bytes.NewReader(a.body)).Decode(&o) == nil {
+			ak = ack{o.OrderID, o.SKUID, o.UserID}
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if err != nil {
-		t.errors[err.Error()]++
+	if a.err != nil {
+		t.errors[a.err.Error()]++
 		return
 	}
-	t.statuses[status]++
-	if a.orderID > 0 {
-		t.acks = append(t.acks, a)
+	t.statuses[a.status]++
+	if ak.orderID <= 0 || (buyer != "" && t.acked[buyer]) {
+		return
+	}
+	if buyer != "" {
+		t.acked[buyer] = true
+	}
+	t.acks = append(t.acks, ak)
+}
+
+// final counts a buyer's last answer.
+func (t *tap) final(a answer) {
+	key := "error"
+	if a.err == nil {
+		key = strconv.Itoa(a.status)
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.finals[key]++
+}
+
+// tally is a copy of what the tap has seen.
+type tally struct {
+	statuses map[int]int
+	errors   map[string]int
+	finals   map[string]int
+	acks     []ack
+	retries  int
+}
+
+// snapshot returns a copy of what the tap has seen.
+func (t *tap) snapshot() tally {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return tally{
+		statuses: maps.Clone(t.statuses),
+		errors:   maps.Clone(t.errors),
+		finals:   maps.Clone(t.finals),
+		acks:     slices.Clone(t.acks),
+		retries:  int(t.retries.Load()),
 	}
 }
 
-// snapshot returns copies of what the tap has seen.
-func (t *tap) snapshot() (map[int]int, map[string]int, []ack) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	s := make(map[int]int, len(t.statuses))
-	for k, v := range t.statuses {
-		s[k] = v
+// retryPolicy is how the tap sends a buyer's request: at most attempts
+// times, starting no attempt later than budget after the first, each
+// within timeout.
+type retryPolicy struct {
+	attempts int
+	budget   time.Duration
+	timeout  time.Duration
+}
+
+// wait is the longest the tap may take to answer one buyer: the last
+// attempt starts at most budget after the first and takes at most timeout.
+func (p retryPolicy) wait() time.Duration {
+	if p.attempts <= 1 {
+		return p.timeout
 	}
-	e := make(map[string]int, len(t.errors))
-	for k, v := range t.errors {
-		e[k] = v
+	return p.budget + p.timeout
+}
+
+const (
+	// retryFloor is the least a buyer waits before it tries again, and
+	// the first wait's scale when the answer names none (a transport
+	// error); each further attempt doubles that scale.
+	retryFloor = 50 * time.Millisecond
+	retryBase  = 100 * time.Millisecond
+	// retryCap is the most a buyer waits between two attempts, whatever
+	// Retry-After says.
+	retryCap = 5 * time.Second
+)
+
+// delay is how long a buyer waits after its attempt n (from 1) was
+// answered with retryAfter (the header, maybe empty): a uniformly random
+// time (full jitter) between retryFloor and a window, which is the
+// exponential backoff (retryBase, doubling with each attempt) or the
+// Retry-After seconds if longer, and at most retryCap. Retry-After is
+// honoured as the window rather than as a minimum on purpose: it counts
+// whole seconds, and thousands of buyers told "1" who all came back one
+// second later would be the same stampede one second later; drawn from
+// the window, they come back spread over it, and a server that keeps
+// failing sees them less and less often as the backoff grows.
+func (p retryPolicy) delay(n int, retryAfter string) time.Duration {
+	window := retryBase << min(n-1, 16)
+	if s, err := strconv.Atoi(strings.TrimSpace(retryAfter)); err == nil && s > 0 {
+		window = max(window, time.Duration(s)*time.Second)
 	}
-	return s, e, append([]ack(nil), t.acks...)
+	window = min(max(window, retryFloor), retryCap)
+	return retryFloor + rand.N(window-retryFloor+1)
 }

@@ -19,24 +19,142 @@ find_bin() {
   return 1
 }
 
-# ensure_deps installs MariaDB, Redis and nginx when they are missing.
+# ensure_deps [race] installs MariaDB, Redis and nginx when they are missing;
+# with "race", also a C compiler and the C library's headers when the one
+# `go test -race` would use (go env CC) cannot build a program: the race
+# detector needs cgo, and a bare Debian has neither gcc nor libc6-dev.
 ensure_deps() {
   local apt=() brew=()
   find_bin mariadbd mysqld >/dev/null || { apt+=(mariadb-server); brew+=(mariadb); }
   find_bin redis-server >/dev/null || { apt+=(redis-server); brew+=(redis); }
   find_bin nginx >/dev/null || { apt+=(nginx); brew+=(nginx); }
+  if [ "${1:-}" = race ] && ! cc_works; then apt+=(gcc libc6-dev); fi
   [ ${#apt[@]} -eq 0 ] && return 0
   log "installing ${apt[*]}"
   if command -v apt-get >/dev/null 2>&1; then
-    local sudo=()
-    [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-    "${sudo[@]}" apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${apt[@]}" >/dev/null
+    apt_install "${apt[@]}"
   elif command -v brew >/dev/null 2>&1; then
-    brew install "${brew[@]}"
+    [ ${#brew[@]} -eq 0 ] || brew install "${brew[@]}"
   else
-    die "please install ${apt[*]} (MariaDB or MySQL server, Redis, nginx): no apt-get or brew here"
+    die "please install ${apt[*]} (MariaDB or MySQL server, Redis, nginx, a C compiler): no apt-get or brew here"
   fi
+  if [ "${1:-}" = race ] && ! cc_works; then
+    die "no working C compiler ($(go_cc)), which go test -race needs: install one (Xcode's command line tools on macOS)"
+  fi
+}
+
+# go_cc prints the C compiler cgo uses: $CC, or go's default.
+go_cc() { go env CC 2>/dev/null || echo "${CC:-gcc}"; }
+
+# cc_works tells whether go_cc compiles and links a C program that includes
+# the C library's headers, as runtime/cgo does.
+cc_works() {
+  local cc out
+  cc=$(go_cc)
+  command -v "${cc%% *}" >/dev/null 2>&1 || return 1
+  out=$(mktemp "${TMPDIR:-/tmp}/shop-cc.XXXXXX")
+  # shellcheck disable=SC2086 # CC may carry flags, as cgo allows
+  printf '#include <stdlib.h>\n#include <pthread.h>\nint main(void) { return 0; }\n' |
+    $cc -x c -o "$out" - -lpthread >/dev/null 2>&1
+  local ok=$?
+  rm -f "$out"
+  return $ok
+}
+
+# The system services that the Debian packages of the servers start on
+# install, with the port each listens on by default: NAME:PORT.
+# SHOP_SERVICES replaces the list (the tests of these scripts use it).
+system_services() { echo "${SHOP_SERVICES-mariadb:3306 redis-server:6379 nginx:80}"; }
+
+# apt_install PACKAGE... installs Debian packages with apt-get (as root, or
+# with sudo) without leaving their services running. Debian's maintainer
+# scripts start a package's service through invoke-rc.d or
+# deb-systemd-invoke, and both ask /usr/sbin/policy-rc.d first: while apt
+# runs, one that exits 101 ("action forbidden") is in place, unless the
+# machine already has one, which is then left as it is. It is removed
+# afterwards however apt ends. A service that runs after the install and
+# did not run before it is stopped; one that ran before is left alone.
+apt_install() {
+  local sudo=() before rc=0
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  before=$(running_services)
+  (
+    policy=${SHOP_POLICY_RC_D:-/usr/sbin/policy-rc.d}
+    if [ ! -e "$policy" ] && [ ! -L "$policy" ]; then
+      trap '"${sudo[@]}" rm -f "$policy"' EXIT
+      trap 'exit 130' INT TERM HUP
+      printf '#!/bin/sh\n# shop scripts/lib.sh: no service starts while apt-get installs the servers.\nexit 101\n' |
+        "${sudo[@]}" tee "$policy" >/dev/null
+      "${sudo[@]}" chmod 755 "$policy"
+    fi
+    "${sudo[@]}" apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  ) || rc=$?
+  stop_new_services "$before"
+  return $rc
+}
+
+# running_services prints the names of system_services that run now: by
+# systemd when it is the init system, else by their port answering.
+running_services() {
+  local svc
+  for svc in $(system_services); do
+    if service_running "${svc%%:*}" "${svc#*:}"; then echo "${svc%%:*}"; fi
+  done
+}
+
+service_running() {
+  if [ -d /run/systemd/system ]; then
+    systemctl is-active --quiet "$1"
+  else
+    (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null
+  fi
+}
+
+# stop_new_services BEFORE stops each of system_services that runs now and
+# is not named in BEFORE (running_services' output from before an install).
+stop_new_services() {
+  local before=" $(echo $1) " svc name port sudo=() pid
+  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  for svc in $(system_services); do
+    name=${svc%%:*} port=${svc#*:}
+    case $before in *" $name "*) continue ;; esac
+    service_running "$name" "$port" || continue
+    log "stopping the $name service that the install started (the scripts run private servers)"
+    if [ -d /run/systemd/system ]; then
+      "${sudo[@]}" systemctl stop "$name" || true
+      continue
+    fi
+    "${sudo[@]}" service "$name" stop >/dev/null 2>&1 || true
+    for pid in $(port_pids "$port"); do
+      "${sudo[@]}" kill "$pid" 2>/dev/null || true
+    done
+  done
+}
+
+# port_pids PORT prints the pids of the processes listening on TCP PORT
+# (Linux: from /proc, so that neither ss nor fuser is needed).
+port_pids() {
+  local hex inode fd p
+  [ -r /proc/net/tcp ] || return 0
+  hex=$(printf ':%04X' "$1")
+  for inode in $(awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+    for fd in /proc/[0-9]*/fd/*; do
+      if [ "$(readlink "$fd" 2>/dev/null)" = "socket:[$inode]" ]; then
+        p=${fd#/proc/}
+        echo "${p%%/*}"
+      fi
+    done
+  done | sort -u
+}
+
+# ensure_make installs make when it is missing (apt-get, as ensure_deps
+# installs the servers).
+ensure_make() {
+  command -v make >/dev/null 2>&1 && return 0
+  command -v apt-get >/dev/null 2>&1 || die "please install make: no apt-get here"
+  log "installing make"
+  apt_install make
 }
 
 # free_port prints a TCP port on 127.0.0.1 that nothing listens on, below
@@ -60,7 +178,7 @@ wait_port() {
   local port=$1 deadline=$(( SECONDS + $2 )) pid=${3:-}
   while ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
     [ $SECONDS -lt $deadline ] || return 1
-    [ -z "$pid" ] || kill -0 "$pid" 2>/dev/null || return 1
+    [ -z "$pid" ] || pid_alive "$pid" || return 1
     sleep 0.1
   done
 }
@@ -99,17 +217,41 @@ start_redis() {
   log "Redis on 127.0.0.1:$port"
 }
 
-# stop_pidfile FILE stops the process whose pid FILE holds and waits for it.
+# pid_alive PID tells whether process PID runs. A zombie does not: a
+# server started by an earlier script is an orphan once that script ends,
+# and where the init process does not reap orphans (some containers) it
+# stays a zombie after it exits, which kill -0 still finds.
+pid_alive() {
+  local stat state
+  kill -0 "$1" 2>/dev/null || return 1
+  if [ -r "/proc/$1/stat" ]; then
+    stat=$(<"/proc/$1/stat") || return 1
+    state=${stat##*) }
+    state=${state%% *}
+  else
+    state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
+  fi
+  [ "${state:0:1}" != Z ]
+}
+
+# stop_pidfile FILE [SECONDS] stops the process whose pid FILE holds
+# (SIGTERM) and waits for it to exit, at least SECONDS (default 10), then
+# kills it (SIGKILL). Give a process that drains on SIGTERM longer than its
+# drain.
 stop_pidfile() {
-  local file=$1 pid i
+  local file=$1 timeout=${2:-10} pid deadline
   [ -f "$file" ] || return 0
   pid=$(cat "$file")
-  if kill "$pid" 2>/dev/null; then
-    for i in $(seq 1 100); do
-      kill -0 "$pid" 2>/dev/null || break
+  if pid_alive "$pid" && kill "$pid" 2>/dev/null; then
+    deadline=$(( SECONDS + timeout + 1 )) # SECONDS counts whole seconds
+    while pid_alive "$pid" && [ $SECONDS -lt $deadline ]; do
       sleep 0.1
     done
-    kill -9 "$pid" 2>/dev/null || true
+    if pid_alive "$pid"; then
+      log "pid $pid did not exit within ${timeout}s of SIGTERM: killing it"
+      kill -9 "$pid" 2>/dev/null || true
+      for _ in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
+    fi
   fi
   rm -f "$file"
 }

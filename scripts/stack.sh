@@ -8,8 +8,19 @@
 #   scripts/stack.sh status              what runs where
 #   scripts/stack.sh replicas N [VAR=VALUE...]
 #                                        restart the replicas: N of them, with
-#                                        these SHOP_* settings; nginx follows
+#                                        these SHOP_* settings (kept for later
+#                                        restarts); nginx follows
 #   scripts/stack.sh shop ARGS...        run bin/shop against the stack (seed, verify)
+#
+# Faults, for a load running through nginx; each returns once done and
+# leaves the stack serving:
+#   scripts/stack.sh kill-replica I      SIGKILL replica I; it stays down
+#   scripts/stack.sh rolling-restart     restart the running replicas one by one,
+#                                        each out of nginx while it drains
+#   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock),
+#                                        start it again empty on its port
+#   scripts/stack.sh restart-mariadb     stop MariaDB (SIGTERM, waits), start it
+#                                        again on its port and data
 #
 # Environment: SHOP_STATE (state directory, default .state/stack), NGINX_PORT
 # (default 8080; 0 picks a free port), REPLICAS (default 3).
@@ -24,7 +35,7 @@ ports=$state/ports.env
 max_replicas=3
 
 # alive DIR tells whether the process of DIR/pid runs.
-alive() { [ -f "$1/pid" ] && kill -0 "$(cat "$1/pid")" 2>/dev/null; }
+alive() { [ -f "$1/pid" ] && pid_alive "$(cat "$1/pid")"; }
 
 # http_get PORT PATH prints the status code of GET PATH on 127.0.0.1:PORT,
 # or 000 when nothing answers (no curl needed).
@@ -105,45 +116,116 @@ start_masters() {
   done
 }
 
-# stop_replicas stops every replica; in-flight requests finish first.
+# A replica drains on SIGTERM: it stops accepting, lets its in-flight
+# orders commit or roll back and answers them, within 30 seconds and a
+# short drain period. It is killed only if it takes longer than this.
+replica_stop_timeout=45
+
+# stop_replicas stops every replica; in-flight requests finish first. They
+# drain side by side.
 stop_replicas() {
   local i
-  for i in $(seq 1 $max_replicas); do stop_pidfile "$state/replica$i/pid"; done
+  for i in $(seq 1 $max_replicas); do stop_pidfile "$state/replica$i/pid" $replica_stop_timeout & done
+  wait
 }
 
-# start_replicas N [VAR=VALUE...] starts replicas 1..N with the settings.
-start_replicas() {
-  local n=$1 i dir env=()
-  shift
+# replica_port I prints the port of replica I (from 1).
+replica_port() { echo "${replica_ports[$(($1 - 1))]}"; }
+
+# binary_sum prints the SHA-256 of bin/shop: what a replica records at start,
+# so that `up` can tell the replicas still running an older build.
+binary_sum() {
+  if command -v sha256sum >/dev/null 2>&1; then sha256sum bin/shop; else shasum -a 256 bin/shop; fi | cut -d' ' -f1
+}
+
+# start_replica I starts replica I, without waiting for it, with the
+# settings the replicas were last given (state/replica-settings, one
+# VAR=VALUE a line), and records which binary it runs.
+start_replica() {
+  local dir=$state/replica$1 env=() settings=()
   mapfile -t env < <(shop_env)
-  for i in $(seq 1 "$n"); do
-    dir=$state/replica$i
-    mkdir -p "$dir"
-    env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:${replica_ports[$((i - 1))]}" "$@" \
-      bin/shop serve </dev/null >>"$dir/shop.log" 2>&1 &
-    echo $! >"$dir/pid"
-  done
-  for i in $(seq 1 "$n"); do
-    wait_ready "${replica_ports[$((i - 1))]}" 30 || { tail -5 "$state/replica$i/shop.log" >&2; die "replica $i is not ready"; }
-  done
+  [ ! -f "$state/replica-settings" ] || mapfile -t settings <"$state/replica-settings"
+  mkdir -p "$dir"
+  binary_sum >"$dir/binary"
+  env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" "${settings[@]}" \
+    bin/shop serve </dev/null >>"$dir/shop.log" 2>&1 &
+  echo $! >"$dir/pid"
+}
+
+# wait_replica I waits for replica I's /readyz.
+wait_replica() {
+  wait_ready "$(replica_port "$1")" 30 || { tail -5 "$state/replica$1/shop.log" >&2; die "replica $1 is not ready"; }
+}
+
+# start_replicas N [VAR=VALUE...] starts replicas 1..N with the settings,
+# which later restarts of a replica keep.
+start_replicas() {
+  local n=$1 i
+  shift
+  printf '%s\n' "$@" | grep -v '^$' >"$state/replica-settings" || true
+  for i in $(seq 1 "$n"); do start_replica "$i"; done
+  for i in $(seq 1 "$n"); do wait_replica "$i"; done
   echo "$n" >"$state/replicas"
   log "$n replica(s) on ports ${replica_ports[*]:0:$n}${*:+ with $*}"
 }
 
-# nginx_up points nginx at replicas 1..N, starting it or reloading it.
+# restart_replicas N I... restarts replicas I... of N, one at a time, so
+# that no request nginx has taken is lost: nginx stops sending the replica
+# requests (its old workers finish those they have), the replica drains and
+# exits, starts again with its settings, and goes back into nginx once
+# ready — in the same reload that takes the next one out. What a reload
+# does cost: nginx's old workers close their idle keep-alive connections,
+# and a client that sent a request on one just then sees the connection
+# close (a few per reload under load). nginx never read those requests;
+# a client that retries with its Idempotency-Key (loadtest -retry) gets
+# its answer.
+restart_replicas() {
+  local n=$1 i
+  shift
+  for i in "$@"; do
+    nginx_up "$n" "$i"
+    log "replica $i: out of nginx; draining"
+    stop_pidfile "$state/replica$i/pid" $replica_stop_timeout
+    start_replica "$i"
+    wait_replica "$i"
+    log "replica $i: restarted"
+  done
+  nginx_up "$n"
+}
+
+# rolling_restart restarts the running replicas (restart_replicas).
+rolling_restart() {
+  local n i running=()
+  n=$(cat "$state/replicas")
+  for i in $(seq 1 "$n"); do
+    if alive "$state/replica$i"; then running+=("$i"); fi
+  done
+  [ ${#running[@]} -gt 0 ] || die "no replica runs"
+  restart_replicas "$n" "${running[@]}"
+}
+
+# nginx_up N [OUT] points nginx at replicas 1..N, but for replica OUT,
+# starting nginx or reloading it. A reload returns once nginx's old workers
+# have finished their requests and exited, so that none of them still sends
+# a request to a replica left out.
 nginx_up() {
-  local n=$1 bin dir=$state/nginx upstreams= i opts
+  local n=$1 out=${2:-} bin dir=$state/nginx upstreams= i opts
   bin=$(find_bin nginx) || die "nginx not found"
   mkdir -p "$dir/logs"
-  for i in $(seq 1 "$n"); do upstreams+="server 127.0.0.1:${replica_ports[$((i - 1))]}; "; done
+  for i in $(seq 1 "$n"); do
+    [ "$i" = "$out" ] || upstreams+="server 127.0.0.1:$(replica_port "$i"); "
+  done
+  if [ -z "$upstreams" ]; then
+    log "replica $out is the only one: it stays in nginx, and requests fail while it restarts"
+    upstreams="server 127.0.0.1:$(replica_port "$out"); "
+  fi
   render deploy/nginx.conf "$dir/nginx.conf" \
     NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_DIR="$dir" NGINX_LOG_DIR="$dir/logs" SHOP_UPSTREAMS="$upstreams"
   opts="daemon off;"
   [ "$(id -u)" -ne 0 ] || opts+=" user root;"
   "$bin" -t -q -p "$dir" -e "$dir/logs/error.log" -c "$dir/nginx.conf" -g "$opts" || die "nginx rejected $dir/nginx.conf"
   if alive "$dir"; then
-    kill -HUP "$(cat "$dir/pid")"
-    sleep 0.3 # the new workers take over; old ones finish their requests
+    reload_nginx "$(cat "$dir/pid")"
   else
     if (exec 3<>"/dev/tcp/127.0.0.1/$NGINX_PORT") 2>/dev/null; then
       die "127.0.0.1:$NGINX_PORT is taken by another program: set NGINX_PORT (0 picks a free port) or stop it"
@@ -153,6 +235,26 @@ nginx_up() {
     wait_port "$NGINX_PORT" 10 $! || { tail -5 "$dir/logs/error.log" >&2; die "nginx did not start"; }
   fi
   wait_ready "$NGINX_PORT" 30 || die "no /readyz through nginx on port $NGINX_PORT"
+}
+
+# reload_nginx MASTER makes nginx read its configuration again (SIGHUP) and
+# waits, at most 30 seconds (twice its proxy_read_timeout), until the
+# workers it had before have exited: the new ones take every new request,
+# the old ones finish theirs first.
+reload_nginx() {
+  local master=$1 old pid deadline=$((SECONDS + 30))
+  old=$(pgrep -P "$master" 2>/dev/null || true)
+  kill -HUP "$master"
+  for pid in $old; do
+    while pid_alive "$pid"; do
+      if [ $SECONDS -ge $deadline ]; then
+        log "nginx's old worker $pid still runs 30s after the reload"
+        return 0
+      fi
+      sleep 0.1
+    done
+  done
+  [ -n "$old" ] || sleep 1 # no pgrep: give the new workers a moment
 }
 
 # render TEMPLATE OUT NAME=VALUE... replaces each ${NAME} in TEMPLATE.
@@ -170,15 +272,24 @@ up() {
   build
   load_ports
   start_servers
-  local n=${REPLICAS:-3} i running=1
-  for i in $(seq 1 "$n"); do alive "$state/replica$i" || running=; done
-  if [ -z "$running" ]; then
-    stop_replicas
-    start_replicas "$n"
-  fi
-  nginx_up "$(cat "$state/replicas")"
+  local n=${REPLICAS:-$(cat "$state/replicas" 2>/dev/null || echo 3)} i sum started=() stale=()
+  sum=$(binary_sum)
+  for i in $(seq 1 "$n"); do
+    if ! alive "$state/replica$i"; then
+      start_replica "$i"
+      started+=("$i")
+    elif [ "$(cat "$state/replica$i/binary" 2>/dev/null)" != "$sum" ]; then
+      stale+=("$i")
+    fi
+  done
+  for i in "${started[@]}"; do wait_replica "$i"; done
+  echo "$n" >"$state/replicas"
+  [ ${#started[@]} -eq 0 ] || log "started replica(s) ${started[*]}"
+  nginx_up "$n"
+  # Replicas started from an older bin/shop: restarted one at a time.
+  [ ${#stale[@]} -eq 0 ] || restart_replicas "$n" "${stale[@]}"
   cat <<EOF
-shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $(cat "$state/replicas") replicas)
+shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas)
   try:   curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
   admin: Authorization: Bearer $ADMIN_TOKEN
   logs:  $state/replica*/shop.log, $state/nginx/logs/
@@ -196,7 +307,7 @@ down() {
   stop_replicas
   local i
   for i in 0 1 2; do stop_pidfile "$state/redis$i/pid"; done
-  stop_pidfile "$state/mariadb/pid"
+  stop_pidfile "$state/mariadb/pid" 30 # InnoDB writes its buffers out
   rm -rf "$state"
   log "stack stopped, $state removed"
 }
@@ -204,11 +315,50 @@ down() {
 status() {
   [ -f "$ports" ] || { echo "no stack in $state"; return; }
   load_ports
-  local i name
+  local name sum
+  sum=$(binary_sum 2>/dev/null || true)
   for name in mariadb redis0 redis1 redis2 nginx replica1 replica2 replica3; do
-    if alive "$state/$name"; then echo "$name: running (pid $(cat "$state/$name/pid"))"; else echo "$name: stopped"; fi
+    if alive "$state/$name"; then
+      echo -n "$name: running (pid $(cat "$state/$name/pid"))"
+      if [ -f "$state/$name/binary" ] && [ "$(cat "$state/$name/binary")" != "$sum" ]; then echo -n ", an older bin/shop"; fi
+      echo
+    else echo "$name: stopped"; fi
   done
   echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]}, MariaDB $MYSQL_PORT, Redis ${redis_ports[*]}"
+  [ ! -s "$state/replica-settings" ] || echo "replica settings: $(xargs <"$state/replica-settings")"
+}
+
+# kill_replica I kills replica I (SIGKILL), as a crash would; nginx sends
+# new requests to the others. It stays down until `replicas` or `up`.
+kill_replica() {
+  local pid
+  alive "$state/replica$1" || die "replica $1 is not running"
+  pid=$(cat "$state/replica$1/pid")
+  kill -9 "$pid"
+  log "replica $1 (pid $pid) killed"
+}
+
+# restart_redis kills Redis master 0, the cache's and the lock's (SIGKILL),
+# and starts it again on its port, empty, as after a crash without
+# persistence.
+restart_redis() {
+  local dir=$state/redis0 pid
+  if alive "$dir"; then
+    pid=$(cat "$dir/pid")
+    kill -9 "$pid"
+    while pid_alive "$pid"; do sleep 0.05; done
+    log "Redis master 0 (pid $pid) killed"
+  fi
+  start_redis "$dir" "${redis_ports[0]}"
+}
+
+# restart_mariadb stops MariaDB (SIGTERM: it finishes, writes its buffers
+# out and exits), starts it again on its port and data directory, and
+# returns once it accepts connections.
+restart_mariadb() {
+  stop_pidfile "$state/mariadb/pid" 60
+  log "MariaDB stopped"
+  start_mariadb "$state/mariadb" "$MYSQL_PORT"
 }
 
 case ${1:-} in
@@ -223,6 +373,13 @@ case ${1:-} in
     start_replicas "${@:2}"
     nginx_up "$2"
     ;;
+  kill-replica)
+    [ $# -eq 2 ] && [ "$2" -ge 1 ] && [ "$2" -le $max_replicas ] || die "usage: $0 kill-replica 1..$max_replicas"
+    kill_replica "$2"
+    ;;
+  rolling-restart) load_ports; rolling_restart ;;
+  restart-redis) load_ports; restart_redis ;;
+  restart-mariadb) load_ports; restart_mariadb ;;
   shop) load_ports; run_shop "${@:2}" ;;
-  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|shop ARGS..." ;;
+  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|kill-replica I|rolling-restart|restart-redis|restart-mariadb|shop ARGS..." ;;
 esac

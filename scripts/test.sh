@@ -3,18 +3,23 @@
 # whole suite with the race detector against them, then the lock experiment
 # on a small fleet behind nginx (scripts/demo.sh), and stop every server
 # however the tests end. TEST_PKGS narrows `go test` to some packages
-# (default ./...). `scripts/test.sh bench` (make bench) runs the benchmarks instead, and
-# `scripts/test.sh bench-lock` (make bench-lock) the lock comparison.
+# (default ./...); without it the tests of the scripts themselves
+# (scripts/lib_test.sh) run first. `scripts/test.sh bench` (make bench)
+# runs the benchmarks instead, and `scripts/test.sh bench-lock` (make
+# bench-lock) the lock comparison.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
-ensure_deps
+case ${1:-} in
+  bench | bench-lock) ensure_deps ;;
+  *) ensure_deps race ;; # go test -race needs cgo, so a C compiler
+esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
 cleanup() {
   stop_pidfile "$tmp/redis/pid"
-  stop_pidfile "$tmp/mariadb/pid"
-  stop_pidfile "$tmp/mariadb-autoinc2/pid"
+  stop_pidfile "$tmp/mariadb/pid" 30
+  stop_pidfile "$tmp/mariadb-autoinc2/pid" 30
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -48,6 +53,7 @@ fi
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
 go vet ./...
+[ -n "${TEST_PKGS:-}" ] || scripts/lib_test.sh
 go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ${TEST_PKGS:-./...}
 
 # The fleet: nginx → three replicas → MariaDB and Redis, driven by hey and

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -184,15 +185,17 @@ type RedisProc struct {
 	// Addr is where it listens, the same across restarts.
 	Addr string
 
-	tb   testing.TB
-	bin  string
-	port string
-	mu   sync.Mutex
-	cmd  *exec.Cmd
+	tb     testing.TB
+	bin    string
+	port   string
+	mu     sync.Mutex
+	cmd    *exec.Cmd
+	exited <-chan struct{} // closed once cmd has exited and been waited for
 }
 
 // StartRedis starts a private redis-server without persistence on a free
-// loopback port; it is killed when the test ends.
+// loopback port; it is killed when the test ends, and dies with the test
+// binary if that ends first (a panic, a -timeout, os.Exit).
 func StartRedis(tb testing.TB) *RedisProc {
 	tb.Helper()
 	lookup(tb, RedisEnv) // the same rule as every test that needs servers
@@ -225,10 +228,11 @@ func (p *RedisProc) Restart() {
 		p.tb.Fatalf("redis-server on %s is already running", p.Addr)
 	}
 	cmd := exec.Command(p.bin, "--port", p.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", p.tb.TempDir())
-	if err := cmd.Start(); err != nil {
+	exited, err := startTied(cmd)
+	if err != nil {
 		p.tb.Fatalf("start redis-server: %v", err)
 	}
-	p.cmd = cmd
+	p.cmd, p.exited = cmd, exited
 	c := redis.NewClient(&redis.Options{Addr: p.Addr})
 	defer c.Close()
 	for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; {
@@ -248,8 +252,48 @@ func (p *RedisProc) Kill() {
 	}
 	p.cmd.Process.Signal(syscall.SIGCONT) // a paused server must die too
 	p.cmd.Process.Kill()
-	p.cmd.Wait()
-	p.cmd = nil
+	<-p.exited
+	p.cmd, p.exited = nil, nil
+}
+
+// Pid is the server's process id, 0 while it is stopped.
+func (p *RedisProc) Pid() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
+// startTied starts cmd so that it cannot outlive the test binary, and
+// returns a channel closed once cmd has exited and been waited for. A test
+// that panics or times out ends the binary without running its cleanups,
+// which would leave the process running for good. Where the system can (see
+// tie), the kernel kills the child when the thread that started it ends: a
+// goroutine locked to its OS thread starts cmd and then waits for it, so
+// that thread lives exactly as long as the child needs it — the runtime
+// never ends or hands over a thread while a goroutine is locked to it —
+// and ends only with the whole process.
+func startTied(cmd *exec.Cmd) (<-chan struct{}, error) {
+	tie(cmd)
+	started := make(chan error)
+	exited := make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		cmd.Wait()
+		close(exited)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return exited, nil
 }
 
 // Pause freezes the server (SIGSTOP): connections stay open and commands
