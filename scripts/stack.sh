@@ -15,8 +15,8 @@
 # Faults, for a load running through nginx; each returns once done and
 # leaves the stack serving:
 #   scripts/stack.sh kill-replica I      SIGKILL replica I; it stays down
-#   scripts/stack.sh rolling-restart     restart the running replicas one by one,
-#                                        each out of nginx while it drains
+#   scripts/stack.sh rolling-restart     restart the running replicas one by one;
+#                                        each drains while nginx still sends to it
 #   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock),
 #                                        start it again empty on its port
 #   scripts/stack.sh restart-mariadb     stop MariaDB (SIGTERM, waits), start it
@@ -140,15 +140,19 @@ binary_sum() {
 
 # start_replica I starts replica I, without waiting for it, with the
 # settings the replicas were last given (state/replica-settings, one
-# VAR=VALUE a line), and records which binary it runs.
+# VAR=VALUE a line), and records which binary it runs. SHOP_BINARY among
+# the settings runs another build of shop (the demo's failpoints build).
 start_replica() {
-  local dir=$state/replica$1 env=() settings=()
+  local dir=$state/replica$1 env=() settings=() kv bin=bin/shop
   mapfile -t env < <(shop_env)
   [ ! -f "$state/replica-settings" ] || mapfile -t settings <"$state/replica-settings"
+  for kv in "${settings[@]}"; do
+    case $kv in SHOP_BINARY=*) bin=${kv#SHOP_BINARY=} ;; esac
+  done
   mkdir -p "$dir"
   binary_sum >"$dir/binary"
   env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" "${settings[@]}" \
-    bin/shop serve </dev/null >>"$dir/shop.log" 2>&1 &
+    "$bin" serve </dev/null >>"$dir/shop.log" 2>&1 &
   echo $! >"$dir/pid"
 }
 
@@ -169,28 +173,25 @@ start_replicas() {
   log "$n replica(s) on ports ${replica_ports[*]:0:$n}${*:+ with $*}"
 }
 
-# restart_replicas N I... restarts replicas I... of N, one at a time, so
-# that no request nginx has taken is lost: nginx stops sending the replica
-# requests (its old workers finish those they have), the replica drains and
-# exits, starts again with its settings, and goes back into nginx once
-# ready — in the same reload that takes the next one out. What a reload
-# does cost: nginx's old workers close their idle keep-alive connections,
-# and a client that sent a request on one just then sees the connection
-# close (a few per reload under load). nginx never read those requests;
-# a client that retries with its Idempotency-Key (loadtest -retry) gets
-# its answer.
+# restart_replicas I... restarts replicas I..., one at a time, while nginx
+# keeps sending them requests, as a balancer that is not told would. A
+# replica drains on SIGTERM (see shop serve): /readyz says 503, every
+# response closes its connection, nginx's idle connections to it lapse on
+# nginx's side (its upstream keepalive_timeout is shorter than the drain),
+# and only then does the replica stop accepting; a connection refused after
+# that is one nginx never sent a request on, so it tries the next replica,
+# POST included. Reloading nginx to take the replica out first would cost
+# more: nginx's old workers close their idle keep-alive connections to the
+# clients, and a request a client sends on one just then is lost.
 restart_replicas() {
-  local n=$1 i
-  shift
+  local i
   for i in "$@"; do
-    nginx_up "$n" "$i"
-    log "replica $i: out of nginx; draining"
+    log "replica $i: draining"
     stop_pidfile "$state/replica$i/pid" $replica_stop_timeout
     start_replica "$i"
     wait_replica "$i"
     log "replica $i: restarted"
   done
-  nginx_up "$n"
 }
 
 # rolling_restart restarts the running replicas (restart_replicas).
@@ -201,24 +202,17 @@ rolling_restart() {
     if alive "$state/replica$i"; then running+=("$i"); fi
   done
   [ ${#running[@]} -gt 0 ] || die "no replica runs"
-  restart_replicas "$n" "${running[@]}"
+  restart_replicas "${running[@]}"
 }
 
-# nginx_up N [OUT] points nginx at replicas 1..N, but for replica OUT,
-# starting nginx or reloading it. A reload returns once nginx's old workers
-# have finished their requests and exited, so that none of them still sends
-# a request to a replica left out.
+# nginx_up N points nginx at replicas 1..N, starting nginx or reloading it.
+# A reload returns once nginx's old workers have finished their requests and
+# exited, so that none of them still sends a request to a replica left out.
 nginx_up() {
-  local n=$1 out=${2:-} bin dir=$state/nginx upstreams= i opts
+  local n=$1 bin dir=$state/nginx upstreams= i opts
   bin=$(find_bin nginx) || die "nginx not found"
   mkdir -p "$dir/logs"
-  for i in $(seq 1 "$n"); do
-    [ "$i" = "$out" ] || upstreams+="server 127.0.0.1:$(replica_port "$i"); "
-  done
-  if [ -z "$upstreams" ]; then
-    log "replica $out is the only one: it stays in nginx, and requests fail while it restarts"
-    upstreams="server 127.0.0.1:$(replica_port "$out"); "
-  fi
+  for i in $(seq 1 "$n"); do upstreams+="server 127.0.0.1:$(replica_port "$i"); "; done
   render deploy/nginx.conf "$dir/nginx.conf" \
     NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_DIR="$dir" NGINX_LOG_DIR="$dir/logs" SHOP_UPSTREAMS="$upstreams"
   opts="daemon off;"
@@ -287,7 +281,7 @@ up() {
   [ ${#started[@]} -eq 0 ] || log "started replica(s) ${started[*]}"
   nginx_up "$n"
   # Replicas started from an older bin/shop: restarted one at a time.
-  [ ${#stale[@]} -eq 0 ] || restart_replicas "$n" "${stale[@]}"
+  [ ${#stale[@]} -eq 0 ] || restart_replicas "${stale[@]}"
   cat <<EOF
 shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas)
   try:   curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
