@@ -64,9 +64,9 @@ type RedisOptions struct {
 	// and keeps no counter key: for mutexes that guard no writes a database
 	// checks, such as a cache rebuild.
 	NoFencing bool
-	// After is the timer the watchdog sleeps on; default time.After. A test
-	// freezes a holder, as a stop-the-world pause would, by handing it a
-	// timer that never fires.
+	// After is the timer the watchdog sleeps on, and waits for a
+	// renewal's answer on; default time.After. A test freezes a holder, as a
+	// stop-the-world pause would, by handing it a timer that never fires.
 	After func(time.Duration) <-chan time.Time
 }
 
