@@ -11,8 +11,12 @@ import (
 )
 
 var (
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed obtain.lua
 	obtainLua string
+	//go:embed raise.lua
+	raiseLua string
 	//go:embed wait.lua
 	waitLua string
 	//go:embed release.lua
@@ -30,12 +34,15 @@ var (
 	//go:embed reentrant_renew.lua
 	reentrantRenewLua string
 
-	obtainScript  = redis.NewScript(obtainLua)
+	// The scripts that draw a fencing token start with fence.lua, which
+	// says how.
+	obtainScript  = redis.NewScript(fenceLua + obtainLua)
+	raiseScript   = redis.NewScript(raiseLua)
 	waitScript    = redis.NewScript(waitLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
 
-	redlockObtainScript = redis.NewScript(redlockObtainLua)
+	redlockObtainScript = redis.NewScript(fenceLua + redlockObtainLua)
 	redlockFenceScript  = redis.NewScript(redlockFenceLua)
 )
 
@@ -104,19 +111,38 @@ func (opt RedisOptions) keys(key string) []string {
 		return []string{opt.key(key)}
 	}
 	k := opt.key(key)
-	return []string{k, k + ":fence"}
+	return []string{k, k + fenceSuffix}
+}
+
+// fenceSuffix names a lock's fencing counter: the lock's key and this.
+const fenceSuffix = ":fence"
+
+// maxFence bounds the fencing tokens the scripts can count: Lua's numbers
+// are exact below it.
+const maxFence = 1 << 53
+
+// raising checks a RaiseFence of key to atLeast.
+func (opt RedisOptions) raising(key string, atLeast int64) error {
+	switch {
+	case opt.NoFencing:
+		return fmt.Errorf("lock: raise fence %q: the lock keeps no fencing counter", key)
+	case atLeast < 0 || atLeast >= maxFence:
+		return fmt.Errorf("lock: raise fence %q: %d is not in [0, 2^53)", key, atLeast)
+	}
+	return nil
 }
 
 // Redis is a lock held as a lease in one Redis server.
 //
 // An attempt is one round trip, obtain.lua: SET key token NX PX ttl and, if
-// that took the lock, INCR the key's fencing counter, so the holder's token
-// is the counter's value at the moment it took the lock and every later
-// holder's is larger. A counter that comes back small was lost (first use, a
-// Redis restarted empty, an eviction): the script then restarts it from the
-// server's clock in microseconds, above any token handed out before. An
-// attempt by a waiter that finds the lock held flags it as waited for in
-// the same round trip (with wake-on-release). Release and renewal are compare-and-delete and
+// that took the lock, draw the holder's fencing token from the key's
+// counter: max(counter + 1, the server's clock in microseconds), stored
+// back. Every later holder's token is larger, and a counter that Redis lost
+// or restored from an older snapshot still issues tokens above every one
+// handed out before, as long as the server's clock moves forward (RaiseFence
+// repairs a counter the clock cannot cover). An attempt by a waiter that
+// finds the lock held flags it as waited for in the same round trip (with
+// wake-on-release). Release and renewal are compare-and-delete and
 // compare-and-PEXPIRE scripts, so a holder whose lease expired can neither
 // free nor extend the lock of whoever holds it now.
 //
@@ -135,10 +161,6 @@ type Client interface {
 	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
 }
 
-// lostCounter: a fencing counter below it (12.7 days in microseconds) was
-// lost and counted up again from zero.
-const lostCounter = 1 << 40
-
 // NewRedis returns a Redis lock on client. Close it when done if
 // opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
@@ -152,7 +174,24 @@ func NewRedis(client Client, opt RedisOptions) *Redis {
 func (r *Redis) Key(key string) string { return r.opt.key(key) }
 
 // FenceKey returns the Redis key of key's fencing counter.
-func (r *Redis) FenceKey(key string) string { return r.Key(key) + ":fence" }
+func (r *Redis) FenceKey(key string) string { return r.Key(key) + fenceSuffix }
+
+// RaiseFence raises key's fencing counter to at least atLeast, and never
+// lowers it, so that the next acquisition's token is above atLeast. It is
+// the repair for a counter that went back further than the server's clock
+// can cover (a replica promoted on a machine whose clock is behind): a
+// caller whose write the database refused because the row's fence is at or
+// above its token raises the counter to that fence. atLeast must be below
+// 2^53.
+func (r *Redis) RaiseFence(ctx context.Context, key string, atLeast int64) error {
+	if err := r.opt.raising(key, atLeast); err != nil {
+		return err
+	}
+	if err := raiseScript.Run(ctx, r.client, []string{r.FenceKey(key)}, atLeast).Err(); err != nil {
+		return fmt.Errorf("lock: raise fence %q: %w", key, err)
+	}
+	return nil
+}
 
 // Stats reports what the lock's waiters have done so far.
 func (r *Redis) Stats() Stats { return r.waiter.stats() }
@@ -266,11 +305,11 @@ func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, 
 		}
 		return 0, nil
 	}
-	keys := []string{k, k + ":fence"}
+	keys := []string{k, k + fenceSuffix}
 	if wait && r.waiter.wake != nil {
 		keys = append(keys, k+waitingSuffix)
 	}
-	return obtainScript.Run(ctx, r.client, keys, token, r.opt.TTL.Milliseconds(), lostCounter).Int64()
+	return obtainScript.Run(ctx, r.client, keys, token, r.opt.TTL.Milliseconds()).Int64()
 }
 
 // cleanup releases a lock whose obtain reply was lost, if it was ours.

@@ -46,9 +46,11 @@ import (
 // token and issues a larger one, even if one node lost everything. Two
 // holders that overlap (which the lock itself should prevent, but a pause
 // longer than the lease can cause) may draw the same token; the database's
-// strict fence < token check refuses the second of them. A missing counter
-// starts from the node's clock in microseconds, not from zero, so even a
-// majority restarted empty issues tokens above those already written.
+// strict fence < token check refuses the second of them. Each node answers
+// max(counter, its clock in microseconds), as the single Redis lock draws
+// its tokens, so even a majority restarted empty, or restored from older
+// snapshots, issues tokens above those already written while the clocks
+// move forward; RaiseFence repairs the counters where they cannot.
 type Redlock struct {
 	nodes  []redis.Scripter
 	quorum int
@@ -104,6 +106,25 @@ func (r *Redlock) TryObtain(ctx context.Context, key string) (*Lease, error) {
 	return r.waiter.tryObtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
 		return r.attempt(ctx, tryCtx, key)
 	})
+}
+
+// RaiseFence raises key's fencing counter to at least atLeast on every node
+// it reaches, and never lowers one, so that the next acquisition's token is
+// above atLeast: see Redis.RaiseFence. It succeeds once a majority has
+// stored it (any later majority includes one of them); a slower node still
+// gets it within the node timeout.
+func (r *Redlock) RaiseFence(ctx context.Context, key string, atLeast int64) error {
+	if err := r.opt.raising(key, atLeast); err != nil {
+		return err
+	}
+	counter := r.Key(key) + fenceSuffix
+	replies, _ := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		return raiseScript.Run(ctx, node, []string{counter}, atLeast).Int64()
+	}, nil)
+	if stored, _, errs := tally(replies, 1); stored < r.quorum {
+		return fmt.Errorf("lock: raise fence %q: %d of %d nodes stored it: %w", key, stored, len(r.nodes), errors.Join(errs...))
+	}
+	return nil
 }
 
 // reply is one node's answer.

@@ -36,7 +36,7 @@ func OwnerFrom(ctx context.Context) (Owner, bool) {
 var ErrNoOwner = errors.New("lock: reentrant lock needs an owner: lock.WithOwner")
 
 var (
-	reentrantObtainScript  = redis.NewScript(reentrantObtainLua)
+	reentrantObtainScript  = redis.NewScript(fenceLua + reentrantObtainLua)
 	reentrantReleaseScript = redis.NewScript(reentrantReleaseLua)
 	reentrantRenewScript   = redis.NewScript(reentrantRenewLua)
 )

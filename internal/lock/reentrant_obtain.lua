@@ -1,4 +1,5 @@
--- Take a reentrant lock, or take it again.
+-- Take a reentrant lock, or take it again (next_fence is fence.lua's,
+-- prepended).
 -- KEYS[1] the lock, a hash: owner, depth, fence; KEYS[2] the key's fencing
 -- counter (same hash slot); without KEYS[2] the lock is taken without a token
 -- ARGV[1] the owner, ARGV[2] the lease length in ms
@@ -15,12 +16,8 @@ if owner then
 end
 local fence = 0
 if #KEYS > 1 then
-  if redis.call('EXISTS', KEYS[2]) == 0 then
-    local t = redis.call('TIME')
-    redis.call('SET', KEYS[2], t[1] .. string.format('%06d', tonumber(t[2])))
-  end
-  fence = redis.call('INCR', KEYS[2])
+  fence = next_fence(KEYS[2])
 end
-redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', fence)
+redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'depth', 1, 'fence', string.format('%.0f', fence))
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return fence
