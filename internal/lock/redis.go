@@ -17,8 +17,6 @@ var (
 	obtainLua string
 	//go:embed raise.lua
 	raiseLua string
-	//go:embed wait.lua
-	waitLua string
 	//go:embed release.lua
 	releaseLua string
 	//go:embed renew.lua
@@ -38,7 +36,6 @@ var (
 	// says how.
 	obtainScript  = redis.NewScript(fenceLua + obtainLua)
 	raiseScript   = redis.NewScript(raiseLua)
-	waitScript    = redis.NewScript(waitLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
 
@@ -65,7 +62,8 @@ type RedisOptions struct {
 	// Subscriber, when set, turns on wake-on-release: a release publishes
 	// on the channel Prefix+"released", and waiters — through one
 	// subscription per lock — retry as soon as their key is released instead
-	// of when their backoff ends. Without it waiters poll with backoff.
+	// of when their backoff ends. Without it waiters poll with backoff. A
+	// Redlock subscribes on every node instead (see NewRedlock).
 	Subscriber Subscriber
 	// NoFencing takes the lock without a fencing token (Lease.Fence is 0)
 	// and keeps no counter key: for mutexes that guard no writes a database
@@ -105,13 +103,14 @@ func (opt RedisOptions) withDefaults() RedisOptions {
 // key returns the Redis key that holds the lock on key.
 func (opt RedisOptions) key(key string) string { return opt.Prefix + "{" + key + "}" }
 
-// keys returns the lock's key and, with fencing, its counter's.
-func (opt RedisOptions) keys(key string) []string {
-	if opt.NoFencing {
-		return []string{opt.key(key)}
-	}
+// obtainKeys returns the keys of an obtain script on key: the lock, its
+// waiting flag and, with fencing, its counter.
+func (opt RedisOptions) obtainKeys(key string) []string {
 	k := opt.key(key)
-	return []string{k, k + fenceSuffix}
+	if opt.NoFencing {
+		return []string{k, k + waitingSuffix}
+	}
+	return []string{k, k + waitingSuffix, k + fenceSuffix}
 }
 
 // fenceSuffix names a lock's fencing counter: the lock's key and this.
@@ -165,9 +164,16 @@ type Client interface {
 // opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
-	w := newWaiter(opt, true, client)
-	w.attemptMarks = true // obtain.lua flags the key as it finds it held
-	return &Redis{client: client, opt: opt, waiter: w}
+	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, opt.subscribers())}
+}
+
+// subscribers returns opt.Subscriber, if set, as the one subscriber of a
+// lock in one Redis.
+func (opt RedisOptions) subscribers() []Subscriber {
+	if opt.Subscriber == nil {
+		return nil
+	}
+	return []Subscriber{opt.Subscriber}
 }
 
 // Key returns the Redis key that holds the lock on key.
@@ -297,19 +303,16 @@ func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, sta
 // (0 without fencing), or -1 if the lock is held; then, if wait is set and
 // waiters are woken on release, it flags the lock as waited for.
 func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, error) {
-	k := r.Key(key)
-	if r.opt.NoFencing {
-		ok, err := r.client.SetNX(ctx, k, token, r.opt.TTL).Result()
+	flag := r.waiter.flags(wait)
+	if r.opt.NoFencing && flag == "0" {
+		// No counter and no flag: a plain SET NX does it.
+		ok, err := r.client.SetNX(ctx, r.Key(key), token, r.opt.TTL).Result()
 		if err != nil || !ok {
 			return -1, err
 		}
 		return 0, nil
 	}
-	keys := []string{k, k + fenceSuffix}
-	if wait && r.waiter.wake != nil {
-		keys = append(keys, k+waitingSuffix)
-	}
-	return obtainScript.Run(ctx, r.client, keys, token, r.opt.TTL.Milliseconds()).Int64()
+	return obtainScript.Run(ctx, r.client, r.opt.obtainKeys(key), token, r.opt.TTL.Milliseconds(), flag).Int64()
 }
 
 // cleanup releases a lock whose obtain reply was lost, if it was ours.

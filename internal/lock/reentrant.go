@@ -60,7 +60,7 @@ func NewReentrant(client redis.Scripter, opt RedisOptions) *Reentrant {
 	opt = opt.withDefaults()
 	// No in-process line: an owner taking the lock again must not queue
 	// behind itself. Every waiter is woken by the announced release.
-	return &Reentrant{client: client, opt: opt, waiter: newWaiter(opt, false, client)}
+	return &Reentrant{client: client, opt: opt, waiter: newWaiter(opt, false, opt.subscribers())}
 }
 
 // Key returns the Redis key of the hash that holds the lock on key.
@@ -88,7 +88,7 @@ func (r *Reentrant) Obtain(ctx context.Context, key string) (*Lease, error) {
 func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Lease, error) {
 	start := time.Now()
 	ttl := r.opt.TTL.Milliseconds()
-	fence, err := reentrantObtainScript.Run(tryCtx, r.client, r.opt.keys(key), owner, ttl).Int64()
+	fence, err := reentrantObtainScript.Run(tryCtx, r.client, r.opt.obtainKeys(key), owner, ttl, r.waiter.flags(true)).Int64()
 	switch {
 	case err != nil && tryCtx.Err() != nil:
 		return nil, notObtained(tryCtx)
