@@ -42,12 +42,20 @@ var (
 )
 
 // Reentrant is the seeds' reentrant lock in one Redis: a hash holding the
-// owner, how many times it has taken the lock (its depth) and the hold's
-// fencing token. The owner may take the lock again while it holds it (the
-// depth grows and the lease is extended); each Release undoes one
-// acquisition and the last frees the lock. Another owner waits, as for
-// Redis.Obtain. Every Lease of the hold carries the same fencing token, and
-// the watchdog of any of them keeps the whole hold alive.
+// owner, the hold's id, how many times the owner has taken the lock (its
+// depth), the hold's fencing token and a field per acquisition. The owner
+// may take the lock again while it holds it (the depth grows and the lease
+// is extended); each Release undoes one acquisition and the last frees the
+// lock. Another owner waits, as for Redis.Obtain. Every Lease of the hold
+// carries the same fencing token, and the watchdog of any of them keeps the
+// whole hold alive.
+//
+// A hold has an identity: a random id that its first acquisition stores and
+// every re-acquisition returns. Releases and renewals compare the owner and
+// the hold's id, so a lease of a hold that ended (expired while its owner
+// was stopped, lost with its Redis) can neither free nor extend a later
+// hold of the same owner. Each acquisition has its own id as well, so that
+// its Release undoes it once and only in its own hold.
 type Reentrant struct {
 	client redis.Scripter
 	opt    RedisOptions
@@ -86,9 +94,9 @@ func (r *Reentrant) Obtain(ctx context.Context, key string) (*Lease, error) {
 }
 
 func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Lease, error) {
+	acq := rand.Text()
 	start := time.Now()
-	ttl := r.opt.TTL.Milliseconds()
-	fence, err := reentrantObtainScript.Run(tryCtx, r.client, r.opt.obtainKeys(key), owner, ttl, r.waiter.flags(true)).Int64()
+	hold, fence, err := r.take(tryCtx, key, owner, acq)
 	switch {
 	case err != nil && tryCtx.Err() != nil:
 		return nil, notObtained(tryCtx)
@@ -97,13 +105,40 @@ func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Le
 	case fence < 0:
 		return nil, ErrNotObtained
 	}
+	ttl := r.opt.TTL.Milliseconds()
 	return leaseIn(ctx, r.opt, key, fence, start,
 		func(ctx context.Context) (bool, error) {
-			keys, args := r.waiter.release(r.Key(key), key, owner)
-			n, err := reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
+			n, err := r.release(ctx, key, owner, hold, acq)
 			return n >= 0, err
 		},
 		func(ctx context.Context) (int64, error) {
-			return reentrantRenewScript.Run(ctx, r.client, []string{r.Key(key)}, owner, ttl).Int64()
+			return reentrantRenewScript.Run(ctx, r.client, []string{r.Key(key)}, owner, hold, ttl).Int64()
 		}), nil
+}
+
+// take runs the obtain script for owner's acquisition acq and returns the
+// hold's id and fencing token, or a token of -1 when another owner holds the
+// lock.
+func (r *Reentrant) take(ctx context.Context, key, owner, acq string) (hold string, fence int64, err error) {
+	reply, err := reentrantObtainScript.Run(ctx, r.client, r.opt.obtainKeys(key), owner, r.opt.TTL.Milliseconds(),
+		r.waiter.flags(true), acq).Slice()
+	if err != nil {
+		return "", -1, err
+	}
+	if len(reply) == 2 {
+		// Nil for a hold taken by a version without hold ids: a lease
+		// that joins it is given up at its first renewal.
+		hold, _ = reply[0].(string)
+		if fence, ok := reply[1].(int64); ok {
+			return hold, fence, nil
+		}
+	}
+	return "", -1, fmt.Errorf("unexpected reply %v", reply)
+}
+
+// release undoes owner's acquisition acq of hold and returns the depth
+// left, or -1 if the acquisition is not in the owner's hold.
+func (r *Reentrant) release(ctx context.Context, key, owner, hold, acq string) (int64, error) {
+	keys, args := r.waiter.release(r.Key(key), key, owner, hold, acq)
+	return reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
 }
