@@ -148,6 +148,9 @@ func TestRedlockMinorityIsNotHeld(t *testing.T) {
 		c := newCluster(t, 3)
 		l := c.lock(t, lock.RedisOptions{TTL: 300 * time.Millisecond})
 		lease := obtain(t, l, "k")
+		// Obtain returns once a majority granted the lock; a grant that
+		// landed after the deletes below would keep it on two nodes.
+		waitFor(t, "all three nodes hold the lock", func() bool { return c.heldOn(l, "k") == 3 })
 		// Nodes 0 and 1 lose the lock (restarted empty, say).
 		for _, cl := range c.clients[:2] {
 			cl.Del(ctx, l.Key("k"))
