@@ -145,6 +145,10 @@ func (opt RedisOptions) raising(key string, atLeast int64) error {
 // compare-and-PEXPIRE scripts, so a holder whose lease expired can neither
 // free nor extend the lock of whoever holds it now.
 //
+// An attempt whose reply is lost (the connection failed, the try's context
+// ended) may still have taken the key: it gives the key back at once, so
+// that it is not held for a whole TTL by a token nobody has.
+//
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
 type Redis struct {
@@ -243,15 +247,8 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 	token := rand.Text()
 	start := time.Now()
 	fence, err := r.take(tryCtx, key, token, wait)
-	switch {
-	case err != nil && tryCtx.Err() != nil:
-		// The commands may have run although the reply was lost.
-		r.cleanup(ctx, key, token)
-		return nil, notObtained(tryCtx)
-	case err != nil:
-		return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
-	case fence < 0:
-		return nil, ErrNotObtained
+	if err := settle(tryCtx, key, fence, err, func() { r.cleanup(ctx, key, token) }); err != nil {
+		return nil, err
 	}
 	ttl := r.opt.TTL.Milliseconds()
 	var l *Lease
@@ -265,6 +262,24 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 			return renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, ttl).Int64()
 		})
 	return l, nil
+}
+
+// settle decides an attempt in one Redis from the obtain script's reply
+// (fence, err): nil when it holds the lock. After an error — the script may
+// have run although its reply was lost, or failed halfway — it calls
+// cleanup, which gives back what the attempt may hold.
+func settle(tryCtx context.Context, key string, fence int64, err error, cleanup func()) error {
+	switch {
+	case err != nil:
+		cleanup()
+		if tryCtx.Err() != nil {
+			return notObtained(tryCtx)
+		}
+		return fmt.Errorf("lock: obtain %q: %w", key, err)
+	case fence < 0:
+		return ErrNotObtained
+	}
+	return nil
 }
 
 // leaseIn is a lease on key in one Redis, taken at start: release frees the
@@ -315,9 +330,15 @@ func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, 
 	return obtainScript.Run(ctx, r.client, r.opt.obtainKeys(key), token, r.opt.TTL.Milliseconds(), flag).Int64()
 }
 
-// cleanup releases a lock whose obtain reply was lost, if it was ours.
+// cleanupTimeout bounds the clean-up of an attempt that failed: long enough
+// for a release, short enough not to hold up the caller for long when
+// Redis does not answer (the key then expires on its own).
+const cleanupTimeout = time.Second
+
+// cleanup gives back key's lock after an attempt that may hold it, if token
+// holds it, on a context of its own: the attempt's may have ended.
 func (r *Redis) cleanup(ctx context.Context, key, token string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, _ = r.release(ctx, key, token)
 }

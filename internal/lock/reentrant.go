@@ -55,7 +55,9 @@ var (
 // the hold's id, so a lease of a hold that ended (expired while its owner
 // was stopped, lost with its Redis) can neither free nor extend a later
 // hold of the same owner. Each acquisition has its own id as well, so that
-// its Release undoes it once and only in its own hold.
+// it is undone exactly once and only in its own hold: by its Release, or by
+// the clean-up of an attempt whose reply was lost, which cannot know whether
+// it started a hold or joined one.
 type Reentrant struct {
 	client redis.Scripter
 	opt    RedisOptions
@@ -97,13 +99,8 @@ func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Le
 	acq := rand.Text()
 	start := time.Now()
 	hold, fence, err := r.take(tryCtx, key, owner, acq)
-	switch {
-	case err != nil && tryCtx.Err() != nil:
-		return nil, notObtained(tryCtx)
-	case err != nil:
-		return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
-	case fence < 0:
-		return nil, ErrNotObtained
+	if err := settle(tryCtx, key, fence, err, func() { r.cleanup(ctx, key, owner, acq) }); err != nil {
+		return nil, err
 	}
 	ttl := r.opt.TTL.Milliseconds()
 	return leaseIn(ctx, r.opt, key, fence, start,
@@ -136,8 +133,17 @@ func (r *Reentrant) take(ctx context.Context, key, owner, acq string) (hold stri
 	return "", -1, fmt.Errorf("unexpected reply %v", reply)
 }
 
-// release undoes owner's acquisition acq of hold and returns the depth
-// left, or -1 if the acquisition is not in the owner's hold.
+// cleanup undoes owner's acquisition acq, if it happened, after an attempt
+// that failed: whichever hold it started or joined.
+func (r *Reentrant) cleanup(ctx context.Context, key, owner, acq string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = r.release(ctx, key, owner, "", acq)
+}
+
+// release undoes owner's acquisition acq of hold (any hold if empty) and
+// returns the depth left, or -1 if the acquisition is not in the owner's
+// hold.
 func (r *Reentrant) release(ctx context.Context, key, owner, hold, acq string) (int64, error) {
 	keys, args := r.waiter.release(r.Key(key), key, owner, hold, acq)
 	return reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
