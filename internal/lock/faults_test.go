@@ -2,6 +2,7 @@ package lock_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -92,6 +93,56 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 		}
 		if n := direct.Exists(ctx, l.Key("k")).Val(); n != 0 {
 			t.Fatal("the owner's last release left the lock held")
+		}
+	})
+}
+
+// A grant that comes back after the lease it granted has run out (a slow or
+// paused Redis) is no lock: its holder could write before its watchdog
+// noticed. It is given back, and a waiting Obtain tries again.
+func TestGrantArrivingExpiredIsRefused(t *testing.T) {
+	ctx := context.Background()
+	const ttl, pause = 300 * time.Millisecond, time.Second
+	t.Run("redis", func(t *testing.T) {
+		p := testenv.StartRedis(t)
+		c := lockClient(t, p.Addr, false) // its 3 s read timeout outlasts the pause
+		l := lock.NewRedis(c, lock.RedisOptions{TTL: ttl})
+		obtain(t, l, "warm").Release(ctx)
+
+		p.Pause()
+		time.AfterFunc(pause, p.Resume)
+		lease, err := l.TryObtain(ctx, "k")
+		if err == nil {
+			lease.Release(ctx)
+			t.Fatalf("TryObtain handed out a lease that ran out %v before it was handed out", time.Since(lease.Until()))
+		}
+		if !errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("err = %v, want ErrNotObtained", err)
+		}
+		if n := c.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Error("the late grant was not given back")
+		}
+	})
+	t.Run("reentrant", func(t *testing.T) {
+		p := testenv.StartRedis(t)
+		c := lockClient(t, p.Addr, false)
+		l := lock.NewReentrant(c, lock.RedisOptions{TTL: ttl, Wait: 30 * time.Second})
+		a := lock.WithOwner(ctx, lock.NewOwner())
+		obtainAs(t, l, a, "warm").Release(a)
+		before := l.Stats().Attempts
+
+		p.Pause()
+		time.AfterFunc(pause, p.Resume)
+		lease := obtainAs(t, l, a, "k")
+		defer lease.Release(a)
+		if left := time.Until(lease.Until()); left <= 0 {
+			t.Fatalf("Obtain handed out a lease that ran out %v before", -left)
+		}
+		if n := l.Stats().Attempts - before; n != 2 {
+			t.Errorf("%d attempts, want 2: the late grant refused, the next one taken", n)
+		}
+		if _, depth := hold(t, c, l, "k"); depth != 1 {
+			t.Errorf("depth %d, want 1: the late grant was not given back", depth)
 		}
 	})
 }

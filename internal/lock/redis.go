@@ -146,8 +146,10 @@ func (opt RedisOptions) raising(key string, atLeast int64) error {
 // free nor extend the lock of whoever holds it now.
 //
 // An attempt whose reply is lost (the connection failed, the try's context
-// ended) may still have taken the key: it gives the key back at once, so
-// that it is not held for a whole TTL by a token nobody has.
+// ended) may still have taken the key, and a grant that arrives after the
+// lease it granted ran out is of no use: either way the attempt gives the
+// key back at once, so that it is not held for a whole TTL by a token
+// nobody has.
 //
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
@@ -247,7 +249,7 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 	token := rand.Text()
 	start := time.Now()
 	fence, err := r.take(tryCtx, key, token, wait)
-	if err := settle(tryCtx, key, fence, err, func() { r.cleanup(ctx, key, token) }); err != nil {
+	if err := settle(tryCtx, key, start, r.opt.TTL, fence, err, func() { r.cleanup(ctx, key, token) }); err != nil {
 		return nil, err
 	}
 	ttl := r.opt.TTL.Milliseconds()
@@ -264,11 +266,15 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 	return l, nil
 }
 
-// settle decides an attempt in one Redis from the obtain script's reply
-// (fence, err): nil when it holds the lock. After an error — the script may
-// have run although its reply was lost, or failed halfway — it calls
-// cleanup, which gives back what the attempt may hold.
-func settle(tryCtx context.Context, key string, fence int64, err error, cleanup func()) error {
+// settle decides an attempt in one Redis that started at start, from the
+// obtain script's reply (fence, err): nil when it holds the lock. After an
+// error — the script may have run although its reply was lost, or failed
+// halfway — and after a grant that arrived when its lease had already run
+// out (a slow or paused Redis: its holder might write before the watchdog
+// noticed), it calls cleanup, which gives back what the attempt may hold,
+// and the attempt has failed: the second case is ErrNotObtained, for the
+// caller to try again within its wait.
+func settle(tryCtx context.Context, key string, start time.Time, ttl time.Duration, fence int64, err error, cleanup func()) error {
 	switch {
 	case err != nil:
 		cleanup()
@@ -277,6 +283,9 @@ func settle(tryCtx context.Context, key string, fence int64, err error, cleanup 
 		}
 		return fmt.Errorf("lock: obtain %q: %w", key, err)
 	case fence < 0:
+		return ErrNotObtained
+	case !time.Now().Before(start.Add(ttl)):
+		cleanup()
 		return ErrNotObtained
 	}
 	return nil

@@ -99,7 +99,7 @@ func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Le
 	acq := rand.Text()
 	start := time.Now()
 	hold, fence, err := r.take(tryCtx, key, owner, acq)
-	if err := settle(tryCtx, key, fence, err, func() { r.cleanup(ctx, key, owner, acq) }); err != nil {
+	if err := settle(tryCtx, key, start, r.opt.TTL, fence, err, func() { r.cleanup(ctx, key, owner, acq) }); err != nil {
 		return nil, err
 	}
 	ttl := r.opt.TTL.Milliseconds()
