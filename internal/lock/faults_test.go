@@ -2,7 +2,10 @@ package lock_test
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
+	"os"
 	"testing"
 	"time"
 
@@ -30,6 +33,18 @@ func cutDone(t *testing.T, cut <-chan struct{}) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the proxy never saw the request it was to cut the reply of")
 	}
+}
+
+// scriptSHA is the SHA1 digest by which go-redis calls the script in file
+// (EVALSHA): matching it picks that script's calls out of the traffic.
+func scriptSHA(t *testing.T, file string) []byte {
+	t.Helper()
+	src, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha1.Sum(src)
+	return []byte(hex.EncodeToString(sum[:]))
 }
 
 // An obtain script that ran, and whose reply was lost, must give the key
@@ -93,6 +108,84 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 		}
 		if n := direct.Exists(ctx, l.Key("k")).Val(); n != 0 {
 			t.Fatal("the owner's last release left the lock held")
+		}
+	})
+}
+
+// A release whose reply is lost after Redis deleted the key is retried by
+// the lock; the retry finds no key, which is the lost try's doing, not a
+// lease lost before it.
+func TestReleaseReplyLostIsReleased(t *testing.T) {
+	ctx := context.Background()
+	t.Run("redis", func(t *testing.T) {
+		p, c, direct, prefix := proxied(t)
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute})
+		obtain(t, l, "warm").Release(ctx)
+
+		lease := obtain(t, l, "k")
+		token := direct.Get(ctx, l.Key("k")).Val()
+		cut := p.CutReply([]byte(token)) // only the release sends it now: no renewal for 20 s
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("Release = %v, want nil: the try whose reply was lost released it", err)
+		}
+		cutDone(t, cut)
+		if n := direct.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Fatal("the key is still held after Release")
+		}
+	})
+	t.Run("reentrant", func(t *testing.T) {
+		p, c, direct, prefix := proxied(t)
+		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute})
+		a := lock.WithOwner(ctx, lock.NewOwner())
+		obtainAs(t, l, a, "warm").Release(a)
+
+		outer := obtainAs(t, l, a, "k")
+		inner := obtainAs(t, l, a, "k")
+		owner, _ := hold(t, direct, l, "k")
+		cut := p.CutReply([]byte(owner))
+		if err := inner.Release(a); err != nil {
+			t.Fatalf("Release = %v, want nil: the try whose reply was lost released it", err)
+		}
+		cutDone(t, cut)
+		// Undone once, not once per try.
+		if _, depth := hold(t, direct, l, "k"); depth != 1 {
+			t.Fatalf("depth %d after the inner release, want 1", depth)
+		}
+		if err := outer.Release(a); err != nil {
+			t.Fatal(err)
+		}
+		if n := direct.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Fatal("the lock is still held after the last release")
+		}
+	})
+	t.Run("redlock", func(t *testing.T) {
+		c := newCluster(t, 3)
+		proxies := make([]*testenv.Proxy, len(c.procs))
+		nodes := make([]redis.Scripter, len(c.procs))
+		for i, p := range c.procs {
+			proxies[i] = testenv.StartProxy(t, p.Addr)
+			nodes[i] = nodeClient(t, proxies[i].Addr)
+		}
+		l, err := lock.NewRedlock(nodes, lock.RedisOptions{Prefix: "test:", TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		obtain(t, l, "warm").Release(ctx)
+		lease := obtain(t, l, "k")
+		// The obtain's calls to a node slower than the majority may still be
+		// on their way: cut only the release script's replies.
+		var cuts []<-chan struct{}
+		for _, p := range proxies {
+			cuts = append(cuts, p.CutReply(scriptSHA(t, "release.lua")))
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("Release = %v, want nil: the tries whose replies were lost released it", err)
+		}
+		for _, cut := range cuts {
+			cutDone(t, cut)
+		}
+		if n := c.heldOn(l, "k"); n != 0 {
+			t.Fatalf("held on %d nodes after Release: %q", n, c.holders(l, "k"))
 		}
 	})
 }

@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -149,7 +151,8 @@ func (opt RedisOptions) raising(key string, atLeast int64) error {
 // ended) may still have taken the key, and a grant that arrives after the
 // lease it granted ran out is of no use: either way the attempt gives the
 // key back at once, so that it is not held for a whole TTL by a token
-// nobody has.
+// nobody has. A release whose reply is lost is retried by the lock itself
+// (see Client).
 //
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
@@ -161,13 +164,25 @@ type Redis struct {
 
 // Client is what a Redis lock needs of its go-redis client; *redis.Client
 // and *redis.ClusterClient have it.
+//
+// Create the client with MaxRetries: -1, so that go-redis never retries a
+// command by itself: a command whose reply was lost (EOF, a reset
+// connection, a read timeout) may have run, and only the lock knows what a
+// second run means. go-redis would retry a release that had released the
+// key, and the retry, finding no key, would report the lease lost; it would
+// retry an obtain that had taken the key, and the retry would find it held
+// — by the token of the try whose reply was lost — and wait for it. The lock
+// retries a release itself and gives an obtain's key back (see Redis). Set
+// ContextTimeoutEnabled too, so that a renewal stops waiting when the lease
+// runs out rather than at the read timeout (the watchdog cancels the lease
+// then in any case).
 type Client interface {
 	redis.Scripter
 	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
 }
 
-// NewRedis returns a Redis lock on client. Close it when done if
-// opt.Subscriber is set.
+// NewRedis returns a Redis lock on client, which should not retry commands
+// by itself (see Client). Close it when done if opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
 	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, opt.subscribers())}
@@ -199,7 +214,10 @@ func (r *Redis) RaiseFence(ctx context.Context, key string, atLeast int64) error
 	if err := r.opt.raising(key, atLeast); err != nil {
 		return err
 	}
-	if err := raiseScript.Run(ctx, r.client, []string{r.FenceKey(key)}, atLeast).Err(); err != nil {
+	_, _, err := retryLost(ctx, func(ctx context.Context) (int64, error) {
+		return raiseScript.Run(ctx, r.client, []string{r.FenceKey(key)}, atLeast).Int64()
+	})
+	if err != nil {
 		return fmt.Errorf("lock: raise fence %q: %w", key, err)
 	}
 	return nil
@@ -340,8 +358,8 @@ func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, 
 }
 
 // cleanupTimeout bounds the clean-up of an attempt that failed: long enough
-// for a release, short enough not to hold up the caller for long when
-// Redis does not answer (the key then expires on its own).
+// for a release and its retries, short enough not to hold up the caller
+// for long when Redis does not answer (the key then expires on its own).
 const cleanupTimeout = time.Second
 
 // cleanup gives back key's lock after an attempt that may hold it, if token
@@ -359,8 +377,59 @@ const (
 )
 
 // release deletes key's lock if token holds it and announces it when
-// waiters are woken on release. It returns release.lua's answer.
+// waiters are woken on release. It returns release.lua's answer; a "not
+// held" that follows a try whose reply was lost is that try's release.
 func (r *Redis) release(ctx context.Context, key, token string) (int64, error) {
 	keys, args := r.waiter.release(r.Key(key), key, token)
-	return releaseScript.Run(ctx, r.client, keys, args...).Int64()
+	return releaseLost(ctx, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, r.client, keys, args...).Int64()
+	})
+}
+
+// releaseLost runs a release script (release.lua) with retryLost and
+// answers released when a retry finds the lock gone: the try whose reply
+// was lost released it (and whether it told a waiter is not known).
+func releaseLost(ctx context.Context, release func(context.Context) (int64, error)) (int64, error) {
+	n, lost, err := retryLost(ctx, release)
+	if err == nil && lost && n == 0 {
+		n = released
+	}
+	return n, err
+}
+
+// retryTries bounds the tries of a script that retryLost retries.
+const retryTries = 3
+
+// retryLost runs script — one whose second run, after a first that
+// succeeded, changes nothing: a release, a raise — until it gets Redis's
+// answer: again while its reply was lost on the way (see replyLost), at
+// most retryTries times in all and while ctx lasts. It reports whether a
+// try's reply was lost, after which the answer may be the answer to a
+// script that had already run.
+func retryLost(ctx context.Context, script func(context.Context) (int64, error)) (n int64, lost bool, err error) {
+	for try := 1; ; try++ {
+		n, err = script(ctx)
+		if try == retryTries || !replyLost(ctx, err) {
+			return n, try > 1, err
+		}
+	}
+}
+
+// replyLost reports whether err leaves it unknown whether a command ran:
+// the connection failed after the command may have been sent (EOF, a reset,
+// a read timeout). Not when Redis answered, even with an error, nor when no
+// connection was made (refused, the pool exhausted or closed), nor when ctx
+// has ended, which ends the tries.
+func replyLost(ctx context.Context, err error) bool {
+	var (
+		answer redis.Error
+		op     *net.OpError
+	)
+	switch {
+	case err == nil, ctx.Err() != nil, errors.As(err, &answer),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.As(err, &op) && op.Op == "dial":
+		return false
+	}
+	return true
 }

@@ -68,7 +68,8 @@ type Redlock struct {
 }
 
 // NewRedlock returns a lock on the given independent masters; use an odd
-// number of them, three or more. opt.NodeTimeout bounds each node's reply.
+// number of them, three or more. Their clients should not retry commands by
+// themselves (see Client). opt.NodeTimeout bounds each node's reply.
 // opt.Subscriber, if set, turns on wake-on-release: the waiters then listen
 // on every node that is a Subscriber itself (a *redis.Client is), or on
 // opt.Subscriber alone when none is.
@@ -147,7 +148,10 @@ func (r *Redlock) RaiseFence(ctx context.Context, key string, atLeast int64) err
 	}
 	counter := r.Key(key) + fenceSuffix
 	replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
-		return raiseScript.Run(ctx, node, []string{counter}, atLeast).Int64()
+		n, _, err := retryLost(ctx, func(ctx context.Context) (int64, error) {
+			return raiseScript.Run(ctx, node, []string{counter}, atLeast).Int64()
+		})
+		return n, err
 	}, nil)
 	if stored, _, errs := tally(replies, 1); stored < r.quorum {
 		return fmt.Errorf("lock: raise fence %q: %d of %d nodes stored it: %w", key, stored, len(r.nodes), errors.Join(errs...))
@@ -369,9 +373,11 @@ func (r *Redlock) releaseOn(ctx context.Context, node redis.Scripter, key, token
 	_, _ = r.releaseNode(ctx, node, []string{r.Key(key)}, token)
 }
 
-// releaseNode runs the release script on one node.
+// releaseNode runs the release script on one node (see releaseLost).
 func (r *Redlock) releaseNode(ctx context.Context, node redis.Scripter, keys []string, args ...any) (int64, error) {
-	return releaseScript.Run(ctx, node, keys, args...).Int64()
+	return releaseLost(ctx, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, node, keys, args...).Int64()
+	})
 }
 
 // release deletes the lock on every node where token holds it, and tells

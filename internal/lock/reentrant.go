@@ -55,9 +55,9 @@ var (
 // the hold's id, so a lease of a hold that ended (expired while its owner
 // was stopped, lost with its Redis) can neither free nor extend a later
 // hold of the same owner. Each acquisition has its own id as well, so that
-// it is undone exactly once and only in its own hold: by its Release, or by
-// the clean-up of an attempt whose reply was lost, which cannot know whether
-// it started a hold or joined one.
+// it is undone exactly once and only in its own hold: by its Release,
+// retried or not, or by the clean-up of an attempt whose reply was lost,
+// which cannot know whether it started a hold or joined one.
 type Reentrant struct {
 	client redis.Scripter
 	opt    RedisOptions
@@ -143,8 +143,15 @@ func (r *Reentrant) cleanup(ctx context.Context, key, owner, acq string) {
 
 // release undoes owner's acquisition acq of hold (any hold if empty) and
 // returns the depth left, or -1 if the acquisition is not in the owner's
-// hold.
+// hold. A -1 that follows a try whose reply was lost is that try's release,
+// and answers 0.
 func (r *Reentrant) release(ctx context.Context, key, owner, hold, acq string) (int64, error) {
 	keys, args := r.waiter.release(r.Key(key), key, owner, hold, acq)
-	return reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
+	n, lost, err := retryLost(ctx, func(ctx context.Context) (int64, error) {
+		return reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
+	})
+	if err == nil && lost && n < 0 {
+		n = 0
+	}
+	return n, err
 }
