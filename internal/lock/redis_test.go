@@ -148,7 +148,9 @@ func keyPrefix(l *lock.Redis) string {
 }
 
 func TestRedisWatchdogKeepsLockForThreeTTLs(t *testing.T) {
-	const ttl = 150 * time.Millisecond
+	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
+	// lease up: 200 ms, ample for a loaded machine under -race.
+	const ttl = 300 * time.Millisecond
 	l, c := newRedis(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
 	ctx := context.Background()
 	lease := obtain(t, l, "k")

@@ -111,7 +111,9 @@ func TestReentrantOtherOwnerRefused(t *testing.T) {
 }
 
 func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
-	const ttl = 150 * time.Millisecond
+	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
+	// lease up: 200 ms, ample for a loaded machine under -race.
+	const ttl = 300 * time.Millisecond
 	l, c := newReentrant(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 
