@@ -136,7 +136,7 @@ func (l *Lease) watch(after func(time.Duration) <-chan time.Time, interval time.
 				return
 			case <-after(min(interval, time.Until(validUntil))):
 			}
-			next, err := renew(l.ctx, validUntil)
+			next, err := l.renewBy(after, validUntil, renew)
 			switch {
 			case l.ctx.Err() != nil:
 				return
@@ -146,10 +146,45 @@ func (l *Lease) watch(after func(time.Duration) <-chan time.Time, interval time.
 			case errors.Is(err, ErrNotHeld):
 				l.cancel(fmt.Errorf("%w: lease on %q was taken over or expired", ErrNotHeld, l.key))
 				return
-			case !time.Now().Before(validUntil):
+			case errors.Is(err, errUnanswered) || !time.Now().Before(validUntil):
 				l.cancel(fmt.Errorf("%w: lease on %q ran out unrenewed: %w", ErrNotHeld, l.key, err))
 				return
 			}
 		}
 	}()
+}
+
+// errUnanswered is the error of a renewal that had not answered when the
+// lease ran out.
+var errUnanswered = errors.New("renewal unanswered when the lease ran out")
+
+// renewBy calls renew and waits for its answer until validUntil at most
+// (on after), then gives up on it with errUnanswered. renew is given a
+// context with that deadline, but the lease must not depend on the client
+// honouring it (a go-redis client without ContextTimeoutEnabled waits for
+// its read timeout), nor on each renew bounding every wait by validUntil: a
+// holder that is told late that its lease is gone writes on without it.
+func (l *Lease) renewBy(after func(time.Duration) <-chan time.Time, validUntil time.Time, renew renewFunc) (time.Time, error) {
+	type renewal struct {
+		next time.Time
+		err  error
+	}
+	done := make(chan renewal, 1) // an abandoned renewal ends on its own
+	go func() {
+		next, err := renew(l.ctx, validUntil)
+		done <- renewal{next, err}
+	}()
+	select {
+	case r := <-done:
+		return r.next, r.err
+	case <-l.ctx.Done():
+		return validUntil, context.Cause(l.ctx)
+	case <-after(time.Until(validUntil)):
+		select {
+		case r := <-done: // answered just in time
+			return r.next, r.err
+		default:
+			return validUntil, errUnanswered
+		}
+	}
 }

@@ -4,17 +4,21 @@ import (
 	"context"
 	"crypto/rand"
 	_ "embed"
+	"errors"
 	"fmt"
+	"net"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
 var (
+	//go:embed fence.lua
+	fenceLua string
 	//go:embed obtain.lua
 	obtainLua string
-	//go:embed wait.lua
-	waitLua string
+	//go:embed raise.lua
+	raiseLua string
 	//go:embed release.lua
 	releaseLua string
 	//go:embed renew.lua
@@ -30,12 +34,14 @@ var (
 	//go:embed reentrant_renew.lua
 	reentrantRenewLua string
 
-	obtainScript  = redis.NewScript(obtainLua)
-	waitScript    = redis.NewScript(waitLua)
+	// The scripts that draw a fencing token start with fence.lua, which
+	// says how.
+	obtainScript  = redis.NewScript(fenceLua + obtainLua)
+	raiseScript   = redis.NewScript(raiseLua)
 	releaseScript = redis.NewScript(releaseLua)
 	renewScript   = redis.NewScript(renewLua)
 
-	redlockObtainScript = redis.NewScript(redlockObtainLua)
+	redlockObtainScript = redis.NewScript(fenceLua + redlockObtainLua)
 	redlockFenceScript  = redis.NewScript(redlockFenceLua)
 )
 
@@ -58,15 +64,16 @@ type RedisOptions struct {
 	// Subscriber, when set, turns on wake-on-release: a release publishes
 	// on the channel Prefix+"released", and waiters — through one
 	// subscription per lock — retry as soon as their key is released instead
-	// of when their backoff ends. Without it waiters poll with backoff.
+	// of when their backoff ends. Without it waiters poll with backoff. A
+	// Redlock subscribes on every node instead (see NewRedlock).
 	Subscriber Subscriber
 	// NoFencing takes the lock without a fencing token (Lease.Fence is 0)
 	// and keeps no counter key: for mutexes that guard no writes a database
 	// checks, such as a cache rebuild.
 	NoFencing bool
-	// After is the timer the watchdog sleeps on; default time.After. A test
-	// freezes a holder, as a stop-the-world pause would, by handing it a
-	// timer that never fires.
+	// After is the timer the watchdog sleeps on, and waits for a
+	// renewal's answer on; default time.After. A test freezes a holder, as a
+	// stop-the-world pause would, by handing it a timer that never fires.
 	After func(time.Duration) <-chan time.Time
 }
 
@@ -98,27 +105,54 @@ func (opt RedisOptions) withDefaults() RedisOptions {
 // key returns the Redis key that holds the lock on key.
 func (opt RedisOptions) key(key string) string { return opt.Prefix + "{" + key + "}" }
 
-// keys returns the lock's key and, with fencing, its counter's.
-func (opt RedisOptions) keys(key string) []string {
-	if opt.NoFencing {
-		return []string{opt.key(key)}
-	}
+// obtainKeys returns the keys of an obtain script on key: the lock, its
+// waiting flag and, with fencing, its counter.
+func (opt RedisOptions) obtainKeys(key string) []string {
 	k := opt.key(key)
-	return []string{k, k + ":fence"}
+	if opt.NoFencing {
+		return []string{k, k + waitingSuffix}
+	}
+	return []string{k, k + waitingSuffix, k + fenceSuffix}
+}
+
+// fenceSuffix names a lock's fencing counter: the lock's key and this.
+const fenceSuffix = ":fence"
+
+// maxFence bounds the fencing tokens the scripts can count: Lua's numbers
+// are exact below it.
+const maxFence = 1 << 53
+
+// raising checks a RaiseFence of key to atLeast.
+func (opt RedisOptions) raising(key string, atLeast int64) error {
+	switch {
+	case opt.NoFencing:
+		return fmt.Errorf("lock: raise fence %q: the lock keeps no fencing counter", key)
+	case atLeast < 0 || atLeast >= maxFence:
+		return fmt.Errorf("lock: raise fence %q: %d is not in [0, 2^53)", key, atLeast)
+	}
+	return nil
 }
 
 // Redis is a lock held as a lease in one Redis server.
 //
 // An attempt is one round trip, obtain.lua: SET key token NX PX ttl and, if
-// that took the lock, INCR the key's fencing counter, so the holder's token
-// is the counter's value at the moment it took the lock and every later
-// holder's is larger. A counter that comes back small was lost (first use, a
-// Redis restarted empty, an eviction): the script then restarts it from the
-// server's clock in microseconds, above any token handed out before. An
-// attempt by a waiter that finds the lock held flags it as waited for in
-// the same round trip (with wake-on-release). Release and renewal are compare-and-delete and
+// that took the lock, draw the holder's fencing token from the key's
+// counter: max(counter + 1, the server's clock in microseconds), stored
+// back. Every later holder's token is larger, and a counter that Redis lost
+// or restored from an older snapshot still issues tokens above every one
+// handed out before, as long as the server's clock moves forward (RaiseFence
+// repairs a counter the clock cannot cover). An attempt by a waiter that
+// finds the lock held flags it as waited for in the same round trip (with
+// wake-on-release). Release and renewal are compare-and-delete and
 // compare-and-PEXPIRE scripts, so a holder whose lease expired can neither
 // free nor extend the lock of whoever holds it now.
+//
+// An attempt whose reply is lost (the connection failed, the try's context
+// ended) may still have taken the key, and a grant that arrives after the
+// lease it granted ran out is of no use: either way the attempt gives the
+// key back at once, so that it is not held for a whole TTL by a token
+// nobody has. A release whose reply is lost is retried by the lock itself
+// (see Client).
 //
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
@@ -130,29 +164,64 @@ type Redis struct {
 
 // Client is what a Redis lock needs of its go-redis client; *redis.Client
 // and *redis.ClusterClient have it.
+//
+// Create the client with MaxRetries: -1, so that go-redis never retries a
+// command by itself: a command whose reply was lost (EOF, a reset
+// connection, a read timeout) may have run, and only the lock knows what a
+// second run means. go-redis would retry a release that had released the
+// key, and the retry, finding no key, would report the lease lost; it would
+// retry an obtain that had taken the key, and the retry would find it held
+// — by the token of the try whose reply was lost — and wait for it. The lock
+// retries a release itself and gives an obtain's key back (see Redis). Set
+// ContextTimeoutEnabled too, so that a renewal stops waiting when the lease
+// runs out rather than at the read timeout (the watchdog cancels the lease
+// then in any case).
 type Client interface {
 	redis.Scripter
 	SetNX(ctx context.Context, key string, value any, expiration time.Duration) *redis.BoolCmd
 }
 
-// lostCounter: a fencing counter below it (12.7 days in microseconds) was
-// lost and counted up again from zero.
-const lostCounter = 1 << 40
-
-// NewRedis returns a Redis lock on client. Close it when done if
-// opt.Subscriber is set.
+// NewRedis returns a Redis lock on client, which should not retry commands
+// by itself (see Client). Close it when done if opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
-	w := newWaiter(opt, true, client)
-	w.attemptMarks = true // obtain.lua flags the key as it finds it held
-	return &Redis{client: client, opt: opt, waiter: w}
+	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, opt.subscribers())}
+}
+
+// subscribers returns opt.Subscriber, if set, as the one subscriber of a
+// lock in one Redis.
+func (opt RedisOptions) subscribers() []Subscriber {
+	if opt.Subscriber == nil {
+		return nil
+	}
+	return []Subscriber{opt.Subscriber}
 }
 
 // Key returns the Redis key that holds the lock on key.
 func (r *Redis) Key(key string) string { return r.opt.key(key) }
 
 // FenceKey returns the Redis key of key's fencing counter.
-func (r *Redis) FenceKey(key string) string { return r.Key(key) + ":fence" }
+func (r *Redis) FenceKey(key string) string { return r.Key(key) + fenceSuffix }
+
+// RaiseFence raises key's fencing counter to at least atLeast, and never
+// lowers it, so that the next acquisition's token is above atLeast. It is
+// the repair for a counter that went back further than the server's clock
+// can cover (a replica promoted on a machine whose clock is behind): a
+// caller whose write the database refused because the row's fence is at or
+// above its token raises the counter to that fence. atLeast must be below
+// 2^53.
+func (r *Redis) RaiseFence(ctx context.Context, key string, atLeast int64) error {
+	if err := r.opt.raising(key, atLeast); err != nil {
+		return err
+	}
+	_, _, err := retryLost(ctx, func(ctx context.Context) (int64, error) {
+		return raiseScript.Run(ctx, r.client, []string{r.FenceKey(key)}, atLeast).Int64()
+	})
+	if err != nil {
+		return fmt.Errorf("lock: raise fence %q: %w", key, err)
+	}
+	return nil
+}
 
 // Stats reports what the lock's waiters have done so far.
 func (r *Redis) Stats() Stats { return r.waiter.stats() }
@@ -198,15 +267,8 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 	token := rand.Text()
 	start := time.Now()
 	fence, err := r.take(tryCtx, key, token, wait)
-	switch {
-	case err != nil && tryCtx.Err() != nil:
-		// The commands may have run although the reply was lost.
-		r.cleanup(ctx, key, token)
-		return nil, notObtained(tryCtx)
-	case err != nil:
-		return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
-	case fence < 0:
-		return nil, ErrNotObtained
+	if err := settle(tryCtx, key, start, r.opt.TTL, fence, err, func() { r.cleanup(ctx, key, token) }); err != nil {
+		return nil, err
 	}
 	ttl := r.opt.TTL.Milliseconds()
 	var l *Lease
@@ -220,6 +282,31 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 			return renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, ttl).Int64()
 		})
 	return l, nil
+}
+
+// settle decides an attempt in one Redis that started at start, from the
+// obtain script's reply (fence, err): nil when it holds the lock. After an
+// error — the script may have run although its reply was lost, or failed
+// halfway — and after a grant that arrived when its lease had already run
+// out (a slow or paused Redis: its holder might write before the watchdog
+// noticed), it calls cleanup, which gives back what the attempt may hold,
+// and the attempt has failed: the second case is ErrNotObtained, for the
+// caller to try again within its wait.
+func settle(tryCtx context.Context, key string, start time.Time, ttl time.Duration, fence int64, err error, cleanup func()) error {
+	switch {
+	case err != nil:
+		cleanup()
+		if tryCtx.Err() != nil {
+			return notObtained(tryCtx)
+		}
+		return fmt.Errorf("lock: obtain %q: %w", key, err)
+	case fence < 0:
+		return ErrNotObtained
+	case !time.Now().Before(start.Add(ttl)):
+		cleanup()
+		return ErrNotObtained
+	}
+	return nil
 }
 
 // leaseIn is a lease on key in one Redis, taken at start: release frees the
@@ -258,24 +345,27 @@ func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, sta
 // (0 without fencing), or -1 if the lock is held; then, if wait is set and
 // waiters are woken on release, it flags the lock as waited for.
 func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, error) {
-	k := r.Key(key)
-	if r.opt.NoFencing {
-		ok, err := r.client.SetNX(ctx, k, token, r.opt.TTL).Result()
+	flag := r.waiter.flags(wait)
+	if r.opt.NoFencing && flag == "0" {
+		// No counter and no flag: a plain SET NX does it.
+		ok, err := r.client.SetNX(ctx, r.Key(key), token, r.opt.TTL).Result()
 		if err != nil || !ok {
 			return -1, err
 		}
 		return 0, nil
 	}
-	keys := []string{k, k + ":fence"}
-	if wait && r.waiter.wake != nil {
-		keys = append(keys, k+waitingSuffix)
-	}
-	return obtainScript.Run(ctx, r.client, keys, token, r.opt.TTL.Milliseconds(), lostCounter).Int64()
+	return obtainScript.Run(ctx, r.client, r.opt.obtainKeys(key), token, r.opt.TTL.Milliseconds(), flag).Int64()
 }
 
-// cleanup releases a lock whose obtain reply was lost, if it was ours.
+// cleanupTimeout bounds the clean-up of an attempt that failed: long enough
+// for a release and its retries, short enough not to hold up the caller
+// for long when Redis does not answer (the key then expires on its own).
+const cleanupTimeout = time.Second
+
+// cleanup gives back key's lock after an attempt that may hold it, if token
+// holds it, on a context of its own: the attempt's may have ended.
 func (r *Redis) cleanup(ctx context.Context, key, token string) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
 	_, _ = r.release(ctx, key, token)
 }
@@ -287,8 +377,59 @@ const (
 )
 
 // release deletes key's lock if token holds it and announces it when
-// waiters are woken on release. It returns release.lua's answer.
+// waiters are woken on release. It returns release.lua's answer; a "not
+// held" that follows a try whose reply was lost is that try's release.
 func (r *Redis) release(ctx context.Context, key, token string) (int64, error) {
 	keys, args := r.waiter.release(r.Key(key), key, token)
-	return releaseScript.Run(ctx, r.client, keys, args...).Int64()
+	return releaseLost(ctx, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, r.client, keys, args...).Int64()
+	})
+}
+
+// releaseLost runs a release script (release.lua) with retryLost and
+// answers released when a retry finds the lock gone: the try whose reply
+// was lost released it (and whether it told a waiter is not known).
+func releaseLost(ctx context.Context, release func(context.Context) (int64, error)) (int64, error) {
+	n, lost, err := retryLost(ctx, release)
+	if err == nil && lost && n == 0 {
+		n = released
+	}
+	return n, err
+}
+
+// retryTries bounds the tries of a script that retryLost retries.
+const retryTries = 3
+
+// retryLost runs script — one whose second run, after a first that
+// succeeded, changes nothing: a release, a raise — until it gets Redis's
+// answer: again while its reply was lost on the way (see replyLost), at
+// most retryTries times in all and while ctx lasts. It reports whether a
+// try's reply was lost, after which the answer may be the answer to a
+// script that had already run.
+func retryLost(ctx context.Context, script func(context.Context) (int64, error)) (n int64, lost bool, err error) {
+	for try := 1; ; try++ {
+		n, err = script(ctx)
+		if try == retryTries || !replyLost(ctx, err) {
+			return n, try > 1, err
+		}
+	}
+}
+
+// replyLost reports whether err leaves it unknown whether a command ran:
+// the connection failed after the command may have been sent (EOF, a reset,
+// a read timeout). Not when Redis answered, even with an error, nor when no
+// connection was made (refused, the pool exhausted or closed), nor when ctx
+// has ended, which ends the tries.
+func replyLost(ctx context.Context, err error) bool {
+	var (
+		answer redis.Error
+		op     *net.OpError
+	)
+	switch {
+	case err == nil, ctx.Err() != nil, errors.As(err, &answer),
+		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
+		errors.As(err, &op) && op.Op == "dial":
+		return false
+	}
+	return true
 }

@@ -27,6 +27,17 @@ func newRedis(t *testing.T, opt lock.RedisOptions) (*lock.Redis, *redis.Client) 
 // process were stopped.
 func frozen(time.Duration) <-chan time.Time { return nil }
 
+// lockClient is a client of the Redis at addr as the lock wants it (see
+// lock.Client): go-redis never retries a command by itself, so the lock
+// alone decides what a lost reply means. cte makes go-redis honour the
+// deadlines of contexts.
+func lockClient(t *testing.T, addr string, cte bool) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, ContextTimeoutEnabled: cte})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func obtain(t *testing.T, l interface {
 	Obtain(context.Context, string) (*lock.Lease, error)
 }, key string) *lock.Lease {
@@ -137,7 +148,9 @@ func keyPrefix(l *lock.Redis) string {
 }
 
 func TestRedisWatchdogKeepsLockForThreeTTLs(t *testing.T) {
-	const ttl = 150 * time.Millisecond
+	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
+	// lease up: 200 ms, ample for a loaded machine under -race.
+	const ttl = 300 * time.Millisecond
 	l, c := newRedis(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
 	ctx := context.Background()
 	lease := obtain(t, l, "k")
@@ -182,6 +195,50 @@ func TestRedisLostLeaseCancelsContext(t *testing.T) {
 	if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrNotHeld) {
 		t.Errorf("cause = %v, want ErrNotHeld", cause)
 	}
+}
+
+// The watchdog cancels a lease whose renewals go unanswered no later than
+// the moment the lease may run out in Redis, whatever the client does with
+// the context's deadline.
+func TestWatchdogCancelsByValidUntil(t *testing.T) {
+	const ttl, slack = 600 * time.Millisecond, 250 * time.Millisecond
+	check := func(t *testing.T, lease *lock.Lease) {
+		t.Helper()
+		select {
+		case <-lease.Context().Done():
+		case <-time.After(30 * time.Second):
+			t.Fatal("the lease was not cancelled while Redis was paused")
+		}
+		if late := time.Since(lease.Until()); late > slack {
+			t.Errorf("cancelled %v after the lease could run out, want at most %v", late, slack)
+		}
+		if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrNotHeld) {
+			t.Errorf("cause = %v, want ErrNotHeld", cause)
+		}
+	}
+	for _, cte := range []bool{true, false} {
+		name := map[bool]string{true: "redis, deadlines honoured", false: "redis, deadlines ignored"}[cte]
+		t.Run(name, func(t *testing.T) {
+			p := testenv.StartRedis(t)
+			l := lock.NewRedis(lockClient(t, p.Addr, cte), lock.RedisOptions{TTL: ttl})
+			lease := obtain(t, l, "k")
+			p.Pause()
+			t.Cleanup(p.Resume)
+			check(t, lease)
+		})
+	}
+	t.Run("redlock, slow node timeout", func(t *testing.T) {
+		c := newCluster(t, 3)
+		// A node timeout longer than the lease: a renewal may still be
+		// waiting for the nodes when the lease runs out.
+		l := c.lock(t, lock.RedisOptions{TTL: ttl, NodeTimeout: 2 * time.Second})
+		lease := obtain(t, l, "k")
+		for _, p := range c.procs[1:] {
+			p.Pause()
+			t.Cleanup(p.Resume)
+		}
+		check(t, lease)
+	})
 }
 
 func TestRedisFencingTokensIncrease(t *testing.T) {

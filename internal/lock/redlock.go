@@ -46,9 +46,19 @@ import (
 // token and issues a larger one, even if one node lost everything. Two
 // holders that overlap (which the lock itself should prevent, but a pause
 // longer than the lease can cause) may draw the same token; the database's
-// strict fence < token check refuses the second of them. A missing counter
-// starts from the node's clock in microseconds, not from zero, so even a
-// majority restarted empty issues tokens above those already written.
+// strict fence < token check refuses the second of them. Each node answers
+// max(counter, its clock in microseconds), as the single Redis lock draws
+// its tokens, so even a majority restarted empty, or restored from older
+// snapshots, issues tokens above those already written while the clocks
+// move forward; RaiseFence repairs the counters where they cannot.
+//
+// # Waiters
+//
+// With wake-on-release, an attempt that finds the lock held flags it as
+// waited for on every node it reaches, in the obtain script itself, and the
+// waiters listen for releases on every node: each node's release announces
+// the key where it was flagged. A master that hangs or dies holds up
+// neither: any majority still flags and announces.
 type Redlock struct {
 	nodes  []redis.Scripter
 	quorum int
@@ -58,9 +68,11 @@ type Redlock struct {
 }
 
 // NewRedlock returns a lock on the given independent masters; use an odd
-// number of them, three or more. opt.NodeTimeout bounds each node's reply;
-// opt.Subscriber, if set, must be a client of the first node, where waiters
-// flag the keys they wait for.
+// number of them, three or more. Their clients should not retry commands by
+// themselves (see Client). opt.NodeTimeout bounds each node's reply.
+// opt.Subscriber, if set, turns on wake-on-release: the waiters then listen
+// on every node that is a Subscriber itself (a *redis.Client is), or on
+// opt.Subscriber alone when none is.
 func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
 	if len(nodes) == 0 {
 		return nil, errors.New("lock: redlock needs at least one node")
@@ -71,8 +83,27 @@ func NewRedlock(nodes []redis.Scripter, opt RedisOptions) (*Redlock, error) {
 		quorum: len(nodes)/2 + 1,
 		opt:    opt,
 		drift:  opt.TTL/100 + 2*time.Millisecond,
-		waiter: newWaiter(opt, true, nodes[0]),
+		waiter: newWaiter(opt, true, nodeSubscribers(nodes, opt.Subscriber)),
 	}, nil
+}
+
+// nodeSubscribers returns where a Redlock's waiters listen for releases:
+// every node that is a Subscriber, or sub when none is. None when sub is
+// nil.
+func nodeSubscribers(nodes []redis.Scripter, sub Subscriber) []Subscriber {
+	if sub == nil {
+		return nil
+	}
+	var subs []Subscriber
+	for _, node := range nodes {
+		if s, ok := node.(Subscriber); ok {
+			subs = append(subs, s)
+		}
+	}
+	if len(subs) == 0 {
+		return []Subscriber{sub}
+	}
+	return subs
 }
 
 // Key returns the Redis key that holds the lock on key, on every node.
@@ -94,7 +125,7 @@ func (r *Redlock) Obtain(ctx context.Context, key string) (*Lease, error) {
 // ObtainWhile is Obtain that gives up as Redis.ObtainWhile does.
 func (r *Redlock) ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*Lease, error) {
 	return r.waiter.obtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
-		return r.attempt(ctx, tryCtx, key)
+		return r.attempt(ctx, tryCtx, key, true)
 	}, still)
 }
 
@@ -102,8 +133,30 @@ func (r *Redlock) ObtainWhile(ctx context.Context, key string, still func(contex
 // otherwise returns ErrNotObtained (or the nodes' errors) without waiting.
 func (r *Redlock) TryObtain(ctx context.Context, key string) (*Lease, error) {
 	return r.waiter.tryObtain(ctx, key, func(ctx, tryCtx context.Context) (*Lease, error) {
-		return r.attempt(ctx, tryCtx, key)
+		return r.attempt(ctx, tryCtx, key, false)
 	})
+}
+
+// RaiseFence raises key's fencing counter to at least atLeast on every node
+// it reaches, and never lowers one, so that the next acquisition's token is
+// above atLeast: see Redis.RaiseFence. It succeeds once a majority has
+// stored it (any later majority includes one of them); a slower node still
+// gets it within the node timeout.
+func (r *Redlock) RaiseFence(ctx context.Context, key string, atLeast int64) error {
+	if err := r.opt.raising(key, atLeast); err != nil {
+		return err
+	}
+	counter := r.Key(key) + fenceSuffix
+	replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		n, _, err := retryLost(ctx, func(ctx context.Context) (int64, error) {
+			return raiseScript.Run(ctx, node, []string{counter}, atLeast).Int64()
+		})
+		return n, err
+	}, nil)
+	if stored, _, errs := tally(replies, 1); stored < r.quorum {
+		return fmt.Errorf("lock: raise fence %q: %d of %d nodes stored it: %w", key, stored, len(r.nodes), errors.Join(errs...))
+	}
+	return nil
 }
 
 // reply is one node's answer.
@@ -119,19 +172,16 @@ var errNoReply = errors.New("no reply within the node timeout")
 // majority said yes (n ≥ yes) or can no longer say it. It does not wait for
 // a node past that, or past the timeout; that node's reply is errNoReply,
 // and if late is not nil it is called with the node once f returns there.
-// settled is closed when every call has returned.
-func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, redis.Scripter) (int64, error), late func(redis.Scripter)) (replies []reply, settled <-chan struct{}) {
+func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, redis.Scripter) (int64, error), late func(redis.Scripter)) []reply {
 	// The calls are not cut short when each returns early, nor when ctx
 	// ends: a slower node still gets its command (a grant the lease's
 	// release will find, a renewal) within the node timeout.
 	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opt.NodeTimeout)
 	var running sync.WaitGroup
-	done := make(chan struct{})
 	defer func() {
 		go func() {
 			running.Wait()
 			cancel()
-			close(done)
 		}()
 	}()
 	type indexed struct {
@@ -153,7 +203,7 @@ func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, r
 			}
 		})
 	}
-	replies = make([]reply, len(r.nodes))
+	replies := make([]reply, len(r.nodes))
 	for i := range replies {
 		replies[i].err = errNoReply
 	}
@@ -168,12 +218,12 @@ func (r *Redlock) each(ctx context.Context, yes int64, f func(context.Context, r
 				notOK++
 			}
 		case <-callCtx.Done():
-			return replies, done
+			return replies
 		case <-ctx.Done():
-			return replies, done
+			return replies
 		}
 	}
-	return replies, done
+	return replies
 }
 
 // tally counts the nodes that said yes (n ≥ yes), said no, and failed.
@@ -205,30 +255,34 @@ func unreachable(errs []error) []error {
 	return down
 }
 
-func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, error) {
+// attempt tries to take key on a majority, under tryCtx; the lease lives on
+// ctx. wait says the caller will wait for the key if it is held.
+func (r *Redlock) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Lease, error) {
 	token := rand.Text()
-	keys := r.opt.keys(key)
+	keys := r.opt.obtainKeys(key)
+	flag := r.waiter.flags(wait)
 	ttl := r.opt.TTL.Milliseconds()
 	start := time.Now()
 	validUntil := start.Add(r.opt.TTL - r.drift)
 
 	// A node that answers too late may have granted the lock after the
-	// attempt gave up and cleaned up: its share is given back then, unless
-	// the attempt succeeded (the lease's release reaches every node).
-	var failed atomic.Bool
+	// attempt gave up and cleaned up, or after the lease was released: its
+	// share is given back then. (Once the grant has landed, the lease's own
+	// release reaches it.)
+	var failed, released atomic.Bool
 	decided := make(chan struct{})
-	replies, granted := r.each(tryCtx, 0, func(ctx context.Context, node redis.Scripter) (int64, error) {
-		return redlockObtainScript.Run(ctx, node, keys, token, ttl).Int64()
+	grants := r.each(tryCtx, 0, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		return redlockObtainScript.Run(ctx, node, keys, token, ttl, flag).Int64()
 	}, func(node redis.Scripter) {
-		if <-decided; failed.Load() {
+		if <-decided; failed.Load() || released.Load() {
 			r.releaseOn(ctx, node, key, token)
 		}
 	})
 	defer close(decided)
-	held, _, errs := tally(replies, 0)
+	held, _, errs := tally(grants, 0)
 	if held < r.quorum || !time.Now().Before(validUntil) {
 		failed.Store(true)
-		r.cleanup(ctx, key, token)
+		r.cleanup(ctx, key, token, grants)
 		// Nodes that refuse connections will not come back within the
 		// wait: report the outage at once. Slow nodes are retried.
 		if down := unreachable(errs); len(down) > len(r.nodes)-r.quorum {
@@ -240,30 +294,29 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 
 	var fence int64
 	if !r.opt.NoFencing {
-		for _, rep := range replies {
+		for _, rep := range grants {
 			if rep.err == nil {
 				fence = max(fence, rep.n+1)
 			}
 		}
-		replies, _ = r.each(tryCtx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
-			return redlockFenceScript.Run(ctx, node, keys, token, fence).Int64()
+		fenceKeys := []string{keys[0], r.Key(key) + fenceSuffix}
+		replies := r.each(tryCtx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+			return redlockFenceScript.Run(ctx, node, fenceKeys, token, fence).Int64()
 		}, nil)
 		if stored, _, _ := tally(replies, 1); stored < r.quorum || !time.Now().Before(validUntil) {
 			failed.Store(true)
-			r.cleanup(ctx, key, token)
+			r.cleanup(ctx, key, token, grants)
 			return nil, ErrNotObtained
 		}
 	}
 
 	var l *Lease
 	l = newLease(ctx, key, fence, func(ctx context.Context) error {
-		// A grant still on its way to a slow node must land before the
-		// release, or it would outlive it there.
-		select {
-		case <-granted:
-		case <-ctx.Done():
-		}
-		err := r.release(ctx, key, token, true)
+		// A grant still on its way to a slow node may land after the
+		// release there: it is given back when it has (above). The release
+		// does not wait for it, so a hung node does not hold it up.
+		released.Store(true)
+		err := r.release(ctx, key, token)
 		if cause := context.Cause(l.ctx); err == nil && errors.Is(cause, ErrNotHeld) {
 			// Released where it was left, but it had been lost.
 			return fmt.Errorf("lock: release %q: %w", key, cause)
@@ -272,7 +325,7 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 	})
 	l.watch(r.opt.After, r.opt.TTL/3, validUntil, func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
-		replies, _ := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 			return renewScript.Run(ctx, node, []string{r.Key(key)}, token, ttl).Int64()
 		}, nil)
 		ok, no, errs := tally(replies, 1)
@@ -287,33 +340,54 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string) (*Lease, erro
 	return l, nil
 }
 
-// cleanup releases what an attempt that failed may have taken. It does not
-// announce it: the lock was never held, and waking the other contenders of a
-// split vote at once would only split it again — they retry on their
-// jittered backoff instead.
-func (r *Redlock) cleanup(ctx context.Context, key, token string) {
-	_ = r.release(context.WithoutCancel(ctx), key, token, false)
+// cleanup gives back what an attempt that failed may hold, by the nodes'
+// replies to its obtain script (grants): it waits, within the node
+// timeout, for the nodes that granted it; it releases in the background
+// where the reply was an error (the script may have run); a node that has
+// not answered is left to the attempt's late call, which releases it once
+// it has. So a node that hangs does not hold up the attempt's caller. It
+// does not announce the release: the lock was never held, and waking the
+// other contenders of a split vote at once would only split it again — they
+// retry on their jittered backoff instead.
+func (r *Redlock) cleanup(ctx context.Context, key, token string, grants []reply) {
+	granted, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opt.NodeTimeout)
+	defer cancel()
+	var releasing sync.WaitGroup
+	for i, node := range r.nodes {
+		switch rep := grants[i]; {
+		case rep.err == nil && rep.n >= 0:
+			releasing.Go(func() { _, _ = r.releaseNode(granted, node, []string{r.Key(key)}, token) })
+		case rep.err != nil && !errors.Is(rep.err, errNoReply):
+			go r.releaseOn(ctx, node, key, token)
+		}
+	}
+	releasing.Wait()
 }
 
-// releaseOn gives back token's share of key on one node that answered too
-// late, with a second chance as long as a lease could last.
+// releaseOn gives back token's share of key on one node, in the background
+// of an attempt or a release that did not wait for it, with a second chance
+// as long as a lease could last.
 func (r *Redlock) releaseOn(ctx context.Context, node redis.Scripter, key, token string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.opt.TTL)
 	defer cancel()
-	_ = releaseScript.Run(ctx, node, []string{r.Key(key)}, token).Err()
+	_, _ = r.releaseNode(ctx, node, []string{r.Key(key)}, token)
 }
 
-// release deletes the lock on every node where token holds it, and if
-// announce is set tells the key's waiters. It succeeds when the lock is free
+// releaseNode runs the release script on one node (see releaseLost).
+func (r *Redlock) releaseNode(ctx context.Context, node redis.Scripter, keys []string, args ...any) (int64, error) {
+	return releaseLost(ctx, func(ctx context.Context) (int64, error) {
+		return releaseScript.Run(ctx, node, keys, args...).Int64()
+	})
+}
+
+// release deletes the lock on every node where token holds it, and tells
+// the key's waiters where they flagged it. It succeeds when the lock is free
 // on a majority and was released on at least one node; ErrNotHeld when no
 // node had it any more.
-func (r *Redlock) release(ctx context.Context, key, token string, announce bool) error {
-	keys, args := []string{r.Key(key)}, []any{token}
-	if announce {
-		keys, args = r.waiter.release(r.Key(key), key, token)
-	}
-	replies, _ := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
-		return releaseScript.Run(ctx, node, keys, args...).Int64()
+func (r *Redlock) release(ctx context.Context, key, token string) error {
+	keys, args := r.waiter.release(r.Key(key), key, token)
+	replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
+		return r.releaseNode(ctx, node, keys, args...)
 	}, func(node redis.Scripter) { r.releaseOn(ctx, node, key, token) })
 	released, no, errs := tally(replies, 1)
 	switch {

@@ -148,6 +148,9 @@ func TestRedlockMinorityIsNotHeld(t *testing.T) {
 		c := newCluster(t, 3)
 		l := c.lock(t, lock.RedisOptions{TTL: 300 * time.Millisecond})
 		lease := obtain(t, l, "k")
+		// Obtain returns once a majority granted the lock; a grant that
+		// landed after the deletes below would keep it on two nodes.
+		waitFor(t, "all three nodes hold the lock", func() bool { return c.heldOn(l, "k") == 3 })
 		// Nodes 0 and 1 lose the lock (restarted empty, say).
 		for _, cl := range c.clients[:2] {
 			cl.Del(ctx, l.Key("k"))
@@ -357,4 +360,96 @@ func TestRedlockMutualExclusionWhileANodeDies(t *testing.T) {
 			t.Fatalf("fence %d = %d after %d: not increasing in holding order", i, fences[i], fences[i-1])
 		}
 	}
+}
+
+// wakingLock is a Redlock on every node of the cluster, with clients of its
+// own, whose waiters are woken by releases.
+func (c *cluster) wakingLock(t *testing.T, opt lock.RedisOptions) *lock.Redlock {
+	t.Helper()
+	nodes := make([]redis.Scripter, len(c.procs))
+	for i, p := range c.procs {
+		nodes[i] = nodeClient(t, p.Addr)
+	}
+	opt.Prefix = "test:"
+	opt.Subscriber = nodes[0].(*redis.Client)
+	l, err := lock.NewRedlock(nodes, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// A hung first master must not stall the waiters while a majority is
+// healthy: they flag the key and hear its release on every node.
+func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
+	ctx := context.Background()
+	t.Run("contended", func(t *testing.T) {
+		c := newCluster(t, 3)
+		const replicas, workers = 2, 6
+		locks := make([]*lock.Redlock, replicas)
+		for i := range locks {
+			// The service's default wait. A split vote waits for the hung
+			// node's reply, the node timeout (TTL/10), before it is lost.
+			locks[i] = c.wakingLock(t, lock.RedisOptions{TTL: time.Second, Wait: 2 * time.Second})
+		}
+		c.procs[0].Pause()
+		t.Cleanup(c.procs[0].Resume)
+		var (
+			inside, maxInside atomic.Int32
+			wg                sync.WaitGroup
+		)
+		for i := range workers {
+			wg.Go(func() {
+				lease, err := locks[i%replicas].Obtain(ctx, "sku:1")
+				if err != nil {
+					t.Errorf("worker %d: %v", i, err)
+					return
+				}
+				if n := inside.Add(1); n > maxInside.Load() {
+					maxInside.Store(n)
+				}
+				time.Sleep(time.Millisecond)
+				inside.Add(-1)
+				if err := lease.Release(ctx); err != nil {
+					t.Errorf("worker %d: %v", i, err)
+				}
+			})
+		}
+		wg.Wait()
+		if got := maxInside.Load(); got > 1 {
+			t.Errorf("%d holders inside at once, want 1", got)
+		}
+	})
+	t.Run("woken", func(t *testing.T) {
+		c := newCluster(t, 3)
+		a := c.wakingLock(t, lock.RedisOptions{TTL: 5 * time.Second})
+		b := c.wakingLock(t, lock.RedisOptions{TTL: 5 * time.Second, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+		c.procs[0].Pause()
+		t.Cleanup(c.procs[0].Resume)
+
+		holder := obtain(t, a, "k")
+		got := obtainAsync(b, "k")
+		waitFor(t, "the waiter listens on nodes 1 and 2 and flagged the key there", func() bool {
+			for _, cl := range c.clients[1:] {
+				if cl.PubSubNumSub(ctx, "test:released").Val()["test:released"] != 1 ||
+					cl.Exists(ctx, b.Key("k")+":waiting").Val() != 1 {
+					return false
+				}
+			}
+			return true
+		})
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease := received(t, got)
+		defer lease.Release(ctx)
+		// Its backoff is an hour: every try after the first followed a
+		// wake-up. (Each node announces the release as it releases: woken
+		// by the first, the waiter may find the key still held on the
+		// second, which wakes it again.)
+		if s := b.Stats(); s.Wakeups < 1 || s.Attempts > 1+s.Wakeups {
+			t.Errorf("stats = %+v, want a try after each wakeup and none without", s)
+		}
+	})
 }

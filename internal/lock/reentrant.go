@@ -36,18 +36,28 @@ func OwnerFrom(ctx context.Context) (Owner, bool) {
 var ErrNoOwner = errors.New("lock: reentrant lock needs an owner: lock.WithOwner")
 
 var (
-	reentrantObtainScript  = redis.NewScript(reentrantObtainLua)
+	reentrantObtainScript  = redis.NewScript(fenceLua + reentrantObtainLua)
 	reentrantReleaseScript = redis.NewScript(reentrantReleaseLua)
 	reentrantRenewScript   = redis.NewScript(reentrantRenewLua)
 )
 
 // Reentrant is the seeds' reentrant lock in one Redis: a hash holding the
-// owner, how many times it has taken the lock (its depth) and the hold's
-// fencing token. The owner may take the lock again while it holds it (the
-// depth grows and the lease is extended); each Release undoes one
-// acquisition and the last frees the lock. Another owner waits, as for
-// Redis.Obtain. Every Lease of the hold carries the same fencing token, and
-// the watchdog of any of them keeps the whole hold alive.
+// owner, the hold's id, how many times the owner has taken the lock (its
+// depth), the hold's fencing token and a field per acquisition. The owner
+// may take the lock again while it holds it (the depth grows and the lease
+// is extended); each Release undoes one acquisition and the last frees the
+// lock. Another owner waits, as for Redis.Obtain. Every Lease of the hold
+// carries the same fencing token, and the watchdog of any of them keeps the
+// whole hold alive.
+//
+// A hold has an identity: a random id that its first acquisition stores and
+// every re-acquisition returns. Releases and renewals compare the owner and
+// the hold's id, so a lease of a hold that ended (expired while its owner
+// was stopped, lost with its Redis) can neither free nor extend a later
+// hold of the same owner. Each acquisition has its own id as well, so that
+// it is undone exactly once and only in its own hold: by its Release,
+// retried or not, or by the clean-up of an attempt whose reply was lost,
+// which cannot know whether it started a hold or joined one.
 type Reentrant struct {
 	client redis.Scripter
 	opt    RedisOptions
@@ -60,7 +70,7 @@ func NewReentrant(client redis.Scripter, opt RedisOptions) *Reentrant {
 	opt = opt.withDefaults()
 	// No in-process line: an owner taking the lock again must not queue
 	// behind itself. Every waiter is woken by the announced release.
-	return &Reentrant{client: client, opt: opt, waiter: newWaiter(opt, false, client)}
+	return &Reentrant{client: client, opt: opt, waiter: newWaiter(opt, false, opt.subscribers())}
 }
 
 // Key returns the Redis key of the hash that holds the lock on key.
@@ -86,24 +96,62 @@ func (r *Reentrant) Obtain(ctx context.Context, key string) (*Lease, error) {
 }
 
 func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Lease, error) {
+	acq := rand.Text()
 	start := time.Now()
-	ttl := r.opt.TTL.Milliseconds()
-	fence, err := reentrantObtainScript.Run(tryCtx, r.client, r.opt.keys(key), owner, ttl).Int64()
-	switch {
-	case err != nil && tryCtx.Err() != nil:
-		return nil, notObtained(tryCtx)
-	case err != nil:
-		return nil, fmt.Errorf("lock: obtain %q: %w", key, err)
-	case fence < 0:
-		return nil, ErrNotObtained
+	hold, fence, err := r.take(tryCtx, key, owner, acq)
+	if err := settle(tryCtx, key, start, r.opt.TTL, fence, err, func() { r.cleanup(ctx, key, owner, acq) }); err != nil {
+		return nil, err
 	}
+	ttl := r.opt.TTL.Milliseconds()
 	return leaseIn(ctx, r.opt, key, fence, start,
 		func(ctx context.Context) (bool, error) {
-			keys, args := r.waiter.release(r.Key(key), key, owner)
-			n, err := reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
+			n, err := r.release(ctx, key, owner, hold, acq)
 			return n >= 0, err
 		},
 		func(ctx context.Context) (int64, error) {
-			return reentrantRenewScript.Run(ctx, r.client, []string{r.Key(key)}, owner, ttl).Int64()
+			return reentrantRenewScript.Run(ctx, r.client, []string{r.Key(key)}, owner, hold, ttl).Int64()
 		}), nil
+}
+
+// take runs the obtain script for owner's acquisition acq and returns the
+// hold's id and fencing token, or a token of -1 when another owner holds the
+// lock.
+func (r *Reentrant) take(ctx context.Context, key, owner, acq string) (hold string, fence int64, err error) {
+	reply, err := reentrantObtainScript.Run(ctx, r.client, r.opt.obtainKeys(key), owner, r.opt.TTL.Milliseconds(),
+		r.waiter.flags(true), acq).Slice()
+	if err != nil {
+		return "", -1, err
+	}
+	if len(reply) == 2 {
+		// Nil for a hold taken by a version without hold ids: a lease
+		// that joins it is given up at its first renewal.
+		hold, _ = reply[0].(string)
+		if fence, ok := reply[1].(int64); ok {
+			return hold, fence, nil
+		}
+	}
+	return "", -1, fmt.Errorf("unexpected reply %v", reply)
+}
+
+// cleanup undoes owner's acquisition acq, if it happened, after an attempt
+// that failed: whichever hold it started or joined.
+func (r *Reentrant) cleanup(ctx context.Context, key, owner, acq string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_, _ = r.release(ctx, key, owner, "", acq)
+}
+
+// release undoes owner's acquisition acq of hold (any hold if empty) and
+// returns the depth left, or -1 if the acquisition is not in the owner's
+// hold. A -1 that follows a try whose reply was lost is that try's release,
+// and answers 0.
+func (r *Reentrant) release(ctx context.Context, key, owner, hold, acq string) (int64, error) {
+	keys, args := r.waiter.release(r.Key(key), key, owner, hold, acq)
+	n, lost, err := retryLost(ctx, func(ctx context.Context) (int64, error) {
+		return reentrantReleaseScript.Run(ctx, r.client, keys, args...).Int64()
+	})
+	if err == nil && lost && n < 0 {
+		n = 0
+	}
+	return n, err
 }

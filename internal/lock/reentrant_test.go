@@ -111,7 +111,9 @@ func TestReentrantOtherOwnerRefused(t *testing.T) {
 }
 
 func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
-	const ttl = 150 * time.Millisecond
+	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
+	// lease up: 200 ms, ample for a loaded machine under -race.
+	const ttl = 300 * time.Millisecond
 	l, c := newReentrant(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 
@@ -197,4 +199,63 @@ type ownerLock struct {
 
 func (o ownerLock) Obtain(_ context.Context, key string) (*lock.Lease, error) {
 	return o.l.Obtain(o.owner, key)
+}
+
+// A hold that ended (expired, or lost with its Redis) is not the owner's
+// next hold: a late Release or renewal of the old one must leave the new one
+// alone.
+func TestReentrantOldHoldCannotTouchNewHold(t *testing.T) {
+	ctx := context.Background()
+	t.Run("release after expiry", func(t *testing.T) {
+		l, c := newReentrant(t, lock.RedisOptions{TTL: 200 * time.Millisecond, Wait: 5 * time.Second, After: frozen})
+		a := lock.WithOwner(ctx, lock.NewOwner())
+		old := obtainAs(t, l, a, "k")
+		waitFor(t, "the frozen hold expired", func() bool { return c.Exists(ctx, l.Key("k")).Val() == 0 })
+		taken := obtainAs(t, l, a, "k") // the same owner: a new hold
+		if err := old.Release(a); !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("the expired hold's Release = %v, want ErrNotHeld", err)
+		}
+		if owner, depth := hold(t, c, l, "k"); owner == "" || depth != 1 {
+			t.Fatalf("after the old hold's release: owner %q depth %d, want the new hold at depth 1", owner, depth)
+		}
+		if err := taken.Release(a); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("renewal after loss", func(t *testing.T) {
+		c, prefix := testenv.Redis(t)
+		tick := make(chan time.Time)
+		// The old lease's TTL is the longer, so that its renewal would show.
+		stopped := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute,
+			After: func(time.Duration) <-chan time.Time { return tick }})
+		live := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: 30 * time.Second})
+		a := lock.WithOwner(ctx, lock.NewOwner())
+		old := obtainAs(t, stopped, a, "k")
+		// The hold is lost (a failover to a replica that never saw it) while
+		// its lease still runs; the owner takes the lock again.
+		c.Del(ctx, stopped.Key("k"))
+		taken := obtainAs(t, live, a, "k")
+		ttl := c.PTTL(ctx, live.Key("k")).Val()
+		tick <- time.Now() // the old lease's watchdog renews
+		select {
+		case <-old.Context().Done():
+		case <-time.After(10 * time.Second):
+			t.Fatal("the old hold's lease renewed the new hold and lives on")
+		}
+		if cause := context.Cause(old.Context()); !errors.Is(cause, lock.ErrNotHeld) {
+			t.Errorf("cause = %v, want ErrNotHeld", cause)
+		}
+		if now := c.PTTL(ctx, live.Key("k")).Val(); now > ttl {
+			t.Errorf("the new hold's TTL rose from %v to %v: the old lease renewed it", ttl, now)
+		}
+		if err := old.Release(a); !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("the old hold's Release = %v, want ErrNotHeld", err)
+		}
+		if owner, depth := hold(t, c, live, "k"); owner == "" || depth != 1 {
+			t.Fatalf("owner %q depth %d, want the new hold at depth 1", owner, depth)
+		}
+		if err := taken.Release(a); err != nil {
+			t.Fatal(err)
+		}
+	})
 }

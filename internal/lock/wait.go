@@ -44,34 +44,38 @@ type Stats struct {
 type waiter struct {
 	wait, minBackoff, maxBackoff time.Duration
 	// wake is nil when releases are not announced: every waiter polls.
+	// Otherwise an attempt that finds the key held flags it as waited for
+	// in the same round trip (the obtain scripts), so that its release is
+	// announced.
 	wake *wakeups
 	// queue is set when the waiters of this process queue in line.
-	queue bool
-	// mark flags a key as waited for, with wake-on-release.
-	mark func(ctx context.Context, key string)
-	// attemptMarks says that an attempt which finds the key held flags it
-	// itself, so that mark is not needed.
-	attemptMarks bool
-	line         keyed
-	attempts     atomic.Uint64
+	queue    bool
+	line     keyed
+	attempts atomic.Uint64
 }
 
-// newWaiter returns the retry loop for a lock with opt. queue puts the
-// waiters of this process in line with wake-on-release (see waiter);
-// without it every waiter contends in Redis and is woken by announced
-// releases, its own process's included. Waiting flags are set on node, the
-// Redis the subscription listens to.
-func newWaiter(opt RedisOptions, queue bool, node redis.Scripter) *waiter {
+// newWaiter returns the retry loop for a lock with opt. With subscribers,
+// releases are announced and heard on each of them (every Redis whose
+// release script may announce one). queue puts the waiters of this process
+// in line with wake-on-release (see waiter); without it every waiter
+// contends in Redis and is woken by announced releases, its own process's
+// included.
+func newWaiter(opt RedisOptions, queue bool, subscribers []Subscriber) *waiter {
 	w := &waiter{wait: opt.Wait, minBackoff: opt.MinBackoff, maxBackoff: opt.MaxBackoff}
-	if opt.Subscriber != nil {
-		w.wake = newWakeups(opt.Subscriber, opt.Prefix+"released", queue)
+	if len(subscribers) > 0 {
+		w.wake = newWakeups(subscribers, opt.Prefix+"released", queue)
 		w.queue = queue
-		ttl := opt.TTL.Milliseconds()
-		w.mark = func(ctx context.Context, key string) {
-			_ = waitScript.Run(ctx, node, []string{opt.key(key) + waitingSuffix}, ttl).Err()
-		}
 	}
 	return w
+}
+
+// flags tells an obtain script whether to flag a key it finds held: when the
+// caller will wait for it and releases are announced.
+func (w *waiter) flags(wait bool) string {
+	if wait && w.wake != nil {
+		return "1"
+	}
+	return "0"
 }
 
 // attemptFunc tries to take the lock once, under tryCtx, for a lease that
@@ -181,12 +185,8 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 				defer done()
 				woken = ch
 			}
-			// Flag the lock as waited for, so that its release is
-			// announced. A flag set just after the release is missed:
-			// the backoff covers it.
-			if !w.attemptMarks {
-				w.mark(waitCtx, key)
-			}
+			// The attempt flagged the lock as waited for. A flag set just
+			// after the release is missed: the backoff covers it.
 		}
 		d := b.NextBackOff()
 		if timer == nil {
@@ -248,11 +248,18 @@ func (w *waiter) close() error {
 	return w.wake.close()
 }
 
-// wakeups is a process's one subscription to a lock's release channel,
-// fanned out by key to the waiters first in line. A message lost (the
-// subscription reconnecting, say) costs a waiter no more than its backoff.
+// wakeups is a process's subscription to a lock's release channel — on
+// every Redis that announces releases — fanned out by key to the waiters
+// first in line. A message lost (a subscription reconnecting, a node that
+// hangs) costs a waiter no more than its backoff.
+//
+// A Redlock's release is announced by each node where the key was flagged,
+// as it is released there, and every message wakes the waiter: woken by
+// the first node, it may find the key still held on the next, whose own
+// message wakes it again once it is released there. A message that finds
+// the waiter already woken adds nothing.
 type wakeups struct {
-	sub     Subscriber
+	subs    []Subscriber
 	channel string
 	// id prefixes this process's messages, so that it can skip them when
 	// skipOwn is set: its waiters queue in line and are handed the key.
@@ -260,27 +267,26 @@ type wakeups struct {
 	skipOwn bool
 	woken   atomic.Uint64
 
-	mu      sync.Mutex
-	waiting map[string][]chan struct{}
-	ps      *redis.PubSub
-	closed  bool
-	done    chan struct{} // closed when the receiving goroutine ends
+	mu        sync.Mutex
+	waiting   map[string][]chan struct{}
+	pubsubs   []*redis.PubSub
+	subscribe sync.Once
+	closed    bool
+	receiving sync.WaitGroup // the goroutines reading the subscriptions
 }
 
-func newWakeups(sub Subscriber, channel string, skipOwn bool) *wakeups {
-	return &wakeups{sub: sub, channel: channel, id: rand.Text(), skipOwn: skipOwn, waiting: make(map[string][]chan struct{})}
+func newWakeups(subs []Subscriber, channel string, skipOwn bool) *wakeups {
+	return &wakeups{subs: subs, channel: channel, id: rand.Text(), skipOwn: skipOwn, waiting: make(map[string][]chan struct{})}
 }
 
 // add puts a waiter for key in line and returns the channel that wakes it
 // and the function that takes it out of line. The first waiter opens the
-// subscription.
+// subscriptions.
 func (w *wakeups) add(key string) (<-chan struct{}, func()) {
+	w.subscribe.Do(w.listen)
 	ch := make(chan struct{}, 1)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.ps == nil && !w.closed {
-		w.subscribe()
-	}
 	w.waiting[key] = append(w.waiting[key], ch)
 	return ch, func() { w.remove(key, ch) }
 }
@@ -325,31 +331,62 @@ func (w *wakeups) one(key string) {
 	}
 }
 
-// subscribe starts the receiving goroutine; w.mu is held. go-redis
-// resubscribes by itself after a lost connection.
-func (w *wakeups) subscribe() {
-	w.ps = w.sub.Subscribe(context.Background(), w.channel)
-	w.done = make(chan struct{})
-	msgs := w.ps.Channel()
-	go func() {
-		defer close(w.done)
-		for m := range msgs {
-			if len(m.Payload) >= len(w.id) && (!w.skipOwn || m.Payload[:len(w.id)] != w.id) {
-				w.one(m.Payload[len(w.id):])
+// subscribeWait bounds how long the first waiter of a process waits for
+// the subscriptions to be sent: long enough for a Redis that answers, short
+// enough that one that hangs costs the waiters little of their wait.
+const subscribeWait = time.Second
+
+// listen subscribes on every subscriber, each on its own, and returns once a
+// majority of them have sent their SUBSCRIBE (so that a release announced
+// after the waiter was flagged is heard), or after subscribeWait: a Redis
+// that hangs (its SUBSCRIBE waits for the connection's handshake) holds up
+// neither the others nor the waiters for longer. go-redis resubscribes by
+// itself after a lost connection.
+func (w *wakeups) listen() {
+	sent := make(chan struct{}, len(w.subs))
+	for _, sub := range w.subs {
+		go func() {
+			ps := sub.Subscribe(context.Background(), w.channel)
+			sent <- struct{}{}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.closed {
+				ps.Close()
+				return
 			}
+			w.pubsubs = append(w.pubsubs, ps)
+			msgs := ps.Channel()
+			w.receiving.Go(func() {
+				for m := range msgs {
+					if len(m.Payload) >= len(w.id) && (!w.skipOwn || m.Payload[:len(w.id)] != w.id) {
+						w.one(m.Payload[len(w.id):])
+					}
+				}
+			})
+		}()
+	}
+	timeout := time.NewTimer(subscribeWait)
+	defer timeout.Stop()
+	for range len(w.subs)/2 + 1 {
+		select {
+		case <-sent:
+		case <-timeout.C:
+			return
 		}
-	}()
+	}
 }
 
+// close ends the subscriptions opened so far (one still being opened ends
+// as soon as it is) and waits for their goroutines.
 func (w *wakeups) close() error {
 	w.mu.Lock()
 	w.closed = true
-	ps, done := w.ps, w.done
+	pubsubs := w.pubsubs
 	w.mu.Unlock()
-	if ps == nil {
-		return nil
+	var errs []error
+	for _, ps := range pubsubs {
+		errs = append(errs, ps.Close())
 	}
-	err := ps.Close()
-	<-done
-	return err
+	w.receiving.Wait()
+	return errors.Join(errs...)
 }

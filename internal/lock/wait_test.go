@@ -293,3 +293,28 @@ func TestObtainWhileGivesUpWithoutTakingTheKey(t *testing.T) {
 		})
 	}
 }
+
+// A lock without fencing (the cache's mutex) wakes its waiters too: an
+// attempt that finds the key held flags it, as with fencing.
+func TestWakeOnReleaseWithoutFencing(t *testing.T) {
+	c, prefix := testenv.Redis(t)
+	opt := lock.RedisOptions{Prefix: prefix, NoFencing: true, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
+	a, b := lock.NewRedis(c, opt), lock.NewRedis(c, opt)
+	t.Cleanup(func() { a.Close(); b.Close() })
+	ctx := context.Background()
+
+	holder := obtain(t, a, "k")
+	got := obtainAsync(b, "k")
+	waitFor(t, "the waiter subscribed and flagged the key", func() bool {
+		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1 &&
+			c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
+	})
+	if err := holder.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	lease := received(t, got)
+	defer lease.Release(ctx)
+	if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
+		t.Errorf("stats = %+v, want 2 attempts and 1 wakeup: its backoff is an hour", s)
+	}
+}
