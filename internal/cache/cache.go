@@ -453,7 +453,9 @@ func (p *Products) goBackground(name string, fn func(context.Context) error) {
 	})
 }
 
-// rebuildBloom builds the Bloom filter from the source, once across replicas.
+// rebuildBloom builds the missing Bloom filter from the source, once across
+// replicas. It reads the filter's epoch before the ids, so that its swap is
+// refused if a reset (which reads the ids later) has run meanwhile.
 func (p *Products) rebuildBloom(ctx context.Context) error {
 	lease, err := p.mutex.TryObtain(ctx, "bloom")
 	if errors.Is(err, lock.ErrNotObtained) {
@@ -463,15 +465,24 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 		return err
 	}
 	defer p.release(lease)
-	if _, err := p.bloom.mayContain(lease.Context(), 1); !errors.Is(err, errNoFilter) {
+	ctx = lease.Context()
+	epoch, err := p.bloom.currentEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := p.bloom.mayContain(ctx, 1); !errors.Is(err, errNoFilter) {
 		return err // built meanwhile
 	}
-	ids, err := p.src.ProductIDs(lease.Context())
+	ids, err := p.src.ProductIDs(ctx)
 	if err != nil {
 		return err
 	}
 	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids))
-	return p.bloom.build(lease.Context(), ids)
+	swapped, err := p.bloom.build(ctx, ids, epoch)
+	if err == nil && !swapped {
+		p.opt.Logger.Info("cache: bloom filter rebuild dropped: a reset built a newer one")
+	}
+	return err
 }
 
 // fallBack reads id from MySQL without the cache, within the fallback limit.
@@ -510,13 +521,27 @@ func (p *Products) Invalidate(ctx context.Context, id int64) error {
 // Reset follows a reset of the catalog: it rebuilds the Bloom filter from
 // the source's ids and invalidates every cached entry. It returns how many
 // entries it dropped.
+//
+// It takes a new epoch of the filter before it reads the ids. If another
+// reset takes a newer one before this one swaps its filter in, this one's
+// swap is refused, and not an error: the other read the ids later, so its
+// filter covers this reset's change too (and if the other fails, its caller
+// is told).
 func (p *Products) Reset(ctx context.Context) (int, error) {
+	epoch, err := p.bloom.newEpoch(ctx)
+	if err != nil {
+		return 0, err
+	}
 	ids, err := p.src.ProductIDs(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if err := p.bloom.build(ctx, ids); err != nil {
+	swapped, err := p.bloom.build(ctx, ids, epoch)
+	if err != nil {
 		return 0, err
+	}
+	if !swapped {
+		p.opt.Logger.InfoContext(ctx, "cache: bloom filter of this reset dropped: a later reset built a newer one")
 	}
 	cached := map[int64]bool{}
 	iter := p.rdb.Scan(ctx, 0, p.opt.Prefix+"product:*", 1000).Iterator()

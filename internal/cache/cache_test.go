@@ -636,3 +636,88 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 		t.Errorf("%.0f MySQL queries/s, above the %.0f/s the limit allows", rate, most)
 	}
 }
+
+// within waits for ch to close, failing the test if that takes more than
+// ten seconds: what names the event.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not happen within 10s", what)
+	}
+}
+
+// allFound fails the test unless every product from..to is found through r.
+func allFound(t *testing.T, r replica, from, to int64) {
+	t.Helper()
+	var missing []int64
+	for id := from; id <= to; id++ {
+		if _, err := r.Product(context.Background(), id); err != nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of products %d..%d not found (%v…), %.0f Bloom rejects: the filter is stale",
+			len(missing), from, to, missing[0], r.counter(t, "bloom_rejects_total"))
+	}
+}
+
+// A rebuild of the missing filter reads the ids; a seed then changes the
+// catalog and its reset swaps in a filter over the new ids; the rebuild's
+// swap, coming last, must be refused.
+func TestBloomRebuildDoesNotUndoReset(t *testing.T) {
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	rebuilder := f.replica(t, cache.Options{Bloom: true})
+	seeder := f.replica(t, cache.Options{Bloom: true})
+
+	paused, resume := f.pauseFirstQuery()
+	rebuilt := make(chan error, 1)
+	go func() { rebuilt <- rebuilder.RebuildBloom(ctx) }()
+	within(t, paused, "the rebuild's read of the ids")
+
+	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 60, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seeder.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	close(resume)
+	if err := <-rebuilt; err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	allFound(t, seeder, 1, 60)
+	allFound(t, rebuilder, 11, 60)
+}
+
+// Two seeds: reset A takes its epoch and reads the ids, the catalog changes,
+// reset B takes a newer epoch, reads the new ids and swaps; A's swap, coming
+// last, must be refused and B's filter stand.
+func TestBloomResetsInterleaved(t *testing.T) {
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	a := f.replica(t, cache.Options{Bloom: true})
+	b := f.replica(t, cache.Options{Bloom: true})
+
+	paused, resume := f.pauseFirstQuery()
+	resetA := make(chan error, 1)
+	go func() {
+		_, err := a.Reset(ctx)
+		resetA <- err
+	}()
+	within(t, paused, "reset A's read of the ids")
+
+	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 60, 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Reset(ctx); err != nil {
+		t.Fatalf("reset B: %v", err)
+	}
+	close(resume)
+	if err := <-resetA; err != nil {
+		t.Fatalf("reset A: %v", err)
+	}
+	allFound(t, a, 11, 60)
+	allFound(t, b, 1, 60)
+}
