@@ -105,7 +105,8 @@ type Options struct {
 	// 100ms. Then it fails with stock.ErrBusy.
 	FallbackWait time.Duration
 	// RedisTimeout bounds each Redis call of a read; default 500ms. Then the
-	// read falls back to MySQL.
+	// read falls back to MySQL. It is carried by the call's context: the
+	// client must honour context deadlines (see New).
 	RedisTimeout time.Duration
 	// Registerer receives the cache's metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
@@ -201,6 +202,12 @@ type Products struct {
 
 // New returns a cache of src's products in rdb. mutex serialises loads of
 // one key across replicas.
+//
+// rdb must honour context deadlines (go-redis: Options.ContextTimeoutEnabled).
+// The cache bounds each Redis call of a read with Options.RedisTimeout
+// through the call's context and relies on nothing else; a client that
+// ignores the deadline waits its own ReadTimeout instead, and a read on a
+// hung Redis falls back only then.
 func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
 	opt.defaults()
 	return &Products{
@@ -295,7 +302,7 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	if !p.opt.Bloom {
 		return p.get(ctx, id)
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
+	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	pipe := p.rdb.Pipeline()
 	check := p.bloom.check(ctx, pipe, id)
@@ -348,7 +355,7 @@ func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
 	}
 	b.Reset()
 	for {
-		lease, err := p.mutex.TryObtain(ctx, p.mutexKey(id))
+		lease, err := p.obtain(ctx, p.mutexKey(id))
 		if err == nil {
 			defer p.release(lease)
 			e, _, err := p.load(lease.Context(), id)
@@ -368,6 +375,39 @@ func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
 	}
 }
 
+// obtain takes the mutex on key, as Mutex.TryObtain does, but waits for
+// Redis's answer for at most Options.RedisTimeout. The attempt itself cannot
+// carry that deadline: the lease it brings lives on its context, and the
+// load under the lease takes longer. So it runs aside on ctx, and an answer
+// later than RedisTimeout is given up on; a lease that answer still brings is
+// released.
+func (p *Products) obtain(ctx context.Context, key string) (*lock.Lease, error) {
+	type obtained struct {
+		lease *lock.Lease
+		err   error
+	}
+	answer, gaveUp := make(chan obtained), make(chan struct{})
+	p.running.Go(func() {
+		lease, err := p.mutex.TryObtain(ctx, key)
+		select {
+		case answer <- obtained{lease, err}:
+		case <-gaveUp:
+			if lease != nil {
+				p.release(lease)
+			}
+		}
+	})
+	timer := time.NewTimer(p.opt.RedisTimeout)
+	defer timer.Stop()
+	select {
+	case a := <-answer:
+		return a.lease, a.err
+	case <-timer.C:
+		close(gaveUp)
+		return nil, fmt.Errorf("mutex %s: %w", key, context.DeadlineExceeded)
+	}
+}
+
 // load reads id from MySQL and caches it; the caller holds id's mutex. A
 // value present and not yet due for refresh was written by whoever held the
 // mutex before, and is taken as it is: loaded reports whether MySQL was read.
@@ -375,10 +415,7 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	ctx, cancel := context.WithTimeout(ctx, p.opt.LoadTimeout)
 	defer cancel()
 	keys := []string{p.entryKey(id), p.generationKey(id)}
-	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
-	if err == nil && len(vals) != 2 {
-		err = fmt.Errorf("begin script answered %v", vals)
-	}
+	vals, err := p.begin(ctx, keys)
 	if err != nil {
 		return entry{}, false, fmt.Errorf("%w: load %d: %w", errRedis, id, err)
 	}
@@ -409,10 +446,27 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	}
 	// Not written means invalidated meanwhile, or (a placeholder) a real
 	// value is there: either way this read still gets what MySQL said.
-	if err := fillScript.Run(ctx, p.rdb, keys, generation, raw, ttl.Milliseconds(), nx).Err(); err != nil {
+	fillCtx, cancel := p.redisCtx(ctx)
+	defer cancel()
+	if err := fillScript.Run(fillCtx, p.rdb, keys, generation, raw, ttl.Milliseconds(), nx).Err(); err != nil {
 		p.opt.Logger.WarnContext(ctx, "cache: write entry", "sku", id, "err", err)
 	}
 	return e, true, nil
+}
+
+// begin runs begin.lua on keys, an entry's and its generation's, and
+// returns its answer: the entry (or nil) and the generation.
+func (p *Products) begin(ctx context.Context, keys []string) ([]any, error) {
+	ctx, cancel := p.redisCtx(ctx)
+	defer cancel()
+	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
+	if err == nil && len(vals) != 2 {
+		err = fmt.Errorf("begin script answered %v", vals)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return vals, nil
 }
 
 // refresh renews id's entry ahead of its expiry, if no other replica is at it.
@@ -561,14 +615,20 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	return len(cached), nil
 }
 
-// Close waits for background refreshes to end.
+// Close waits for background work to end: refreshes, a rebuild of the Bloom
+// filter, and attempts at a mutex that a read stopped waiting for.
 func (p *Products) Close() { p.running.Wait() }
 
 // get reads id's entry, without asking the Bloom filter.
 func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
+	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	return entryFrom(p.rdb.Get(ctx, p.entryKey(id)))
+}
+
+// redisCtx bounds one Redis call of a read.
+func (p *Products) redisCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.opt.RedisTimeout)
 }
 
 // entryFrom decodes the reply of a GET of an entry; ok is false when there

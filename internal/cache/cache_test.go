@@ -121,14 +121,36 @@ func (f *fixture) replica(t *testing.T, opt cache.Options) replica {
 func (f *fixture) replicaAt(t *testing.T, addr string, opt cache.Options, mutex lock.RedisOptions) replica {
 	t.Helper()
 	rdb := testenv.RedisAt(t, addr)
+	return f.replicaOn(t, rdb, rdb, opt, mutex)
+}
+
+// replicaOn is a replica that caches in rdb and takes its load mutexes in
+// mutexRdb (the same client, in the service).
+func (f *fixture) replicaOn(t *testing.T, rdb, mutexRdb *redis.Client, opt cache.Options, mutex lock.RedisOptions) replica {
+	t.Helper()
 	mutex.Prefix = f.prefix + "mutex:"
 	mutex.NoFencing = true
 	reg := prometheus.NewRegistry()
 	opt.Prefix = f.prefix + "cache:"
 	opt.Registerer = reg
-	c := cache.New(rdb, f.catalog(t), lock.NewRedis(rdb, mutex), opt)
+	c := cache.New(rdb, f.catalog(t), lock.NewRedis(mutexRdb, mutex), opt)
 	t.Cleanup(c.Close)
 	return replica{c, reg}
+}
+
+// client is a client of the Redis at o.Addr with options o — as the
+// service's, it honours context deadlines — closed when the test ends.
+func client(t *testing.T, o redis.Options) *redis.Client {
+	t.Helper()
+	o.ContextTimeoutEnabled = true
+	c := redis.NewClient(&o)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", o.Addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // counter returns the value of a cache counter, summed over its labels.
@@ -720,4 +742,32 @@ func TestBloomResetsInterleaved(t *testing.T) {
 	}
 	allFound(t, a, 11, 60)
 	allFound(t, b, 1, 60)
+}
+
+// A read's attempt at the load mutex waits for Redis at most RedisTimeout
+// too: a Redis that hangs while a read takes the mutex costs the read about
+// RedisTimeout, not its whole wait and load budget.
+func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	// The mutexes on a Redis of their own, so that it can hang after the
+	// read found nothing cached.
+	mutexSrv := testenv.StartRedis(t)
+	rdb := client(t, redis.Options{Addr: testenv.RedisAddr(t)})
+	r := f.replicaOn(t, rdb, client(t, redis.Options{Addr: mutexSrv.Addr}),
+		cache.Options{RedisTimeout: timeout, Wait: 5 * time.Second, LoadTimeout: 5 * time.Second}, lock.RedisOptions{})
+
+	mutexSrv.Pause()
+	start := time.Now()
+	p, err := r.Product(ctx, 3)
+	took := time.Since(start)
+	mutexSrv.Resume() // lets the abandoned attempt end, and Close with it
+	t.Logf("a miss whose mutex hangs (RedisTimeout %v, wait and load 5s each): answered in %v", timeout, took.Round(time.Millisecond))
+	if err != nil || p.ID != 3 {
+		t.Fatalf("read with a hung mutex: %+v, %v; want product 3 from the fallback", p, err)
+	}
+	if took > 10*timeout {
+		t.Errorf("the read took %v: the mutex was waited for past the RedisTimeout of %v", took, timeout)
+	}
 }
