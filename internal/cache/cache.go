@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -166,7 +167,7 @@ const (
 	// load or invalidation; far longer than any load may take.
 	generationTTL = time.Minute
 	// skipRedisFor is how long reads go straight to the fallback after a
-	// Redis call failed.
+	// Redis call showed Redis down (see outage).
 	skipRedisFor = time.Second
 	// backgroundSlots bounds the refreshes one process runs at once.
 	backgroundSlots = 16
@@ -195,6 +196,7 @@ type Products struct {
 	loads      singleflight.Group
 	fallback   *semaphore.Weighted
 	skipRedis  atomic.Int64 // Unix ns until which reads do not ask Redis; 0: ask
+	answered   atomic.Int64 // Unix ns of the last reply Redis gave a read of this process
 	background *semaphore.Weighted
 	underway   sync.Map // name → struct{}: background work running here
 	running    sync.WaitGroup
@@ -249,9 +251,11 @@ func (e entry) due(now time.Time) bool { return e.RefreshAt > 0 && now.UnixMilli
 // into a full outage of product pages; falling back without a limit would
 // hand all of the cache's traffic to MySQL at once, the stampede the cache is
 // there to prevent. The same limit applies when a read has waited
-// Options.Wait for another replica's load. After a failed Redis call, reads
-// skip Redis for a second (then try it again), so that an outage costs each
-// read the fallback's wait rather than a Redis timeout too.
+// Options.Wait for another replica's load. After a Redis call that shows
+// Redis down, reads skip Redis for a second (then try it again), so that an
+// outage costs each read the fallback's wait rather than a Redis timeout too;
+// a call that failed for want of a connection of this process's pool does
+// not (see outage).
 //
 // Errors: stock.ErrInvalid, stock.ErrNotFound, stock.ErrBusy.
 func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error) {
@@ -259,6 +263,7 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 		return stock.Product{}, fmt.Errorf("%w: id must be a positive integer", stock.ErrInvalid)
 	}
 	if until := p.skipRedis.Load(); until != 0 && time.Now().UnixNano() < until {
+		p.m.skips.Inc()
 		return p.fallBack(ctx, id, errSkipped)
 	}
 	e, ok, err := p.read(ctx, id)
@@ -316,7 +321,7 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	case !maybe:
 		return entry{}, false, errRejected
 	}
-	return entryFrom(get)
+	return p.entryFrom(get)
 }
 
 // serve answers from e, found in the cache, and starts a refresh if e is
@@ -369,7 +374,14 @@ func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
 			return entry{}, errWaited
 		case <-time.After(b.NextBackOff()):
 		}
-		if e, ok, err := p.get(waitCtx, id); err != nil || ok {
+		e, ok, err := p.get(waitCtx, id)
+		switch {
+		case err != nil && waitCtx.Err() != nil:
+			// The wait ran out while the poll waited, most likely for a
+			// connection: this read has waited long enough, and Redis is
+			// not to blame.
+			return entry{}, errWaited
+		case err != nil || ok:
 			return e, err
 		}
 	}
@@ -401,6 +413,9 @@ func (p *Products) obtain(ctx context.Context, key string) (*lock.Lease, error) 
 	defer timer.Stop()
 	select {
 	case a := <-answer:
+		if a.err == nil {
+			p.heard()
+		}
 		return a.lease, a.err
 	case <-timer.C:
 		close(gaveUp)
@@ -460,11 +475,12 @@ func (p *Products) begin(ctx context.Context, keys []string) ([]any, error) {
 	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
-	if err == nil && len(vals) != 2 {
-		err = fmt.Errorf("begin script answered %v", vals)
-	}
 	if err != nil {
 		return nil, err
+	}
+	p.heard()
+	if len(vals) != 2 {
+		return nil, fmt.Errorf("begin script answered %v", vals)
 	}
 	return vals, nil
 }
@@ -540,9 +556,10 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 }
 
 // fallBack reads id from MySQL without the cache, within the fallback limit.
-// cause is why the cache could not answer.
+// cause is why the cache could not answer; if it shows Redis down, reads
+// skip Redis for a while.
 func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.Product, error) {
-	if errors.Is(cause, errRedis) && ctx.Err() == nil {
+	if ctx.Err() == nil && p.outage(cause) {
 		p.skipRedis.Store(time.Now().Add(skipRedisFor).UnixNano())
 	}
 	wait, cancel := context.WithTimeout(ctx, p.opt.FallbackWait)
@@ -554,6 +571,62 @@ func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.P
 	defer p.fallback.Release(1)
 	p.m.fallbacks.WithLabelValues("served").Inc()
 	return p.src.Product(ctx, id)
+}
+
+// outage reports whether cause, why a read could not use the cache, shows
+// Redis itself unreachable or failing — so that the next reads had better
+// not ask it — rather than this process short of connections to it, which
+// skipping Redis would only make worse: every read would go to the small
+// MySQL fallback.
+//
+// What go-redis v9 returns decides the rule (measured with a client that
+// honours context deadlines and keeps its default retries, as the service's):
+//
+//   - a wait for a pool connection that outlasts the pool's PoolTimeout:
+//     redis.ErrPoolTimeout. Congestion, never an outage.
+//   - a call whose context runs out returns context.DeadlineExceeded —
+//     while it waits for a pool connection, but just as well on a hung
+//     Redis (SIGSTOP) or a dead one (killed: the retries' redials are
+//     refused until the context ends). A socket timeout ("read/write tcp …:
+//     i/o timeout") comes from a hung Redis, and also from a congested pool
+//     when a command gets its connection too late to be answered in time.
+//     The value cannot tell, so a timeout counts as an outage only if Redis
+//     has answered no read of this process for RedisTimeout — since the
+//     failed call began. Congestion keeps the pool's connections answering
+//     (a pool whose every connection some slow command held that long would
+//     pass for an outage, though).
+//   - anything else — connection refused or reset, EOF (what the pooled
+//     connections of a killed Redis give), a Redis error reply such as
+//     LOADING — shows Redis down or failing: an outage.
+//
+// A poll for another replica's load whose wait runs out is errWaited, and a
+// read whose caller has gone is not counted at all (see fallBack).
+func (p *Products) outage(cause error) bool {
+	switch {
+	case !errors.Is(cause, errRedis):
+		return false
+	case errors.Is(cause, redis.ErrPoolTimeout), errors.Is(cause, redis.ErrPoolExhausted):
+		return false
+	case timedOut(cause):
+		return time.Since(time.Unix(0, p.answered.Load())) >= p.opt.RedisTimeout
+	}
+	return true
+}
+
+// timedOut reports whether err is a context's end or a socket timeout.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// heard records that Redis has just answered a read of this process.
+func (p *Products) heard() {
+	now := time.Now().UnixNano()
+	// Written at most once a millisecond: every read passes here.
+	if now-p.answered.Load() > int64(time.Millisecond) {
+		p.answered.Store(now)
+	}
 }
 
 // Invalidate drops id's entry. The order path calls it after each commit.
@@ -623,7 +696,7 @@ func (p *Products) Close() { p.running.Wait() }
 func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
 	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
-	return entryFrom(p.rdb.Get(ctx, p.entryKey(id)))
+	return p.entryFrom(p.rdb.Get(ctx, p.entryKey(id)))
 }
 
 // redisCtx bounds one Redis call of a read.
@@ -633,14 +706,16 @@ func (p *Products) redisCtx(ctx context.Context) (context.Context, context.Cance
 
 // entryFrom decodes the reply of a GET of an entry; ok is false when there
 // is none (or it is garbled, which a load then overwrites).
-func entryFrom(get *redis.StringCmd) (e entry, ok bool, err error) {
+func (p *Products) entryFrom(get *redis.StringCmd) (e entry, ok bool, err error) {
 	s, err := get.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
+		p.heard()
 		return entry{}, false, nil
 	case err != nil:
 		return entry{}, false, fmt.Errorf("%w: get %s: %w", errRedis, get.Args()[1], err)
 	}
+	p.heard()
 	e, err = decode(s)
 	return e, err == nil, nil
 }

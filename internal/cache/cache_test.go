@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -585,7 +586,10 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	ctx := context.Background()
 	addr, kill := testenv.RedisServer(t)
 	const limit = 3
-	r := f.replicaAt(t, addr, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
+	// A client like the service's, whose commands end with their context:
+	// a dead Redis then fails reads with timeouts as well as EOFs.
+	rdb := client(t, redis.Options{Addr: addr, PoolSize: 200})
+	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -646,6 +650,10 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	}
 	if n == 0 || busy.Load() == 0 {
 		t.Errorf("%d served from MySQL, %d busy: want both, the limit serving some and refusing the rest", n, busy.Load())
+	}
+	// A dead Redis is an outage: reads stop asking it for a while.
+	if skips := r.counter(t, "skips_total"); skips == 0 {
+		t.Error("no read skipped the dead Redis")
 	}
 	// Reads skip the dead Redis rather than wait out its timeout (500ms)
 	// each: each of the 100 readers is answered within the fallback's wait
@@ -742,6 +750,145 @@ func TestBloomResetsInterleaved(t *testing.T) {
 	}
 	allFound(t, a, 11, 60)
 	allFound(t, b, 1, 60)
+}
+
+// Reads that fail for want of a connection of their own process's pool —
+// the pool's wait ran out, their context ran out while they waited for a
+// connection, or a poll for another replica's load ran out while it waited
+// — are congestion, not a Redis outage: they fall back, but the next read
+// still asks Redis, and is a hit.
+func TestCongestionIsNotAnOutage(t *testing.T) {
+	cases := []struct {
+		name string
+		pool redis.Options
+		opt  cache.Options
+		// held: another replica holds the load mutexes of the products read
+		// and nothing is cached, so the reads poll for its load.
+		held bool
+	}{
+		{"pool timeout", redis.Options{PoolSize: 1, PoolTimeout: 10 * time.Millisecond},
+			cache.Options{Bloom: true, RedisTimeout: 10 * time.Second}, false},
+		{"context ends in the pool", redis.Options{PoolSize: 1, PoolTimeout: time.Minute},
+			cache.Options{Bloom: true, RedisTimeout: 400 * time.Millisecond}, false},
+		{"polls run out", redis.Options{PoolSize: 1, PoolTimeout: time.Minute},
+			cache.Options{Bloom: true, RedisTimeout: 10 * time.Second, Wait: 100 * time.Millisecond}, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			const products, burst = 300, 3000
+			probe := int64(products + 1) // the product read after the burst
+			f := newFixture(t, products+1, 1)
+			ctx := context.Background()
+			c.pool.Addr = testenv.RedisAddr(t)
+			rdb := client(t, c.pool)
+			r := f.replicaOn(t, rdb, rdb, c.opt, lock.RedisOptions{})
+			if _, err := r.Reset(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := r.Product(ctx, probe); err != nil {
+				t.Fatal(err)
+			}
+			if c.held {
+				other := lock.NewRedis(testenv.RedisAt(t, c.pool.Addr), lock.RedisOptions{Prefix: f.prefix + "mutex:", NoFencing: true, TTL: time.Minute})
+				for id := range int64(products) {
+					lease, err := other.TryObtain(ctx, "product:"+strconv.FormatInt(id+1, 10))
+					if err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() { lease.Release(context.Background()) })
+				}
+			} else {
+				for id := int64(1); id <= products; id++ {
+					if _, err := r.Product(ctx, id); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+
+			// Bursts of concurrent GETs, larger each time, until some fall
+			// back for want of the connection.
+			var fallbacks, hits float64
+			for n := burst; fallbacks == 0; n *= 2 {
+				if n > 4*burst {
+					t.Fatalf("no read of bursts up to %d fell back: they did not congest the pool", n/2)
+				}
+				errs := reads(n, n, func(i int) error {
+					_, err := r.Product(ctx, 1+int64(i%products))
+					return err
+				})
+				var busy int
+				for _, err := range errs {
+					switch {
+					case errors.Is(err, stock.ErrBusy):
+						busy++
+					case err != nil:
+						t.Fatalf("GET in the burst: %v", err)
+					}
+				}
+				before := hits
+				fallbacks, hits = r.counter(t, "fallbacks_total"), r.counter(t, "hits_total")
+				t.Logf("%d concurrent GETs on one connection: %.0f hits, %.0f fell back (%d busy), %.0f skipped Redis",
+					n, hits-before, fallbacks, busy, r.counter(t, "skips_total"))
+			}
+
+			if _, err := r.Product(ctx, probe); err != nil {
+				t.Fatalf("GET after the burst: %v", err)
+			}
+			if got := r.counter(t, "hits_total") - hits; got != 1 {
+				t.Errorf("the read after the burst: %.0f hits, want 1", got)
+			}
+			if got := r.counter(t, "fallbacks_total") - fallbacks; got != 0 {
+				t.Errorf("the read after the burst fell back to MySQL: congestion was taken for an outage")
+			}
+			if skips := r.counter(t, "skips_total"); skips != 0 {
+				t.Errorf("%.0f reads skipped Redis: congestion was taken for an outage", skips)
+			}
+		})
+	}
+}
+
+// A hung Redis (SIGSTOP: connections stay open, nothing is answered) costs a
+// read about RedisTimeout, with a client that honours context deadlines as
+// New requires; then reads skip it, as they skip a dead one.
+func TestRedisHungFallsBackWithinTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	rdb := client(t, redis.Options{Addr: srv.Addr})
+	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, RedisTimeout: timeout}, lock.RedisOptions{})
+	if _, err := r.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id := int64(1); id <= 10; id++ {
+		if _, err := r.Product(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	srv.Pause()
+	start := time.Now()
+	p, err := r.Product(ctx, 1)
+	took := time.Since(start)
+	t.Logf("a cached product read on a hung Redis (RedisTimeout %v): answered in %v", timeout, took.Round(time.Millisecond))
+	if err != nil || p.ID != 1 {
+		t.Fatalf("read on a hung Redis: %+v, %v; want product 1 from the fallback", p, err)
+	}
+	if took > 10*timeout {
+		t.Errorf("the read took %v: the RedisTimeout of %v was not enforced", took, timeout)
+	}
+	if fallbacks := r.counter(t, "fallbacks_total"); fallbacks != 1 {
+		t.Errorf("fallbacks = %.0f, want 1", fallbacks)
+	}
+	// The hung Redis is an outage: the next reads do not ask it.
+	for id := int64(2); id <= 4; id++ {
+		if _, err := r.Product(ctx, id); err != nil {
+			t.Fatalf("read %d on a hung Redis: %v", id, err)
+		}
+	}
+	if skips := r.counter(t, "skips_total"); skips == 0 {
+		t.Error("no read skipped the hung Redis")
+	}
 }
 
 // A read's attempt at the load mutex waits for Redis at most RedisTimeout
