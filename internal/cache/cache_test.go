@@ -693,63 +693,50 @@ func allFound(t *testing.T, r replica, from, to int64) {
 	}
 }
 
-// A rebuild of the missing filter reads the ids; a seed then changes the
-// catalog and its reset swaps in a filter over the new ids; the rebuild's
-// swap, coming last, must be refused.
-func TestBloomRebuildDoesNotUndoReset(t *testing.T) {
-	f := newFixture(t, 10, 1)
-	ctx := context.Background()
-	rebuilder := f.replica(t, cache.Options{Bloom: true})
-	seeder := f.replica(t, cache.Options{Bloom: true})
+// A build of the Bloom filter that read the ids before a seed must not swap
+// its filter in after the seed's reset has, or the products the seed added
+// are turned away for good. Step by step: the late build reads the ids (10
+// products) and stops; a seed makes 60 products and its reset swaps in a
+// filter over them; the late build goes on, and its swap must be refused.
+func TestBloomStaleBuildRefused(t *testing.T) {
+	cases := []struct {
+		name  string
+		build func(context.Context, replica) error
+	}{
+		// Reads the filter's epoch, then the ids.
+		{"rebuild of a missing filter", func(ctx context.Context, r replica) error { return r.RebuildBloom(ctx) }},
+		// Takes an epoch, then reads the ids; the seed's reset takes a newer one.
+		{"an earlier seed's reset", func(ctx context.Context, r replica) error {
+			_, err := r.Reset(ctx)
+			return err
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 10, 1)
+			ctx := context.Background()
+			late := f.replica(t, cache.Options{Bloom: true})
+			seeder := f.replica(t, cache.Options{Bloom: true})
 
-	paused, resume := f.pauseFirstQuery()
-	rebuilt := make(chan error, 1)
-	go func() { rebuilt <- rebuilder.RebuildBloom(ctx) }()
-	within(t, paused, "the rebuild's read of the ids")
+			paused, resume := f.pauseFirstQuery()
+			built := make(chan error, 1)
+			go func() { built <- c.build(ctx, late) }()
+			within(t, paused, "the late build's read of the ids")
 
-	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 60, 1); err != nil {
-		t.Fatal(err)
+			if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 60, 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := seeder.Reset(ctx); err != nil {
+				t.Fatalf("the seed's reset: %v", err)
+			}
+			close(resume)
+			if err := <-built; err != nil {
+				t.Fatalf("the late build: %v", err)
+			}
+			allFound(t, seeder, 1, 60)
+			allFound(t, late, 11, 60)
+		})
 	}
-	if _, err := seeder.Reset(ctx); err != nil {
-		t.Fatal(err)
-	}
-	close(resume)
-	if err := <-rebuilt; err != nil {
-		t.Fatalf("rebuild: %v", err)
-	}
-	allFound(t, seeder, 1, 60)
-	allFound(t, rebuilder, 11, 60)
-}
-
-// Two seeds: reset A takes its epoch and reads the ids, the catalog changes,
-// reset B takes a newer epoch, reads the new ids and swaps; A's swap, coming
-// last, must be refused and B's filter stand.
-func TestBloomResetsInterleaved(t *testing.T) {
-	f := newFixture(t, 10, 1)
-	ctx := context.Background()
-	a := f.replica(t, cache.Options{Bloom: true})
-	b := f.replica(t, cache.Options{Bloom: true})
-
-	paused, resume := f.pauseFirstQuery()
-	resetA := make(chan error, 1)
-	go func() {
-		_, err := a.Reset(ctx)
-		resetA <- err
-	}()
-	within(t, paused, "reset A's read of the ids")
-
-	if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 60, 1); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := b.Reset(ctx); err != nil {
-		t.Fatalf("reset B: %v", err)
-	}
-	close(resume)
-	if err := <-resetA; err != nil {
-		t.Fatalf("reset A: %v", err)
-	}
-	allFound(t, a, 11, 60)
-	allFound(t, b, 1, 60)
 }
 
 // Reads that fail for want of a connection of their own process's pool —
