@@ -313,6 +313,9 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	check := p.bloom.check(ctx, pipe, id)
 	get := pipe.Get(ctx, p.entryKey(id))
 	_, _ = pipe.Exec(ctx) // each command keeps its own error
+	if replied(get) {
+		p.heard() // even if the filter must be asked again below
+	}
 	switch maybe, err := p.bloom.answer(ctx, check, id); {
 	case errors.Is(err, errNoFilter):
 		p.goBackground("bloom", p.rebuildBloom)
@@ -321,7 +324,7 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	case !maybe:
 		return entry{}, false, errRejected
 	}
-	return p.entryFrom(get)
+	return entryFrom(get)
 }
 
 // serve answers from e, found in the cache, and starts a refresh if e is
@@ -620,6 +623,12 @@ func timedOut(err error) bool {
 		errors.As(err, &netErr) && netErr.Timeout()
 }
 
+// replied reports whether Redis answered cmd with a value or nil.
+func replied(cmd redis.Cmder) bool {
+	err := cmd.Err()
+	return err == nil || errors.Is(err, redis.Nil)
+}
+
 // heard records that Redis has just answered a read of this process.
 func (p *Products) heard() {
 	now := time.Now().UnixNano()
@@ -696,7 +705,11 @@ func (p *Products) Close() { p.running.Wait() }
 func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
 	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
-	return p.entryFrom(p.rdb.Get(ctx, p.entryKey(id)))
+	get := p.rdb.Get(ctx, p.entryKey(id))
+	if replied(get) {
+		p.heard()
+	}
+	return entryFrom(get)
 }
 
 // redisCtx bounds one Redis call of a read.
@@ -706,16 +719,14 @@ func (p *Products) redisCtx(ctx context.Context) (context.Context, context.Cance
 
 // entryFrom decodes the reply of a GET of an entry; ok is false when there
 // is none (or it is garbled, which a load then overwrites).
-func (p *Products) entryFrom(get *redis.StringCmd) (e entry, ok bool, err error) {
+func entryFrom(get *redis.StringCmd) (e entry, ok bool, err error) {
 	s, err := get.Result()
 	switch {
 	case errors.Is(err, redis.Nil):
-		p.heard()
 		return entry{}, false, nil
 	case err != nil:
 		return entry{}, false, fmt.Errorf("%w: get %s: %w", errRedis, get.Args()[1], err)
 	}
-	p.heard()
 	e, err = decode(s)
 	return e, err == nil, nil
 }
