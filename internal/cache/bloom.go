@@ -54,9 +54,26 @@ func (p bloomParams) positions(id int64) []uint64 {
 // bitmap here and swaps it in with one script, rather than sending n·k
 // SETBITs to a live key: readers never see a half-built filter, which would
 // turn away products that exist.
+//
+// Builders race: a reset after every change of the catalog, and a rebuild
+// when the filter is missing. A filter built from ids read before a change
+// must never be the last one swapped in, or the products the change added
+// are turned away for good. So an epoch (a counter) sits beside the filter:
+// a reset takes a new one (INCR) before it reads the ids, a rebuild reads the
+// current one before it reads the ids, and the swap happens only if the
+// epoch is still the builder's. Every change of the catalog is followed by a
+// reset, whose INCR comes after the change; a swap that succeeds saw no INCR
+// since its builder's epoch, so its builder read the ids after every change
+// whose reset had begun by then — and a change whose reset begins later is
+// covered by that reset's own swap, which the older builders can no longer
+// undo. Two resets: the later INCR wins and the earlier one's swap, if it
+// comes last, is refused. The epoch never expires; lost with the filter (a
+// Redis restarted empty), a rebuild reads none and swaps unless a reset has
+// taken one since.
 type bloomFilter struct {
 	rdb        redis.Cmdable
 	bits, meta string // the bitmap and its parameters
+	epoch      string // bumped by every reset, see above
 	nextPrefix string // where a build writes before the swap
 	fp         float64
 	// params are the parameters last seen in Redis; a check that finds
@@ -66,7 +83,7 @@ type bloomFilter struct {
 
 func newBloomFilter(rdb redis.Cmdable, prefix string, fp float64) *bloomFilter {
 	tag := prefix + "{bloom}"
-	return &bloomFilter{rdb: rdb, bits: tag, meta: tag + ":params", nextPrefix: tag + ":next:", fp: fp}
+	return &bloomFilter{rdb: rdb, bits: tag, meta: tag + ":params", epoch: tag + ":epoch", nextPrefix: tag + ":next:", fp: fp}
 }
 
 // errNoFilter means Redis holds no filter (never built, or Redis lost it).
@@ -144,9 +161,31 @@ func (f *bloomFilter) verdict(res any, err error) (ok, retry bool, _ error) {
 	return false, false, fmt.Errorf("cache: bloom filter: unexpected reply %v", res)
 }
 
+// newEpoch takes a new epoch, for a reset that is about to read the ids.
+func (f *bloomFilter) newEpoch(ctx context.Context) (string, error) {
+	n, err := f.rdb.Incr(ctx, f.epoch).Result()
+	if err != nil {
+		return "", fmt.Errorf("cache: bloom filter epoch: %w", err)
+	}
+	return strconv.FormatInt(n, 10), nil
+}
+
+// currentEpoch reads the epoch, for a rebuild that is about to read the
+// ids; "" when no reset has taken one.
+func (f *bloomFilter) currentEpoch(ctx context.Context) (string, error) {
+	s, err := f.rdb.Get(ctx, f.epoch).Result()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", fmt.Errorf("cache: bloom filter epoch: %w", err)
+	}
+	return s, nil
+}
+
 // build replaces the filter with one over ids, sized so that an id not
-// among them passes with probability fp.
-func (f *bloomFilter) build(ctx context.Context, ids []int64) error {
+// among them passes with probability fp — if epoch, which the caller took
+// or read before reading ids, is still the current one. swapped is false
+// when a reset has taken a newer epoch meanwhile: its filter, from ids read
+// later, stands.
+func (f *bloomFilter) build(ctx context.Context, ids []int64, epoch string) (swapped bool, _ error) {
 	m, k := bloom.EstimateParameters(uint(max(len(ids), 1)), f.fp)
 	p := bloomParams{m: uint64(m), k: uint64(k)}
 	bitmap := make([]byte, (p.m+7)/8)
@@ -158,11 +197,14 @@ func (f *bloomFilter) build(ctx context.Context, ids []int64) error {
 	next := f.nextPrefix + rand.Text()
 	// The new bitmap expires if this build dies before the swap.
 	if err := f.rdb.Set(ctx, next, bitmap, time.Minute).Err(); err != nil {
-		return fmt.Errorf("cache: build bloom filter: %w", err)
+		return false, fmt.Errorf("cache: build bloom filter: %w", err)
 	}
-	if err := bloomSwapScript.Run(ctx, f.rdb, []string{next, f.bits, f.meta}, p.String()).Err(); err != nil {
-		return fmt.Errorf("cache: build bloom filter: %w", err)
+	n, err := bloomSwapScript.Run(ctx, f.rdb, []string{next, f.bits, f.meta, f.epoch}, p.String(), epoch).Int64()
+	if err != nil {
+		return false, fmt.Errorf("cache: build bloom filter: %w", err)
 	}
-	f.params.Store(&p)
-	return nil
+	if n == 1 {
+		f.params.Store(&p)
+	}
+	return n == 1, nil
 }

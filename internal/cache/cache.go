@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -105,7 +106,8 @@ type Options struct {
 	// 100ms. Then it fails with stock.ErrBusy.
 	FallbackWait time.Duration
 	// RedisTimeout bounds each Redis call of a read; default 500ms. Then the
-	// read falls back to MySQL.
+	// read falls back to MySQL. It is carried by the call's context: the
+	// client must honour context deadlines (see New).
 	RedisTimeout time.Duration
 	// Registerer receives the cache's metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
@@ -165,7 +167,7 @@ const (
 	// load or invalidation; far longer than any load may take.
 	generationTTL = time.Minute
 	// skipRedisFor is how long reads go straight to the fallback after a
-	// Redis call failed.
+	// Redis call showed Redis down (see outage).
 	skipRedisFor = time.Second
 	// backgroundSlots bounds the refreshes one process runs at once.
 	backgroundSlots = 16
@@ -194,6 +196,7 @@ type Products struct {
 	loads      singleflight.Group
 	fallback   *semaphore.Weighted
 	skipRedis  atomic.Int64 // Unix ns until which reads do not ask Redis; 0: ask
+	answered   atomic.Int64 // Unix ns of the last reply Redis gave a read of this process
 	background *semaphore.Weighted
 	underway   sync.Map // name → struct{}: background work running here
 	running    sync.WaitGroup
@@ -201,6 +204,12 @@ type Products struct {
 
 // New returns a cache of src's products in rdb. mutex serialises loads of
 // one key across replicas.
+//
+// rdb must honour context deadlines (go-redis: Options.ContextTimeoutEnabled).
+// The cache bounds each Redis call of a read with Options.RedisTimeout
+// through the call's context and relies on nothing else; a client that
+// ignores the deadline waits its own ReadTimeout instead, and a read on a
+// hung Redis falls back only then.
 func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
 	opt.defaults()
 	return &Products{
@@ -242,9 +251,11 @@ func (e entry) due(now time.Time) bool { return e.RefreshAt > 0 && now.UnixMilli
 // into a full outage of product pages; falling back without a limit would
 // hand all of the cache's traffic to MySQL at once, the stampede the cache is
 // there to prevent. The same limit applies when a read has waited
-// Options.Wait for another replica's load. After a failed Redis call, reads
-// skip Redis for a second (then try it again), so that an outage costs each
-// read the fallback's wait rather than a Redis timeout too.
+// Options.Wait for another replica's load. After a Redis call that shows
+// Redis down, reads skip Redis for a second (then try it again), so that an
+// outage costs each read the fallback's wait rather than a Redis timeout too;
+// a call that failed for want of a connection of this process's pool does
+// not (see outage).
 //
 // Errors: stock.ErrInvalid, stock.ErrNotFound, stock.ErrBusy.
 func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error) {
@@ -252,6 +263,7 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 		return stock.Product{}, fmt.Errorf("%w: id must be a positive integer", stock.ErrInvalid)
 	}
 	if until := p.skipRedis.Load(); until != 0 && time.Now().UnixNano() < until {
+		p.m.skips.Inc()
 		return p.fallBack(ctx, id, errSkipped)
 	}
 	e, ok, err := p.read(ctx, id)
@@ -295,12 +307,15 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	if !p.opt.Bloom {
 		return p.get(ctx, id)
 	}
-	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
+	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	pipe := p.rdb.Pipeline()
 	check := p.bloom.check(ctx, pipe, id)
 	get := pipe.Get(ctx, p.entryKey(id))
 	_, _ = pipe.Exec(ctx) // each command keeps its own error
+	if replied(get) {
+		p.heard() // even if the filter must be asked again below
+	}
 	switch maybe, err := p.bloom.answer(ctx, check, id); {
 	case errors.Is(err, errNoFilter):
 		p.goBackground("bloom", p.rebuildBloom)
@@ -348,7 +363,7 @@ func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
 	}
 	b.Reset()
 	for {
-		lease, err := p.mutex.TryObtain(ctx, p.mutexKey(id))
+		lease, err := p.obtain(ctx, p.mutexKey(id))
 		if err == nil {
 			defer p.release(lease)
 			e, _, err := p.load(lease.Context(), id)
@@ -362,9 +377,52 @@ func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
 			return entry{}, errWaited
 		case <-time.After(b.NextBackOff()):
 		}
-		if e, ok, err := p.get(waitCtx, id); err != nil || ok {
+		e, ok, err := p.get(waitCtx, id)
+		switch {
+		case err != nil && waitCtx.Err() != nil:
+			// The wait ran out while the poll waited, most likely for a
+			// connection: this read has waited long enough, and Redis is
+			// not to blame.
+			return entry{}, errWaited
+		case err != nil || ok:
 			return e, err
 		}
+	}
+}
+
+// obtain takes the mutex on key, as Mutex.TryObtain does, but waits for
+// Redis's answer for at most Options.RedisTimeout. The attempt itself cannot
+// carry that deadline: the lease it brings lives on its context, and the
+// load under the lease takes longer. So it runs aside on ctx, and an answer
+// later than RedisTimeout is given up on; a lease that answer still brings is
+// released.
+func (p *Products) obtain(ctx context.Context, key string) (*lock.Lease, error) {
+	type obtained struct {
+		lease *lock.Lease
+		err   error
+	}
+	answer, gaveUp := make(chan obtained), make(chan struct{})
+	p.running.Go(func() {
+		lease, err := p.mutex.TryObtain(ctx, key)
+		select {
+		case answer <- obtained{lease, err}:
+		case <-gaveUp:
+			if lease != nil {
+				p.release(lease)
+			}
+		}
+	})
+	timer := time.NewTimer(p.opt.RedisTimeout)
+	defer timer.Stop()
+	select {
+	case a := <-answer:
+		if a.err == nil {
+			p.heard()
+		}
+		return a.lease, a.err
+	case <-timer.C:
+		close(gaveUp)
+		return nil, fmt.Errorf("mutex %s: %w", key, context.DeadlineExceeded)
 	}
 }
 
@@ -375,10 +433,7 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	ctx, cancel := context.WithTimeout(ctx, p.opt.LoadTimeout)
 	defer cancel()
 	keys := []string{p.entryKey(id), p.generationKey(id)}
-	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
-	if err == nil && len(vals) != 2 {
-		err = fmt.Errorf("begin script answered %v", vals)
-	}
+	vals, err := p.begin(ctx, keys)
 	if err != nil {
 		return entry{}, false, fmt.Errorf("%w: load %d: %w", errRedis, id, err)
 	}
@@ -409,10 +464,28 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	}
 	// Not written means invalidated meanwhile, or (a placeholder) a real
 	// value is there: either way this read still gets what MySQL said.
-	if err := fillScript.Run(ctx, p.rdb, keys, generation, raw, ttl.Milliseconds(), nx).Err(); err != nil {
+	fillCtx, cancel := p.redisCtx(ctx)
+	defer cancel()
+	if err := fillScript.Run(fillCtx, p.rdb, keys, generation, raw, ttl.Milliseconds(), nx).Err(); err != nil {
 		p.opt.Logger.WarnContext(ctx, "cache: write entry", "sku", id, "err", err)
 	}
 	return e, true, nil
+}
+
+// begin runs begin.lua on keys, an entry's and its generation's, and
+// returns its answer: the entry (or nil) and the generation.
+func (p *Products) begin(ctx context.Context, keys []string) ([]any, error) {
+	ctx, cancel := p.redisCtx(ctx)
+	defer cancel()
+	vals, err := beginScript.Run(ctx, p.rdb, keys, generationTTL.Milliseconds()).Slice()
+	if err != nil {
+		return nil, err
+	}
+	p.heard()
+	if len(vals) != 2 {
+		return nil, fmt.Errorf("begin script answered %v", vals)
+	}
+	return vals, nil
 }
 
 // refresh renews id's entry ahead of its expiry, if no other replica is at it.
@@ -453,7 +526,9 @@ func (p *Products) goBackground(name string, fn func(context.Context) error) {
 	})
 }
 
-// rebuildBloom builds the Bloom filter from the source, once across replicas.
+// rebuildBloom builds the missing Bloom filter from the source, once across
+// replicas. It reads the filter's epoch before the ids, so that its swap is
+// refused if a reset (which reads the ids later) has run meanwhile.
 func (p *Products) rebuildBloom(ctx context.Context) error {
 	lease, err := p.mutex.TryObtain(ctx, "bloom")
 	if errors.Is(err, lock.ErrNotObtained) {
@@ -463,21 +538,31 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 		return err
 	}
 	defer p.release(lease)
-	if _, err := p.bloom.mayContain(lease.Context(), 1); !errors.Is(err, errNoFilter) {
+	ctx = lease.Context()
+	epoch, err := p.bloom.currentEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	if _, err := p.bloom.mayContain(ctx, 1); !errors.Is(err, errNoFilter) {
 		return err // built meanwhile
 	}
-	ids, err := p.src.ProductIDs(lease.Context())
+	ids, err := p.src.ProductIDs(ctx)
 	if err != nil {
 		return err
 	}
 	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids))
-	return p.bloom.build(lease.Context(), ids)
+	swapped, err := p.bloom.build(ctx, ids, epoch)
+	if err == nil && !swapped {
+		p.opt.Logger.Info("cache: bloom filter rebuild dropped: a reset built a newer one")
+	}
+	return err
 }
 
 // fallBack reads id from MySQL without the cache, within the fallback limit.
-// cause is why the cache could not answer.
+// cause is why the cache could not answer; if it shows Redis down, reads
+// skip Redis for a while.
 func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.Product, error) {
-	if errors.Is(cause, errRedis) && ctx.Err() == nil {
+	if ctx.Err() == nil && p.outage(cause) {
 		p.skipRedis.Store(time.Now().Add(skipRedisFor).UnixNano())
 	}
 	wait, cancel := context.WithTimeout(ctx, p.opt.FallbackWait)
@@ -489,6 +574,68 @@ func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.P
 	defer p.fallback.Release(1)
 	p.m.fallbacks.WithLabelValues("served").Inc()
 	return p.src.Product(ctx, id)
+}
+
+// outage reports whether cause, why a read could not use the cache, shows
+// Redis itself unreachable or failing — so that the next reads had better
+// not ask it — rather than this process short of connections to it, which
+// skipping Redis would only make worse: every read would go to the small
+// MySQL fallback.
+//
+// What go-redis v9 returns decides the rule (measured with a client that
+// honours context deadlines and keeps its default retries, as the service's):
+//
+//   - a wait for a pool connection that outlasts the pool's PoolTimeout:
+//     redis.ErrPoolTimeout. Congestion, never an outage.
+//   - a call whose context runs out returns context.DeadlineExceeded —
+//     while it waits for a pool connection, but just as well on a hung
+//     Redis (SIGSTOP) or a dead one (killed: the retries' redials are
+//     refused until the context ends). A socket timeout ("read/write tcp …:
+//     i/o timeout") comes from a hung Redis, and also from a congested pool
+//     when a command gets its connection too late to be answered in time.
+//     The value cannot tell, so a timeout counts as an outage only if Redis
+//     has answered no read of this process for RedisTimeout — since the
+//     failed call began. Congestion keeps the pool's connections answering
+//     (a pool whose every connection some slow command held that long would
+//     pass for an outage, though).
+//   - anything else — connection refused or reset, EOF (what the pooled
+//     connections of a killed Redis give), a Redis error reply such as
+//     LOADING — shows Redis down or failing: an outage.
+//
+// A poll for another replica's load whose wait runs out is errWaited, and a
+// read whose caller has gone is not counted at all (see fallBack).
+func (p *Products) outage(cause error) bool {
+	switch {
+	case !errors.Is(cause, errRedis):
+		return false
+	case errors.Is(cause, redis.ErrPoolTimeout), errors.Is(cause, redis.ErrPoolExhausted):
+		return false
+	case timedOut(cause):
+		return time.Since(time.Unix(0, p.answered.Load())) >= p.opt.RedisTimeout
+	}
+	return true
+}
+
+// timedOut reports whether err is a context's end or a socket timeout.
+func timedOut(err error) bool {
+	var netErr net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.As(err, &netErr) && netErr.Timeout()
+}
+
+// replied reports whether Redis answered cmd with a value or nil.
+func replied(cmd redis.Cmder) bool {
+	err := cmd.Err()
+	return err == nil || errors.Is(err, redis.Nil)
+}
+
+// heard records that Redis has just answered a read of this process.
+func (p *Products) heard() {
+	now := time.Now().UnixNano()
+	// Written at most once a millisecond: every read passes here.
+	if now-p.answered.Load() > int64(time.Millisecond) {
+		p.answered.Store(now)
+	}
 }
 
 // Invalidate drops id's entry. The order path calls it after each commit.
@@ -510,13 +657,27 @@ func (p *Products) Invalidate(ctx context.Context, id int64) error {
 // Reset follows a reset of the catalog: it rebuilds the Bloom filter from
 // the source's ids and invalidates every cached entry. It returns how many
 // entries it dropped.
+//
+// It takes a new epoch of the filter before it reads the ids. If another
+// reset takes a newer one before this one swaps its filter in, this one's
+// swap is refused, and not an error: the other read the ids later, so its
+// filter covers this reset's change too (and if the other fails, its caller
+// is told).
 func (p *Products) Reset(ctx context.Context) (int, error) {
+	epoch, err := p.bloom.newEpoch(ctx)
+	if err != nil {
+		return 0, err
+	}
 	ids, err := p.src.ProductIDs(ctx)
 	if err != nil {
 		return 0, err
 	}
-	if err := p.bloom.build(ctx, ids); err != nil {
+	swapped, err := p.bloom.build(ctx, ids, epoch)
+	if err != nil {
 		return 0, err
+	}
+	if !swapped {
+		p.opt.Logger.InfoContext(ctx, "cache: bloom filter of this reset dropped: a later reset built a newer one")
 	}
 	cached := map[int64]bool{}
 	iter := p.rdb.Scan(ctx, 0, p.opt.Prefix+"product:*", 1000).Iterator()
@@ -536,14 +697,24 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	return len(cached), nil
 }
 
-// Close waits for background refreshes to end.
+// Close waits for background work to end: refreshes, a rebuild of the Bloom
+// filter, and attempts at a mutex that a read stopped waiting for.
 func (p *Products) Close() { p.running.Wait() }
 
 // get reads id's entry, without asking the Bloom filter.
 func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, p.opt.RedisTimeout)
+	ctx, cancel := p.redisCtx(ctx)
 	defer cancel()
-	return entryFrom(p.rdb.Get(ctx, p.entryKey(id)))
+	get := p.rdb.Get(ctx, p.entryKey(id))
+	if replied(get) {
+		p.heard()
+	}
+	return entryFrom(get)
+}
+
+// redisCtx bounds one Redis call of a read.
+func (p *Products) redisCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, p.opt.RedisTimeout)
 }
 
 // entryFrom decodes the reply of a GET of an entry; ok is false when there

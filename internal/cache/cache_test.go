@@ -1,8 +1,11 @@
 package cache_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io"
+	"net"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -121,14 +124,36 @@ func (f *fixture) replica(t *testing.T, opt cache.Options) replica {
 func (f *fixture) replicaAt(t *testing.T, addr string, opt cache.Options, mutex lock.RedisOptions) replica {
 	t.Helper()
 	rdb := testenv.RedisAt(t, addr)
+	return f.replicaOn(t, rdb, rdb, opt, mutex)
+}
+
+// replicaOn is a replica that caches in rdb and takes its load mutexes in
+// mutexRdb (the same client, in the service).
+func (f *fixture) replicaOn(t *testing.T, rdb, mutexRdb *redis.Client, opt cache.Options, mutex lock.RedisOptions) replica {
+	t.Helper()
 	mutex.Prefix = f.prefix + "mutex:"
 	mutex.NoFencing = true
 	reg := prometheus.NewRegistry()
 	opt.Prefix = f.prefix + "cache:"
 	opt.Registerer = reg
-	c := cache.New(rdb, f.catalog(t), lock.NewRedis(rdb, mutex), opt)
+	c := cache.New(rdb, f.catalog(t), lock.NewRedis(mutexRdb, mutex), opt)
 	t.Cleanup(c.Close)
 	return replica{c, reg}
+}
+
+// client is a client of the Redis at o.Addr with options o — as the
+// service's, it honours context deadlines — closed when the test ends.
+func client(t *testing.T, o redis.Options) *redis.Client {
+	t.Helper()
+	o.ContextTimeoutEnabled = true
+	c := redis.NewClient(&o)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("redis at %s: %v", o.Addr, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
 }
 
 // counter returns the value of a cache counter, summed over its labels.
@@ -563,7 +588,10 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	ctx := context.Background()
 	addr, kill := testenv.RedisServer(t)
 	const limit = 3
-	r := f.replicaAt(t, addr, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
+	// A client like the service's, whose commands end with their context:
+	// a dead Redis then fails reads with timeouts as well as EOFs.
+	rdb := client(t, redis.Options{Addr: addr, PoolSize: 200})
+	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -625,6 +653,10 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	if n == 0 || busy.Load() == 0 {
 		t.Errorf("%d served from MySQL, %d busy: want both, the limit serving some and refusing the rest", n, busy.Load())
 	}
+	// A dead Redis is an outage: reads stop asking it for a while.
+	if skips := r.counter(t, "skips_total"); skips == 0 {
+		t.Error("no read skipped the dead Redis")
+	}
 	// Reads skip the dead Redis rather than wait out its timeout (500ms)
 	// each: each of the 100 readers is answered within the fallback's wait
 	// (50ms), so 500 answers in a second is a wide margin.
@@ -634,5 +666,333 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	// With each query taking at least 10ms, the limit caps the rate.
 	if rate, most := float64(n)/down.Seconds(), float64(limit)/0.010; rate > most {
 		t.Errorf("%.0f MySQL queries/s, above the %.0f/s the limit allows", rate, most)
+	}
+}
+
+// within waits for ch to close, failing the test if that takes more than
+// ten seconds: what names the event.
+func within(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not happen within 10s", what)
+	}
+}
+
+// allFound fails the test unless every product from..to is found through r.
+func allFound(t *testing.T, r replica, from, to int64) {
+	t.Helper()
+	var missing []int64
+	for id := from; id <= to; id++ {
+		if _, err := r.Product(context.Background(), id); err != nil {
+			missing = append(missing, id)
+		}
+	}
+	if len(missing) > 0 {
+		t.Fatalf("%d of products %d..%d not found (%v…), %.0f Bloom rejects: the filter is stale",
+			len(missing), from, to, missing[0], r.counter(t, "bloom_rejects_total"))
+	}
+}
+
+// A build of the Bloom filter that read the ids before a seed must not swap
+// its filter in after the seed's reset has, or the products the seed added
+// are turned away for good. Step by step: the late build reads the ids (10
+// products) and stops; a seed makes 60 products and its reset swaps in a
+// filter over them; the late build goes on, and its swap must be refused.
+func TestBloomStaleBuildRefused(t *testing.T) {
+	cases := []struct {
+		name  string
+		build func(context.Context, replica) error
+	}{
+		// Reads the filter's epoch, then the ids.
+		{"rebuild of a missing filter", func(ctx context.Context, r replica) error { return r.RebuildBloom(ctx) }},
+		// Takes an epoch, then reads the ids; the seed's reset takes a newer one.
+		{"an earlier seed's reset", func(ctx context.Context, r replica) error {
+			_, err := r.Reset(ctx)
+			return err
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, 10, 1)
+			ctx := context.Background()
+			late := f.replica(t, cache.Options{Bloom: true})
+			seeder := f.replica(t, cache.Options{Bloom: true})
+
+			paused, resume := f.pauseFirstQuery()
+			built := make(chan error, 1)
+			go func() { built <- c.build(ctx, late) }()
+			within(t, paused, "the late build's read of the ids")
+
+			if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 60, 1); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := seeder.Reset(ctx); err != nil {
+				t.Fatalf("the seed's reset: %v", err)
+			}
+			close(resume)
+			if err := <-built; err != nil {
+				t.Fatalf("the late build: %v", err)
+			}
+			allFound(t, seeder, 1, 60)
+			allFound(t, late, 11, 60)
+		})
+	}
+}
+
+// Reads that fail for want of a connection of their own process's pool —
+// the pool's wait ran out, or their context ran out while they waited for a
+// connection — are congestion, not a Redis outage: they fall back, but the
+// next read still asks Redis, and is a hit. The replica's one connection
+// goes through a slow link, so that a few hundred reads queue for it for
+// longer than they may wait while Redis answers one every few milliseconds.
+func TestCongestionIsNotAnOutage(t *testing.T) {
+	const (
+		products = 300
+		probe    = products + 1 // the product read after the burst
+		delay    = 2 * time.Millisecond
+	)
+	cases := []struct {
+		name         string
+		poolTimeout  time.Duration
+		redisTimeout time.Duration
+	}{
+		{"pool timeout", 10 * time.Millisecond, 10 * time.Second},
+		{"context ends in the pool", time.Minute, 300 * time.Millisecond},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, probe, 1)
+			ctx := context.Background()
+			opt := cache.Options{Bloom: true, RedisTimeout: c.redisTimeout}
+			// Another replica, on a fast client of its own, builds the
+			// filter and caches every product.
+			warm := f.replica(t, opt)
+			if _, err := warm.Reset(ctx); err != nil {
+				t.Fatal(err)
+			}
+			for id := int64(1); id <= probe; id++ {
+				if _, err := warm.Product(ctx, id); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			// This replica is fresh: it learns the filter's parameters from
+			// the first answers, so the first reads ask the filter twice.
+			rdb := client(t, redis.Options{Addr: slowLink(t, testenv.RedisAddr(t), delay, nil), PoolSize: 1, PoolTimeout: c.poolTimeout})
+			r := f.replicaOn(t, rdb, rdb, opt, lock.RedisOptions{})
+			errs := reads(products, products, func(i int) error {
+				_, err := r.Product(ctx, int64(i+1))
+				return err
+			})
+			var busy int
+			for _, err := range errs {
+				switch {
+				case errors.Is(err, stock.ErrBusy):
+					busy++
+				case err != nil:
+					t.Fatalf("GET in the burst: %v", err)
+				}
+			}
+			fallbacks, hits := r.counter(t, "fallbacks_total"), r.counter(t, "hits_total")
+			t.Logf("%d concurrent GETs on one connection: %.0f hits, %.0f fell back (%d busy), %.0f skipped Redis",
+				products, hits, fallbacks, busy, r.counter(t, "skips_total"))
+			if fallbacks == 0 {
+				t.Fatal("no read of the burst fell back: it did not congest the pool")
+			}
+
+			if _, err := r.Product(ctx, probe); err != nil {
+				t.Fatalf("GET after the burst: %v", err)
+			}
+			if got := r.counter(t, "hits_total") - hits; got != 1 {
+				t.Errorf("the read after the burst: %.0f hits, want 1", got)
+			}
+			if got := r.counter(t, "fallbacks_total") - fallbacks; got != 0 {
+				t.Errorf("the read after the burst fell back to MySQL: congestion was taken for an outage")
+			}
+			if skips := r.counter(t, "skips_total"); skips != 0 {
+				t.Errorf("%.0f reads skipped Redis: congestion was taken for an outage", skips)
+			}
+		})
+	}
+}
+
+// A read that polls for another replica's load and whose wait runs out
+// while its poll waits for Redis has waited long enough: it falls back, but
+// Redis is not to blame, and the next read asks it. Every command on the
+// test's keys takes 200ms here: the read's attempt at the mutex ends at
+// 200ms, its poll starts then, and its wait of 350ms runs out while the poll
+// waits — past a RedisTimeout (300ms) without an answer, which alone would
+// read as a Redis that has stopped answering.
+func TestPollThatRunsOutIsNotAnOutage(t *testing.T) {
+	const (
+		delay = 200 * time.Millisecond
+		probe = 2
+	)
+	f := newFixture(t, probe, 1)
+	ctx := context.Background()
+	opt := cache.Options{RedisTimeout: delay * 3 / 2, Wait: delay * 7 / 4}
+	warm := f.replica(t, opt)
+	if _, err := warm.Product(ctx, probe); err != nil {
+		t.Fatal(err)
+	}
+	// Another replica is loading product 1.
+	holder := lock.NewRedis(testenv.RedisAt(t, testenv.RedisAddr(t)), lock.RedisOptions{Prefix: f.prefix + "mutex:", NoFencing: true, TTL: time.Minute})
+	lease, err := holder.TryObtain(ctx, "product:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lease.Release(context.Background()) })
+
+	// Slow on the test's keys only: connecting stays quick.
+	rdb := client(t, redis.Options{Addr: slowLink(t, testenv.RedisAddr(t), delay, []byte(f.prefix))})
+	r := f.replicaOn(t, rdb, rdb, opt, lock.RedisOptions{})
+	if p, err := r.Product(ctx, 1); err != nil || p.ID != 1 {
+		t.Fatalf("read of a product another replica is loading: %+v, %v; want it from the fallback", p, err)
+	}
+	if fallbacks := r.counter(t, "fallbacks_total"); fallbacks != 1 {
+		t.Fatalf("%.0f fallbacks, want 1: the wait did not run out", fallbacks)
+	}
+	if _, err := r.Product(ctx, probe); err != nil {
+		t.Fatalf("GET after the wait ran out: %v", err)
+	}
+	if hits := r.counter(t, "hits_total"); hits != 1 {
+		t.Errorf("the read after the wait ran out: %.0f hits, want 1: the wait was taken for a Redis outage (%.0f skipped Redis)", hits, r.counter(t, "skips_total"))
+	}
+}
+
+// slowLink forwards connections to the server at target, holding each
+// chunk a client sends for delay before passing it on — each chunk that
+// contains match, when match is not nil: a Redis that answers every
+// command, slowly. It stops when the test ends.
+func slowLink(t *testing.T, target string, delay time.Duration, match []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		mu    sync.Mutex
+		conns []net.Conn
+	)
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			client, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			server, err := net.Dial("tcp", target)
+			if err != nil {
+				client.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, client, server)
+			mu.Unlock()
+			go func() {
+				io.Copy(client, server)
+				client.Close()
+			}()
+			go func() {
+				defer server.Close()
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := client.Read(buf)
+					if n > 0 {
+						if match == nil || bytes.Contains(buf[:n], match) {
+							time.Sleep(delay)
+						}
+						if _, err := server.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// A hung Redis (SIGSTOP: connections stay open, nothing is answered) costs a
+// read about RedisTimeout, with a client that honours context deadlines as
+// New requires; then reads skip it, as they skip a dead one.
+func TestRedisHungFallsBackWithinTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	srv := testenv.StartRedis(t)
+	rdb := client(t, redis.Options{Addr: srv.Addr})
+	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, RedisTimeout: timeout}, lock.RedisOptions{})
+	if _, err := r.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for id := int64(1); id <= 10; id++ {
+		if _, err := r.Product(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	srv.Pause()
+	start := time.Now()
+	p, err := r.Product(ctx, 1)
+	took := time.Since(start)
+	t.Logf("a cached product read on a hung Redis (RedisTimeout %v): answered in %v", timeout, took.Round(time.Millisecond))
+	if err != nil || p.ID != 1 {
+		t.Fatalf("read on a hung Redis: %+v, %v; want product 1 from the fallback", p, err)
+	}
+	if took > 10*timeout {
+		t.Errorf("the read took %v: the RedisTimeout of %v was not enforced", took, timeout)
+	}
+	if fallbacks := r.counter(t, "fallbacks_total"); fallbacks != 1 {
+		t.Errorf("fallbacks = %.0f, want 1", fallbacks)
+	}
+	// The hung Redis is an outage: the next reads do not ask it.
+	for id := int64(2); id <= 4; id++ {
+		if _, err := r.Product(ctx, id); err != nil {
+			t.Fatalf("read %d on a hung Redis: %v", id, err)
+		}
+	}
+	if skips := r.counter(t, "skips_total"); skips == 0 {
+		t.Error("no read skipped the hung Redis")
+	}
+}
+
+// A read's attempt at the load mutex waits for Redis at most RedisTimeout
+// too: a Redis that hangs while a read takes the mutex costs the read about
+// RedisTimeout, not its whole wait and load budget.
+func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	f := newFixture(t, 10, 1)
+	ctx := context.Background()
+	// The mutexes on a Redis of their own, so that it can hang after the
+	// read found nothing cached.
+	mutexSrv := testenv.StartRedis(t)
+	rdb := client(t, redis.Options{Addr: testenv.RedisAddr(t)})
+	r := f.replicaOn(t, rdb, client(t, redis.Options{Addr: mutexSrv.Addr}),
+		cache.Options{RedisTimeout: timeout, Wait: 5 * time.Second, LoadTimeout: 5 * time.Second}, lock.RedisOptions{})
+
+	mutexSrv.Pause()
+	start := time.Now()
+	p, err := r.Product(ctx, 3)
+	took := time.Since(start)
+	mutexSrv.Resume() // lets the abandoned attempt end, and Close with it
+	t.Logf("a miss whose mutex hangs (RedisTimeout %v, wait and load 5s each): answered in %v", timeout, took.Round(time.Millisecond))
+	if err != nil || p.ID != 3 {
+		t.Fatalf("read with a hung mutex: %+v, %v; want product 3 from the fallback", p, err)
+	}
+	if took > 10*timeout {
+		t.Errorf("the read took %v: the mutex was waited for past the RedisTimeout of %v", took, timeout)
 	}
 }

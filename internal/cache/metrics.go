@@ -10,6 +10,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	hits, nullHits, misses, bloomRejects prometheus.Counter
 	loads, loadErrors, refreshes         prometheus.Counter
+	skips                                prometheus.Counter
 	fallbacks                            *prometheus.CounterVec
 }
 
@@ -25,13 +26,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		loads:        counter("loads_total", "Products loaded from MySQL into the cache, refreshes included."),
 		loadErrors:   counter("load_errors_total", "Loads from MySQL that failed."),
 		refreshes:    counter("refreshes_total", "Entries renewed ahead of expiry in the background."),
+		skips:        counter("skips_total", "Product reads sent to the MySQL fallback without asking Redis, because a Redis call had shown it down less than a second before."),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "shop", Subsystem: "cache", Name: "fallbacks_total",
 			Help: "Product reads that went to MySQL without the cache (Redis failed, or a rebuild took too long): served, or rejected because the fallback was at its limit.",
 		}, []string{"result"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.hits, m.nullHits, m.misses, m.bloomRejects, m.loads, m.loadErrors, m.refreshes, m.fallbacks)
+		reg.MustRegister(m.hits, m.nullHits, m.misses, m.bloomRejects, m.loads, m.loadErrors, m.refreshes, m.skips, m.fallbacks)
 	}
 	return m
 }
