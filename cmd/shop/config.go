@@ -38,9 +38,19 @@ type config struct {
 	LogLevel    slog.Level
 }
 
-// maxOrderBatch bounds SHOP_ORDER_BATCH: a batch is one INSERT of that
-// many rows and one IN list of that many users.
-const maxOrderBatch = 10000
+const (
+	// maxOrderBatch bounds SHOP_ORDER_BATCH: a batch is one INSERT of that
+	// many rows and one IN list of that many users.
+	maxOrderBatch = 10000
+	// minLockTTL and maxLockTTL bound SHOP_LOCK_TTL. The lock's Redis calls
+	// time out at TTL/3 (at most 1 s), so that two renewals fit in one lease:
+	// below 300ms a call gets less than 100ms, which a busy Redis or a GC
+	// pause can use up, and leases would be lost without anything being
+	// wrong. Above 10 minutes a holder that crashed blocks its SKU for too
+	// long: nobody can sell it until the lease runs out.
+	minLockTTL = 300 * time.Millisecond
+	maxLockTTL = 10 * time.Minute
+)
 
 // configError is a bad setting; the process exits with status 2.
 type configError struct{ err error }
@@ -77,6 +87,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		return d
 	}
+	between := func(name, def string, min, max time.Duration) time.Duration {
+		v := get(name, def)
+		d, err := time.ParseDuration(v)
+		if err != nil || d < min || d > max {
+			errs = append(errs, fmt.Errorf("%s=%q: must be a duration from %s to %s, like %s", name, v, min, max, def))
+		}
+		return d
+	}
 
 	c := config{
 		HTTPAddr:    get("SHOP_HTTP_ADDR", ":8080"),
@@ -85,7 +103,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
 		RedisPrefix: get("SHOP_REDIS_PREFIX", "shop:"),
 		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
-		LockTTL:     duration("SHOP_LOCK_TTL", "5s", 30*time.Millisecond),
+		LockTTL:     between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
 		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
 		StockUpdate: oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
 		Fencing:     oneOf("SHOP_FENCING", "on", "on", "off") == "on",

@@ -45,6 +45,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_ORDER_BATCH", "0"},
 		{"SHOP_ORDER_BATCH", "lots"},
 		{"SHOP_ORDER_BATCH", "10001"},
+		{"SHOP_LOCK_TTL", "299ms"},
+		{"SHOP_LOCK_TTL", "11m"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

@@ -33,7 +33,8 @@ const (
 	readsPoolSize  = 16
 	// redisPoolSize bounds the Redis connections of a replica.
 	redisPoolSize = 64
-	// redisTimeout bounds every Redis command.
+	// redisTimeout bounds every Redis command; a command whose context has
+	// an earlier deadline ends then.
 	redisTimeout = time.Second
 	// shutdownTimeout is how long in-flight requests get to finish.
 	shutdownTimeout = 30 * time.Second
@@ -66,7 +67,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	rdb := newRedis(cfg.RedisAddr)
 	defer rdb.Close()
 
-	locker, closeLocker, err := newLocker(cfg, rdb)
+	locker, closeLocker, err := newLocker(cfg)
 	if err != nil {
 		return err
 	}
@@ -176,19 +177,37 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 func newRedis(addr string) *redis.Client { return redis.NewClient(redisOptions(addr)) }
 
 // redisOptions are a replica's settings for a client of the Redis at addr.
+// A command ends at its context's deadline when that comes before the
+// timeouts: the product cache gives each read 500ms, a lock renewal the time
+// left on its lease.
 func redisOptions(addr string) *redis.Options {
 	return &redis.Options{
-		Addr:         addr,
-		PoolSize:     redisPoolSize,
-		DialTimeout:  redisTimeout,
-		ReadTimeout:  redisTimeout,
-		WriteTimeout: redisTimeout,
+		Addr:                  addr,
+		PoolSize:              redisPoolSize,
+		DialTimeout:           redisTimeout,
+		ReadTimeout:           redisTimeout,
+		WriteTimeout:          redisTimeout,
+		ContextTimeoutEnabled: true,
 	}
 }
 
-// newLocker returns the order path's lock and what closes it. The Redis
-// locks wake their waiters on release.
-func newLocker(cfg config, rdb *redis.Client) (stock.Locker, func(), error) {
+// newLockRedis is the order lock's own client of the Redis at addr, for a
+// lock whose leases last ttl. It does not retry: the lock retries a release
+// itself and must see a lost reply as an error, where a retry by the client
+// would find the key gone and report a lock it did release as not held.
+// Each command times out after ttl/3 (at most redisTimeout), so that a
+// renewal that gets no answer leaves time for a second one in the lease.
+func newLockRedis(addr string, ttl time.Duration) *redis.Client {
+	o := redisOptions(addr)
+	o.MaxRetries = -1
+	o.ReadTimeout = min(redisTimeout, ttl/3)
+	o.WriteTimeout = o.ReadTimeout
+	return redis.NewClient(o)
+}
+
+// newLocker returns the order path's lock and what closes it, its clients
+// included. The Redis locks wake their waiters on release.
+func newLocker(cfg config) (stock.Locker, func(), error) {
 	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait}
 	switch cfg.LockMode {
 	case "local":
@@ -214,9 +233,13 @@ func newLocker(cfg config, rdb *redis.Client) (stock.Locker, func(), error) {
 			}
 		}, nil
 	}
+	rdb := newLockRedis(cfg.RedisAddr, cfg.LockTTL)
 	opt.Subscriber = rdb
 	l := lock.NewRedis(rdb, opt)
-	return l, func() { l.Close() }, nil
+	return l, func() {
+		l.Close()
+		rdb.Close()
+	}, nil
 }
 
 // registerLockStats exports what the order lock's waiters do.
@@ -244,7 +267,6 @@ func newRedlockNode(addr string) *redis.Client {
 	o := redisOptions(addr)
 	o.MaxRetries = -1
 	o.DialerRetries = 1
-	o.ContextTimeoutEnabled = true
 	return redis.NewClient(o)
 }
 
