@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -101,14 +103,11 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	gin.SetMode(gin.ReleaseMode)
 	h := handler.New(handler.Deps{
-		Logger:   log,
-		Orders:   orders,
-		Products: products,
-		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
-			_, err := seedCatalog(ctx, catalog, products, restocks, n, units)
-			return err
-		}),
+		Logger:     log,
+		Orders:     orders,
+		Products:   products,
+		Stock:      catalog,
+		Seeder:     newSeeder(catalog, products, restocks, log),
 		AdminToken: cfg.AdminToken,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
@@ -289,23 +288,95 @@ func newCache(cfg config, rdb *redis.Client, catalog *stock.Catalog, reg prometh
 	})
 }
 
+// catalogSeeder resets the catalog in MySQL; *stock.Catalog is one.
+type catalogSeeder interface {
+	Seed(ctx context.Context, n, units int) error
+}
+
+// seedFollowUpTimeout bounds what follows a committed seed: the restock
+// announcement and the cache reset, which rebuilds the Bloom filter from
+// every product id.
+const seedFollowUpTimeout = 30 * time.Second
+
+// seeded is what a committed seed did beyond the catalog.
+type seeded struct {
+	// dropped is how many cached products were dropped.
+	dropped int
+	// warnings are what did not follow the seed.
+	warnings []seedWarning
+}
+
+// seedWarning is a step after a committed seed that failed: msg says what
+// it means to the user, err why it failed (for the log, not the client).
+type seedWarning struct {
+	msg string
+	err error
+}
+
+// messages returns the warnings' messages.
+func (s seeded) messages() []string {
+	var msgs []string
+	for _, w := range s.warnings {
+		msgs = append(msgs, w.msg)
+	}
+	return msgs
+}
+
 // seedCatalog resets the catalog, then the product cache and its Bloom
-// filter, and tells every replica to forget what it found sold out. It
-// returns how many cached entries were dropped.
-func seedCatalog(ctx context.Context, catalog *stock.Catalog, products *cache.Products, restocks *notify.Restocks, n, units int) (int, error) {
+// filter, and tells every replica to forget what it found sold out.
+//
+// An error means the catalog was not reset. Once it was, the seed stands:
+// what fails after it is a warning, logged at error level, and not an
+// error, because retrying a seed deletes the orders placed since. What
+// follows the commit runs on a context of its own, so a caller that gives up
+// then does not leave the old Bloom filter (which refuses the new products)
+// and the old cached pages in place.
+func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger, n, units int) (seeded, error) {
 	if err := catalog.Seed(ctx, n, units); err != nil {
-		return 0, err
+		return seeded{}, busyIfUnreachable(err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedFollowUpTimeout)
+	defer cancel()
+	var s seeded
+	warn := func(msg string, err error) {
+		log.ErrorContext(ctx, "seed: the catalog was reset, but "+msg, "err", err)
+		s.warnings = append(s.warnings, seedWarning{msg, err})
 	}
 	// Announced first: a replica refusing from memory is a wrong answer,
 	// a stale cached product only a stale page.
 	if err := restocks.Announce(ctx, notify.All); err != nil {
-		return 0, fmt.Errorf("%w: catalog seeded, but the replicas were not told: %w", stock.ErrBusy, err)
+		warn(fmt.Sprintf("the replicas were not told of the new stock: a replica may refuse a product it found sold out before the seed for up to %s", stock.DefaultSoldOutTTL), err)
 	}
 	dropped, err := products.Reset(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("%w: catalog seeded, but the product cache was not reset: %w", stock.ErrBusy, err)
+		warn("the product cache was not reset: product pages may show old stock until their cache entries expire (SHOP_CACHE_TTL), "+
+			"and new product ids may answer 404 until the Bloom filter is rebuilt (a replica rebuilds it when it is missing)", err)
 	}
-	return dropped, nil
+	s.dropped = dropped
+	return s, nil
+}
+
+// newSeeder is the admin API's seed: seedCatalog, its warnings in words for
+// the client.
+func newSeeder(catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger) handler.Seeder {
+	return handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
+		s, err := seedCatalog(ctx, catalog, products, restocks, log, n, units)
+		return s.messages(), err
+	})
+}
+
+// busyIfUnreachable marks a seed that failed because MySQL could not be
+// reached (down, or the connection lost) as stock.ErrBusy, a 503 to retry
+// rather than a 500. Nothing was written: the seed is one transaction.
+func busyIfUnreachable(err error) error {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, stock.ErrBusy), errors.Is(err, stock.ErrInvalid):
+		return err
+	case errors.As(err, &netErr), errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn):
+		return fmt.Errorf("%w: seed: %w", stock.ErrBusy, err)
+	}
+	return err
 }
 
 // registerOrderStats exports how orders are grouped into transactions.

@@ -52,12 +52,12 @@ func newAPI(t *testing.T, adminToken string) *api {
 		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),
 		Products: products,
 		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
 			if err := catalog.Seed(ctx, n, units); err != nil {
-				return err
+				return nil, err
 			}
 			_, err := products.Reset(ctx)
-			return err
+			return nil, err
 		}),
 		AdminToken: adminToken,
 		Ready: map[string]handler.Check{
