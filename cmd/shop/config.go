@@ -36,6 +36,9 @@ type config struct {
 	Bloom       bool
 	AdminToken  string
 	LogLevel    slog.Level
+	// Drain is how long a stopping replica keeps serving, every response
+	// closing its connection, before it stops accepting.
+	Drain time.Duration
 }
 
 const (
@@ -50,6 +53,8 @@ const (
 	// long: nobody can sell it until the lease runs out.
 	minLockTTL = 300 * time.Millisecond
 	maxLockTTL = 10 * time.Minute
+	// maxDrain bounds SHOP_DRAIN.
+	maxDrain = time.Minute
 )
 
 // configError is a bad setting; the process exits with status 2.
@@ -111,6 +116,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		NullTTL:     duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
 		Bloom:       oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
 		AdminToken:  getenv("SHOP_ADMIN_TOKEN"),
+		Drain:       between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
 	}
 	c.OrderBatch = stock.DefaultBatch
 	if v := getenv("SHOP_ORDER_BATCH"); v != "" {

@@ -47,6 +47,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_ORDER_BATCH", "10001"},
 		{"SHOP_LOCK_TTL", "299ms"},
 		{"SHOP_LOCK_TTL", "11m"},
+		{"SHOP_DRAIN", "-1s"},
+		{"SHOP_DRAIN", "2m"},
+		{"SHOP_DRAIN", "soon"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {

@@ -38,7 +38,8 @@ const (
 	// redisTimeout bounds every Redis command; a command whose context has
 	// an earlier deadline ends then.
 	redisTimeout = time.Second
-	// shutdownTimeout is how long in-flight requests get to finish.
+	// shutdownTimeout is how long in-flight requests get to finish once the
+	// drain is over.
 	shutdownTimeout = 30 * time.Second
 )
 
@@ -102,6 +103,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	defer stopRestocks()
 
 	gin.SetMode(gin.ReleaseMode)
+	drain := newDrainer()
 	h := handler.New(handler.Deps{
 		Logger:     log,
 		Orders:     orders,
@@ -113,6 +115,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		},
+		Stopping: drain.Draining,
 		Registry: reg,
 	})
 
@@ -121,14 +124,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return fmt.Errorf("serve: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           drain.handler(h),
+		ConnState:         drain.track,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      30 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
+	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom)
 
@@ -149,10 +153,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	case <-ctx.Done():
 	}
 
-	// Shutdown stops accepting and waits for in-flight requests; their
-	// contexts are not cancelled, so orders under way commit or roll back
-	// and are answered.
-	log.Info("shutting down", "timeout", shutdownTimeout.String())
+	// First the drain: /readyz answers 503 and connections close after
+	// their next response, while the replica still accepts (see drainer).
+	// Then Shutdown stops accepting, closes the connections left idle and
+	// waits for in-flight requests; their contexts are not cancelled, so
+	// orders under way commit or roll back and are answered. main turns a
+	// second signal into an immediate exit.
+	log.Info("stopping: a second signal exits at once")
+	drain.drain(log, cfg.Drain)
+	log.Info("shutting down: no new connections, waiting for in-flight requests", "timeout", shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {

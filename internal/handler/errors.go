@@ -18,6 +18,7 @@ var (
 	errUnauthorized     = errors.New("missing or wrong bearer token")
 	errUnavailable      = errors.New("a dependency does not answer")
 	errAdminDisabled    = errors.New("the admin API is off")
+	errStopping         = errors.New("the service is shutting down")
 	errInternal         = errors.New("internal error")
 )
 
@@ -53,6 +54,8 @@ func status(err error) (int, string, string) {
 		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
 	case errors.Is(err, errUnavailable):
 		return http.StatusServiceUnavailable, "unavailable", errUnavailable.Error()
+	case errors.Is(err, errStopping):
+		return http.StatusServiceUnavailable, "unavailable", errStopping.Error()
 	}
 	return http.StatusInternalServerError, "internal", errInternal.Error()
 }

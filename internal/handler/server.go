@@ -62,6 +62,10 @@ type Deps struct {
 	AdminToken string
 	// Ready lists the checks of /readyz by name.
 	Ready map[string]Check
+	// Stopping reports that the service is being taken out of service:
+	// /readyz answers 503 from then on, whatever the checks say. Nil
+	// means never.
+	Stopping func() bool
 	// Registry receives the HTTP metrics; /metrics serves it.
 	Registry *prometheus.Registry
 }
