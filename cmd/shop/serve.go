@@ -41,6 +41,10 @@ const (
 	// shutdownTimeout is how long in-flight requests get to finish once the
 	// drain is over.
 	shutdownTimeout = 30 * time.Second
+	// writeTimeout bounds a request from the end of its headers to the end
+	// of its response: above handler.OrderBudget, so that an order is never
+	// cut off by the server itself.
+	writeTimeout = 30 * time.Second
 )
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -128,7 +132,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		ConnState:         drain.track,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		WriteTimeout:      writeTimeout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}

@@ -46,8 +46,9 @@ func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
 			route = "unmatched"
 		}
 		code := c.Writer.Status()
-		m.requests.WithLabelValues(c.Request.Method, route, strconv.Itoa(code)).Inc()
-		m.duration.WithLabelValues(c.Request.Method, route).Observe(elapsed.Seconds())
+		method := methodLabel(c.Request.Method)
+		m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
+		m.duration.WithLabelValues(method, route).Observe(elapsed.Seconds())
 
 		level := slog.LevelDebug
 		if code >= 500 {
