@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -28,6 +29,30 @@ const adminToken = "s3cret"
 type api struct {
 	url string
 	db  *testenv.DB
+	// rdb and prefix are the Redis client and key prefix the API uses.
+	rdb    *redis.Client
+	prefix string
+	// reg has the API's metrics, log its log (debug level and up).
+	reg *prometheus.Registry
+	log *syncBuffer
+}
+
+// syncBuffer is a log destination tests can read while the server writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // newAPI serves the whole API on real MariaDB and Redis with products 1..3
@@ -48,7 +73,9 @@ func newAPI(t *testing.T, adminToken string) *api {
 	if _, err := products.Reset(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
 	srv := httptest.NewServer(handler.New(handler.Deps{
+		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),
 		Products: products,
 		Stock:    catalog,
@@ -63,10 +90,11 @@ func newAPI(t *testing.T, adminToken string) *api {
 		Ready: map[string]handler.Check{
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		},
-		Registry: prometheus.NewRegistry(),
+		Registry: a.reg,
 	}))
 	t.Cleanup(srv.Close)
-	return &api{url: srv.URL, db: db}
+	a.url = srv.URL
+	return a
 }
 
 type response struct {

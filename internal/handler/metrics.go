@@ -30,6 +30,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"method", "route"}),
 		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shop_orders_total",
+			Help: "Order attempts by outcome: created, replayed or the error code (client_closed_request: the buyer went away first).",
 		}, []string{"result"}),
 		busy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shop_orders_busy_total",

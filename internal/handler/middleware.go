@@ -35,7 +35,8 @@ func recovery(log *slog.Logger) gin.HandlerFunc {
 }
 
 // observe logs each request as JSON and records its metrics. Failures at 500
-// and above are logged at error level with their cause, the rest at debug.
+// and above are logged at error level with their cause, the rest at debug
+// (a client that went away, 499, among them).
 func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		start := time.Now()

@@ -2,7 +2,6 @@ package handler
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
@@ -43,9 +42,10 @@ const (
 func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		fail := func(err error) {
+			err = clientGone(c, err)
 			_, code, _ := status(err)
 			m.orders.WithLabelValues(code).Inc()
-			if errors.Is(err, stock.ErrBusy) {
+			if code == "busy" {
 				m.busy.WithLabelValues(busyCause(err)).Inc()
 			}
 			writeError(c, err)
