@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -53,6 +54,9 @@ const (
 	// long: nobody can sell it until the lease runs out.
 	minLockTTL = 300 * time.Millisecond
 	maxLockTTL = 10 * time.Minute
+	// minAdminToken is the shortest SHOP_ADMIN_TOKEN: the token resets the
+	// catalog, orders included.
+	minAdminToken = 16
 	// maxDrain bounds SHOP_DRAIN.
 	maxDrain = time.Minute
 )
@@ -154,8 +158,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if !strings.Contains(c.HTTPAddr, ":") {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))
 	}
-	if c.DebugAddr != "" && !strings.Contains(c.DebugAddr, ":") {
-		errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be [host]:port", c.DebugAddr))
+	if c.DebugAddr != "" && !loopback(c.DebugAddr) {
+		errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be a loopback host:port (127.0.0.1, ::1 or localhost): pprof shows the process's memory and must not be reachable from elsewhere", c.DebugAddr))
+	}
+	if n := len(c.AdminToken); n > 0 && n < minAdminToken {
+		errs = append(errs, fmt.Errorf("SHOP_ADMIN_TOKEN: %d characters, must be at least %d (it can reset the catalog)", n, minAdminToken))
 	}
 	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
 		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))
@@ -164,6 +171,20 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, configError{errors.Join(errs...)}
 	}
 	return c, nil
+}
+
+// loopback reports whether addr is host:port with a loopback host:
+// 127.0.0.1 (or another 127.x address), ::1 or localhost.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // parseJitter reads a share written as a percentage ("10%") or a fraction

@@ -91,8 +91,10 @@ func requireAdmin(token string) gin.HandlerFunc {
 			writeError(c, errAdminDisabled)
 			return
 		}
-		got, ok := strings.CutPrefix(c.GetHeader("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		// The scheme is case-insensitive (RFC 7235), the token is not.
+		scheme, got, ok := strings.Cut(c.GetHeader("Authorization"), " ")
+		got = strings.TrimLeft(got, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			writeError(c, errUnauthorized)
 			return
 		}
