@@ -53,7 +53,6 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_DEBUG_ADDR", "0.0.0.0:6060"},
 		{"SHOP_DEBUG_ADDR", "[::]:6060"},
 		{"SHOP_DEBUG_ADDR", "192.168.1.10:6060"},
-		{"SHOP_DEBUG_ADDR", "example.com:6060"},
 		{"SHOP_DEBUG_ADDR", "127.0.0.1"},
 		{"SHOP_DRAIN", "-1s"},
 		{"SHOP_DRAIN", "2m"},
@@ -62,7 +61,12 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			var stderr bytes.Buffer
-			err := run(context.Background(), []string{"serve"}, env(map[string]string{tt.name: tt.value}), &stderr, &stderr)
+			// Stopped before it starts: a value taken for good must end the
+			// test with exit 0, not leave a server running.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			vars := map[string]string{"SHOP_HTTP_ADDR": "127.0.0.1:0", tt.name: tt.value}
+			err := run(ctx, []string{"serve"}, env(vars), &stderr, &stderr)
 			if code := exitCode(err, &stderr); code != 2 {
 				t.Errorf("exit code %d, want 2 (err %v)", code, err)
 			}
