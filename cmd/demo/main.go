@@ -374,6 +374,9 @@ func scrapeMetrics(ctx context.Context, ports []string, each func(series string,
 		if err != nil {
 			return err
 		}
+		// No idle connection left behind: a replica that stops drains until
+		// its connections are closed, up to SHOP_DRAIN.
+		req.Close = true
 		res, err := http.DefaultClient.Do(req)
 		if errors.Is(err, syscall.ECONNREFUSED) {
 			continue // not running

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strconv"
 	"strings"
 	"time"
@@ -36,11 +37,29 @@ type config struct {
 	Bloom       bool
 	AdminToken  string
 	LogLevel    slog.Level
+	// Drain is how long a stopping replica keeps serving, every response
+	// closing its connection, before it stops accepting.
+	Drain time.Duration
 }
 
-// maxOrderBatch bounds SHOP_ORDER_BATCH: a batch is one INSERT of that
-// many rows and one IN list of that many users.
-const maxOrderBatch = 10000
+const (
+	// maxOrderBatch bounds SHOP_ORDER_BATCH: a batch is one INSERT of that
+	// many rows and one IN list of that many users.
+	maxOrderBatch = 10000
+	// minLockTTL and maxLockTTL bound SHOP_LOCK_TTL. The lock's Redis calls
+	// time out at TTL/3 (at most 1 s), so that two renewals fit in one lease:
+	// below 300ms a call gets less than 100ms, which a busy Redis or a GC
+	// pause can use up, and leases would be lost without anything being
+	// wrong. Above 10 minutes a holder that crashed blocks its SKU for too
+	// long: nobody can sell it until the lease runs out.
+	minLockTTL = 300 * time.Millisecond
+	maxLockTTL = 10 * time.Minute
+	// minAdminToken is the shortest SHOP_ADMIN_TOKEN: the token resets the
+	// catalog, orders included.
+	minAdminToken = 16
+	// maxDrain bounds SHOP_DRAIN.
+	maxDrain = time.Minute
+)
 
 // configError is a bad setting; the process exits with status 2.
 type configError struct{ err error }
@@ -77,6 +96,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		return d
 	}
+	between := func(name, def string, min, max time.Duration) time.Duration {
+		v := get(name, def)
+		d, err := time.ParseDuration(v)
+		if err != nil || d < min || d > max {
+			errs = append(errs, fmt.Errorf("%s=%q: must be a duration from %s to %s, like %s", name, v, min, max, def))
+		}
+		return d
+	}
 
 	c := config{
 		HTTPAddr:    get("SHOP_HTTP_ADDR", ":8080"),
@@ -85,7 +112,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
 		RedisPrefix: get("SHOP_REDIS_PREFIX", "shop:"),
 		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
-		LockTTL:     duration("SHOP_LOCK_TTL", "5s", 30*time.Millisecond),
+		LockTTL:     between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
 		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
 		StockUpdate: oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
 		Fencing:     oneOf("SHOP_FENCING", "on", "on", "off") == "on",
@@ -93,6 +120,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		NullTTL:     duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
 		Bloom:       oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
 		AdminToken:  getenv("SHOP_ADMIN_TOKEN"),
+		Drain:       between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
 	}
 	c.OrderBatch = stock.DefaultBatch
 	if v := getenv("SHOP_ORDER_BATCH"); v != "" {
@@ -130,8 +158,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if !strings.Contains(c.HTTPAddr, ":") {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))
 	}
-	if c.DebugAddr != "" && !strings.Contains(c.DebugAddr, ":") {
-		errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be [host]:port", c.DebugAddr))
+	if c.DebugAddr != "" && !loopback(c.DebugAddr) {
+		errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be a loopback host:port (127.0.0.1, ::1 or localhost): pprof shows the process's memory and must not be reachable from elsewhere", c.DebugAddr))
+	}
+	if n := len(c.AdminToken); n > 0 && n < minAdminToken {
+		errs = append(errs, fmt.Errorf("SHOP_ADMIN_TOKEN: %d characters, must be at least %d (it can reset the catalog)", n, minAdminToken))
 	}
 	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
 		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))
@@ -140,6 +171,20 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, configError{errors.Join(errs...)}
 	}
 	return c, nil
+}
+
+// loopback reports whether addr is host:port with a loopback host:
+// 127.0.0.1 (or another 127.x address), ::1 or localhost.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // parseJitter reads a share written as a percentage ("10%") or a fraction

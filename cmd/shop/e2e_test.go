@@ -56,9 +56,17 @@ type replica struct {
 	log  *logSink
 }
 
+// testDrain is the drain of the replicas tests start, unless they set
+// SHOP_DRAIN: their clients keep idle connections that nothing closes, and
+// each stop would otherwise wait the whole default drain.
+const testDrain = "200ms"
+
 func startReplica(t *testing.T, vars map[string]string) *replica {
 	t.Helper()
 	vars["SHOP_HTTP_ADDR"] = "127.0.0.1:0"
+	if vars["SHOP_DRAIN"] == "" {
+		vars["SHOP_DRAIN"] = testDrain
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	r := &replica{stop: cancel, done: make(chan error, 1), log: &logSink{addr: make(chan string, 1)}}
 	go func() { r.done <- run(ctx, []string{"serve"}, env(vars), r.log, r.log) }()
@@ -82,7 +90,14 @@ func waitReady(t *testing.T, url string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		res, err := http.Get(url + "/readyz")
+		// On a connection of its own, closed after the answer: an idle one
+		// left behind would keep a stopping replica draining.
+		req, err := http.NewRequest("GET", url+"/readyz", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Close = true
+		res, err := http.DefaultClient.Do(req)
 		if err == nil {
 			res.Body.Close()
 			if res.StatusCode == 200 {
@@ -119,6 +134,22 @@ func (tl *tally) add(status int, body []byte, err error) {
 			tl.acks = append(tl.acks, fmt.Sprint(o.OrderID))
 		}
 	}
+}
+
+// buyers starts n buyers who order, through client at url, each SKU sent
+// on the returned channel for user 1, into tl; close the channel, then call
+// wait.
+func buyers(n int, client *http.Client, url string, tl *tally) (skus chan<- int, wait func()) {
+	skusc := make(chan int)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for sku := range skusc {
+				tl.add(postOrder(client, url, sku, 1))
+			}
+		})
+	}
+	return skusc, wg.Wait
 }
 
 func postOrder(client *http.Client, url string, sku, user int) (int, []byte, error) {
@@ -271,15 +302,7 @@ func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
 	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	client := &http.Client{Timeout: 30 * time.Second}
 	tl := &tally{status: map[int]int{}}
-	skusc := make(chan int)
-	var wg sync.WaitGroup
-	for range 30 {
-		wg.Go(func() {
-			for sku := range skusc {
-				tl.add(postOrder(client, r.url, sku, 1))
-			}
-		})
-	}
+	skusc, wait := buyers(30, client, r.url, tl)
 	for sku := 1; sku <= skus; sku++ {
 		skusc <- sku
 		tl.mu.Lock()
@@ -294,7 +317,7 @@ func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
 		skusc <- skus + sku // more buyers keep coming; the stopped server refuses them
 	}
 	close(skusc)
-	wg.Wait()
+	wait()
 	if err := <-r.done; err != nil {
 		t.Errorf("serve after shutdown: %v", err)
 	}

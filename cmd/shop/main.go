@@ -23,12 +23,29 @@ import (
 )
 
 func main() {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
 	// go-redis logs through one process-wide logger; make it JSON like ours.
-	redis.SetLogger(redisLog{slog.New(slog.NewJSONHandler(os.Stderr, nil))})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	redis.SetLogger(redisLog{log})
+	ctx, cancel := context.WithCancel(context.Background())
+	go onSignals(log, cancel)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
-	stop()
+	cancel()
 	os.Exit(exitCode(err, os.Stderr))
+}
+
+// onSignals cancels the program's context on the first SIGTERM or SIGINT,
+// which stops `shop serve` gracefully, and exits at once, with status 1, on
+// the second: an operator who will not wait for the drain and the in-flight
+// requests must not have to reach for SIGKILL. Signals are queued on the
+// channel, so a second one that comes right after the first is not lost.
+func onSignals(log *slog.Logger, cancel context.CancelFunc) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	<-sigs
+	cancel()
+	sig := <-sigs
+	log.Error("second signal: exiting at once, without waiting for in-flight requests", "signal", sig.String())
+	os.Exit(1)
 }
 
 // errViolations means verify found broken invariants (exit 1).

@@ -45,11 +45,28 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_ORDER_BATCH", "0"},
 		{"SHOP_ORDER_BATCH", "lots"},
 		{"SHOP_ORDER_BATCH", "10001"},
+		{"SHOP_LOCK_TTL", "299ms"},
+		{"SHOP_LOCK_TTL", "11m"},
+		{"SHOP_ADMIN_TOKEN", "s3cret"},
+		{"SHOP_ADMIN_TOKEN", "fifteen-chars.."},
+		{"SHOP_DEBUG_ADDR", ":6060"},
+		{"SHOP_DEBUG_ADDR", "0.0.0.0:6060"},
+		{"SHOP_DEBUG_ADDR", "[::]:6060"},
+		{"SHOP_DEBUG_ADDR", "192.168.1.10:6060"},
+		{"SHOP_DEBUG_ADDR", "127.0.0.1"},
+		{"SHOP_DRAIN", "-1s"},
+		{"SHOP_DRAIN", "2m"},
+		{"SHOP_DRAIN", "soon"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			var stderr bytes.Buffer
-			err := run(context.Background(), []string{"serve"}, env(map[string]string{tt.name: tt.value}), &stderr, &stderr)
+			// Stopped before it starts: a value taken for good must end the
+			// test with exit 0, not leave a server running.
+			ctx, cancel := context.WithCancel(context.Background())
+			cancel()
+			vars := map[string]string{"SHOP_HTTP_ADDR": "127.0.0.1:0", tt.name: tt.value}
+			err := run(ctx, []string{"serve"}, env(vars), &stderr, &stderr)
 			if code := exitCode(err, &stderr); code != 2 {
 				t.Errorf("exit code %d, want 2 (err %v)", code, err)
 			}
@@ -60,6 +77,19 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	if _, err := loadConfig(env(nil)); err != nil {
 		t.Errorf("defaults rejected: %v", err)
+	}
+	for _, ok := range []map[string]string{
+		{"SHOP_LOCK_TTL": "300ms"}, {"SHOP_LOCK_TTL": "10m"},
+		{"SHOP_ADMIN_TOKEN": "sixteen-chars..."},
+		{"SHOP_DEBUG_ADDR": "127.0.0.1:6060"}, {"SHOP_DEBUG_ADDR": "[::1]:6060"}, {"SHOP_DEBUG_ADDR": "localhost:6060"},
+		{"SHOP_DRAIN": "0s"}, {"SHOP_DRAIN": "1m"},
+	} {
+		if _, err := loadConfig(env(ok)); err != nil {
+			t.Errorf("%v rejected: %v", ok, err)
+		}
+	}
+	if _, err := loadConfig(env(map[string]string{"SHOP_ADMIN_TOKEN": "s3cret"})); err == nil || strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("short admin token: %v; want an error that does not show the token", err)
 	}
 	if _, err := loadConfig(env(map[string]string{"SHOP_LOCK_MODE": "redlock"})); err == nil ||
 		!strings.Contains(err.Error(), "SHOP_REDLOCK_ADDRS") {

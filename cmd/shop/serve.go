@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/go-sql-driver/mysql"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
@@ -33,10 +35,16 @@ const (
 	readsPoolSize  = 16
 	// redisPoolSize bounds the Redis connections of a replica.
 	redisPoolSize = 64
-	// redisTimeout bounds every Redis command.
+	// redisTimeout bounds every Redis command; a command whose context has
+	// an earlier deadline ends then.
 	redisTimeout = time.Second
-	// shutdownTimeout is how long in-flight requests get to finish.
+	// shutdownTimeout is how long in-flight requests get to finish once the
+	// drain is over.
 	shutdownTimeout = 30 * time.Second
+	// writeTimeout bounds a request from the end of its headers to the end
+	// of its response: above handler.OrderBudget, so that an order is never
+	// cut off by the server itself.
+	writeTimeout = 30 * time.Second
 )
 
 func serve(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) error {
@@ -66,7 +74,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	rdb := newRedis(cfg.RedisAddr)
 	defer rdb.Close()
 
-	locker, closeLocker, err := newLocker(cfg, rdb)
+	locker, closeLocker, err := newLocker(cfg)
 	if err != nil {
 		return err
 	}
@@ -99,20 +107,19 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	defer stopRestocks()
 
 	gin.SetMode(gin.ReleaseMode)
+	drain := newDrainer()
 	h := handler.New(handler.Deps{
-		Logger:   log,
-		Orders:   orders,
-		Products: products,
-		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
-			_, err := seedCatalog(ctx, catalog, products, restocks, n, units)
-			return err
-		}),
+		Logger:     log,
+		Orders:     orders,
+		Products:   products,
+		Stock:      catalog,
+		Seeder:     newSeeder(catalog, products, restocks, log),
 		AdminToken: cfg.AdminToken,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		},
+		Stopping: drain.Draining,
 		Registry: reg,
 	})
 
@@ -121,14 +128,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return fmt.Errorf("serve: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           drain.handler(h),
+		ConnState:         drain.track,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      30 * time.Second,
+		WriteTimeout:      writeTimeout,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
+	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom)
 
@@ -149,10 +157,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	case <-ctx.Done():
 	}
 
-	// Shutdown stops accepting and waits for in-flight requests; their
-	// contexts are not cancelled, so orders under way commit or roll back
-	// and are answered.
-	log.Info("shutting down", "timeout", shutdownTimeout.String())
+	// First the drain: /readyz answers 503 and connections close after
+	// their next response, while the replica still accepts (see drainer).
+	// Then Shutdown stops accepting, closes the connections left idle and
+	// waits for in-flight requests; their contexts are not cancelled, so
+	// orders under way commit or roll back and are answered. main turns a
+	// second signal into an immediate exit.
+	log.Info("stopping: a second signal exits at once")
+	drain.drain(log, cfg.Drain)
+	log.Info("shutting down: no new connections, waiting for in-flight requests", "timeout", shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
@@ -176,19 +189,37 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 func newRedis(addr string) *redis.Client { return redis.NewClient(redisOptions(addr)) }
 
 // redisOptions are a replica's settings for a client of the Redis at addr.
+// A command ends at its context's deadline when that comes before the
+// timeouts: the product cache gives each read 500ms, a lock renewal the time
+// left on its lease.
 func redisOptions(addr string) *redis.Options {
 	return &redis.Options{
-		Addr:         addr,
-		PoolSize:     redisPoolSize,
-		DialTimeout:  redisTimeout,
-		ReadTimeout:  redisTimeout,
-		WriteTimeout: redisTimeout,
+		Addr:                  addr,
+		PoolSize:              redisPoolSize,
+		DialTimeout:           redisTimeout,
+		ReadTimeout:           redisTimeout,
+		WriteTimeout:          redisTimeout,
+		ContextTimeoutEnabled: true,
 	}
 }
 
-// newLocker returns the order path's lock and what closes it. The Redis
-// locks wake their waiters on release.
-func newLocker(cfg config, rdb *redis.Client) (stock.Locker, func(), error) {
+// newLockRedis is the order lock's own client of the Redis at addr, for a
+// lock whose leases last ttl. It does not retry: the lock retries a release
+// itself and must see a lost reply as an error, where a retry by the client
+// would find the key gone and report a lock it did release as not held.
+// Each command times out after ttl/3 (at most redisTimeout), so that a
+// renewal that gets no answer leaves time for a second one in the lease.
+func newLockRedis(addr string, ttl time.Duration) *redis.Client {
+	o := redisOptions(addr)
+	o.MaxRetries = -1
+	o.ReadTimeout = min(redisTimeout, ttl/3)
+	o.WriteTimeout = o.ReadTimeout
+	return redis.NewClient(o)
+}
+
+// newLocker returns the order path's lock and what closes it, its clients
+// included. The Redis locks wake their waiters on release.
+func newLocker(cfg config) (stock.Locker, func(), error) {
 	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait}
 	switch cfg.LockMode {
 	case "local":
@@ -214,9 +245,13 @@ func newLocker(cfg config, rdb *redis.Client) (stock.Locker, func(), error) {
 			}
 		}, nil
 	}
+	rdb := newLockRedis(cfg.RedisAddr, cfg.LockTTL)
 	opt.Subscriber = rdb
 	l := lock.NewRedis(rdb, opt)
-	return l, func() { l.Close() }, nil
+	return l, func() {
+		l.Close()
+		rdb.Close()
+	}, nil
 }
 
 // registerLockStats exports what the order lock's waiters do.
@@ -244,7 +279,6 @@ func newRedlockNode(addr string) *redis.Client {
 	o := redisOptions(addr)
 	o.MaxRetries = -1
 	o.DialerRetries = 1
-	o.ContextTimeoutEnabled = true
 	return redis.NewClient(o)
 }
 
@@ -267,23 +301,95 @@ func newCache(cfg config, rdb *redis.Client, catalog *stock.Catalog, reg prometh
 	})
 }
 
+// catalogSeeder resets the catalog in MySQL; *stock.Catalog is one.
+type catalogSeeder interface {
+	Seed(ctx context.Context, n, units int) error
+}
+
+// seedFollowUpTimeout bounds what follows a committed seed: the restock
+// announcement and the cache reset, which rebuilds the Bloom filter from
+// every product id.
+const seedFollowUpTimeout = 30 * time.Second
+
+// seeded is what a committed seed did beyond the catalog.
+type seeded struct {
+	// dropped is how many cached products were dropped.
+	dropped int
+	// warnings are what did not follow the seed.
+	warnings []seedWarning
+}
+
+// seedWarning is a step after a committed seed that failed: msg says what
+// it means to the user, err why it failed (for the log, not the client).
+type seedWarning struct {
+	msg string
+	err error
+}
+
+// messages returns the warnings' messages.
+func (s seeded) messages() []string {
+	var msgs []string
+	for _, w := range s.warnings {
+		msgs = append(msgs, w.msg)
+	}
+	return msgs
+}
+
 // seedCatalog resets the catalog, then the product cache and its Bloom
-// filter, and tells every replica to forget what it found sold out. It
-// returns how many cached entries were dropped.
-func seedCatalog(ctx context.Context, catalog *stock.Catalog, products *cache.Products, restocks *notify.Restocks, n, units int) (int, error) {
+// filter, and tells every replica to forget what it found sold out.
+//
+// An error means the catalog was not reset. Once it was, the seed stands:
+// what fails after it is a warning, logged at error level, and not an
+// error, because retrying a seed deletes the orders placed since. What
+// follows the commit runs on a context of its own, so a caller that gives up
+// then does not leave the old Bloom filter (which refuses the new products)
+// and the old cached pages in place.
+func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger, n, units int) (seeded, error) {
 	if err := catalog.Seed(ctx, n, units); err != nil {
-		return 0, err
+		return seeded{}, busyIfUnreachable(err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedFollowUpTimeout)
+	defer cancel()
+	var s seeded
+	warn := func(msg string, err error) {
+		log.ErrorContext(ctx, "seed: the catalog was reset, but "+msg, "err", err)
+		s.warnings = append(s.warnings, seedWarning{msg, err})
 	}
 	// Announced first: a replica refusing from memory is a wrong answer,
 	// a stale cached product only a stale page.
 	if err := restocks.Announce(ctx, notify.All); err != nil {
-		return 0, fmt.Errorf("%w: catalog seeded, but the replicas were not told: %w", stock.ErrBusy, err)
+		warn(fmt.Sprintf("the replicas were not told of the new stock: a replica may refuse a product it found sold out before the seed for up to %s", stock.DefaultSoldOutTTL), err)
 	}
 	dropped, err := products.Reset(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("%w: catalog seeded, but the product cache was not reset: %w", stock.ErrBusy, err)
+		warn("the product cache was not reset: product pages may show old stock until their cache entries expire (SHOP_CACHE_TTL), "+
+			"and new product ids may answer 404 until the Bloom filter is rebuilt (a replica rebuilds it when it is missing)", err)
 	}
-	return dropped, nil
+	s.dropped = dropped
+	return s, nil
+}
+
+// newSeeder is the admin API's seed: seedCatalog, its warnings in words for
+// the client.
+func newSeeder(catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger) handler.Seeder {
+	return handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
+		s, err := seedCatalog(ctx, catalog, products, restocks, log, n, units)
+		return s.messages(), err
+	})
+}
+
+// busyIfUnreachable marks a seed that failed because MySQL could not be
+// reached (down, or the connection lost) as stock.ErrBusy, a 503 to retry
+// rather than a 500. Nothing was written: the seed is one transaction.
+func busyIfUnreachable(err error) error {
+	var netErr net.Error
+	switch {
+	case errors.Is(err, stock.ErrBusy), errors.Is(err, stock.ErrInvalid):
+		return err
+	case errors.As(err, &netErr), errors.Is(err, driver.ErrBadConn), errors.Is(err, mysql.ErrInvalidConn):
+		return fmt.Errorf("%w: seed: %w", stock.ErrBusy, err)
+	}
+	return err
 }
 
 // registerOrderStats exports how orders are grouped into transactions.

@@ -3,8 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 
@@ -98,13 +100,25 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	catalog := stock.NewCatalog(db)
 	cached := newCache(cfg, rdb, catalog, nil, nil)
 	defer cached.Close()
-	dropped, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), *products, *units)
+	s, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, dropped)
+	if len(s.warnings) > 0 {
+		fmt.Fprintf(stdout, "seeded %d products with %d units each\n", *products, *units)
+		for _, w := range s.warnings {
+			fmt.Fprintf(stdout, "warning: %s (%v)\n", w.msg, w.err)
+		}
+		return errSeededWithWarnings
+	}
+	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, s.dropped)
 	return nil
 }
+
+// errSeededWithWarnings ends a seed that committed but was not followed by
+// everything that should follow it (exit 1).
+var errSeededWithWarnings = errors.New("seed: the catalog WAS seeded, but not everything after it was done (see the warnings); " +
+	"do not seed again to fix it: that would delete every order placed since")
 
 func verify(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := newFlags("verify")

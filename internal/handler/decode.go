@@ -1,39 +1,48 @@
 package handler
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
 	"shop/internal/stock"
 )
 
-// decode reads exactly one JSON object into v, refusing unknown fields,
-// values of the wrong type and anything after the object. Its errors say
-// what is wrong in words meant for the client, without Go type names.
+// decode reads exactly one JSON object into v, a pointer to a struct,
+// refusing unknown fields, values of the wrong type and anything after the
+// object. Field names must match exactly and appear once (see exactNames).
+// Its errors say what is wrong in words meant for the client, without Go
+// type names.
 func decode(c *gin.Context, v any) error {
-	dec := json.NewDecoder(c.Request.Body)
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		if maxBytes := (*http.MaxBytesError)(nil); errors.As(err, &maxBytes) {
+			return errTooLarge
+		}
+		return invalid("the body could not be read")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	if err == nil {
 		if _, terr := dec.Token(); terr != io.EOF {
 			return invalid("the body must hold a single JSON object")
 		}
-		return nil
+		return exactNames(body, v)
 	}
 	var (
-		maxBytes  *http.MaxBytesError
 		syntax    *json.SyntaxError
 		typeError *json.UnmarshalTypeError
 	)
 	switch {
-	case errors.As(err, &maxBytes):
-		return errTooLarge
 	case errors.Is(err, io.EOF):
 		return invalid("the body is empty")
 	case errors.Is(err, io.ErrUnexpectedEOF):
@@ -53,13 +62,68 @@ func decode(c *gin.Context, v any) error {
 	return invalid("malformed JSON")
 }
 
+// exactNames refuses what encoding/json lets through in body, a JSON value
+// that decoded into v: a member of the object whose name is one of v's
+// fields in other letter case ("SKU_ID" is taken as "sku_id"), and a member
+// given twice (the last one wins). Both let a body mean something other
+// than what a reader of it, or a filter in front of the service, sees.
+func exactNames(body []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return nil // not an object: decode has judged it already
+	}
+	fields := fieldNames(v)
+	seen := map[string]bool{}
+	for dec.More() {
+		t, err := dec.Token()
+		if err != nil {
+			return invalid("malformed JSON")
+		}
+		name, _ := t.(string)
+		switch {
+		case !fields[name]:
+			return invalid("unknown field " + strconv.Quote(name))
+		case seen[name]:
+			return invalid("field " + strconv.Quote(name) + " given twice")
+		}
+		seen[name] = true
+		var value json.RawMessage
+		if err := dec.Decode(&value); err != nil {
+			return invalid("malformed JSON")
+		}
+	}
+	return nil
+}
+
+// fieldNames returns the JSON names of the fields of the struct v points
+// to.
+func fieldNames(v any) map[string]bool {
+	t := reflect.TypeOf(v).Elem()
+	names := make(map[string]bool, t.NumField())
+	for f := range t.Fields() {
+		name, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		switch name {
+		case "-":
+			continue
+		case "":
+			name = f.Name
+		}
+		names[name] = true
+	}
+	return names
+}
+
 func invalid(msg string) error { return fmt.Errorf("%w: %s", stock.ErrInvalid, msg) }
 
-// pathID parses the :id path parameter as a positive int64.
+// pathID parses the :id path parameter: a positive decimal int64 written
+// the one way it prints, so "+5", "007" and " 7" are refused rather than
+// read as 5 and 7 — ids that a cache or a log in front of the service
+// would take for other resources.
 func pathID(c *gin.Context) (int64, error) {
-	id, err := strconv.ParseInt(c.Param("id"), 10, 64)
-	if err != nil || id <= 0 {
-		return 0, invalid("id must be a positive integer")
+	s := c.Param("id")
+	id, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || id <= 0 || strconv.FormatInt(id, 10) != s {
+		return 0, invalid("id must be a positive integer, in decimal without sign or leading zeros")
 	}
 	return id, nil
 }

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -18,17 +19,32 @@ var (
 	errUnauthorized     = errors.New("missing or wrong bearer token")
 	errUnavailable      = errors.New("a dependency does not answer")
 	errAdminDisabled    = errors.New("the admin API is off")
+	errStopping         = errors.New("the service is shutting down")
+	errClientClosed     = errors.New("the client closed the request")
 	errInternal         = errors.New("internal error")
 )
 
-// retryAfterSeconds is what a 503 asks the client to wait.
-const retryAfterSeconds = "1"
+const (
+	// retryAfterSeconds is what a 503 asks the client to wait.
+	retryAfterSeconds = "1"
+	// statusClientClosedRequest is nginx's status for a request whose client
+	// went away before the answer; no client sees it, the metrics and the
+	// log do.
+	statusClientClosedRequest = 499
+)
 
 // status maps an error to its HTTP status, error code and client-facing
 // message. It is the only place that does: every handler reports failures
 // through writeError. Messages of unknown errors are never shown.
 func status(err error) (int, string, string) {
 	switch {
+	case errors.Is(err, stock.ErrOutcomeUnknown):
+		// First: it may come wrapped with ErrBusy, and only a retry with
+		// the same key is safe.
+		return http.StatusServiceUnavailable, "outcome_unknown",
+			"the order may or may not have been placed; retry with the same Idempotency-Key"
+	case errors.Is(err, errClientClosed):
+		return statusClientClosedRequest, "client_closed_request", err.Error()
 	case errors.Is(err, stock.ErrInvalid):
 		return http.StatusBadRequest, "invalid_argument", err.Error()
 	case errors.Is(err, stock.ErrNotFound):
@@ -53,6 +69,8 @@ func status(err error) (int, string, string) {
 		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
 	case errors.Is(err, errUnavailable):
 		return http.StatusServiceUnavailable, "unavailable", errUnavailable.Error()
+	case errors.Is(err, errStopping):
+		return http.StatusServiceUnavailable, "unavailable", errStopping.Error()
 	}
 	return http.StatusInternalServerError, "internal", errInternal.Error()
 }
@@ -66,9 +84,21 @@ type errorDetail struct {
 	Message string `json:"message"`
 }
 
+// clientGone marks err as the client's doing when the request's context has
+// ended: the client closed its connection, and the work gave up because of
+// it. Counted and logged as the 503 busy it comes back as, it would look
+// like a fault of the service.
+func clientGone(c *gin.Context, err error) error {
+	if c.Request.Context().Err() == nil || errors.Is(err, errClientClosed) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", errClientClosed, err)
+}
+
 // writeError answers with err's status and the JSON error shape, and keeps
 // err on the context for the access log.
 func writeError(c *gin.Context, err error) {
+	err = clientGone(c, err)
 	code, name, msg := status(err)
 	if code == http.StatusServiceUnavailable {
 		c.Header("Retry-After", retryAfterSeconds)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -28,6 +29,30 @@ const adminToken = "s3cret"
 type api struct {
 	url string
 	db  *testenv.DB
+	// rdb and prefix are the Redis client and key prefix the API uses.
+	rdb    *redis.Client
+	prefix string
+	// reg has the API's metrics, log its log (debug level and up).
+	reg *prometheus.Registry
+	log *syncBuffer
+}
+
+// syncBuffer is a log destination tests can read while the server writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // newAPI serves the whole API on real MariaDB and Redis with products 1..3
@@ -48,25 +73,28 @@ func newAPI(t *testing.T, adminToken string) *api {
 	if _, err := products.Reset(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
 	srv := httptest.NewServer(handler.New(handler.Deps{
+		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),
 		Products: products,
 		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) error {
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
 			if err := catalog.Seed(ctx, n, units); err != nil {
-				return err
+				return nil, err
 			}
 			_, err := products.Reset(ctx)
-			return err
+			return nil, err
 		}),
 		AdminToken: adminToken,
 		Ready: map[string]handler.Check{
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		},
-		Registry: prometheus.NewRegistry(),
+		Registry: a.reg,
 	}))
 	t.Cleanup(srv.Close)
-	return &api{url: srv.URL, db: db}
+	a.url = srv.URL
+	return a
 }
 
 type response struct {
@@ -180,6 +208,10 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		{"bool sku_id", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"sku_id":true,"user_id":1}`), nil, 400, "invalid_argument"},
 		{"unknown field", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"sku_id":1,"user_id":1,"qty":2}`), nil, 400, "invalid_argument"},
 		{"trailing data", "POST", "/api/v1/orders", "application/json", strings.NewReader(ok + `{}`), nil, 400, "invalid_argument"},
+		{"field name in capitals", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"SKU_ID":1,"user_id":1}`), nil, 400, "invalid_argument"},
+		{"field name in mixed case", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"sku_id":1,"User_Id":1}`), nil, 400, "invalid_argument"},
+		{"field given twice", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"sku_id":1,"sku_id":2,"user_id":1}`), nil, 400, "invalid_argument"},
+		{"field given twice, once in capitals", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"sku_id":1,"user_id":1,"SKU_ID":2}`), nil, 400, "invalid_argument"},
 		{"no such SKU", "POST", "/api/v1/orders", "application/json", strings.NewReader(`{"sku_id":9223372036854775807,"user_id":1}`), nil, 404, "not_found"},
 		{"text/plain", "POST", "/api/v1/orders", "text/plain", strings.NewReader(ok), nil, 415, "unsupported_media_type"},
 		{"no content type", "POST", "/api/v1/orders", "", strings.NewReader(ok), nil, 415, "unsupported_media_type"},
@@ -196,6 +228,10 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		{"product id zero", "GET", "/api/v1/products/0", "", nil, nil, 400, "invalid_argument"},
 		{"product id negative", "GET", "/api/v1/products/-3", "", nil, nil, 400, "invalid_argument"},
 		{"product id huge", "GET", "/api/v1/products/99999999999999999999", "", nil, nil, 400, "invalid_argument"},
+		{"product id with plus sign", "GET", "/api/v1/products/+5", "", nil, nil, 400, "invalid_argument"},
+		{"product id with leading zeros", "GET", "/api/v1/products/007", "", nil, nil, 400, "invalid_argument"},
+		{"stock id with leading zero", "GET", "/api/v1/products/01/stock", "", nil, nil, 400, "invalid_argument"},
+		{"stock id with plus sign", "GET", "/api/v1/products/+1/stock", "", nil, nil, 400, "invalid_argument"},
 		{"product missing", "GET", "/api/v1/products/4", "", nil, nil, 404, "not_found"},
 		{"stock id text", "GET", "/api/v1/products/x/stock", "", nil, nil, 400, "invalid_argument"},
 		{"stock missing", "GET", "/api/v1/products/4/stock", "", nil, nil, 404, "not_found"},
@@ -204,6 +240,11 @@ func TestBadRequestsChangeNothing(t *testing.T) {
 		{"seed wrong token", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":1,"stock":1}`), h("Authorization", "Bearer nope"), 401, "unauthorized"},
 		{"seed bad body", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":-1,"stock":1}`), h("Authorization", "Bearer "+adminToken), 400, "invalid_argument"},
 		{"seed missing stock", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":1}`), h("Authorization", "Bearer "+adminToken), 400, "invalid_argument"},
+		{"seed field given twice", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":1,"stock":1,"products":2}`), h("Authorization", "Bearer "+adminToken), 400, "invalid_argument"},
+		{"seed field in capitals", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"Products":1,"stock":1}`), h("Authorization", "Bearer "+adminToken), 400, "invalid_argument"},
+		{"seed scheme without token", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":1,"stock":1}`), h("Authorization", "bearer"), 401, "unauthorized"},
+		{"seed other scheme", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":1,"stock":1}`), h("Authorization", "Basic "+adminToken), 401, "unauthorized"},
+		{"seed token in other case", "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":1,"stock":1}`), h("Authorization", "Bearer "+strings.ToUpper(adminToken)), 401, "unauthorized"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -278,8 +319,9 @@ func TestAdminSeed(t *testing.T) {
 	if r := a.do(t, "GET", "/api/v1/products/9", "", nil, nil); r.status != 404 {
 		t.Fatalf("product 9 before the seed: %d %s", r.status, r.raw)
 	}
+	// The scheme is case-insensitive (RFC 7235).
 	r := a.do(t, "POST", "/api/v1/admin/seed", "application/json", strings.NewReader(`{"products":10,"stock":2}`),
-		map[string][]string{"Authorization": {"Bearer " + adminToken}})
+		map[string][]string{"Authorization": {"bearer " + adminToken}})
 	if r.status != 200 {
 		t.Fatalf("seed: %d %s", r.status, r.raw)
 	}

@@ -20,14 +20,20 @@ func handleHealthz() gin.HandlerFunc {
 }
 
 // handleReadyz answers 200 when every check passes, else 503 naming the
-// dependencies that failed (not why: that goes to the log).
-func handleReadyz(checks map[string]Check) gin.HandlerFunc {
+// dependencies that failed (not why: that goes to the log). Once stopping
+// says so it answers 503 without checking, so that a balancer takes the
+// replica out of service before it stops.
+func handleReadyz(checks map[string]Check, stopping func() bool) gin.HandlerFunc {
 	names := make([]string, 0, len(checks))
 	for name := range checks {
 		names = append(names, name)
 	}
 	sort.Strings(names)
 	return func(c *gin.Context) {
+		if stopping != nil && stopping() {
+			writeError(c, errStopping)
+			return
+		}
 		var failed []string
 		for _, name := range names {
 			ctx, cancel := context.WithTimeout(c.Request.Context(), readyTimeout)

@@ -2,6 +2,7 @@ package handler
 
 import (
 	"errors"
+	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -20,7 +21,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shop_http_requests_total",
-			Help: "HTTP requests by method, route and status.",
+			Help: "HTTP requests by method (GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS or other), route and status; 499 is a client that went away before the answer.",
 		}, []string{"method", "route", "code"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "shop_http_request_duration_seconds",
@@ -29,7 +30,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"method", "route"}),
 		orders: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shop_orders_total",
-			Help: "Order attempts by outcome: created, replayed or the error code.",
+			Help: "Order attempts by outcome: created, replayed or the error code (client_closed_request: the buyer went away first).",
 		}, []string{"result"}),
 		busy: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "shop_orders_busy_total",
@@ -40,6 +41,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	reg.MustRegister(m.requests, m.duration, m.orders, m.busy)
 	return m
+}
+
+// methodLabel is a request's method as a metrics label: one of the methods
+// HTTP defines for resources, else "other". Any token is a valid method, and
+// each label value is a series of its own: made-up methods must not grow
+// them without bound.
+func methodLabel(method string) string {
+	switch method {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
+		http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		return method
+	}
+	return "other"
 }
 
 // busyCause labels why an order was busy.

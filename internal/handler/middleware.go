@@ -35,7 +35,8 @@ func recovery(log *slog.Logger) gin.HandlerFunc {
 }
 
 // observe logs each request as JSON and records its metrics. Failures at 500
-// and above are logged at error level with their cause, the rest at debug.
+// and above are logged at error level with their cause, the rest at debug
+// (a client that went away, 499, among them).
 func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		start := time.Now()
@@ -46,8 +47,9 @@ func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
 			route = "unmatched"
 		}
 		code := c.Writer.Status()
-		m.requests.WithLabelValues(c.Request.Method, route, strconv.Itoa(code)).Inc()
-		m.duration.WithLabelValues(c.Request.Method, route).Observe(elapsed.Seconds())
+		method := methodLabel(c.Request.Method)
+		m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
+		m.duration.WithLabelValues(method, route).Observe(elapsed.Seconds())
 
 		level := slog.LevelDebug
 		if code >= 500 {
@@ -89,8 +91,10 @@ func requireAdmin(token string) gin.HandlerFunc {
 			writeError(c, errAdminDisabled)
 			return
 		}
-		got, ok := strings.CutPrefix(c.GetHeader("Authorization"), "Bearer ")
-		if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+		// The scheme is case-insensitive (RFC 7235), the token is not.
+		scheme, got, ok := strings.Cut(c.GetHeader("Authorization"), " ")
+		got = strings.TrimLeft(got, " ")
+		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			writeError(c, errUnauthorized)
 			return
 		}

@@ -2,7 +2,6 @@ package handler
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
@@ -23,17 +22,30 @@ type orderResponse struct {
 	CreatedAt string `json:"created_at"`
 }
 
-// orderTimeout bounds one order, lock wait included.
-const orderTimeout = 15 * time.Second
+const (
+	// orderTimeout bounds one order, lock wait included, up to its COMMIT.
+	orderTimeout = 15 * time.Second
+	// postCommitBound is what the order path may still spend after COMMIT
+	// and before the answer: the cache invalidation (at most 1 s) and the
+	// lock's release (at most 2 s), the bounds package stock puts on them
+	// (its invalidateTimeout and releaseTimeout).
+	postCommitBound = 3 * time.Second
+	// OrderBudget is the longest POST /api/v1/orders takes to be answered.
+	// A proxy in front of the service must wait longer for an answer
+	// (deploy/nginx.conf's proxy_read_timeout), or it answers 504 for an
+	// order that was placed.
+	OrderBudget = orderTimeout + postCommitBound
+)
 
 // handlePlaceOrder answers 201 only after the order has been committed. The
 // order rules (positive ids, the key's format) are the domain's to check.
 func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		fail := func(err error) {
+			err = clientGone(c, err)
 			_, code, _ := status(err)
 			m.orders.WithLabelValues(code).Inc()
-			if errors.Is(err, stock.ErrBusy) {
+			if code == "busy" {
 				m.busy.WithLabelValues(busyCause(err)).Inc()
 			}
 			writeError(c, err)

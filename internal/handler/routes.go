@@ -13,7 +13,7 @@ func addRoutes(r *gin.Engine, d Deps) {
 	r.NoMethod(func(c *gin.Context) { writeError(c, errMethodNotAllowed) })
 
 	r.GET("/healthz", handleHealthz())
-	r.GET("/readyz", handleReadyz(d.Ready))
+	r.GET("/readyz", handleReadyz(d.Ready, d.Stopping))
 	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})))
 
 	api := r.Group("/api/v1")

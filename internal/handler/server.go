@@ -31,16 +31,19 @@ type Stock interface {
 	Stock(ctx context.Context, id int64) (int, error)
 }
 
-// Seeder resets the catalog.
+// Seeder resets the catalog. An error means the catalog was not reset.
+// Warnings, in words for the client, say what did not follow a reset that
+// did happen (the product cache, the other replicas): the seed stands, and
+// seeding again to fix them would delete the orders placed meanwhile.
 type Seeder interface {
-	Seed(ctx context.Context, products, stock int) error
+	Seed(ctx context.Context, products, stock int) (warnings []string, err error)
 }
 
 // SeedFunc is a function that is a Seeder.
-type SeedFunc func(ctx context.Context, products, stock int) error
+type SeedFunc func(ctx context.Context, products, stock int) ([]string, error)
 
 // Seed calls f.
-func (f SeedFunc) Seed(ctx context.Context, products, stock int) error {
+func (f SeedFunc) Seed(ctx context.Context, products, stock int) ([]string, error) {
 	return f(ctx, products, stock)
 }
 
@@ -59,6 +62,10 @@ type Deps struct {
 	AdminToken string
 	// Ready lists the checks of /readyz by name.
 	Ready map[string]Check
+	// Stopping reports that the service is being taken out of service:
+	// /readyz answers 503 from then on, whatever the checks say. Nil
+	// means never.
+	Stopping func() bool
 	// Registry receives the HTTP metrics; /metrics serves it.
 	Registry *prometheus.Registry
 }

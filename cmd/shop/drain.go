@@ -1,0 +1,108 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// defaultDrain is SHOP_DRAIN's default: how long a stopping replica keeps
+// serving before it stops accepting. It must stay above the idle timeout of
+// the balancer's keep-alive connections to the replica (nginx's upstream
+// keepalive_timeout, 2s in deploy/nginx.conf): by then the balancer has
+// closed every connection it was not using.
+const defaultDrain = 5 * time.Second
+
+// drainer takes a replica out of service without dropping a request a
+// balancer has just written on an idle keep-alive connection.
+//
+// http.Server.Shutdown closes idle connections at once; a balancer that picked
+// one of them for a request a moment earlier gets its request refused with a
+// reset, and may not retry it elsewhere (nginx retries no POST that was sent).
+// So before Shutdown the replica drains: /readyz answers 503, every response
+// carries "Connection: close", and it keeps serving until no connection is
+// open or the drain period ends. A connection in use is closed by the server
+// after its next response; an idle one by the balancer, whose idle timeout is
+// shorter than the period. No idle connection is closed under a request.
+//
+// The balancer must stop opening connections to the replica during the
+// drain: by a readiness check of /readyz, or, for one without (nginx's open
+// source edition), by taking the replica out of its upstream before the
+// stop. A connection that reaches the listener as it closes is reset, and
+// a POST sent on it cannot safely be retried elsewhere.
+type drainer struct {
+	draining atomic.Bool
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	// closed is signalled when a connection closes.
+	closed chan struct{}
+}
+
+func newDrainer() *drainer {
+	return &drainer{conns: map[net.Conn]struct{}{}, closed: make(chan struct{}, 1)}
+}
+
+// Draining reports whether the drain has begun; /readyz answers 503 then.
+func (d *drainer) Draining() bool { return d.draining.Load() }
+
+// track is the server's ConnState hook: it keeps the set of open
+// connections.
+func (d *drainer) track(c net.Conn, state http.ConnState) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	switch state {
+	case http.StateNew:
+		d.conns[c] = struct{}{}
+	case http.StateClosed, http.StateHijacked:
+		delete(d.conns, c)
+		select {
+		case d.closed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// open returns how many connections are open.
+func (d *drainer) open() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return len(d.conns)
+}
+
+// handler wraps h: once the drain has begun, every response asks the client
+// to close its connection, and the server closes it after the response.
+// SetKeepAlivesEnabled(false) is not used for this: it also closes every
+// idle connection at once, which is the race the drain avoids.
+func (d *drainer) handler(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// drain begins the drain and returns when no connection is open or period
+// has passed, whichever comes first.
+func (d *drainer) drain(log *slog.Logger, period time.Duration) {
+	d.draining.Store(true)
+	log.Info("draining: /readyz answers 503 and every response closes its connection",
+		"open_connections", d.open(), "period", period.String())
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), period)
+	defer cancel()
+	for d.open() > 0 {
+		select {
+		case <-d.closed:
+		case <-ctx.Done():
+			log.Info("drain period over", "open_connections", d.open(), "waited", time.Since(start).String())
+			return
+		}
+	}
+	log.Info("drained: no connection open", "waited", time.Since(start).String())
+}

@@ -1,0 +1,275 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"shop/internal/handler"
+	"shop/internal/testenv"
+)
+
+const nginxConf = "../../deploy/nginx.conf"
+
+// nginxDirective returns the value of the first directive name in
+// deploy/nginx.conf, inside the block that opens with block (or anywhere
+// when block is empty), as a duration.
+func nginxDirective(t *testing.T, block, name string) time.Duration {
+	t.Helper()
+	f, err := os.Open(nginxConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	depth, inside := 0, block == ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line, _, _ := strings.Cut(sc.Text(), "#")
+		fields := strings.Fields(strings.TrimSuffix(strings.TrimSpace(line), ";"))
+		switch {
+		case block != "" && strings.HasPrefix(strings.TrimSpace(line), block+" "):
+			inside, depth = true, 0
+		case inside && len(fields) == 2 && fields[0] == name:
+			return nginxTime(t, fields[1])
+		}
+		depth += strings.Count(line, "{") - strings.Count(line, "}")
+		if block != "" && inside && depth <= 0 && strings.Contains(line, "}") {
+			inside = false
+		}
+	}
+	t.Fatalf("%s: no %s in %q", nginxConf, name, block)
+	return 0
+}
+
+// nginxTime reads an nginx time: a number of seconds, or with a unit.
+func nginxTime(t *testing.T, v string) time.Duration {
+	t.Helper()
+	if n, err := strconv.Atoi(v); err == nil {
+		return time.Duration(n) * time.Second
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		t.Fatalf("%s: time %q: %v", nginxConf, v, err)
+	}
+	return d
+}
+
+// nginx must wait for an order longer than the order can take, or it
+// answers 504 for an order that was placed; and it must close its idle
+// connections to a replica before a stopping replica's drain ends, or the
+// replica closes them under nginx's requests.
+func TestNginxTimeoutsFitTheService(t *testing.T) {
+	if read := nginxDirective(t, "location /", "proxy_read_timeout"); read <= handler.OrderBudget {
+		t.Errorf("proxy_read_timeout %s; want above the order budget, %s", read, handler.OrderBudget)
+	}
+	if idle := nginxDirective(t, "upstream shop", "keepalive_timeout"); idle >= defaultDrain {
+		t.Errorf("upstream keepalive_timeout %s; want below shop's drain, %s", idle, defaultDrain)
+	}
+	if writeTimeout <= handler.OrderBudget {
+		t.Errorf("the server's WriteTimeout %s cuts orders short: the order budget is %s", writeTimeout, handler.OrderBudget)
+	}
+}
+
+// nginxBin finds nginx where make test installs it.
+func nginxBin(t *testing.T) string {
+	t.Helper()
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p
+	}
+	for _, p := range []string{"/usr/sbin/nginx", "/usr/local/sbin/nginx", "/opt/homebrew/bin/nginx"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	t.Fatal("nginx not found: make test installs it")
+	return ""
+}
+
+// frontNginx is nginx from deploy/nginx.conf in front of replicas.
+type frontNginx struct {
+	url  string
+	dir  string
+	port string
+	cmd  *exec.Cmd
+}
+
+// configure writes the configuration with upstreams (host:port) as the
+// replicas.
+func (n *frontNginx) configure(t *testing.T, upstreams ...string) {
+	t.Helper()
+	var servers strings.Builder
+	for _, u := range upstreams {
+		fmt.Fprintf(&servers, "server %s; ", u)
+	}
+	tmpl, err := os.ReadFile(nginxConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := strings.NewReplacer("${NGINX_LISTEN}", "127.0.0.1:"+n.port, "${NGINX_DIR}", n.dir,
+		"${NGINX_LOG_DIR}", n.dir, "${SHOP_UPSTREAMS}", servers.String()).Replace(string(tmpl))
+	if err := os.WriteFile(filepath.Join(n.dir, "nginx.conf"), []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reload points nginx at upstreams, as an operator does before stopping a
+// replica: new requests go to the new set at once, requests under way
+// finish where they are.
+func (n *frontNginx) reload(t *testing.T, upstreams ...string) {
+	t.Helper()
+	n.configure(t, upstreams...)
+	if err := n.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// startNginx runs deploy/nginx.conf on a free loopback port in front of the
+// replicas at upstreams (host:port); it stops when the test ends.
+func startNginx(t *testing.T, upstreams ...string) *frontNginx {
+	t.Helper()
+	bin := nginxBin(t)
+	dir := t.TempDir()
+	port := strings.TrimPrefix(deadAddr(t), "127.0.0.1:")
+	n := &frontNginx{url: "http://127.0.0.1:" + port, dir: dir, port: port}
+	n.configure(t, upstreams...)
+	path := filepath.Join(dir, "nginx.conf")
+	opts := "daemon off;"
+	if os.Getuid() == 0 {
+		opts += " user root;"
+	}
+	cmd := exec.Command(bin, "-p", dir, "-e", filepath.Join(dir, "error.log"), "-c", path, "-g", opts)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	n.cmd = cmd
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGQUIT)
+		cmd.Wait()
+		if t.Failed() {
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			t.Logf("nginx error.log:\n%s", log)
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			return n
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
+			t.Fatalf("nginx did not start:\n%s", log)
+		}
+	}
+}
+
+// /metrics shows the runtime of the process and is for Prometheus, which
+// scrapes each replica: through nginx it does not exist, in the API's error
+// shape; on the replica itself it is served.
+func TestNginxHidesMetrics(t *testing.T) {
+	db := testenv.MySQL(t)
+	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
+	front := startNginx(t, strings.TrimPrefix(r.url, "http://")).url
+	waitReady(t, front)
+
+	for _, path := range []string{"/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics"} {
+		res, err := http.Get(front + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		var e struct {
+			Error struct{ Code string } `json:"error"`
+		}
+		if res.StatusCode != 404 || json.Unmarshal(body, &e) != nil || e.Error.Code != "not_found" || strings.Contains(string(body), "go_goroutines ") {
+			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
+		}
+	}
+	res, err := http.Get(r.url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != 200 || !strings.Contains(string(body), "shop_http_requests_total") {
+		t.Errorf("GET /metrics on the replica: %d; want the metrics", res.StatusCode)
+	}
+}
+
+// A rolling restart behind nginx, as the README describes it: buyers keep
+// ordering through nginx while one of two replicas is taken out of nginx's
+// upstream (a reload) and then stopped. Its drain lets the requests under
+// way finish and ends once nginx's old workers have closed their
+// connections. No buyer sees a 502 or a 504, and every acknowledged order is
+// in MySQL.
+func TestRollingRestartBehindNginxDropsNoOrder(t *testing.T) {
+	const skus = 2000
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
+		t.Fatal(out)
+	}
+	vars := func() map[string]string {
+		return map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t),
+			"SHOP_REDIS_PREFIX": redisPrefix(t), "SHOP_DRAIN": defaultDrain.String()}
+	}
+	stopping, staying := startReplica(t, vars()), startReplica(t, vars())
+	stayingAddr := strings.TrimPrefix(staying.url, "http://")
+	front := startNginx(t, strings.TrimPrefix(stopping.url, "http://"), stayingAddr)
+	waitReady(t, front.url)
+
+	// One connection per order: nginx's reload closes the idle connections
+	// of its old workers, and a client writing on one would lose its POST
+	// there, a race between the client and nginx that is not the replica's.
+	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	tl := &tally{status: map[int]int{}}
+	skusc, wait := buyers(16, client, front.url, tl)
+	stopped := make(chan time.Duration)
+	go func() {
+		time.Sleep(500 * time.Millisecond) // under load
+		front.reload(t, stayingAddr)
+		time.Sleep(200 * time.Millisecond) // the new workers take over
+		start := time.Now()
+		stopping.stop()
+		<-stopping.done
+		stopping.done <- nil // for the cleanup
+		stopped <- time.Since(start)
+	}()
+	var took time.Duration
+	sku := 1
+feed:
+	for ; sku <= skus; sku++ {
+		select {
+		case took = <-stopped:
+			break feed
+		case skusc <- sku:
+		}
+	}
+	for end := min(sku+200, skus); sku <= end; sku++ { // and after it has gone
+		skusc <- sku
+	}
+	close(skusc)
+	wait()
+	if tl.status[201] == 0 || tl.errs != 0 || len(tl.status) != 1 {
+		t.Errorf("answers through nginx: %v, transport errors %d; want only 201s", tl.status, tl.errs)
+	}
+	acks := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(acks, []byte(strings.Join(tl.acks, "\n")+"\n"), 0o600)
+	if code, out := shop(t, db, "verify", "--acks", acks); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+	if took >= defaultDrain {
+		t.Errorf("the replica took %s to stop: its drain should end when nginx's old workers close their connections", took)
+	}
+	t.Logf("%d orders through nginx while a replica stopped in %s: %v", len(tl.acks), took.Round(time.Millisecond), tl.status)
+}

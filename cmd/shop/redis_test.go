@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/cache"
+	"shop/internal/lock"
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+// testConfig is the configuration of vars over the defaults.
+func testConfig(t *testing.T, vars map[string]string) config {
+	t.Helper()
+	cfg, err := loadConfig(env(vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
+// testLocker is the order lock newLocker builds for vars, closed when the
+// test ends.
+func testLocker(t *testing.T, vars map[string]string) stock.Locker {
+	t.Helper()
+	locker, closeLocker, err := newLocker(testConfig(t, vars))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(closeLocker)
+	return locker
+}
+
+// testCache is the Redis client and the product cache serve builds for
+// cfg, in front of catalog, closed when the test ends.
+func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (*redis.Client, *cache.Products) {
+	t.Helper()
+	rdb := newRedis(cfg.RedisAddr)
+	t.Cleanup(func() { rdb.Close() })
+	products := newCache(cfg, rdb, catalog, nil, nil)
+	t.Cleanup(products.Close)
+	return rdb, products
+}
+
+// A lease's context must end when the lease does, whatever Redis does: a
+// renewal that gets no answer may not outlive the lease. With the clients
+// newLocker builds and a Redis that stops answering, the lease's Context is
+// cancelled by the time Until says the lease ran out, give or take the
+// slack of a busy machine — not when a client's own read timeout (1s, and
+// again on a retry) finally ends the renewal.
+func TestLeaseEndsWithItsTTLWhenRedisHangs(t *testing.T) {
+	const (
+		ttl   = 600 * time.Millisecond
+		slack = 300 * time.Millisecond
+	)
+	r := testenv.StartRedis(t)
+	locker := testLocker(t, map[string]string{"SHOP_REDIS_ADDR": r.Addr, "SHOP_LOCK_TTL": ttl.String()})
+	t.Cleanup(r.Resume) // before the kill of StartRedis's cleanup
+
+	lease, err := locker.Obtain(context.Background(), stock.LockKey(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Renewed while Redis answers.
+	time.Sleep(2 * ttl)
+	if err := lease.Context().Err(); err != nil {
+		t.Fatalf("lease lost while Redis answered: %v", context.Cause(lease.Context()))
+	}
+	r.Pause()
+	select {
+	case <-lease.Context().Done():
+	case <-time.After(10 * ttl):
+		t.Fatal("the lease's context was not cancelled while Redis was paused")
+	}
+	ended := time.Now()
+	until := lease.Until()
+	if late := ended.Sub(until); late > slack {
+		t.Errorf("lease context cancelled %s after the lease ran out (Until %s); want at most %s",
+			late.Round(time.Millisecond), until.Format("15:04:05.000"), slack)
+	} else {
+		t.Logf("lease context cancelled %s after Until", late.Round(time.Millisecond))
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrNotHeld) {
+		t.Errorf("cause %v, want lock.ErrNotHeld", cause)
+	}
+}
+
+// The product cache gives each Redis call 500ms and then reads MySQL: with
+// the client newRedis builds and a Redis that stops answering, a product
+// read answers (from MySQL) in about that time, not after the client's 1s
+// read timeout.
+func TestCacheReadFallsBackInTimeWhenRedisHangs(t *testing.T) {
+	const (
+		redisTimeout = 500 * time.Millisecond // cache.Options.RedisTimeout's default
+		slack        = 400 * time.Millisecond
+	)
+	db := testenv.MySQL(t)
+	catalog := stock.NewCatalog(db.Gorm)
+	ctx := context.Background()
+	if err := catalog.Seed(ctx, 3, 1); err != nil {
+		t.Fatal(err)
+	}
+	r := testenv.StartRedis(t)
+	_, products := testCache(t, testConfig(t, map[string]string{"SHOP_REDIS_ADDR": r.Addr}), catalog)
+	t.Cleanup(r.Resume)
+	if _, err := products.Reset(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := products.Product(ctx, 1); err != nil { // a pooled connection, and product 1 cached
+		t.Fatal(err)
+	}
+
+	r.Pause()
+	start := time.Now()
+	p, err := products.Product(ctx, 2)
+	took := time.Since(start)
+	if err != nil || p.ID != 2 {
+		t.Fatalf("product 2 with Redis paused: %+v, %v", p, err)
+	}
+	if took > redisTimeout+slack {
+		t.Errorf("read with Redis paused took %s; want at most %s", took.Round(time.Millisecond), redisTimeout+slack)
+	} else {
+		t.Logf("read with Redis paused took %s", took.Round(time.Millisecond))
+	}
+}
+
+// A release whose reply is lost did release the lock. The order lock's
+// client must not retry it behind the lock's back: the retry finds the key
+// gone and reports the lock as not held, a lease lost under an order that
+// in fact kept it to the end.
+func TestLockReleaseWithLostReplyIsNotReportedNotHeld(t *testing.T) {
+	proxy := testenv.StartProxy(t, testenv.RedisAddr(t))
+	prefix := redisPrefix(t)
+	locker := testLocker(t, map[string]string{"SHOP_REDIS_ADDR": proxy.Addr, "SHOP_REDIS_PREFIX": prefix})
+	ctx := context.Background()
+	key := stock.LockKey(1)
+	// One hold first, so the release script is cached in Redis and the cut
+	// release below runs it rather than being told to send it again.
+	lease, err := locker.Obtain(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	if lease, err = locker.Obtain(ctx, key); err != nil {
+		t.Fatal(err)
+	}
+	redisKey := prefix + "lock:{" + key + "}"
+	cut := proxy.CutReply([]byte(redisKey))
+	err = lease.Release(ctx)
+	select {
+	case <-cut:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release never went through the proxy")
+	}
+	if errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("release with its reply lost: %v; the lock was released, not lost", err)
+	}
+	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
+	if n, err := rdb.Exists(ctx, redisKey).Result(); err != nil || n != 0 {
+		t.Errorf("lock key after the release: exists=%d, %v; want released", n, err)
+	}
+	t.Logf("release with its reply lost: %v", err)
+}

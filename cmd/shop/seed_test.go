@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gin-gonic/gin"
+
+	"shop/internal/cache"
+	"shop/internal/handler"
+	"shop/internal/notify"
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+const testAdminToken = "a-token-of-24-characters"
+
+// deadAddr is a loopback address where nothing listens.
+func deadAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// seedAPI serves the admin API with the seeder serve builds, on the catalog
+// and on the Redis at redisAddr.
+func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAddr string) (*httptest.Server, *cache.Products) {
+	t.Helper()
+	gin.SetMode(gin.ReleaseMode)
+	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": redisAddr, "SHOP_REDIS_PREFIX": redisPrefix(t)})
+	rdb, products := testCache(t, cfg, source)
+	srv := httptest.NewServer(handler.New(handler.Deps{
+		Seeder:     newSeeder(catalog, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
+		AdminToken: testAdminToken,
+	}))
+	t.Cleanup(srv.Close)
+	return srv, products
+}
+
+// postSeed posts a seed of n products of units each and decodes the answer.
+func postSeed(t *testing.T, url string, n, units int) (int, map[string]any, http.Header) {
+	t.Helper()
+	req, err := http.NewRequest("POST", url+"/api/v1/admin/seed", strings.NewReader(fmt.Sprintf(`{"products":%d,"stock":%d}`, n, units)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var body map[string]any
+	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	return res.StatusCode, body, res.Header
+}
+
+// A seed that committed stands, even when what follows it fails: the API
+// answers 200 with warnings rather than a 503 that invites a retry (and a
+// second seed would delete the orders placed since), and `shop seed` says
+// the catalog WAS seeded and exits 1.
+func TestSeedThatCommittedIsNotAFailure(t *testing.T) {
+	db := testenv.MySQL(t)
+	catalog := stock.NewCatalog(db.Gorm)
+	dead := deadAddr(t) // Redis is down: no announcement, no cache reset
+
+	srv, _ := seedAPI(t, catalog, catalog, dead)
+	code, body, _ := postSeed(t, srv.URL, 7, 2)
+	warnings, _ := body["warnings"].([]any)
+	if code != 200 || body["products"] != 7.0 || body["stock"] != 2.0 || len(warnings) != 2 {
+		t.Errorf("seed with Redis down: %d %v; want 200 with the seed and two warnings", code, body)
+	}
+	for _, w := range warnings {
+		if s, _ := w.(string); strings.Contains(s, dead) || strings.Contains(s, "dial") {
+			t.Errorf("warning shows internals: %q", s)
+		}
+	}
+	if r, err := stock.Verify(context.Background(), db.Gorm, nil); err != nil || r.Products != 7 || r.Stock != 14 {
+		t.Errorf("catalog after the seed: %+v, %v; want 7 products of 2 units", r, err)
+	}
+
+	var out strings.Builder
+	err := run(context.Background(), []string{"seed", "--products", "5", "--stock", "1"},
+		env(map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": dead}), &out, &out)
+	if code := exitCode(err, &out); code != 1 {
+		t.Errorf("shop seed with Redis down: exit %d, want 1", code)
+	}
+	for _, want := range []string{"seeded 5 products", "warning: the replicas were not told", "warning: the product cache was not reset", "WAS seeded"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("shop seed with Redis down does not say %q:\n%s", want, out.String())
+		}
+	}
+	if r, err := stock.Verify(context.Background(), db.Gorm, nil); err != nil || r.Products != 5 {
+		t.Errorf("catalog after shop seed: %+v, %v; want 5 products", r, err)
+	}
+}
+
+// cancelAfterSeed seeds, then cancels the caller's context, as a client
+// that gives up right after the commit does.
+type cancelAfterSeed struct {
+	catalog *stock.Catalog
+	cancel  context.CancelFunc
+}
+
+func (c cancelAfterSeed) Seed(ctx context.Context, n, units int) error {
+	err := c.catalog.Seed(ctx, n, units)
+	c.cancel()
+	return err
+}
+
+// What follows a committed seed does not depend on the client staying: the
+// Bloom filter is rebuilt even when the request's context ends right after
+// the commit, so the new products are not refused as absent.
+func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
+	db := testenv.MySQL(t)
+	catalog := stock.NewCatalog(db.Gorm)
+	ctx := context.Background()
+	if err := catalog.Seed(ctx, 3, 1); err != nil {
+		t.Fatal(err)
+	}
+	reqCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
+	rdb, products := testCache(t, cfg, catalog)
+	if _, err := products.Reset(ctx); err != nil { // the filter of products 1..3
+		t.Fatal(err)
+	}
+	if _, err := products.Product(ctx, 9); !errors.Is(err, stock.ErrNotFound) {
+		t.Fatalf("product 9 before the seed: %v, want not found", err)
+	}
+
+	seeder := newSeeder(cancelAfterSeed{catalog, cancel}, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler))
+	warnings, err := seeder.Seed(reqCtx, 10, 1)
+	if err != nil || len(warnings) != 0 {
+		t.Errorf("seed whose client left after the commit: %q, %v; want no warning", warnings, err)
+	}
+	if p, err := products.Product(ctx, 9); err != nil || p.ID != 9 {
+		t.Errorf("product 9 after the seed: %+v, %v; the Bloom filter was not rebuilt", p, err)
+	}
+}
+
+// A seed that cannot reach MySQL wrote nothing and may be retried: 503 busy
+// with Retry-After, not a 500.
+func TestSeedWithMySQLDownIsBusy(t *testing.T) {
+	deadDB, err := stock.Open("root@tcp("+deadAddr(t)+")/shop?parseTime=true", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	catalog := stock.NewCatalog(deadDB)
+	srv, _ := seedAPI(t, catalog, catalog, testenv.RedisAddr(t))
+	code, body, header := postSeed(t, srv.URL, 5, 1)
+	e, _ := body["error"].(map[string]any)
+	if code != 503 || e["code"] != "busy" || header.Get("Retry-After") == "" {
+		t.Errorf("seed with MySQL down: %d %v, Retry-After %q; want 503 busy with Retry-After", code, body, header.Get("Retry-After"))
+	}
+}
