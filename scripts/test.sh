@@ -53,12 +53,16 @@ fi
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
 go vet ./...
+go vet -tags failpoints ./...
 [ -n "${TEST_PKGS:-}" ] || scripts/lib_test.sh
 go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ${TEST_PKGS:-./...}
+# The failpoints build (make demo's bin/shop-failpoints) has tests of its own.
+[ -n "${TEST_PKGS:-}" ] || go test -race -count=1 -tags failpoints ./internal/failpoint/
 
 # The fleet: nginx → three replicas → MariaDB and Redis, driven by hey and
 # judged by shop verify, on a small catalog. SHOP_TEST_FLEET=0 skips it.
 if [ "${SHOP_TEST_FLEET:-1}" != 0 ]; then
   log "the lock experiment on a small fleet behind nginx"
-  SHOP_STATE="$tmp/stack" DEMO_OUT=out/test-fleet scripts/demo.sh -skus 200 -c 200 -ttl 300ms -pause 1s -hot-units 300 -hot-buyers 400
+  SHOP_STATE="$tmp/stack" DEMO_OUT=out/test-fleet scripts/demo.sh -skus 200 -c 200 -ttl 300ms -pause 1s -hot-units 300 -hot-buyers 400 \
+    -fault-after 1s -fault-span 6s
 fi

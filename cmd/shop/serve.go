@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"shop/internal/cache"
+	"shop/internal/failpoint"
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/notify"
@@ -74,7 +75,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	rdb := newRedis(cfg.RedisAddr)
 	defer rdb.Close()
 
-	locker, closeLocker, err := newLocker(cfg)
+	// Fault injection exists only in a -tags failpoints build; here, in a
+	// default one, every hook is nil (internal/failpoint).
+	hooks := failpoint.New()
+	locker, closeLocker, err := newLocker(cfg, hooks.After)
 	if err != nil {
 		return err
 	}
@@ -100,6 +104,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	orders := stock.NewService(ordersDB, locker, stock.Options{
 		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch,
 		Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
+		BeforeWrite: hooks.BeforeWrite,
 	})
 	registerOrderStats(reg, orders.Stats)
 	restocks := notify.New(rdb, cfg.RedisPrefix)
@@ -218,9 +223,10 @@ func newLockRedis(addr string, ttl time.Duration) *redis.Client {
 }
 
 // newLocker returns the order path's lock and what closes it, its clients
-// included. The Redis locks wake their waiters on release.
-func newLocker(cfg config) (stock.Locker, func(), error) {
-	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait}
+// included. The Redis locks wake their waiters on release. after, when not
+// nil, is the timer their lease watchdogs sleep on (a failpoint's).
+func newLocker(cfg config, after func(time.Duration) <-chan time.Time) (stock.Locker, func(), error) {
+	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait, After: after}
 	switch cfg.LockMode {
 	case "local":
 		return lock.NewLocal(cfg.LockWait), func() {}, nil
@@ -426,3 +432,10 @@ func serveDebug(addr string) (*http.Server, error) {
 	go srv.Serve(ln)
 	return srv, nil
 }
+
+// The order locks that give fencing tokens can also repair their counter
+// when MySQL shows it fell behind a row's fence.
+var (
+	_ stock.FenceRaiser = (*lock.Redis)(nil)
+	_ stock.FenceRaiser = (*lock.Redlock)(nil)
+)
