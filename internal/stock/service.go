@@ -545,7 +545,9 @@ func (s *Service) release(ctx context.Context, lease *lock.Lease) {
 // classifyLease is classify for errors met under a lease: work cut short
 // because the lease was lost or its context ended is ErrBusy.
 func (s *Service) classifyLease(ctx context.Context, lease *lock.Lease, err error) error {
-	if errors.Is(err, ErrOutcomeUnknown) {
+	if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrStaleFence) {
+		// MySQL's own verdict: a stale write refused says more than the
+		// lease lost that a watchdog may report a moment later.
 		return err
 	}
 	if cause := context.Cause(lease.Context()); cause != nil && ctx.Err() == nil {

@@ -329,6 +329,52 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 	}
 }
 
+// TestStaleWriteOfAWakingHolderIsReportedAsSuch is the stopped holder as
+// the demo stops it (internal/failpoint): its whole process stops between
+// its read and its write, watchdog included, and runs again only once its
+// write has been refused — so its watchdog finds the lease lost a moment
+// after MySQL refused the write, before the order's error is classified.
+// The refusal is what happened; "lease lost" would hide it.
+func TestStaleWriteOfAWakingHolderIsReportedAsSuch(t *testing.T) {
+	for _, batch := range []int{1, 0} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			db, rdb, prefix := oneUnit(t)
+			read, resume, thaw := make(chan struct{}), make(chan struct{}), make(chan struct{})
+			lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond,
+				After: func(d time.Duration) <-chan time.Time { // stopped until thawed
+					ch := make(chan time.Time, 1)
+					go func() { <-thaw; ch <- time.Now() }()
+					return ch
+				}})
+			a := stock.NewService(db.Open(t), lockA, stock.Options{Update: stock.Naive, Fencing: true, Batch: batch,
+				BeforeWrite: func(ctx context.Context, _ int64) func() {
+					close(read)
+					<-resume
+					return func() {
+						close(thaw)
+						<-ctx.Done() // the watchdog has found the lease lost
+					}
+				}})
+			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
+			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: true})
+
+			errA := make(chan error, 1)
+			go func() {
+				_, err := a.PlaceOrder(ctx, 1, 100, "")
+				errA <- err
+			}()
+			<-read
+			if _, err := b.PlaceOrder(ctx, 1, 200, ""); err != nil {
+				t.Fatalf("B: %v", err)
+			}
+			close(resume)
+			checkStaleWriter(t, db, true, "A", <-errA, stock.ErrStaleFence, stock.ErrBusy)
+		})
+	}
+}
+
 // TestFencingStopsReaderOfUncommittedWrite is the other interleaving of a
 // pause: holder A's naive write is in MySQL, uncommitted, when A stops; B
 // takes the lock, reads the old stock (a plain read does not wait for A's row
