@@ -193,9 +193,7 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 		args = append(args, "-retry")
 	}
 	if r.Fault != "" {
-		// Spread the sale so that the fault lands in the middle of it.
-		rate := float64(o.skus*o.buyers) / o.faultSpan.Seconds()
-		args = append(args, "-rate", strconv.FormatFloat(rate, 'f', 0, 64))
+		args = append(args, faultLoad(o)...)
 	}
 	load := exec.CommandContext(ctx, o.loadtest, append(args, "-json", base+".json", "-acks", acks)...)
 	logFile, err := os.Create(base + ".log")
@@ -256,6 +254,16 @@ func verifySale(ctx context.Context, stack, acks, path string, stderr io.Writer,
 		return v, fmt.Errorf("shop verify: %w: %q", err, out)
 	}
 	return v, os.WriteFile(path, out, 0o644)
+}
+
+// faultLoad are the load test's arguments that spread a fault row's sale
+// over o.faultSpan, so that the fault lands in the middle of it: a capped
+// rate, and a tenth of a second's worth of buyers at once. hey starts its
+// workers' requests together, so fewer workers make a smoother stream.
+func faultLoad(o options) []string {
+	rate := max(1, float64(o.skus*o.buyers)/o.faultSpan.Seconds())
+	workers := min(o.workers, max(1, int(rate/10)))
+	return []string{"-rate", strconv.FormatFloat(rate, 'f', 0, 64), "-c", strconv.Itoa(workers)}
 }
 
 // injectFault runs the row's fault o.faultAfter into the load, with the

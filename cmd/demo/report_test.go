@@ -257,6 +257,9 @@ func TestPauseAndFaultRows(t *testing.T) {
 			}
 		}
 	}
+	if got, want := faultLoad(o), []string{"-rate", "100", "-c", "10"}; !slices.Equal(got, want) {
+		t.Errorf("the fault rows' load %q, want %q: 800 buyers over 8s", got, want)
+	}
 	if pauses != 2 || faults != 4 {
 		t.Errorf("%d pause rows and %d fault rows, want 2 and 4", pauses, faults)
 	}
