@@ -121,6 +121,10 @@ start_masters() {
 # short drain period. It is killed only if it takes longer than this.
 replica_stop_timeout=45
 
+# nginx leaves a replica out this many seconds after a connection to it
+# failed (upstream fail_timeout).
+upstream_fail_timeout=2
+
 # stop_replicas stops every replica; in-flight requests finish first. They
 # drain side by side.
 stop_replicas() {
@@ -183,6 +187,11 @@ start_replicas() {
 # POST included. Reloading nginx to take the replica out first would cost
 # more: nginx's old workers close their idle keep-alive connections to the
 # clients, and a request a client sends on one just then is lost.
+#
+# While a replica is down nginx finds its connections refused and leaves it
+# out for fail_timeout; the next replica is stopped only once that is over
+# and nginx sends to the restarted one again, or nginx would find every
+# replica out at once and answer 502 for all of them.
 restart_replicas() {
   local i
   for i in "$@"; do
@@ -190,6 +199,7 @@ restart_replicas() {
     stop_pidfile "$state/replica$i/pid" $replica_stop_timeout
     start_replica "$i"
     wait_replica "$i"
+    sleep "$upstream_fail_timeout"
     log "replica $i: restarted"
   done
 }
@@ -212,7 +222,9 @@ nginx_up() {
   local n=$1 bin dir=$state/nginx upstreams= i opts
   bin=$(find_bin nginx) || die "nginx not found"
   mkdir -p "$dir/logs"
-  for i in $(seq 1 "$n"); do upstreams+="server 127.0.0.1:$(replica_port "$i"); "; done
+  for i in $(seq 1 "$n"); do
+    upstreams+="server 127.0.0.1:$(replica_port "$i") max_fails=1 fail_timeout=${upstream_fail_timeout}s; "
+  done
   render deploy/nginx.conf "$dir/nginx.conf" \
     NGINX_LISTEN="127.0.0.1:$NGINX_PORT" NGINX_DIR="$dir" NGINX_LOG_DIR="$dir/logs" SHOP_UPSTREAMS="$upstreams"
   opts="daemon off;"

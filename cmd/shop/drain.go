@@ -18,22 +18,32 @@ import (
 const defaultDrain = 5 * time.Second
 
 // drainer takes a replica out of service without dropping a request a
-// balancer has just written on an idle keep-alive connection.
+// balancer has written to it.
 //
 // http.Server.Shutdown closes idle connections at once; a balancer that picked
 // one of them for a request a moment earlier gets its request refused with a
 // reset, and may not retry it elsewhere (nginx retries no POST that was sent).
-// So before Shutdown the replica drains: /readyz answers 503, every response
-// carries "Connection: close", and it keeps serving until no connection is
-// open or the drain period ends. A connection in use is closed by the server
-// after its next response; an idle one by the balancer, whose idle timeout is
-// shorter than the period. No idle connection is closed under a request.
+// So before Shutdown the replica drains:
 //
-// The balancer must stop opening connections to the replica during the
-// drain: by a readiness check of /readyz, or, for one without (nginx's open
-// source edition), by taking the replica out of its upstream before the
-// stop. A connection that reaches the listener as it closes is reset, and
-// a POST sent on it cannot safely be retried elsewhere.
+//   - it stops accepting at once: a connection refused is one the balancer
+//     never sent a request on, so it tries another replica, POST included
+//     (nginx's proxy_next_upstream error), and leaves this one out. This is
+//     done first, while the balancer still reuses its keep-alive
+//     connections rather than opening new ones: a connection that reaches
+//     the listener's queue in the instant it closes is reset after its
+//     request was written, the one loss no replica can undo, and waiting
+//     would only make new connections more frequent (below);
+//   - /readyz answers 503 on the connections still open;
+//   - every response carries "Connection: close", and the server closes the
+//     connection after it;
+//   - it keeps serving until no connection is open or the drain period
+//     ends. A connection in use is closed after its next response; an idle
+//     one by the balancer, whose idle timeout is shorter than the period.
+//     No idle connection is closed under a request.
+//
+// A readiness-checking balancer (Kubernetes) must have stopped routing to
+// the replica before the signal (a preStop delay), since the listener closes
+// with it.
 type drainer struct {
 	draining atomic.Bool
 
@@ -87,11 +97,14 @@ func (d *drainer) handler(h http.Handler) http.Handler {
 	})
 }
 
-// drain begins the drain and returns when no connection is open or period
-// has passed, whichever comes first.
-func (d *drainer) drain(log *slog.Logger, period time.Duration) {
+// drain begins the drain, closing ln, and returns when no connection is
+// open or period has passed, whichever comes first.
+func (d *drainer) drain(log *slog.Logger, ln net.Listener, period time.Duration) {
 	d.draining.Store(true)
-	log.Info("draining: /readyz answers 503 and every response closes its connection",
+	if err := ln.Close(); err != nil {
+		log.Warn("draining: close the listener", "err", err)
+	}
+	log.Info("draining: no new connections; /readyz answers 503 and every response closes its connection",
 		"open_connections", d.open(), "period", period.String())
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), period)

@@ -162,21 +162,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	case <-ctx.Done():
 	}
 
-	// First the drain: /readyz answers 503 and connections close after
-	// their next response, while the replica still accepts (see drainer).
-	// Then Shutdown stops accepting, closes the connections left idle and
-	// waits for in-flight requests; their contexts are not cancelled, so
-	// orders under way commit or roll back and are answered. main turns a
-	// second signal into an immediate exit.
+	// First the drain: no new connections, /readyz answers 503 and
+	// connections close after their next response (see drainer). Then
+	// Shutdown closes the connections left idle and waits for in-flight
+	// requests; their contexts are not cancelled, so orders under way
+	// commit or roll back and are answered. main turns a second signal
+	// into an immediate exit.
 	log.Info("stopping: a second signal exits at once")
-	drain.drain(log, cfg.Drain)
-	log.Info("shutting down: no new connections, waiting for in-flight requests", "timeout", shutdownTimeout.String())
+	drain.drain(log, ln, cfg.Drain)
+	log.Info("shutting down: closing idle connections, waiting for in-flight requests", "timeout", shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
 	if err := srv.Shutdown(sctx); err != nil {
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}
-	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
 	log.Info("stopped")

@@ -65,10 +65,12 @@ func rawRequest(t *testing.T, conn net.Conn, r *bufio.Reader, req string) (*http
 
 // A balancer writes a request on an idle keep-alive connection at any
 // moment; a replica that is stopping must not close that connection under
-// it. Stopped with a keep-alive connection idle, the replica answers
-// /readyz with 503, and a POST written afterwards on the idle connection
-// gets a real answer with "Connection: close"; then, with no connection
-// left, the drain ends long before its period and the replica exits.
+// it. Stopped with keep-alive connections idle, the replica refuses new
+// connections (a balancer sends those requests elsewhere), answers /readyz
+// with 503 on one of the idle connections, and a POST written afterwards on
+// another gets a real answer with "Connection: close"; then, with no
+// connection left, the drain ends long before its period and the replica
+// exits.
 func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 	const drain = 20 * time.Second
 	db := testenv.MySQL(t)
@@ -80,33 +82,39 @@ func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 		"SHOP_DRAIN": drain.String(),
 	})
 	addr := strings.TrimPrefix(r.url, "http://")
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
+	idle := func() (net.Conn, *bufio.Reader) {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		br := bufio.NewReader(conn)
+		res, err := rawRequest(t, conn, br, "GET /healthz HTTP/1.1\r\nHost: shop\r\n\r\n")
+		if err != nil || res.StatusCode != 200 || res.Close {
+			t.Fatalf("first request on a keep-alive connection: %v, %v", res, err)
+		}
+		return conn, br
 	}
-	defer conn.Close()
-	br := bufio.NewReader(conn)
-	res, err := rawRequest(t, conn, br, "GET /healthz HTTP/1.1\r\nHost: shop\r\n\r\n")
-	if err != nil || res.StatusCode != 200 || res.Close {
-		t.Fatalf("first request on a keep-alive connection: %v, %v", res, err)
-	}
+	conn, br := idle()
+	probe, probeReader := idle()
 
 	stopped := time.Now()
 	r.stop() // what SIGTERM does in main
 	waitLog(t, r.log, stopBegun, 10*time.Second)
 	time.Sleep(200 * time.Millisecond) // a balancer's request comes whenever it comes
 
-	if ready, err := http.Get(r.url + "/readyz"); err != nil {
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Errorf("a new connection was accepted while stopping; want it refused, for the balancer to go elsewhere")
+	}
+	if ready, err := rawRequest(t, probe, probeReader, "GET /readyz HTTP/1.1\r\nHost: shop\r\n\r\n"); err != nil {
 		t.Errorf("/readyz while stopping: %v", err)
-	} else {
-		ready.Body.Close()
-		if ready.StatusCode != 503 {
-			t.Errorf("/readyz while stopping: %d, want 503", ready.StatusCode)
-		}
+	} else if ready.StatusCode != 503 {
+		t.Errorf("/readyz while stopping: %d, want 503", ready.StatusCode)
 	}
 
 	body := `{"sku_id":1,"user_id":7}`
-	res, err = rawRequest(t, conn, br, fmt.Sprintf("POST /api/v1/orders HTTP/1.1\r\nHost: shop\r\n"+
+	res, err := rawRequest(t, conn, br, fmt.Sprintf("POST /api/v1/orders HTTP/1.1\r\nHost: shop\r\n"+
 		"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body))
 	if err != nil {
 		t.Fatalf("POST on the idle connection after the stop: %v", err)
