@@ -86,10 +86,11 @@ func faultRows(o options) []row {
 	return []row{
 		fault(faultKillReplica, "a replica dies (SIGKILL) mid-sale: its locks lapse, nginx sends its buyers elsewhere, "+
 			"and buyers whose answer was lost retry under their key"),
-		fault(faultRolling, "every replica in turn is taken out of nginx, drains (SIGTERM) and starts again: "+
-			"no request is lost, so even a buyer who does not retry gets an answer from a replica"),
+		fault(faultRolling, "every replica in turn drains on SIGTERM (it stops accepting and finishes what it has) "+
+			"and starts again, while nginx keeps sending to it: no request is lost, so even a buyer who does not retry "+
+			"gets an answer from a replica"),
 		fault(faultRedis, "Redis (lock, cache, Bloom filter) is killed and comes back empty: leases are lost, "+
-			"fencing counters restart from the clock, the cache is rebuilt"),
+			"fencing tokens go on from the clock, the cache and the filter are rebuilt"),
 		fault(faultMariaDB, "MariaDB is restarted mid-sale: orders in flight fail or end with an unknown outcome, "+
 			"and their retries under the same key find what was committed"),
 	}

@@ -34,25 +34,7 @@ type api struct {
 	prefix string
 	// reg has the API's metrics, log its log (debug level and up).
 	reg *prometheus.Registry
-	log *syncBuffer
-}
-
-// syncBuffer is a log destination tests can read while the server writes.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	log *testenv.Log
 }
 
 // newAPI serves the whole API on real MariaDB and Redis with products 1..3
@@ -73,7 +55,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 	if _, err := products.Reset(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &syncBuffer{}}
+	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &testenv.Log{}}
 	srv := httptest.NewServer(handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),

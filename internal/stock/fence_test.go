@@ -1,7 +1,6 @@
 package stock_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -47,24 +46,6 @@ func (r *raisingLock) RaiseFence(ctx context.Context, key string, atLeast int64)
 		redis.call('SET', KEYS[1], ARGV[1]) end return 0`, []string{r.FenceKey(key)}, atLeast).Err()
 }
 
-// syncBuffer is a bytes.Buffer that a logger may write from any goroutine.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 func (r *raisingLock) calls() []raise {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -90,7 +71,7 @@ func TestStaleFenceRaisesCounter(t *testing.T) {
 				if fail {
 					locker.fail = errors.New("redis: connection refused")
 				}
-				logs := &syncBuffer{}
+				logs := &testenv.Log{}
 				svc := stock.NewService(db.Open(t), locker, stock.Options{Batch: batch, Fencing: true,
 					Logger: slog.New(slog.NewTextHandler(logs, nil))})
 				if err := db.Gorm.Exec("UPDATE products SET fence = ? WHERE id = 1", rowFence).Error; err != nil {

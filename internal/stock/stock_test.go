@@ -302,31 +302,47 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 	for _, fencing := range []bool{true, false} {
 		t.Run(fmt.Sprintf("fencing=%v", fencing), func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			db, rdb, prefix := oneUnit(t)
-			read, resume := make(chan struct{}), make(chan struct{})
-			lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond,
-				After: func(time.Duration) <-chan time.Time { return nil }}) // stopped: no renewals
-			a := stock.NewService(db.Open(t), lockA, stock.Options{Update: stock.Naive, Fencing: fencing,
-				BeforeWrite: func(context.Context, int64) func() { close(read); <-resume; return nil }})
-			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
-			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: fencing})
-
-			errA := make(chan error, 1)
-			go func() {
-				_, err := a.PlaceOrder(ctx, 1, 100, "")
-				errA <- err
-			}()
-			<-read
-			// A's lease runs out while A is stopped; B's Obtain waits for it.
-			if _, err := b.PlaceOrder(ctx, 1, 200, ""); err != nil {
-				t.Fatalf("B: %v", err)
-			}
-			close(resume)
-			err := <-errA
+			err := stopHolder(t, db, rdb, prefix, stock.Options{Update: stock.Naive, Fencing: fencing},
+				func(time.Duration) <-chan time.Time { return nil }, // stopped: no renewals
+				func(context.Context) func() { return nil })
 			checkStaleWriter(t, db, fencing, "A", err, stock.ErrStaleFence, stock.ErrBusy)
 		})
 	}
+}
+
+// stopHolder is the stopped holder's interleaving: A reads product 1 under a
+// 200ms lease whose watchdog sleeps on after, and stops before its write
+// until B, with a lock of its own, has bought the unit; then its
+// BeforeWrite hook returns resumed's func, and A writes what it read. It
+// returns A's error.
+func stopHolder(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, opt stock.Options,
+	after func(time.Duration) <-chan time.Time, resumed func(ctx context.Context) func()) error {
+	t.Helper()
+	ctx := context.Background()
+	read, resume := make(chan struct{}), make(chan struct{})
+	lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond, After: after})
+	opt.BeforeWrite = func(ctx context.Context, _ int64) func() {
+		close(read)
+		<-resume
+		return resumed(ctx)
+	}
+	a := stock.NewService(db.Open(t), lockA, opt)
+	lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
+	b := stock.NewService(db.Open(t), lockB, stock.Options{Update: opt.Update, Fencing: opt.Fencing})
+
+	errA := make(chan error, 1)
+	go func() {
+		_, err := a.PlaceOrder(ctx, 1, 100, "")
+		errA <- err
+	}()
+	<-read
+	// A's lease runs out while A is stopped; B's Obtain waits for it.
+	if _, err := b.PlaceOrder(ctx, 1, 200, ""); err != nil {
+		t.Fatalf("B: %v", err)
+	}
+	close(resume)
+	return <-errA
 }
 
 // TestStaleWriteOfAWakingHolderIsReportedAsSuch is the stopped holder as
@@ -339,38 +355,21 @@ func TestStaleWriteOfAWakingHolderIsReportedAsSuch(t *testing.T) {
 	for _, batch := range []int{1, 0} {
 		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) {
 			t.Parallel()
-			ctx := context.Background()
 			db, rdb, prefix := oneUnit(t)
-			read, resume, thaw := make(chan struct{}), make(chan struct{}), make(chan struct{})
-			lockA := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond,
-				After: func(d time.Duration) <-chan time.Time { // stopped until thawed
+			thaw := make(chan struct{})
+			err := stopHolder(t, db, rdb, prefix, stock.Options{Update: stock.Naive, Fencing: true, Batch: batch},
+				func(time.Duration) <-chan time.Time { // stopped until thawed
 					ch := make(chan time.Time, 1)
 					go func() { <-thaw; ch <- time.Now() }()
 					return ch
-				}})
-			a := stock.NewService(db.Open(t), lockA, stock.Options{Update: stock.Naive, Fencing: true, Batch: batch,
-				BeforeWrite: func(ctx context.Context, _ int64) func() {
-					close(read)
-					<-resume
+				},
+				func(ctx context.Context) func() {
 					return func() {
 						close(thaw)
 						<-ctx.Done() // the watchdog has found the lease lost
 					}
-				}})
-			lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
-			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: true})
-
-			errA := make(chan error, 1)
-			go func() {
-				_, err := a.PlaceOrder(ctx, 1, 100, "")
-				errA <- err
-			}()
-			<-read
-			if _, err := b.PlaceOrder(ctx, 1, 200, ""); err != nil {
-				t.Fatalf("B: %v", err)
-			}
-			close(resume)
-			checkStaleWriter(t, db, true, "A", <-errA, stock.ErrStaleFence, stock.ErrBusy)
+				})
+			checkStaleWriter(t, db, true, "A", err, stock.ErrStaleFence, stock.ErrBusy)
 		})
 	}
 }

@@ -310,3 +310,23 @@ func (p *RedisProc) signal(sig syscall.Signal) {
 		p.cmd.Process.Signal(sig)
 	}
 }
+
+// Log is a log destination that a test reads while the code under test
+// writes to it from any goroutine.
+type Log struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (l *Log) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+// String returns everything written so far.
+func (l *Log) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
