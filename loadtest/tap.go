@@ -263,11 +263,11 @@ func (p retryPolicy) wait() time.Duration {
 }
 
 const (
-	// retryFloor is the least a buyer waits before it tries again, and
-	// the first wait's scale when the answer names none (a transport
-	// error); each further attempt doubles that scale.
+	// retryFloor is the least a buyer waits before it tries again.
 	retryFloor = 50 * time.Millisecond
-	retryBase  = 100 * time.Millisecond
+	// retryBase is the first wait's scale when the answer names none (a
+	// transport error); each further attempt doubles it.
+	retryBase = 100 * time.Millisecond
 	// retryCap is the most a buyer waits between two attempts, whatever
 	// Retry-After says.
 	retryCap = 5 * time.Second

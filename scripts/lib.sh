@@ -83,11 +83,13 @@ apt_install() {
     if [ ! -e "$policy" ] && [ ! -L "$policy" ]; then
       trap '"${sudo[@]}" rm -f "$policy"' EXIT
       trap 'exit 130' INT TERM HUP
+      # Each step checked: errexit does not hold inside a subshell that
+      # is the left side of ||.
       printf '#!/bin/sh\n# shop scripts/lib.sh: no service starts while apt-get installs the servers.\nexit 101\n' |
-        "${sudo[@]}" tee "$policy" >/dev/null
-      "${sudo[@]}" chmod 755 "$policy"
+        "${sudo[@]}" tee "$policy" >/dev/null || exit $?
+      "${sudo[@]}" chmod 755 "$policy" || exit $?
     fi
-    "${sudo[@]}" apt-get update -qq
+    "${sudo[@]}" apt-get update -qq || exit $?
     DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null
   ) || rc=$?
   stop_new_services "$before"

@@ -136,10 +136,12 @@ stop_replicas() {
 # replica_port I prints the port of replica I (from 1).
 replica_port() { echo "${replica_ports[$(($1 - 1))]}"; }
 
-# binary_sum prints the SHA-256 of bin/shop: what a replica records at start,
-# so that `up` can tell the replicas still running an older build.
+# binary_sum [BINARY] prints the SHA-256 of BINARY (bin/shop): what a
+# replica records at start, so that `up` can tell the replicas still running
+# an older build.
 binary_sum() {
-  if command -v sha256sum >/dev/null 2>&1; then sha256sum bin/shop; else shasum -a 256 bin/shop; fi | cut -d' ' -f1
+  local bin=${1:-bin/shop}
+  if command -v sha256sum >/dev/null 2>&1; then sha256sum "$bin"; else shasum -a 256 "$bin"; fi | cut -d' ' -f1
 }
 
 # start_replica I starts replica I, without waiting for it, with the
@@ -154,7 +156,7 @@ start_replica() {
     case $kv in SHOP_BINARY=*) bin=${kv#SHOP_BINARY=} ;; esac
   done
   mkdir -p "$dir"
-  binary_sum >"$dir/binary"
+  binary_sum "$bin" >"$dir/binary"
   env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" "${settings[@]}" \
     "$bin" serve </dev/null >>"$dir/shop.log" 2>&1 &
   echo $! >"$dir/pid"
@@ -179,14 +181,14 @@ start_replicas() {
 
 # restart_replicas I... restarts replicas I..., one at a time, while nginx
 # keeps sending them requests, as a balancer that is not told would. A
-# replica drains on SIGTERM (see shop serve): /readyz says 503, every
-# response closes its connection, nginx's idle connections to it lapse on
-# nginx's side (its upstream keepalive_timeout is shorter than the drain),
-# and only then does the replica stop accepting; a connection refused after
-# that is one nginx never sent a request on, so it tries the next replica,
-# POST included. Reloading nginx to take the replica out first would cost
-# more: nginx's old workers close their idle keep-alive connections to the
-# clients, and a request a client sends on one just then is lost.
+# replica drains on SIGTERM (see shop serve): it stops accepting at once — a
+# connection refused is one nginx never sent a request on, so it tries the
+# next replica, POST included — then answers what it has on the connections
+# open, each answer closing its connection, while nginx closes its idle ones
+# itself (its upstream keepalive_timeout is shorter than the drain), and
+# only then shuts down. Reloading nginx to take the replica out first would
+# cost more: nginx's old workers close their idle keep-alive connections to
+# the clients, and a request a client sends on one just then is lost.
 #
 # While a replica is down nginx finds its connections refused and leaves it
 # out for fail_timeout; the next replica is stopped only once that is over

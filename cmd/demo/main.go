@@ -164,7 +164,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 }
 
 // runRow restarts the replicas in the row's mode, reseeds, runs the load
-// (stopping a replica partway if the row says so) and verifies.
+// (killing a Redlock master or running the row's fault partway, if the row
+// says so) and verifies.
 func runRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
 	res := result{Row: r}
 	if r.Pause {
@@ -193,7 +194,7 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 		args = append(args, "-retry")
 	}
 	if r.Fault != "" {
-		args = append(args, faultLoad(o)...)
+		args = append(args, faultLoad(o, r)...)
 	}
 	load := exec.CommandContext(ctx, o.loadtest, append(args, "-json", base+".json", "-acks", acks)...)
 	logFile, err := os.Create(base + ".log")
@@ -256,12 +257,23 @@ func verifySale(ctx context.Context, stack, acks, path string, stderr io.Writer,
 	return v, os.WriteFile(path, out, 0o644)
 }
 
+// rollingRestartTakes is about how long scripts/stack.sh rolling-restart
+// takes for three replicas: each drains (2s, nginx's idle timeout), starts,
+// and is given 2s to be back in nginx's rotation.
+const rollingRestartTakes = 16 * time.Second
+
 // faultLoad are the load test's arguments that spread a fault row's sale
 // over o.faultSpan, so that the fault lands in the middle of it: a capped
 // rate, and a tenth of a second's worth of buyers at once. hey starts its
 // workers' requests together, so fewer workers make a smoother stream.
-func faultLoad(o options) []string {
-	rate := max(1, float64(o.skus*o.buyers)/o.faultSpan.Seconds())
+func faultLoad(o options, r row) []string {
+	span := o.faultSpan
+	if r.Fault == faultRolling {
+		// Each replica drains, starts and is back in nginx in about 5s:
+		// the sale lasts until the third has restarted.
+		span = max(span, o.faultAfter+rollingRestartTakes)
+	}
+	rate := max(1, float64(o.skus*o.buyers)/span.Seconds())
 	workers := min(o.workers, max(1, int(rate/10)))
 	return []string{"-rate", strconv.FormatFloat(rate, 'f', 0, 64), "-c", strconv.Itoa(workers)}
 }

@@ -257,8 +257,16 @@ func TestPauseAndFaultRows(t *testing.T) {
 			}
 		}
 	}
-	if got, want := faultLoad(o), []string{"-rate", "100", "-c", "10"}; !slices.Equal(got, want) {
-		t.Errorf("the fault rows' load %q, want %q: 800 buyers over 8s", got, want)
+	for _, tt := range []struct {
+		fault string
+		want  []string
+	}{
+		{faultKillReplica, []string{"-rate", "100", "-c", "10"}}, // 800 buyers over 8s
+		{faultRolling, []string{"-rate", "44", "-c", "4"}},       // over 2s + 16s
+	} {
+		if got := faultLoad(o, row{Fault: tt.fault}); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: the load %q, want %q", tt.fault, got, tt.want)
+		}
 	}
 	if pauses != 2 || faults != 4 {
 		t.Errorf("%d pause rows and %d fault rows, want 2 and 4", pauses, faults)

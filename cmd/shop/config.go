@@ -37,8 +37,9 @@ type config struct {
 	Bloom       bool
 	AdminToken  string
 	LogLevel    slog.Level
-	// Drain is how long a stopping replica keeps serving, every response
-	// closing its connection, before it stops accepting.
+	// Drain is how long a stopping replica, which accepts no new
+	// connection, keeps serving those it has, every response closing its
+	// connection, before Shutdown.
 	Drain time.Duration
 }
 

@@ -10,11 +10,12 @@ import (
 	"time"
 )
 
-// defaultDrain is SHOP_DRAIN's default: how long a stopping replica keeps
-// serving before it stops accepting. It must stay above the idle timeout of
-// the balancer's keep-alive connections to the replica (nginx's upstream
-// keepalive_timeout, 2s in deploy/nginx.conf): by then the balancer has
-// closed every connection it was not using.
+// defaultDrain is SHOP_DRAIN's default: how long a stopping replica, which
+// accepts no new connection, keeps serving those it has before Shutdown. It
+// must stay above the idle timeout of the balancer's keep-alive connections
+// to the replica (nginx's upstream keepalive_timeout, 2s in
+// deploy/nginx.conf): by then the balancer has closed every connection it
+// was not using.
 const defaultDrain = 5 * time.Second
 
 // drainer takes a replica out of service without dropping a request a
@@ -84,18 +85,47 @@ func (d *drainer) open() int {
 	return len(d.conns)
 }
 
-// handler wraps h: once the drain has begun, every response asks the client
-// to close its connection, and the server closes it after the response.
+// handler wraps h: every response whose header is written once the drain has
+// begun asks the client to close its connection, and the server closes it
+// after the response — a request that began before the drain included, or
+// its connection would go back to idle for Shutdown to close.
 // SetKeepAlivesEnabled(false) is not used for this: it also closes every
 // idle connection at once, which is the race the drain avoids.
 func (d *drainer) handler(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if d.draining.Load() {
-			w.Header().Set("Connection", "close")
-		}
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(&closingWriter{ResponseWriter: w, d: d}, r)
 	})
 }
+
+// closingWriter adds "Connection: close" to a response whose header is
+// written during the drain.
+type closingWriter struct {
+	http.ResponseWriter
+	d     *drainer
+	wrote bool
+}
+
+func (w *closingWriter) header() {
+	if !w.wrote {
+		w.wrote = true
+		if w.d.draining.Load() {
+			w.Header().Set("Connection", "close")
+		}
+	}
+}
+
+func (w *closingWriter) WriteHeader(code int) {
+	w.header()
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *closingWriter) Write(p []byte) (int, error) {
+	w.header()
+	return w.ResponseWriter.Write(p)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *closingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // drain begins the drain, closing ln, and returns when no connection is
 // open or period has passed, whichever comes first.

@@ -27,7 +27,10 @@ func main() {
 	// go-redis logs through one process-wide logger; make it JSON like ours.
 	redis.SetLogger(redisLog{log})
 	ctx, cancel := context.WithCancel(context.Background())
-	go onSignals(log, cancel)
+	// Registered before anything runs: a SIGTERM from then on drains.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go onSignals(log, sigs, cancel)
 	err := run(ctx, os.Args[1:], os.Getenv, os.Stdout, os.Stderr)
 	cancel()
 	os.Exit(exitCode(err, os.Stderr))
@@ -38,9 +41,7 @@ func main() {
 // the second: an operator who will not wait for the drain and the in-flight
 // requests must not have to reach for SIGKILL. Signals are queued on the
 // channel, so a second one that comes right after the first is not lost.
-func onSignals(log *slog.Logger, cancel context.CancelFunc) {
-	sigs := make(chan os.Signal, 2)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+func onSignals(log *slog.Logger, sigs <-chan os.Signal, cancel context.CancelFunc) {
 	<-sigs
 	cancel()
 	sig := <-sigs

@@ -173,7 +173,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	log.Info("shutting down: closing idle connections, waiting for in-flight requests", "timeout", shutdownTimeout.String())
 	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
 	defer cancel()
-	if err := srv.Shutdown(sctx); err != nil {
+	// The drain closed the listener already; Shutdown may find it closed.
+	if err := srv.Shutdown(sctx); err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("serve: shutdown: %w", err)
 	}
 	if err := <-errc; !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, net.ErrClosed) {
@@ -314,8 +315,10 @@ type catalogSeeder interface {
 
 // seedFollowUpTimeout bounds what follows a committed seed: the restock
 // announcement and the cache reset, which rebuilds the Bloom filter from
-// every product id.
-const seedFollowUpTimeout = 30 * time.Second
+// every product id. It stays well below nginx's proxy_read_timeout (25s), so
+// that a committed seed is answered, with its warnings, rather than with
+// nginx's 504, which invites a retry that would delete the orders since.
+const seedFollowUpTimeout = 15 * time.Second
 
 // seeded is what a committed seed did beyond the catalog.
 type seeded struct {

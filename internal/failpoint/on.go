@@ -12,9 +12,6 @@ import (
 	gofail "go.etcd.io/gofail/runtime"
 )
 
-// Enabled reports whether this binary was built with failpoints.
-const Enabled = true
-
 // gofail registers each failpoint name once per process; replicas run in
 // one test process share them.
 var (
