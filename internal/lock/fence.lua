@@ -6,7 +6,8 @@
 -- that missed the latest INCRs. The clock keeps every token at least its
 -- time of issue, so tokens stay above every one issued before as long as
 -- the server's clock moves forward; where it cannot (a replica promoted on
--- a machine whose clock is behind), RaiseFence repairs the counter. Lua
+-- a machine whose clock is behind), RaiseFence repairs the counter (the
+-- Redis lock and Redlock have it; the reentrant lock does not). Lua
 -- numbers are exact below 2^53, which microseconds stay under until the
 -- year 2255.
 

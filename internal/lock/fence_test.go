@@ -23,7 +23,8 @@ func micros(t *testing.T, c *redis.Client) int64 {
 
 // restored are counters as a Redis brought back from an older snapshot (or
 // a promoted replica that missed the latest INCRs) holds them, given the
-// last token T issued before: below T, and more than 2^40 (so not "lost").
+// last token T issued before: below T, yet large — more than 2^40, which an
+// earlier rule took for a counter that had survived.
 var restored = []struct {
 	name    string
 	counter func(last int64) int64

@@ -159,11 +159,12 @@ func (l *Lease) watch(after func(time.Duration) <-chan time.Time, interval time.
 var errUnanswered = errors.New("renewal unanswered when the lease ran out")
 
 // renewBy calls renew and waits for its answer until validUntil at most
-// (on after), then gives up on it with errUnanswered. renew is given a
-// context with that deadline, but the lease must not depend on the client
-// honouring it (a go-redis client without ContextTimeoutEnabled waits for
-// its read timeout), nor on each renew bounding every wait by validUntil: a
-// holder that is told late that its lease is gone writes on without it.
+// (on after), then gives up on it with errUnanswered. renew bounds its own
+// calls too (leaseIn's by validUntil, Redlock's by the node timeout), but
+// the lease must not depend on the client honouring that (a go-redis client
+// without ContextTimeoutEnabled waits for its read timeout), nor on every
+// renew bounding every wait: a holder that is told late that its lease is
+// gone writes on without it.
 func (l *Lease) renewBy(after func(time.Duration) <-chan time.Time, validUntil time.Time, renew renewFunc) (time.Time, error) {
 	type renewal struct {
 		next time.Time

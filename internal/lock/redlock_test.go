@@ -453,3 +453,33 @@ func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
 		}
 	})
 }
+
+// A waiter keeps to its wait even when the subscriptions cannot be opened:
+// with two masters of three hung, the first waiter of a process must not wait
+// for them (up to a second) past its own wait.
+func TestRedlockWaitKeepsItsBoundWithMajorityHung(t *testing.T) {
+	ctx := context.Background()
+	c := newCluster(t, 3)
+	holder := c.wakingLock(t, lock.RedisOptions{TTL: 10 * time.Second})
+	lease, err := holder.Obtain(ctx, "sku:1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lease.Release(ctx) })
+	const wait = 200 * time.Millisecond
+	waiter := c.wakingLock(t, lock.RedisOptions{TTL: 10 * time.Second, Wait: wait})
+	for _, p := range c.procs[1:] {
+		p.Pause()
+		t.Cleanup(p.Resume)
+	}
+	start := time.Now()
+	_, err = waiter.Obtain(ctx, "sku:1")
+	took := time.Since(start)
+	if !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("Obtain with the key held and two masters hung: %v, want ErrNotObtained", err)
+	}
+	// The subscriptions alone would hold it for a second.
+	if took > wait+600*time.Millisecond {
+		t.Errorf("Obtain gave up after %s; its wait is %s", took.Round(time.Millisecond), wait)
+	}
+}

@@ -181,7 +181,7 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 				// Registered after the first failure, so the uncontended
 				// path pays nothing; a release in between is caught by
 				// the backoff.
-				ch, done := w.wake.add(key)
+				ch, done := w.wake.add(waitCtx, key)
 				defer done()
 				woken = ch
 			}
@@ -271,20 +271,39 @@ type wakeups struct {
 	waiting   map[string][]chan struct{}
 	pubsubs   []*redis.PubSub
 	subscribe sync.Once
+	listening chan struct{} // closed once listen has returned
 	closed    bool
 	receiving sync.WaitGroup // the goroutines reading the subscriptions
 }
 
 func newWakeups(subs []Subscriber, channel string, skipOwn bool) *wakeups {
-	return &wakeups{subs: subs, channel: channel, id: rand.Text(), skipOwn: skipOwn, waiting: make(map[string][]chan struct{})}
+	return &wakeups{subs: subs, channel: channel, id: rand.Text(), skipOwn: skipOwn,
+		waiting: make(map[string][]chan struct{}), listening: make(chan struct{})}
 }
 
 // add puts a waiter for key in line and returns the channel that wakes it
 // and the function that takes it out of line. The first waiter opens the
-// subscriptions.
-func (w *wakeups) add(key string) (<-chan struct{}, func()) {
-	w.subscribe.Do(w.listen)
+// subscriptions; every waiter waits for them as listen does, but never past
+// ctx, its own wait. Once the lock is closed nothing is opened: the waiter
+// keeps to its backoff.
+func (w *wakeups) add(ctx context.Context, key string) (<-chan struct{}, func()) {
 	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	closed := w.closed
+	w.mu.Unlock()
+	if closed {
+		return ch, func() {}
+	}
+	w.subscribe.Do(func() {
+		go func() {
+			defer close(w.listening)
+			w.listen()
+		}()
+	})
+	select {
+	case <-w.listening:
+	case <-ctx.Done():
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.waiting[key] = append(w.waiting[key], ch)

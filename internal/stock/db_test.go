@@ -80,5 +80,10 @@ func TestConnLost(t *testing.T) {
 		if got := connLost(tt.err); got != tt.lost {
 			t.Errorf("connLost(%v) = %v, want %v", tt.err, got, tt.lost)
 		}
+		// A COMMIT the driver never sent (ErrBadConn) rolled back.
+		want := tt.lost && !errors.Is(tt.err, driver.ErrBadConn)
+		if got := commitLost(tt.err); got != want {
+			t.Errorf("commitLost(%v) = %v, want %v", tt.err, got, want)
+		}
 	}
 }

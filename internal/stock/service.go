@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -81,7 +82,7 @@ type Options struct {
 	// take a connection a lock holder needs. Default: the Service's own.
 	Reads *gorm.DB
 	// Cache, when set, is told after each committed order that the product's
-	// stock changed.
+	// stock changed, and after an order whose COMMIT's outcome is unknown.
 	Cache Invalidator
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
@@ -307,11 +308,17 @@ func (s *Service) orderTx(lease *lock.Lease, fn func(tx *gorm.DB, after *func())
 	if after != nil {
 		after()
 	}
-	if err != nil && committing && connLost(err) {
-		return fmt.Errorf("%w: %s: connection lost after COMMIT was sent: %w", ErrOutcomeUnknown, lease.Key(), err)
+	if err != nil && committing && commitLost(err) {
+		return fmt.Errorf("%w: %s: connection lost at COMMIT: %w", ErrOutcomeUnknown, lease.Key(), err)
 	}
 	return err
 }
+
+// commitLost reports whether err, the failure of a COMMIT, leaves its outcome
+// unknown: the connection failed, but not before the driver wrote anything
+// (driver.ErrBadConn is the driver's word that nothing was sent, so the
+// transaction rolled back).
+func commitLost(err error) bool { return connLost(err) && !errors.Is(err, driver.ErrBadConn) }
 
 // mayHaveCommitted reports whether an order transaction that ended with err
 // may have changed the product: it committed, or its outcome is unknown.
