@@ -174,6 +174,17 @@ free_port() {
   die "no free port found"
 }
 
+# free_ports N prints N distinct free ports (see free_port), one a line.
+free_ports() {
+  local ports=() port
+  while [ ${#ports[@]} -lt "$1" ]; do
+    port=$(free_port)
+    case " ${ports[*]} " in *" $port "*) continue ;; esac
+    ports+=("$port")
+  done
+  printf '%s\n' "${ports[@]}"
+}
+
 # wait_port PORT SECONDS [PID] waits until something accepts on
 # 127.0.0.1:PORT; it gives up early if process PID has died.
 wait_port() {
@@ -207,16 +218,102 @@ start_mariadb() {
   log "MariaDB on 127.0.0.1:$port (data in $dir)"
 }
 
-# start_redis DIR PORT starts a private, non-persistent Redis.
+# start_redis DIR PORT [OPTION...] starts a private, non-persistent Redis;
+# the options go to redis-server.
 start_redis() {
   local dir=$1 port=$2 redis
+  shift 2
   redis=$(find_bin redis-server) || die "redis-server not found"
   mkdir -p "$dir"
   "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
-    --logfile "$dir/redis.log" --maxclients 10000 </dev/null >/dev/null 2>&1 &
+    --logfile "$dir/redis.log" --maxclients 10000 "$@" </dev/null >/dev/null 2>&1 &
   echo $! >"$dir/pid"
   wait_port "$port" 20 $! || { tail -20 "$dir/redis.log" >&2; die "Redis did not start on port $port"; }
-  log "Redis on 127.0.0.1:$port"
+  log "Redis on 127.0.0.1:$port${*:+ ($*)}"
+}
+
+# redis_cli PORT COMMAND... runs one command on the Redis (or Sentinel) on
+# 127.0.0.1:PORT and prints its reply.
+redis_cli() {
+  local port=$1 cli
+  shift
+  cli=$(find_bin redis-cli) || die "redis-cli not found"
+  "$cli" -h 127.0.0.1 -p "$port" "$@"
+}
+
+# wait_redis PORT LINE SECONDS COMMAND... waits until the reply of COMMAND
+# on 127.0.0.1:PORT has LINE (such as cluster_state:ok).
+wait_redis() {
+  local port=$1 line=$2 deadline=$(( SECONDS + $3 ))
+  shift 3
+  until redis_cli "$port" "$@" 2>/dev/null | tr -d '\r' | grep -qx "$line"; do
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.1
+  done
+}
+
+# start_redis_cluster DIR PORT... starts a Redis Cluster of one master per
+# PORT, without replicas (a test and a demo need the slots spread over
+# masters, not their failover), each node in DIR/PORT, and waits until
+# every node reports the cluster ok.
+start_redis_cluster() {
+  local dir=$1 port nodes=()
+  shift
+  for port in "$@"; do
+    # The bus port is chosen too: the default, PORT+10000, may be taken.
+    start_redis "$dir/$port" "$port" --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-node-timeout 2000 --cluster-port "$(free_port)"
+    nodes+=("127.0.0.1:$port")
+  done
+  redis_cli "$1" --cluster create "${nodes[@]}" --cluster-yes >"$dir/create.log" 2>&1 ||
+    { cat "$dir/create.log" >&2; die "redis-cli --cluster create failed"; }
+  for port in "$@"; do
+    wait_redis "$port" cluster_state:ok 30 CLUSTER INFO || die "the Redis Cluster on $port is not ok"
+  done
+  log "Redis Cluster of $# masters on $(IFS=,; echo "${nodes[*]}")"
+}
+
+# start_redis_sentinel DIR NAME MASTER_PORT REPLICA_PORT SENTINEL_PORT...
+# starts a Redis master, one replica of it and a Sentinel per
+# SENTINEL_PORT watching them as NAME (quorum 2, a master down after 1 s),
+# each in DIR/PORT, and waits until the replica is in sync and every
+# Sentinel knows it.
+start_redis_sentinel() {
+  local dir=$1 name=$2 master=$3 replica=$4 port redis
+  shift 4
+  redis=$(find_bin redis-server) || die "redis-server not found"
+  start_redis "$dir/$master" "$master"
+  start_redis "$dir/$replica" "$replica" --replicaof 127.0.0.1 "$master"
+  wait_redis "$replica" master_link_status:up 30 INFO replication || die "the Redis replica on $replica is not in sync"
+  for port in "$@"; do
+    mkdir -p "$dir/$port"
+    # Sentinel rewrites its file as it learns the set-up.
+    printf '%s\n' "port $port" "bind 127.0.0.1" "dir $dir/$port" "logfile $dir/$port/redis.log" \
+      "sentinel monitor $name 127.0.0.1 $master 2" \
+      "sentinel down-after-milliseconds $name 1000" \
+      "sentinel failover-timeout $name 5000" >"$dir/$port/sentinel.conf"
+    "$redis" "$dir/$port/sentinel.conf" --sentinel </dev/null >/dev/null 2>&1 &
+    echo $! >"$dir/$port/pid"
+    wait_port "$port" 20 $! || { tail -20 "$dir/$port/redis.log" >&2; die "Sentinel did not start on port $port"; }
+  done
+  for port in "$@"; do
+    local deadline=$(( SECONDS + 30 ))
+    until [ "$(redis_cli "$port" SENTINEL REPLICAS "$name" 2>/dev/null | grep -c "^127.0.0.1$")" -ge 1 ] &&
+      [ "$(redis_cli "$port" SENTINEL SENTINELS "$name" 2>/dev/null | grep -c "^127.0.0.1$")" -ge $(( $# - 1 )) ]; do
+      [ $SECONDS -lt $deadline ] || die "Sentinel on $port does not know the replica and the other Sentinels"
+      sleep 0.2
+    done
+  done
+  log "Redis master $name on 127.0.0.1:$master, its replica on :$replica, Sentinels on $(IFS=,; echo "$*")"
+}
+
+# stop_redis_set DIR stops every server that start_redis_cluster or
+# start_redis_sentinel started in DIR.
+stop_redis_set() {
+  local pidfile
+  for pidfile in "$1"/*/pid; do
+    stop_pidfile "$pidfile"
+  done
 }
 
 # pid_alive PID tells whether process PID runs. A zombie does not: a

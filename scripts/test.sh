@@ -18,6 +18,8 @@ esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
 cleanup() {
   stop_pidfile "$tmp/redis/pid"
+  stop_redis_set "$tmp/redis-cluster"
+  stop_redis_set "$tmp/redis-sentinel"
   stop_pidfile "$tmp/mariadb/pid" 30
   stop_pidfile "$tmp/mariadb-autoinc2/pid" 30
   rm -rf "$tmp"
@@ -29,6 +31,17 @@ mysql_port=$(free_port)
 SHOP_INNODB_FLUSH=2 start_mariadb "$tmp/mariadb" "$mysql_port"
 redis_port=$(free_port)
 start_redis "$tmp/redis" "$redis_port"
+# Redis beyond one server, for the suites that run on every topology: a
+# Cluster of three masters, and a master with a replica watched by three
+# Sentinels. Not for the benchmarks.
+if [ "${1:-}" != bench ] && [ "${1:-}" != bench-lock ]; then
+  mapfile -t ports < <(free_ports 8)
+  start_redis_cluster "$tmp/redis-cluster" "${ports[@]:0:3}"
+  start_redis_sentinel "$tmp/redis-sentinel" shop "${ports[@]:3:5}"
+  export SHOP_TEST_REDIS_CLUSTER_ADDRS=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}
+  export SHOP_TEST_REDIS_SENTINEL_ADDRS=127.0.0.1:${ports[5]},127.0.0.1:${ports[6]},127.0.0.1:${ports[7]}
+  export SHOP_TEST_REDIS_MASTER_NAME=shop
+fi
 # A second, small server with MySQL 8's default innodb_autoinc_lock_mode=2,
 # where one multi-row INSERT's ids may interleave with another's.
 autoinc2_port=$(free_port)

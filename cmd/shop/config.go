@@ -16,11 +16,15 @@ import (
 
 // config is the service's configuration, read from the environment.
 type config struct {
-	HTTPAddr    string
-	DebugAddr   string
-	MySQLDSN    string
-	RedisAddr   string
-	RedisPrefix string
+	HTTPAddr  string
+	DebugAddr string
+	MySQLDSN  string
+	// RedisAddrs is one Redis server, or the seed nodes of a Redis
+	// Cluster, or — with RedisMasterName — the Sentinels that watch the
+	// master of that name: go-redis's UniversalOptions.Addrs.
+	RedisAddrs      []string
+	RedisMasterName string
+	RedisPrefix     string
 	// RedlockAddrs are the independent masters of redlock mode.
 	RedlockAddrs []string
 	LockMode     string
@@ -107,21 +111,21 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 
 	c := config{
-		HTTPAddr:    get("SHOP_HTTP_ADDR", ":8080"),
-		DebugAddr:   getenv("SHOP_DEBUG_ADDR"),
-		MySQLDSN:    get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
-		RedisAddr:   get("SHOP_REDIS_ADDR", "127.0.0.1:6379"),
-		RedisPrefix: get("SHOP_REDIS_PREFIX", "shop:"),
-		LockMode:    oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
-		LockTTL:     between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
-		LockWait:    duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
-		StockUpdate: oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
-		Fencing:     oneOf("SHOP_FENCING", "on", "on", "off") == "on",
-		CacheTTL:    duration("SHOP_CACHE_TTL", "10m", time.Second),
-		NullTTL:     duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
-		Bloom:       oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
-		AdminToken:  getenv("SHOP_ADMIN_TOKEN"),
-		Drain:       between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
+		HTTPAddr:        get("SHOP_HTTP_ADDR", ":8080"),
+		DebugAddr:       getenv("SHOP_DEBUG_ADDR"),
+		MySQLDSN:        get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
+		RedisMasterName: getenv("SHOP_REDIS_MASTER_NAME"),
+		RedisPrefix:     get("SHOP_REDIS_PREFIX", "shop:"),
+		LockMode:        oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
+		LockTTL:         between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
+		LockWait:        duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
+		StockUpdate:     oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
+		Fencing:         oneOf("SHOP_FENCING", "on", "on", "off") == "on",
+		CacheTTL:        duration("SHOP_CACHE_TTL", "10m", time.Second),
+		NullTTL:         duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
+		Bloom:           oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
+		AdminToken:      getenv("SHOP_ADMIN_TOKEN"),
+		Drain:           between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
 	}
 	c.OrderBatch = stock.DefaultBatch
 	if v := getenv("SHOP_ORDER_BATCH"); v != "" {
@@ -140,14 +144,16 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if _, err := mysql.ParseDSN(c.MySQLDSN); err != nil {
 		errs = append(errs, fmt.Errorf("SHOP_MYSQL_DSN: %w", err))
 	}
-	if !strings.Contains(c.RedisAddr, ":") {
-		errs = append(errs, fmt.Errorf("SHOP_REDIS_ADDR=%q: must be host:port", c.RedisAddr))
+	c.RedisAddrs = addrList(get("SHOP_REDIS_ADDR", "127.0.0.1:6379"))
+	if len(c.RedisAddrs) == 0 {
+		errs = append(errs, errors.New("SHOP_REDIS_ADDR: must be host:port, or a comma-separated list of them"))
 	}
-	for a := range strings.SplitSeq(getenv("SHOP_REDLOCK_ADDRS"), ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			c.RedlockAddrs = append(c.RedlockAddrs, a)
+	for _, a := range c.RedisAddrs {
+		if !strings.Contains(a, ":") {
+			errs = append(errs, fmt.Errorf("SHOP_REDIS_ADDR: %q must be host:port", a))
 		}
 	}
+	c.RedlockAddrs = addrList(getenv("SHOP_REDLOCK_ADDRS"))
 	for _, a := range c.RedlockAddrs {
 		if !strings.Contains(a, ":") {
 			errs = append(errs, fmt.Errorf("SHOP_REDLOCK_ADDRS: %q must be host:port", a))
@@ -172,6 +178,29 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, configError{errors.Join(errs...)}
 	}
 	return c, nil
+}
+
+// addrList splits a comma-separated list of addresses, dropping blanks.
+func addrList(v string) []string {
+	var addrs []string
+	for a := range strings.SplitSeq(v, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
+}
+
+// redisTopology names the Redis deployment that cfg's settings describe,
+// as go-redis's NewUniversalClient reads them.
+func (c config) redisTopology() string {
+	switch {
+	case c.RedisMasterName != "":
+		return "sentinel"
+	case len(c.RedisAddrs) > 1:
+		return "cluster"
+	}
+	return "single"
 }
 
 // loopback reports whether addr is host:port with a loopback host:

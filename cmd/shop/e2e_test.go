@@ -165,11 +165,14 @@ func postOrder(client *http.Client, url string, sku, user int) (int, []byte, err
 }
 
 // TestThreeReplicasSellEachUnitOnce is the acceptance run in small: three
-// `shop serve` on one MariaDB and one Redis (and, in redlock mode, three
-// more Redis masters for the lock), every SKU wanted by four buyers at once
-// through different replicas; then `shop verify --acks`.
+// `shop serve` on one MariaDB and a Redis — one server, a Redis Cluster of
+// three masters, a master managed by Sentinels — (and, in redlock mode,
+// three more Redis masters for the lock), every SKU wanted by four buyers
+// at once through different replicas; then `shop verify --acks`. The seed
+// runs on the same Redis: on a Cluster its cache reset covers every master.
 func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
-	t.Run("redis", func(t *testing.T) { sellEachUnitOnce(t, map[string]string{"SHOP_LOCK_MODE": "redis"}) })
+	redisLock := map[string]string{"SHOP_LOCK_MODE": "redis"}
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) { sellEachUnitOnce(t, topo, redisLock) })
 	t.Run("redlock", func(t *testing.T) {
 		var addrs []string
 		for range 3 {
@@ -178,27 +181,27 @@ func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
 		// A Redlock acquisition is three nodes' round trips, twice (lock,
 		// then fence): on a machine shared with the other test packages a
 		// buyer may need more than the default 2 s wait.
-		sellEachUnitOnce(t, map[string]string{
+		sellEachUnitOnce(t, testenv.Topologies(t)[0], map[string]string{
 			"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": strings.Join(addrs, ","), "SHOP_LOCK_WAIT": "10s",
 		})
 	})
 }
 
-func sellEachUnitOnce(t *testing.T, lockVars map[string]string) {
+func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]string) {
 	const skus, buyers = 150, 4
 	db := testenv.MySQL(t)
-	prefix := redisPrefix(t)
+	_, prefix := testenv.RedisOn(t, topo)
 	vars := func() map[string]string {
 		m := map[string]string{
 			"SHOP_MYSQL_DSN":    db.DSN,
-			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
 			"SHOP_STOCK_UPDATE": "naive",
 			"SHOP_REDIS_PREFIX": prefix,
 		}
+		maps.Copy(m, topo.Env())
 		maps.Copy(m, lockVars)
 		return m
 	}
-	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
+	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
 	var replicas []*replica
@@ -239,7 +242,7 @@ func sellEachUnitOnce(t *testing.T, lockVars map[string]string) {
 	}
 	acks := filepath.Join(t.TempDir(), "acks")
 	os.WriteFile(acks, []byte(strings.Join(tl.acks, "\n")+"\n"), 0o600)
-	if code, out := shop(t, db, "verify", "--acks", acks); code != 0 {
+	if code, out := shopWith(vars(), "verify", "--acks", acks); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
 	}
 	// ...show the sale at once on every replica: each order invalidated its

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
+
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -33,6 +35,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_LOG_LEVEL", "loud"},
 		{"SHOP_MYSQL_DSN", "not a dsn"},
 		{"SHOP_REDIS_ADDR", "localhost"},
+		{"SHOP_REDIS_ADDR", "127.0.0.1:7000,localhost"},
+		{"SHOP_REDIS_ADDR", " , "},
 		{"SHOP_HTTP_ADDR", "8080"},
 		{"SHOP_CACHE_TTL", "10"},
 		{"SHOP_CACHE_TTL", "10ms"},
@@ -78,6 +82,38 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	if _, err := loadConfig(env(nil)); err != nil {
 		t.Errorf("defaults rejected: %v", err)
 	}
+}
+
+// SHOP_REDIS_ADDR and SHOP_REDIS_MASTER_NAME name every Redis deployment in
+// go-redis's terms: one address, a Cluster's seed nodes, or Sentinels.
+func TestConfigRedisTopology(t *testing.T) {
+	tests := []struct {
+		addr, master string
+		want         string
+		addrs        []string
+	}{
+		{"", "", "single", []string{"127.0.0.1:6379"}},
+		{"redis:6379", "", "single", []string{"redis:6379"}},
+		{"a:7000, b:7001,c:7002,", "", "cluster", []string{"a:7000", "b:7001", "c:7002"}},
+		{"s1:26379,s2:26379,s3:26379", "shop", "sentinel", []string{"s1:26379", "s2:26379", "s3:26379"}},
+		{"s1:26379", "shop", "sentinel", []string{"s1:26379"}},
+	}
+	for _, tt := range tests {
+		cfg, err := loadConfig(env(map[string]string{"SHOP_REDIS_ADDR": tt.addr, "SHOP_REDIS_MASTER_NAME": tt.master}))
+		if err != nil {
+			t.Errorf("%q, %q: %v", tt.addr, tt.master, err)
+			continue
+		}
+		if got := cfg.redisTopology(); got != tt.want || !slices.Equal(cfg.RedisAddrs, tt.addrs) {
+			t.Errorf("%q, %q: %s on %q, want %s on %q", tt.addr, tt.master, got, cfg.RedisAddrs, tt.want, tt.addrs)
+		}
+		// go-redis's own choice of client agrees.
+		c := newRedis(cfg)
+		c.Close()
+		if _, cluster := c.(*redis.ClusterClient); cluster != (tt.want == "cluster") {
+			t.Errorf("%q, %q: go-redis made a %T, want %s", tt.addr, tt.master, c, tt.want)
+		}
+	}
 	for _, ok := range []map[string]string{
 		{"SHOP_LOCK_TTL": "300ms"}, {"SHOP_LOCK_TTL": "10m"},
 		{"SHOP_ADMIN_TOKEN": "sixteen-chars..."},
@@ -119,8 +155,13 @@ func TestUsageErrors(t *testing.T) {
 // returns its exit code and output.
 func shop(t *testing.T, db *testenv.DB, args ...string) (int, string) {
 	t.Helper()
+	return shopWith(map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)}, args...)
+}
+
+// shopWith runs the shop command with args and the settings vars, and
+// returns its exit code and output.
+func shopWith(vars map[string]string, args ...string) (int, string) {
 	var out bytes.Buffer
-	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)}
 	err := run(context.Background(), args, env(vars), &out, &out)
 	return exitCode(err, &out), out.String()
 }

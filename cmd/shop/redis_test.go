@@ -38,9 +38,9 @@ func testLocker(t *testing.T, vars map[string]string) stock.Locker {
 
 // testCache is the Redis client and the product cache serve builds for
 // cfg, in front of catalog, closed when the test ends.
-func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (*redis.Client, *cache.Products) {
+func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (redis.UniversalClient, *cache.Products) {
 	t.Helper()
-	rdb := newRedis(cfg.RedisAddr)
+	rdb := newRedis(cfg)
 	t.Cleanup(func() { rdb.Close() })
 	products := newCache(cfg, rdb, catalog, nil, nil)
 	t.Cleanup(products.Close)

@@ -72,7 +72,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := ordersDB.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	rdb := newRedis(cfg.RedisAddr)
+	rdb := newRedis(cfg)
 	defer rdb.Close()
 
 	// Fault injection exists only in a -tags failpoints build; here, in a
@@ -141,7 +141,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
+	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "redis", cfg.redisTopology(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom)
 
@@ -192,15 +192,18 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 	l.log.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }
 
-func newRedis(addr string) *redis.Client { return redis.NewClient(redisOptions(addr)) }
+// newRedis is a replica's client of its Redis: one server, a Redis Cluster
+// or a Sentinel-managed master, as cfg says (see config.RedisAddrs).
+func newRedis(cfg config) redis.UniversalClient { return redis.NewUniversalClient(redisOptions(cfg)) }
 
-// redisOptions are a replica's settings for a client of the Redis at addr.
-// A command ends at its context's deadline when that comes before the
+// redisOptions are a replica's settings for a client of its Redis. A
+// command ends at its context's deadline when that comes before the
 // timeouts: the product cache gives each read 500ms, a lock renewal the time
 // left on its lease.
-func redisOptions(addr string) *redis.Options {
-	return &redis.Options{
-		Addr:                  addr,
+func redisOptions(cfg config) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                 cfg.RedisAddrs,
+		MasterName:            cfg.RedisMasterName,
 		PoolSize:              redisPoolSize,
 		DialTimeout:           redisTimeout,
 		ReadTimeout:           redisTimeout,
@@ -209,18 +212,20 @@ func redisOptions(addr string) *redis.Options {
 	}
 }
 
-// newLockRedis is the order lock's own client of the Redis at addr, for a
-// lock whose leases last ttl. It does not retry: the lock retries a release
+// newLockRedis is the order lock's own client of the Redis, for a lock
+// whose leases last ttl. It does not retry: the lock retries a release
 // itself and must see a lost reply as an error, where a retry by the client
 // would find the key gone and report a lock it did release as not held.
 // Each command times out after ttl/3 (at most redisTimeout), so that a
 // renewal that gets no answer leaves time for a second one in the lease.
-func newLockRedis(addr string, ttl time.Duration) *redis.Client {
-	o := redisOptions(addr)
+// On a Redis Cluster the client still follows MOVED and ASK redirections:
+// those are answers that the command did not run.
+func newLockRedis(cfg config, ttl time.Duration) redis.UniversalClient {
+	o := redisOptions(cfg)
 	o.MaxRetries = -1
 	o.ReadTimeout = min(redisTimeout, ttl/3)
 	o.WriteTimeout = o.ReadTimeout
-	return redis.NewClient(o)
+	return redis.NewUniversalClient(o)
 }
 
 // newLocker returns the order path's lock and what closes it, its clients
@@ -235,7 +240,7 @@ func newLocker(cfg config, after func(time.Duration) <-chan time.Time) (stock.Lo
 		return lock.None{}, func() {}, nil
 	case "redlock":
 		nodes := make([]redis.Scripter, len(cfg.RedlockAddrs))
-		clients := make([]*redis.Client, len(cfg.RedlockAddrs))
+		clients := make([]redis.UniversalClient, len(cfg.RedlockAddrs))
 		for i, addr := range cfg.RedlockAddrs {
 			clients[i] = newRedlockNode(addr)
 			nodes[i] = clients[i]
@@ -252,7 +257,7 @@ func newLocker(cfg config, after func(time.Duration) <-chan time.Time) (stock.Lo
 			}
 		}, nil
 	}
-	rdb := newLockRedis(cfg.RedisAddr, cfg.LockTTL)
+	rdb := newLockRedis(cfg, cfg.LockTTL)
 	opt.Subscriber = rdb
 	l := lock.NewRedis(rdb, opt)
 	return l, func() {
@@ -282,16 +287,16 @@ func registerLockStats(reg prometheus.Registerer, stats func() lock.Stats) {
 // newRedlockNode is a client of one Redlock master. It does not retry (the
 // other masters answer instead) and lets the lock's per-node timeout, carried
 // by the context, bound each command.
-func newRedlockNode(addr string) *redis.Client {
-	o := redisOptions(addr)
+func newRedlockNode(addr string) redis.UniversalClient {
+	o := redisOptions(config{RedisAddrs: []string{addr}})
 	o.MaxRetries = -1
 	o.DialerRetries = 1
-	return redis.NewClient(o)
+	return redis.NewUniversalClient(o)
 }
 
 // newCache is the product cache on rdb in front of catalog. Its metrics go to
 // reg when it is not nil.
-func newCache(cfg config, rdb *redis.Client, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger) *cache.Products {
+func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger) *cache.Products {
 	mutex := lock.NewRedis(rdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "cache:mutex:", NoFencing: true})
 	jitter := cfg.CacheJitter
 	if jitter == 0 {

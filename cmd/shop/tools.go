@@ -95,7 +95,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 		return err
 	}
 	defer closeDB()
-	rdb := newRedis(cfg.RedisAddr)
+	rdb := newRedis(cfg)
 	defer rdb.Close()
 	catalog := stock.NewCatalog(db)
 	cached := newCache(cfg, rdb, catalog, nil, nil)

@@ -35,6 +35,7 @@ import (
 	"golang.org/x/sync/semaphore"
 	"golang.org/x/sync/singleflight"
 
+	"shop/internal/keyspace"
 	"shop/internal/lock"
 	"shop/internal/stock"
 )
@@ -679,14 +680,15 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	if !swapped {
 		p.opt.Logger.InfoContext(ctx, "cache: bloom filter of this reset dropped: a later reset built a newer one")
 	}
+	// On a Redis Cluster the entries are spread over the masters: every
+	// one is scanned.
 	cached := map[int64]bool{}
-	iter := p.rdb.Scan(ctx, 0, p.opt.Prefix+"product:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		if id, ok := p.idOf(iter.Val()); ok {
+	err = keyspace.Scan(ctx, p.rdb, p.opt.Prefix+"product:*", func(key string) {
+		if id, ok := p.idOf(key); ok {
 			cached[id] = true
 		}
-	}
-	if err := iter.Err(); err != nil {
+	})
+	if err != nil {
 		return 0, fmt.Errorf("cache: reset: %w", err)
 	}
 	for id := range cached {

@@ -137,17 +137,7 @@ func Redis(tb testing.TB) (*redis.Client, string) {
 	tb.Helper()
 	c := RedisAt(tb, lookup(tb, RedisEnv))
 	prefix := "test:" + Name() + ":"
-	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		for iter.Next(ctx) {
-			c.Del(ctx, iter.Val())
-		}
-		if err := iter.Err(); err != nil {
-			tb.Errorf("clean redis keys %s*: %v", prefix, err)
-		}
-	})
+	tb.Cleanup(func() { deleteKeys(tb, c, prefix) })
 	return c, prefix
 }
 
