@@ -67,6 +67,10 @@ unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
 [ -z "$unformatted" ] || die "not gofmt-ed: $unformatted"
 go vet ./...
 go vet -tags failpoints ./...
+# The deployment files (deploy/k8s, docker-compose.yml), checked by the
+# nested module deploy/ with kustomize, the Kubernetes API types and
+# compose-go, which the service's own module does not carry. No servers.
+[ -n "${TEST_PKGS:-}" ] || (cd deploy && go vet ./... && go test -count=1 ./...)
 [ -n "${TEST_PKGS:-}" ] || scripts/lib_test.sh
 go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ${TEST_PKGS:-./...}
 # The failpoints build (make demo's bin/shop-failpoints) has tests of its own.

@@ -1,0 +1,264 @@
+package validate
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/cli"
+	"github.com/compose-spec/compose-go/v2/types"
+)
+
+// LoadCompose loads a compose file with compose-go, the loader docker
+// compose uses: validated against the Compose schema (an unknown key is an
+// error), interpolated, normalized and checked for consistency (a
+// depends_on naming no service, say). The environment is empty, so a
+// ${VAR:-default} takes its default whatever the caller's environment.
+func LoadCompose(ctx context.Context, file string) (*types.Project, error) {
+	opts, err := cli.NewProjectOptions([]string{file},
+		cli.WithName("shop"),
+		cli.WithWorkingDirectory(filepath.Dir(file)),
+		cli.WithEnv(nil),
+		cli.WithInterpolation(true),
+		cli.WithNormalization(true),
+		cli.WithConsistency(true),
+		cli.WithResolvedPaths(true),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("validate: %w", err)
+	}
+	p, err := opts.LoadProject(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("validate: %s: %w", file, err)
+	}
+	return p, nil
+}
+
+const (
+	// sharedEnvKey is the compose file's extension that every shop service
+	// takes its environment from.
+	sharedEnvKey = "x-shop-env"
+	// nginxTemplate is the nginx template of the native stack, relative
+	// to the repository.
+	nginxTemplate = "deploy/nginx.conf"
+	// nginxTemplateDir is where the nginx image looks for templates, and
+	// nginxConf the file nginx reads.
+	nginxTemplateDir = "/etc/nginx/templates/"
+	nginxConf        = "/etc/nginx/nginx.conf"
+)
+
+var (
+	// templateVar is a ${NAME} of the nginx template, filled in from the
+	// environment (nginx's own variables are $lowercase, without braces).
+	templateVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
+	// upstreamServer is a server line of SHOP_UPSTREAMS.
+	upstreamServer = regexp.MustCompile(`\bserver\s+([^\s;]+)`)
+)
+
+// CheckCompose checks a compose project of the repository at repo against
+// the service and the native stack: every shop service (built from the
+// repository) has the environment of x-shop-env, made only of settings
+// the service reads; a setup service migrates and then seeds, and the
+// replicas wait for it; a replica is given time to drain and shut down
+// before it is killed; nginx runs the native stack's template, every
+// variable of it set, with every replica, and only them, as upstreams on
+// the port they listen on.
+func CheckCompose(p *types.Project, repo string, svc Service) error {
+	var pr problems
+	shared, err := sharedEnv(p)
+	if err != nil {
+		pr.addf("%v", err)
+		return pr.err()
+	}
+	if unknown := svc.unknownEnv(shared); len(unknown) > 0 {
+		pr.addf("%s: %s: not a setting shop reads (cmd/shop)", sharedEnvKey, strings.Join(unknown, ", "))
+	}
+	drain, err := svc.drain(shared)
+	if err != nil {
+		pr.addf("%s: %v", sharedEnvKey, err)
+	}
+	port, err := svc.listenPort(shared)
+	if err != nil {
+		pr.addf("%s: %v", sharedEnvKey, err)
+	}
+
+	var replicas, setups []string
+	for _, name := range slices.Sorted(maps.Keys(p.Services)) {
+		s := p.Services[name]
+		if s.Build == nil || filepath.Clean(s.Build.Context) != filepath.Clean(repo) {
+			continue
+		}
+		env := serviceEnv(s)
+		if !maps.Equal(env, shared) {
+			pr.addf("service %s: its environment differs from %s: %s", name, sharedEnvKey, envDiff(env, shared))
+		}
+		cmd := slices.Concat(s.Entrypoint, s.Command)
+		switch {
+		case len(cmd) == 0 || slices.Equal(cmd, []string{"serve"}):
+			replicas = append(replicas, name)
+			if need := drain + svc.Shutdown; s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) < need {
+				pr.addf("service %s: stop_grace_period %s is less than SHOP_DRAIN %s + shutdown %s = %s", name, graceString(s.StopGracePeriod), drain, svc.Shutdown, need)
+			}
+		case migratesThenSeeds(shopSteps(cmd)):
+			setups = append(setups, name)
+		}
+	}
+	if len(replicas) == 0 {
+		pr.addf("no shop replica (a service built from %s that runs shop serve)", repo)
+	}
+	if len(setups) == 0 {
+		pr.addf("no setup service running `shop migrate && shop seed …`")
+	}
+	for _, r := range replicas {
+		if !slices.ContainsFunc(setups, func(s string) bool {
+			return p.Services[r].DependsOn[s].Condition == types.ServiceConditionCompletedSuccessfully
+		}) {
+			pr.addf("service %s: does not wait for the setup (%s) to complete successfully", r, strings.Join(setups, ", "))
+		}
+	}
+	checkNginx(&pr, p, repo, replicas, port)
+	return pr.err()
+}
+
+// serviceEnv returns a service's environment; a variable without a value
+// (taken from the caller's environment, here empty) is left out.
+func serviceEnv(s types.ServiceConfig) map[string]string {
+	env := map[string]string{}
+	for k, v := range s.Environment {
+		if v != nil {
+			env[k] = *v
+		}
+	}
+	return env
+}
+
+// sharedEnv returns x-shop-env, interpolated like the rest of the file.
+func sharedEnv(p *types.Project) (map[string]string, error) {
+	raw, ok := p.Extensions[sharedEnvKey].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("no %s mapping in the compose file", sharedEnvKey)
+	}
+	env := map[string]string{}
+	for k, v := range raw {
+		if v == nil {
+			v = ""
+		}
+		env[k] = fmt.Sprint(v)
+	}
+	return env, nil
+}
+
+// checkNginx checks the nginx service: the native stack's template, every
+// variable of it set, the replicas as upstreams on port, and its listen
+// port published.
+func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, port int) {
+	template := filepath.Join(repo, nginxTemplate)
+	for _, name := range slices.Sorted(maps.Keys(p.Services)) {
+		s := p.Services[name]
+		i := slices.IndexFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool {
+			return v.Type == types.VolumeTypeBind && filepath.Clean(v.Source) == template
+		})
+		if i < 0 {
+			continue
+		}
+		where := "service " + name
+		v := s.Volumes[i]
+		env := serviceEnv(s)
+		if !strings.HasPrefix(v.Target, nginxTemplateDir) || !strings.HasSuffix(v.Target, ".template") || !v.ReadOnly {
+			pr.addf("%s: mounts %s at %s; want it read-only in %s as NAME.template", where, nginxTemplate, v.Target, nginxTemplateDir)
+		}
+		out := filepath.Join(env["NGINX_ENVSUBST_OUTPUT_DIR"], strings.TrimSuffix(filepath.Base(v.Target), ".template"))
+		if env["NGINX_ENVSUBST_OUTPUT_DIR"] == "" || out != nginxConf {
+			pr.addf("%s: the template is written to %s; nginx reads %s (set NGINX_ENVSUBST_OUTPUT_DIR)", where, out, nginxConf)
+		}
+		text, err := readText(template)
+		if err != nil {
+			pr.addf("%s: %v", where, err)
+			return
+		}
+		for _, name := range templateVars(text) {
+			if env[name] == "" {
+				pr.addf("%s: %s is not set; %s uses it", where, name, nginxTemplate)
+			}
+		}
+		checkUpstreams(pr, where, env["SHOP_UPSTREAMS"], replicas, port)
+		if listen := env["NGINX_LISTEN"]; listen != "" {
+			lp := listen[strings.LastIndex(listen, ":")+1:]
+			if !slices.ContainsFunc(s.Ports, func(pc types.ServicePortConfig) bool { return strconv.Itoa(int(pc.Target)) == lp }) {
+				pr.addf("%s: NGINX_LISTEN=%s, but no published port targets %s", where, listen, lp)
+			}
+		}
+		return
+	}
+	pr.addf("no service mounts %s as an nginx template", nginxTemplate)
+}
+
+// templateVars returns the ${NAME}s of an nginx template, comments left
+// out.
+func templateVars(text string) []string {
+	var names []string
+	for line := range strings.Lines(text) {
+		line, _, _ = strings.Cut(line, "#")
+		for _, m := range templateVar.FindAllStringSubmatch(line, -1) {
+			if !slices.Contains(names, m[1]) {
+				names = append(names, m[1])
+			}
+		}
+	}
+	return names
+}
+
+// checkUpstreams checks that SHOP_UPSTREAMS names each replica once, on
+// port, and nothing else.
+func checkUpstreams(pr *problems, where, upstreams string, replicas []string, port int) {
+	var hosts []string
+	for _, m := range upstreamServer.FindAllStringSubmatch(upstreams, -1) {
+		host, p, ok := strings.Cut(m[1], ":")
+		if !ok || p != strconv.Itoa(port) {
+			pr.addf("%s: SHOP_UPSTREAMS: %s is not on port %d, the one the replicas listen on", where, m[1], port)
+		}
+		hosts = append(hosts, host)
+	}
+	slices.Sort(hosts)
+	if !slices.Equal(hosts, replicas) {
+		pr.addf("%s: SHOP_UPSTREAMS names %v; want every replica once: %v", where, hosts, replicas)
+	}
+}
+
+// envDiff describes how env differs from want.
+func envDiff(env, want map[string]string) string {
+	var d []string
+	for _, k := range slices.Sorted(maps.Keys(want)) {
+		if v, ok := env[k]; !ok {
+			d = append(d, "no "+k)
+		} else if v != want[k] {
+			d = append(d, fmt.Sprintf("%s=%q, not %q", k, v, want[k]))
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if _, ok := want[k]; !ok {
+			d = append(d, "extra "+k)
+		}
+	}
+	return strings.Join(d, "; ")
+}
+
+// readText returns a file's text.
+func readText(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	return string(b), err
+}
+
+func graceString(d *types.Duration) string {
+	if d == nil {
+		return "unset (10s)"
+	}
+	return time.Duration(*d).String()
+}

@@ -1,0 +1,240 @@
+// Package validate checks the deployment files against the service they
+// deploy: the Kubernetes manifests of deploy/k8s, rendered with kustomize's
+// Go API and decoded strictly into the Kubernetes API's types, and
+// docker-compose.yml, loaded by the loader docker compose uses, with its
+// schema. What the files must agree with is read from the service's own
+// source (cmd/shop): the SHOP_* settings it reads, their defaults, the
+// drain and the shutdown timeout. Nothing of the service is imported, so
+// this module does not weigh on the service's and the service's on it.
+package validate
+
+import (
+	"errors"
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"net"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Service is what the deployment files must agree with, read from the
+// service's source.
+type Service struct {
+	// Env holds every SHOP_* variable the service reads.
+	Env map[string]bool
+	// Defaults are the settings' defaults that are written as string
+	// literals beside their names (SHOP_HTTP_ADDR's ":8080").
+	Defaults map[string]string
+	// Drain is SHOP_DRAIN's default: how long a stopping replica keeps
+	// serving the connections it has (defaultDrain).
+	Drain time.Duration
+	// Shutdown is how long in-flight requests get once the drain is over
+	// (shutdownTimeout).
+	Shutdown time.Duration
+}
+
+// envName is a SHOP_* variable's name, as a whole string literal.
+var envName = regexp.MustCompile(`^SHOP_[A-Z0-9_]+$`)
+
+// ReadService reads the non-test Go files of the service's command
+// (cmd/shop): every string literal that is a SHOP_* name is a setting it
+// reads, a call whose first two arguments are such a name and a string
+// literal gives that setting's default (get, oneOf, between), and the
+// constants defaultDrain and shutdownTimeout give the drain and the
+// shutdown.
+func ReadService(dir string) (Service, error) {
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return Service{}, err
+	}
+	s := Service{Env: map[string]bool{}, Defaults: map[string]string{}}
+	consts := map[string]ast.Expr{}
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			return Service{}, err
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.BasicLit:
+				if v, ok := stringLit(n); ok && envName.MatchString(v) {
+					s.Env[v] = true
+				}
+			case *ast.CallExpr:
+				if len(n.Args) >= 2 {
+					name, ok1 := stringLit(n.Args[0])
+					def, ok2 := stringLit(n.Args[1])
+					if ok1 && ok2 && envName.MatchString(name) {
+						s.Defaults[name] = def
+					}
+				}
+			case *ast.ValueSpec:
+				for i, id := range n.Names {
+					if i < len(n.Values) {
+						consts[id.Name] = n.Values[i]
+					}
+				}
+			}
+			return true
+		})
+	}
+	if len(s.Env) == 0 {
+		return Service{}, fmt.Errorf("validate: no SHOP_* setting found in %s", dir)
+	}
+	if s.Drain, err = durationConst(consts, "defaultDrain"); err != nil {
+		return Service{}, err
+	}
+	if s.Shutdown, err = durationConst(consts, "shutdownTimeout"); err != nil {
+		return Service{}, err
+	}
+	return s, nil
+}
+
+// stringLit returns the value of e if it is a string literal.
+func stringLit(e ast.Expr) (string, bool) {
+	lit, ok := e.(*ast.BasicLit)
+	if !ok || lit.Kind != token.STRING {
+		return "", false
+	}
+	v, err := strconv.Unquote(lit.Value)
+	return v, err == nil
+}
+
+// timeUnits are the time package's units a duration constant may use.
+var timeUnits = map[string]time.Duration{
+	"Nanosecond": time.Nanosecond, "Microsecond": time.Microsecond, "Millisecond": time.Millisecond,
+	"Second": time.Second, "Minute": time.Minute, "Hour": time.Hour,
+}
+
+// durationConst evaluates the constant name, written as a product of
+// integers, time units and other such constants (5 * time.Second).
+func durationConst(consts map[string]ast.Expr, name string) (time.Duration, error) {
+	e, ok := consts[name]
+	if !ok {
+		return 0, fmt.Errorf("validate: no constant %s in the service's source", name)
+	}
+	d, err := evalDuration(consts, e, 0)
+	if err != nil {
+		return 0, fmt.Errorf("validate: constant %s: %w", name, err)
+	}
+	return d, nil
+}
+
+func evalDuration(consts map[string]ast.Expr, e ast.Expr, depth int) (time.Duration, error) {
+	if depth > 10 {
+		return 0, errors.New("constants refer to each other too deeply")
+	}
+	switch e := e.(type) {
+	case *ast.ParenExpr:
+		return evalDuration(consts, e.X, depth+1)
+	case *ast.BasicLit:
+		n, err := strconv.ParseInt(e.Value, 0, 64)
+		return time.Duration(n), err
+	case *ast.SelectorExpr:
+		if pkg, ok := e.X.(*ast.Ident); ok && pkg.Name == "time" {
+			if u, ok := timeUnits[e.Sel.Name]; ok {
+				return u, nil
+			}
+		}
+	case *ast.Ident:
+		if c, ok := consts[e.Name]; ok {
+			return evalDuration(consts, c, depth+1)
+		}
+	case *ast.BinaryExpr:
+		if e.Op == token.MUL {
+			x, err := evalDuration(consts, e.X, depth+1)
+			if err != nil {
+				return 0, err
+			}
+			y, err := evalDuration(consts, e.Y, depth+1)
+			return x * y, err
+		}
+	}
+	return 0, fmt.Errorf("%T is not a product of integers and time units", e)
+}
+
+// drain returns the drain a process with env has: SHOP_DRAIN, or the
+// service's default.
+func (s Service) drain(env map[string]string) (time.Duration, error) {
+	v, ok := env["SHOP_DRAIN"]
+	if !ok || v == "" {
+		return s.Drain, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("SHOP_DRAIN=%q: %w", v, err)
+	}
+	return d, nil
+}
+
+// listenPort returns the port a process with env listens on: SHOP_HTTP_ADDR's,
+// or its default's.
+func (s Service) listenPort(env map[string]string) (int, error) {
+	addr, ok := env["SHOP_HTTP_ADDR"]
+	if !ok || addr == "" {
+		addr = s.Defaults["SHOP_HTTP_ADDR"]
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("SHOP_HTTP_ADDR=%q: %w", addr, err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil {
+		return 0, fmt.Errorf("SHOP_HTTP_ADDR=%q: port: %w", addr, err)
+	}
+	return n, nil
+}
+
+// unknownEnv returns the SHOP_* names in env that the service does not
+// read, sorted.
+func (s Service) unknownEnv(env map[string]string) []string {
+	var unknown []string
+	for name := range env {
+		if strings.HasPrefix(name, "SHOP_") && !s.Env[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
+}
+
+// shopSteps returns the shop subcommands a command line runs, in order:
+// shop itself (or a path ending in /shop), or `sh -c` with shop commands
+// joined by &&, each of which runs only if the one before succeeded. A step
+// that is not a shop command is "".
+func shopSteps(argv []string) []string {
+	if len(argv) != 3 || (argv[0] != "sh" && argv[0] != "/bin/sh") || argv[1] != "-c" {
+		return []string{shopStep(argv)}
+	}
+	var steps []string
+	for cmd := range strings.SplitSeq(argv[2], "&&") {
+		steps = append(steps, shopStep(strings.Fields(cmd)))
+	}
+	return steps
+}
+
+// shopStep returns the subcommand of a shop command line, or "" when argv
+// is not one.
+func shopStep(argv []string) string {
+	if len(argv) < 2 || (argv[0] != "shop" && !strings.HasSuffix(argv[0], "/shop")) {
+		return ""
+	}
+	return argv[1]
+}
+
+// migratesThenSeeds reports whether steps run shop migrate and, after it,
+// shop seed.
+func migratesThenSeeds(steps []string) bool {
+	mi := slices.Index(steps, "migrate")
+	return mi >= 0 && slices.Contains(steps[mi+1:], "seed")
+}

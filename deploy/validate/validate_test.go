@@ -1,0 +1,290 @@
+package validate_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"shop/deploy/validate"
+)
+
+// repoDir is the repository, from this package's directory.
+const repoDir = "../.."
+
+// edit replaces old, which must occur exactly once, with new in file.
+type edit struct{ file, old, new string }
+
+// service reads what the deployment files must agree with from cmd/shop.
+func service(t *testing.T) validate.Service {
+	t.Helper()
+	svc, err := validate.ReadService(filepath.Join(repoDir, "cmd/shop"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return svc
+}
+
+// repo returns the repository's absolute path.
+func repo(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs(repoDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// brokenCopy copies files (paths relative to from) into a new directory,
+// applies edits there and returns the directory. An edit whose old text is
+// not found exactly once fails the test: a case that breaks nothing would
+// pass for the wrong reason.
+func brokenCopy(t *testing.T, from string, files []string, edits []edit) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range files {
+		b, err := os.ReadFile(filepath.Join(from, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range edits {
+			if e.file != f {
+				continue
+			}
+			if n := strings.Count(string(b), e.old); n != 1 {
+				t.Fatalf("%s: %q occurs %d times; the edit needs exactly one", f, e.old, n)
+			}
+			b = []byte(strings.Replace(string(b), e.old, e.new, 1))
+		}
+		path := filepath.Join(dir, f)
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, e := range edits {
+		if _, err := os.Stat(filepath.Join(dir, e.file)); err != nil {
+			t.Fatalf("edit of %s, which is not copied", e.file)
+		}
+	}
+	return dir
+}
+
+// k8sFiles are the files of deploy/k8s.
+func k8sFiles(t *testing.T) []string {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(repoDir, "deploy/k8s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []string
+	for _, e := range entries {
+		files = append(files, e.Name())
+	}
+	return files
+}
+
+// wantRejected fails unless err names want.
+func wantRejected(t *testing.T, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("accepted; want an error naming %q", want)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error:\n%v\nwant one naming %q", err, want)
+	}
+	t.Logf("rejected: %v", firstLine(err))
+}
+
+func firstLine(err error) string {
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	return line
+}
+
+func TestReadService(t *testing.T) {
+	svc := service(t)
+	for _, name := range []string{"SHOP_HTTP_ADDR", "SHOP_MYSQL_DSN", "SHOP_REDIS_ADDR", "SHOP_ADMIN_TOKEN", "SHOP_DRAIN", "SHOP_LOCK_MODE"} {
+		if !svc.Env[name] {
+			t.Errorf("%s not found among the settings cmd/shop reads: %v", name, svc.Env)
+		}
+	}
+	// Only the command's own files: a test's variables are not settings.
+	if svc.Env["SHOP_TEST_MYSQL_DSN"] {
+		t.Errorf("SHOP_TEST_MYSQL_DSN taken for a setting")
+	}
+	if svc.Defaults["SHOP_HTTP_ADDR"] == "" || svc.Drain <= 0 || svc.Shutdown <= 0 {
+		t.Errorf("listen default %q, drain %s, shutdown %s; want all three read from cmd/shop",
+			svc.Defaults["SHOP_HTTP_ADDR"], svc.Drain, svc.Shutdown)
+	}
+	t.Logf("%d settings; SHOP_HTTP_ADDR default %q, drain %s, shutdown %s", len(svc.Env), svc.Defaults["SHOP_HTTP_ADDR"], svc.Drain, svc.Shutdown)
+}
+
+// TestK8s renders deploy/k8s and checks it: every object decodes strictly
+// into its API type and the manifests run the service as it expects.
+func TestK8s(t *testing.T) {
+	m, err := validate.Render(filepath.Join(repoDir, "deploy/k8s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	counts := map[string]int{
+		"Namespace": len(m.Namespaces), "ConfigMap": len(m.ConfigMaps), "Secret": len(m.Secrets),
+		"Service": len(m.Services), "Deployment": len(m.Deployments), "PodDisruptionBudget": len(m.PDBs), "Job": len(m.Jobs),
+	}
+	for kind, n := range counts {
+		if n != 1 {
+			t.Errorf("%d %s objects; want 1", n, kind)
+		}
+	}
+	if err := validate.CheckK8s(m, service(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestK8sRejectsBrokenCopies breaks a copy of deploy/k8s in one way per
+// case and expects the validation to reject it, naming the problem: the
+// strict decoding, and each check.
+func TestK8sRejectsBrokenCopies(t *testing.T) {
+	const (
+		dep  = "deployment.yaml"
+		conf = "config.env"
+		job  = "job-setup.yaml"
+	)
+	svc := service(t)
+	files := k8sFiles(t)
+	cases := []struct {
+		name  string
+		edits []edit
+		want  string
+	}{
+		{"kustomization typo", []edit{{"kustomization.yaml", "\nimages:\n", "\nimage:\n"}}, `invalid Kustomization: json: unknown field "image"`},
+		{"unknown field", []edit{{dep, "  replicas: 3\n", "  replicas: 3\n  replica: 3\n"}}, `unknown field "replica"`},
+		{"pod field in a container", []edit{{dep, "          imagePullPolicy: IfNotPresent\n", "          imagePullPolicy: IfNotPresent\n          hostNetwork: true\n"}}, `unknown field "hostNetwork"`},
+		{"wrong type", []edit{{dep, "  replicas: 3\n", "  replicas: three\n"}}, "replicas"},
+		{"API version no longer served", []edit{{"pdb.yaml", "apiVersion: policy/v1\n", "apiVersion: policy/v1beta1\n"}}, "unknown kind: policy/v1beta1 PodDisruptionBudget"},
+		{"readiness path", []edit{{dep, "path: /readyz", "path: /ready"}}, `readinessProbe: path "/ready"`},
+		{"liveness port", []edit{{dep, "path: /healthz\n              port: http", "path: /healthz\n              port: 9090"}}, "livenessProbe: port 9090"},
+		{"service targetPort", []edit{{"service.yaml", "targetPort: http", "targetPort: 8081"}}, "targetPort 8081 is not 8080"},
+		{"service selects nothing", []edit{{"service.yaml", "  selector:\n    app.kubernetes.io/name: shop\n    app.kubernetes.io/component: server",
+			"  selector:\n    app.kubernetes.io/name: shop\n    app.kubernetes.io/component: api"}}, "no Service selects the replicas' pods"},
+		{"service selects the job", []edit{{"service.yaml", "  selector:\n    app.kubernetes.io/name: shop\n    app.kubernetes.io/component: server",
+			"  selector:\n    app.kubernetes.io/name: shop"}}, "selects the pods of Job shop-setup"},
+		{"budget selects nothing", []edit{{"pdb.yaml", "      app.kubernetes.io/component: server", "      app.kubernetes.io/component: api"}}, "no PodDisruptionBudget selects"},
+		{"budget blocks drains", []edit{{"pdb.yaml", "maxUnavailable: 1", "minAvailable: 3"}}, "lets no replica go"},
+		{"grace too short", []edit{{dep, "terminationGracePeriodSeconds: 45", "terminationGracePeriodSeconds: 30"}}, "terminationGracePeriodSeconds 30s is less than preStop sleep 5s + SHOP_DRAIN 5s + shutdown 30s"},
+		{"drain raised, grace not", []edit{{conf, "SHOP_DRAIN=5s", "SHOP_DRAIN=20s"}}, "SHOP_DRAIN 20s"},
+		{"no preStop sleep", []edit{{dep, "sleep:\n                seconds: 5", "exec:\n                command: [\"true\"]"}}, "want a preStop sleep"},
+		{"setting shop does not read", []edit{{conf, "SHOP_LOCK_MODE=redis\n", "SHOP_LOCK_MODE=redis\nSHOP_LOCKMODE=redlock\n"}}, "SHOP_LOCKMODE: not a setting shop reads"},
+		{"password in the ConfigMap", []edit{
+			{conf, "SHOP_LOCK_MODE=redis\n", "SHOP_LOCK_MODE=redis\nSHOP_MYSQL_DSN=shop:pw@tcp(mysql:3306)/shop\n"},
+			{"secret.yaml", `  SHOP_MYSQL_DSN: "shop:CHANGE-ME@tcp(mysql:3306)/shop?parseTime=true"` + "\n", ""},
+		}, "SHOP_MYSQL_DSN comes from ConfigMap"},
+		{"no Redis address", []edit{{conf, "SHOP_REDIS_ADDR=redis:6379\n", ""}}, "SHOP_REDIS_ADDR is not set"},
+		{"in-process lock on three replicas", []edit{{conf, "SHOP_LOCK_MODE=redis", "SHOP_LOCK_MODE=local"}}, "SHOP_LOCK_MODE=local on several replicas oversells"},
+		{"listens elsewhere", []edit{{conf, "SHOP_HTTP_ADDR=:8080", "SHOP_HTTP_ADDR=:9000"}}, "declares no port 9000"},
+		{"ConfigMap renamed", []edit{{"kustomization.yaml", "  - name: shop-config\n", "  - name: shop-settings\n"}}, "envFrom: no ConfigMap shop-config"},
+		{"rollout lowers capacity", []edit{{dep, "maxUnavailable: 0", "maxUnavailable: 1"}}, "rollingUpdate.maxUnavailable 1"},
+		{"privilege escalation", []edit{{dep, "allowPrivilegeEscalation: false", "allowPrivilegeEscalation: true"}}, "container shop: want allowPrivilegeEscalation: false"},
+		{"root", []edit{{dep, "runAsUser: 10001", "runAsUser: 0"}}, "want runAsUser 10001"},
+		{"no CPU limit", []edit{{dep, "              cpu: \"2\"\n", ""}}, "container shop: no cpu limit"},
+		{"GOMEMLIMIT above the limit", []edit{{dep, "value: 460MiB", "value: 600MiB"}}, "GOMEMLIMIT 600MiB is not below the memory limit 512Mi"},
+		{"job does not seed", []edit{{job, `args: ["seed", "--products", "5000", "--stock", "1"]`, `args: ["verify"]`}}, "no Job runs shop migrate and then shop seed"},
+		{"job seeds before migrating", []edit{
+			{job, `args: ["migrate"]`, `args: ["swap"]`},
+			{job, `args: ["seed", "--products", "5000", "--stock", "1"]`, `args: ["migrate"]`},
+			{job, `args: ["swap"]`, `args: ["seed", "--products", "5000", "--stock", "1"]`},
+		}, "no Job runs shop migrate and then shop seed"},
+		{"job migrates beside the seed", []edit{{job, "      containers:\n", ""}, {job, "      initContainers:\n", "      containers:\n"}},
+			"Job shop-setup: 2 containers; want one"},
+		{"job on another image", []edit{{job, "          image: shop\n          imagePullPolicy: IfNotPresent\n          args: [\"migrate\"]",
+			"          image: busybox\n          imagePullPolicy: IfNotPresent\n          args: [\"migrate\"]"}}, "container migrate runs busybox, not the replicas' image shop:local"},
+		{"job never cleaned up", []edit{{job, "  ttlSecondsAfterFinished: 3600\n", ""}}, "no ttlSecondsAfterFinished"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := brokenCopy(t, filepath.Join(repoDir, "deploy/k8s"), files, tc.edits)
+			m, err := validate.Render(dir)
+			if err == nil {
+				err = validate.CheckK8s(m, svc)
+			}
+			wantRejected(t, err, tc.want)
+		})
+	}
+}
+
+// An unknown kind is an error that says so: a new kind needs its checks.
+func TestK8sRejectsUnknownKind(t *testing.T) {
+	files := k8sFiles(t)
+	dir := brokenCopy(t, filepath.Join(repoDir, "deploy/k8s"), files, []edit{{"kustomization.yaml", "  - pdb.yaml\n", "  - pdb.yaml\n  - ingress.yaml\n"}})
+	ingress := "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata:\n  name: shop\nspec:\n  defaultBackend:\n    service:\n      name: shop\n      port:\n        number: 80\n"
+	if err := os.WriteFile(filepath.Join(dir, "ingress.yaml"), []byte(ingress), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, err := validate.Render(dir)
+	if !errors.Is(err, validate.ErrUnknownKind) {
+		t.Fatalf("Render: %v; want %v", err, validate.ErrUnknownKind)
+	}
+	t.Logf("rejected: %v", err)
+}
+
+// composeFiles are the files a compose check reads.
+var composeFiles = []string{"docker-compose.yml", "deploy/nginx.conf"}
+
+// TestCompose loads docker-compose.yml as docker compose does and checks
+// it against the service and the native stack.
+func TestCompose(t *testing.T) {
+	p, err := validate.LoadCompose(context.Background(), filepath.Join(repo(t), "docker-compose.yml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := validate.CheckCompose(p, repo(t), service(t)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestComposeRejectsBrokenCopies breaks a copy of docker-compose.yml (and
+// the nginx template beside it) in one way per case and expects the
+// validation to reject it, naming the problem: the schema, and each check.
+func TestComposeRejectsBrokenCopies(t *testing.T) {
+	const dc = "docker-compose.yml"
+	svc := service(t)
+	cases := []struct {
+		name  string
+		edits []edit
+		want  string
+	}{
+		{"unknown key", []edit{{dc, "stop_grace_period: 40s", "stop_grace_perod: 40s"}}, "stop_grace_perod"},
+		{"wrong type", []edit{{dc, "      retries: 60\n", "      retries: sixty\n"}}, "retries"},
+		{"undefined dependency", []edit{{dc, "      shop3: {condition: service_healthy}", "      shop4: {condition: service_healthy}"}}, "shop4"},
+		{"a replica's own environment", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    environment:\n      <<: *shop-env\n      SHOP_LOCK_MODE: local\n"}},
+			`service shop3: its environment differs from x-shop-env: SHOP_LOCK_MODE="local", not "redis"`},
+		{"setup on another database", []edit{{dc, "    environment: *shop-env\n    entrypoint:", "    environment:\n      <<: *shop-env\n      SHOP_MYSQL_DSN: root:shop@tcp(mysql:3306)/other\n    entrypoint:"}},
+			"service setup: its environment differs"},
+		{"setting shop does not read", []edit{{dc, "  SHOP_LOCK_MODE: redis\n", "  SHOP_LOCK_MODE: redis\n  SHOP_LOCKMODE: redlock\n"}}, "SHOP_LOCKMODE: not a setting shop reads"},
+		{"grace too short", []edit{{dc, "stop_grace_period: 40s", "stop_grace_period: 20s"}}, "stop_grace_period 20s is less than SHOP_DRAIN 5s + shutdown 30s"},
+		{"drain raised, grace not", []edit{{dc, "  SHOP_LOCK_MODE: redis\n", "  SHOP_LOCK_MODE: redis\n  SHOP_DRAIN: 20s\n"}}, "SHOP_DRAIN 20s + shutdown 30s"},
+		{"replica missing upstream", []edit{{dc, " server shop3:8080 max_fails=1 fail_timeout=2s;", ""}}, "SHOP_UPSTREAMS names [shop1 shop2]; want every replica once: [shop1 shop2 shop3]"},
+		{"upstream on another port", []edit{{dc, "server shop2:8080", "server shop2:8081"}}, "shop2:8081 is not on port 8080"},
+		{"template mounted as the config", []edit{{dc, "/etc/nginx/templates/nginx.conf.template:ro", "/etc/nginx/nginx.conf:ro"}}, "want it read-only in /etc/nginx/templates/"},
+		{"template written elsewhere", []edit{{dc, "      NGINX_ENVSUBST_OUTPUT_DIR: /etc/nginx\n", ""}}, "nginx reads /etc/nginx/nginx.conf"},
+		{"another template", []edit{{dc, "./deploy/nginx.conf:", "./deploy/nginx-docker.conf:"}}, "no service mounts deploy/nginx.conf"},
+		{"template variable unset", []edit{{dc, "      NGINX_LOG_DIR: /var/log/nginx\n", ""}}, "NGINX_LOG_DIR is not set"},
+		{"template variable added", []edit{{"deploy/nginx.conf", "worker_processes auto;", "worker_processes ${NGINX_WORKERS};"}}, "NGINX_WORKERS is not set"},
+		{"listen port not published", []edit{{dc, `NGINX_LISTEN: "8080"`, `NGINX_LISTEN: "9090"`}}, "no published port targets 9090"},
+		{"seed runs after a failed migrate", []edit{{dc, "shop migrate && shop seed", "shop migrate; shop seed"}}, "no setup service"},
+		{"replicas do not wait for the setup", []edit{{dc, "      condition: service_completed_successfully\n", "      condition: service_started\n"}}, "service shop1: does not wait for the setup"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := brokenCopy(t, repo(t), composeFiles, tc.edits)
+			p, err := validate.LoadCompose(context.Background(), filepath.Join(dir, "docker-compose.yml"))
+			if err == nil {
+				err = validate.CheckCompose(p, dir, svc)
+			}
+			wantRejected(t, err, tc.want)
+		})
+	}
+}
