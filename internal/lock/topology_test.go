@@ -232,3 +232,92 @@ func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
 	})
 }
 
+// A Sentinel failover leaves the waiters of a lock on the FailoverClient
+// woken on release, and at worst polling, never hung. go-redis keeps the
+// subscription where it is when the master changes (it drops only its
+// command connections to the old master): the demoted master, now a
+// replica, still hears the releases, as a master propagates PUBLISH to its
+// replicas. When that node dies, go-redis resubscribes on the master the
+// Sentinel names.
+func TestWakeOnReleaseAcrossFailover(t *testing.T) {
+	s := testenv.StartRedisSentinel(t)
+	ctx := context.Background()
+	client := func() redis.UniversalClient {
+		c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{s.Sentinel}, MasterName: s.MasterName,
+			MaxRetries: -1, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ca, cb := client(), client()
+	// A holds the keys; B waits for them, with an hour's backoff (woken)
+	// and with the default one (polling when the message is lost).
+	newLock := func(c redis.UniversalClient, prefix string, backoff time.Duration) *lock.Redis {
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Subscriber: c,
+			MinBackoff: backoff, MaxBackoff: backoff, Wait: time.Minute})
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	a, woken := newLock(ca, "woken:", 0), newLock(cb, "woken:", never)
+	aPoll, polling := newLock(ca, "polling:", 0), newLock(cb, "polling:", 0)
+	nodes := func() []*redis.Client {
+		var live []*redis.Client
+		for _, n := range s.Nodes {
+			if n.Pid() != 0 {
+				live = append(live, testenv.RedisAt(t, n.Addr))
+			}
+		}
+		return live
+	}
+	// hold takes key on l once the clients write to the current master.
+	hold := func(l *lock.Redis, key string) *lock.Lease {
+		t.Helper()
+		var lease *lock.Lease
+		waitFor(t, "A takes "+key, func() bool {
+			var err error
+			lease, err = l.Obtain(ctx, key)
+			return err == nil
+		})
+		return lease
+	}
+	// wake checks that the release of key by A wakes B's waiter, whose
+	// backoff is an hour, once B is subscribed on a live node.
+	wake := func(key string, wakeups uint64) {
+		t.Helper()
+		holder := hold(a, key)
+		got := obtainAsync(woken, key)
+		waitFor(t, "B subscribed and flagged "+key, func() bool {
+			var n int64
+			for _, c := range nodes() {
+				n += c.PubSubNumSub(ctx, "woken:released").Val()["woken:released"]
+			}
+			return n >= 1 && ca.Exists(ctx, a.Key(key)+":waiting").Val() == 1
+		})
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		received(t, got).Release(ctx)
+		if st := woken.Stats(); st.Wakeups != wakeups {
+			t.Errorf("after the release of %q: B's stats = %+v, want %d wakeups", key, st, wakeups)
+		}
+	}
+
+	wake("before", 1)
+
+	// Failed over while B polls for a key A holds.
+	holder := hold(aPoll, "during")
+	got := obtainAsync(polling, "during")
+	waitFor(t, "B waits", func() bool { return polling.Stats().Waiting == 1 })
+	master := s.Failover(t)
+	holder.Release(ctx) // lost with the old master, or released on the new one
+	received(t, got).Release(ctx)
+
+	wake("after", 2)
+
+	// The demoted master dies; B's subscription moves to the master.
+	for _, n := range s.Nodes {
+		if n.Addr != master {
+			n.Kill()
+		}
+	}
+	wake("demoted master dead", 3)
+}

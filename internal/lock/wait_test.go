@@ -326,3 +326,54 @@ func TestWakeOnReleaseWithoutFencing(t *testing.T) {
 	})
 }
 
+// A waiter that finds its Redis answering as a replica (READONLY: a
+// Sentinel failover has demoted the master, and the client has not yet
+// heard of the new one) backs off and tries again within its wait, and
+// gets the lock once the client writes to a master again; a wait that runs
+// out says why.
+func TestWaitOutlastsReadOnly(t *testing.T) {
+	ctx := context.Background()
+	master, replica := testenv.StartRedis(t), testenv.StartRedis(t)
+	c := lockClient(t, replica.Addr, true)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := lock.NewRedis(c, lock.RedisOptions{Subscriber: c, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+
+	type result struct {
+		lease *lock.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := l.Obtain(ctx, "k")
+		got <- result{lease, err}
+	}()
+	var r result
+	waitFor(t, "the waiter tried thrice", func() bool {
+		select {
+		case r = <-got:
+			t.Fatalf("Obtain ended within its wait while Redis answered READONLY: %v", r.err)
+		default:
+		}
+		return l.Stats().Attempts >= 3
+	})
+	if err := c.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil { // promoted
+		t.Fatal(err)
+	}
+	if r = <-got; r.err != nil {
+		t.Fatalf("Obtain once promoted: %v", r.err)
+	}
+	r.lease.Release(ctx)
+
+	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	short := lock.NewRedis(c, lock.RedisOptions{Wait: 200 * time.Millisecond})
+	_, err := short.Obtain(ctx, "k")
+	if !errors.Is(err, lock.ErrNotObtained) || !redis.IsReadOnlyError(err) {
+		t.Errorf("Obtain from a replica = %v, want ErrNotObtained with the READONLY", err)
+	}
+}
