@@ -80,3 +80,45 @@ func TestListenStartsOverAfterALostConnection(t *testing.T) {
 		t.Errorf("after the restart: heard %d, want 5", got)
 	}
 }
+
+// On every topology an announcement made through one client reaches the
+// listener of another: on a Cluster, PUBLISH goes to any node and the
+// cluster bus carries it to the node of the subscription.
+func TestAnnounceReachesAnotherClient(t *testing.T) {
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		ctx := context.Background()
+		_, prefix := testenv.RedisOn(t, topo)
+		heard := make(chan int64, 64)
+		ready, stop := notify.New(topo.Client(t, nil), prefix).Listen(func(sku int64) { heard <- sku })
+		defer stop()
+		select {
+		case <-ready:
+		case <-time.After(10 * time.Second):
+			t.Fatal("never subscribed")
+		}
+		if got := <-heard; got != notify.All {
+			t.Fatalf("on subscribing: heard %d, want All", got)
+		}
+		// Several announcements, so that a Cluster client sends them
+		// through several nodes; each is heard once, in whatever order.
+		announcer := notify.New(topo.Client(t, nil), prefix)
+		const n = 12
+		for sku := int64(1); sku <= n; sku++ {
+			if err := announcer.Announce(ctx, sku); err != nil {
+				t.Fatal(err)
+			}
+		}
+		seen := map[int64]bool{}
+		for len(seen) < n {
+			select {
+			case sku := <-heard:
+				if sku < 1 || sku > n || seen[sku] {
+					t.Fatalf("heard %d (after %v), want each of 1..%d once", sku, seen, n)
+				}
+				seen[sku] = true
+			case <-time.After(10 * time.Second):
+				t.Fatalf("heard %v of 1..%d", seen, n)
+			}
+		}
+	})
+}
