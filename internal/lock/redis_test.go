@@ -154,8 +154,8 @@ func keyPrefix(l *lock.Redis) string {
 func TestRedisWatchdogKeepsLockForThreeTTLs(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		// A renewal has 2/3 of the TTL to answer before the watchdog gives the
-		// lease up: 200 ms, ample for a loaded machine under -race.
-		const ttl = 300 * time.Millisecond
+		// lease up: 400 ms, ample for a loaded machine under -race.
+		const ttl = 600 * time.Millisecond
 		l, c := newRedisOn(t, topo, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
 		ctx := context.Background()
 		lease := obtain(t, l, "k")

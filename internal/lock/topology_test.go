@@ -52,6 +52,18 @@ func newReentrantOn(t *testing.T, topo testenv.Topology, opt lock.RedisOptions) 
 	return l, c
 }
 
+// wokenProcess is a process's lock on the deployment, with keys under
+// prefix, whose waiters are woken on release and otherwise wait an hour:
+// one that obtains the lock within a test was woken. It returns the lock
+// and its client.
+func wokenProcess(t *testing.T, topo testenv.Topology, prefix string) (*lock.Redis, redis.UniversalClient) {
+	t.Helper()
+	c := lockClientOn(t, topo)
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	return l, c
+}
+
 // clusterMasters is how many masters the test Cluster has.
 const clusterMasters = 3
 
@@ -124,9 +136,10 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	}
 	ctx := context.Background()
 	c, prefix := lockRedisOn(t, topo)
-	// A short TTL, so that every lease is renewed while it is held; the
-	// waiters flag the key and give up at once.
-	opt := lock.RedisOptions{TTL: 300 * time.Millisecond, Wait: 10 * time.Millisecond, Subscriber: c}
+	// A short TTL, so that every lease is renewed while it is held (a
+	// renewal has 400 ms to answer); the waiters flag the key and give up
+	// at once.
+	opt := lock.RedisOptions{TTL: 600 * time.Millisecond, Wait: 10 * time.Millisecond, Subscriber: c}
 	lockers := map[string]func(prefix string) keyLocker{
 		"redis": func(prefix string) keyLocker {
 			o := opt
@@ -164,7 +177,7 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 				if n := c.Exists(ctx, holder.Key(key)+":waiting").Val(); n != 1 {
 					t.Fatalf("the held %q is not flagged as waited for", key)
 				}
-				time.Sleep(opt.TTL) // renewed thrice
+				time.Sleep(opt.TTL / 2) // renewed at TTL/3
 				if err := lease.Context().Err(); err != nil {
 					t.Fatalf("lease on %q lost: %v", key, context.Cause(lease.Context()))
 				}
@@ -190,14 +203,8 @@ func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		ctx := context.Background()
 		_, prefix := testenv.RedisOn(t, topo)
-		process := func() (*lock.Redis, redis.UniversalClient) {
-			c := lockClientOn(t, topo)
-			l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
-			t.Cleanup(func() { l.Close() })
-			return l, c
-		}
-		a, c := process()
-		b, _ := process()
+		a, c := wokenProcess(t, topo, prefix)
+		b, _ := wokenProcess(t, topo, prefix)
 		keys := keysOnEachMaster(t, c, a)
 
 		var (

@@ -104,14 +104,8 @@ func TestWaitersInProcessAreHandedTheKey(t *testing.T) {
 func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		_, prefix := testenv.RedisOn(t, topo)
-		replica := func() (*lock.Redis, redis.UniversalClient) {
-			c := lockClientOn(t, topo)
-			l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
-			t.Cleanup(func() { l.Close() })
-			return l, c
-		}
-		a, c := replica()
-		b, _ := replica()
+		a, c := wokenProcess(t, topo, prefix)
+		b, _ := wokenProcess(t, topo, prefix)
 		ctx := context.Background()
 
 		// B's three waiters: the first tries once and waits for the release

@@ -9,21 +9,31 @@ import (
 	"shop/internal/testenv"
 )
 
-func TestListenHearsAnnouncements(t *testing.T) {
-	ctx := context.Background()
-	rdb, prefix := testenv.Redis(t)
-	heard := make(chan int64, 16)
-	ready, stop := notify.New(rdb, prefix).Listen(func(sku int64) { heard <- sku })
-	defer stop()
+// listening starts r.Listen, waits until it has subscribed and told its
+// caller so (All), and returns what it hears from then on and its stop.
+func listening(t *testing.T, r *notify.Restocks) (<-chan int64, func() error) {
+	t.Helper()
+	heard := make(chan int64, 64)
+	ready, stop := r.Listen(func(sku int64) { heard <- sku })
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):
+		stop()
 		t.Fatal("never subscribed")
 	}
 	// A (re)subscription may have missed announcements: all may have changed.
 	if got := <-heard; got != notify.All {
+		stop()
 		t.Fatalf("on subscribing: heard %d, want All", got)
 	}
+	return heard, stop
+}
+
+func TestListenHearsAnnouncements(t *testing.T) {
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	heard, stop := listening(t, notify.New(rdb, prefix))
+	defer stop()
 
 	other := notify.New(rdb, prefix+"other:")
 	if err := other.Announce(ctx, 3); err != nil {
@@ -88,17 +98,8 @@ func TestAnnounceReachesAnotherClient(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		ctx := context.Background()
 		_, prefix := testenv.RedisOn(t, topo)
-		heard := make(chan int64, 64)
-		ready, stop := notify.New(topo.Client(t, nil), prefix).Listen(func(sku int64) { heard <- sku })
+		heard, stop := listening(t, notify.New(topo.Client(t, nil), prefix))
 		defer stop()
-		select {
-		case <-ready:
-		case <-time.After(10 * time.Second):
-			t.Fatal("never subscribed")
-		}
-		if got := <-heard; got != notify.All {
-			t.Fatalf("on subscribing: heard %d, want All", got)
-		}
 		// Several announcements, so that a Cluster client sends them
 		// through several nodes; each is heard once, in whatever order.
 		announcer := notify.New(topo.Client(t, nil), prefix)
