@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -168,4 +169,64 @@ func TestLockReleaseWithLostReplyIsNotReportedNotHeld(t *testing.T) {
 		t.Errorf("lock key after the release: exists=%d, %v; want released", n, err)
 	}
 	t.Logf("release with its reply lost: %v", err)
+}
+
+// /readyz's Redis check passes on every topology the service runs on.
+func TestRedisReadyOnEveryTopology(t *testing.T) {
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		rdb := newRedis(testConfig(t, topo.Env()))
+		t.Cleanup(func() { rdb.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := redisReady(rdb)(ctx); err != nil {
+			t.Errorf("ready check on %s: %v", topo.Name, err)
+		}
+	})
+}
+
+// On a Redis Cluster the replica is ready only while every master answers:
+// with one master paused, then killed, the check fails every time — a
+// PING through the ClusterClient would reach a live node most times — and
+// it passes again once the master is back.
+func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
+	cluster := testenv.StartRedisCluster(t, 3)
+	rdb := newRedis(testConfig(t, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")}))
+	t.Cleanup(func() { rdb.Close() })
+	ready := redisReady(rdb)
+	check := func() error {
+		// /readyz's own bound on a check.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		return ready(ctx)
+	}
+	if err := check(); err != nil {
+		t.Fatalf("ready check with every master up: %v", err)
+	}
+	down := cluster.Masters[2]
+	expectNotReady := func(state string, tries int) {
+		t.Helper()
+		for i := range tries {
+			if err := check(); err == nil {
+				t.Fatalf("ready check %d with a master %s: ready", i+1, state)
+			} else if i == 0 {
+				t.Logf("with a master %s: %v", state, err)
+			}
+		}
+	}
+	down.Pause()
+	expectNotReady("paused", 3)
+	down.Resume()
+	waitReady := func() {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for err := check(); err != nil; err = check() {
+			if time.Now().After(deadline) {
+				t.Fatalf("not ready again once the master was back: %v", err)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	waitReady()
+	down.Kill()
+	expectNotReady("killed", 10)
 }

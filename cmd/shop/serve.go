@@ -122,7 +122,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		AdminToken: cfg.AdminToken,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
-			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
+			"redis": redisReady(rdb),
 		},
 		Stopping: drain.Draining,
 		Registry: reg,
@@ -182,6 +182,28 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// redisReady is the readiness check of the replica's Redis. On a Redis
+// Cluster every master must answer a PING: a PING through the ClusterClient
+// reaches one node, and a replica whose orders for a dead master's slots
+// all fail is not ready. Which masters there are is the Cluster's own
+// view (go-redis reloads it), so a master replaced by its promoted replica
+// counts as the replica. A Sentinel-managed master is what the
+// FailoverClient's PING reaches; one server answers for itself.
+func redisReady(rdb redis.UniversalClient) handler.Check {
+	cluster, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
+	}
+	return func(ctx context.Context) error {
+		return cluster.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			if err := node.Ping(ctx).Err(); err != nil {
+				return fmt.Errorf("redis master %s: %w", node.Options().Addr, err)
+			}
+			return nil
+		})
+	}
 }
 
 // redisLog sends go-redis's own messages (failed dials, mostly) to the JSON

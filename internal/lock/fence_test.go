@@ -9,10 +9,11 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"shop/internal/lock"
+	"shop/internal/testenv"
 )
 
 // micros is the time of the Redis c answers in microseconds.
-func micros(t *testing.T, c *redis.Client) int64 {
+func micros(t *testing.T, c redis.Cmdable) int64 {
 	t.Helper()
 	now, err := c.Time(context.Background()).Result()
 	if err != nil {
@@ -135,14 +136,16 @@ func checkRaise(t *testing.T, l raiser, key string, fence int64, beforeRaise, af
 func TestRaiseFence(t *testing.T) {
 	ctx := context.Background()
 	t.Run("redis", func(t *testing.T) {
-		l, c := newRedis(t, lock.RedisOptions{})
-		// MySQL holds a fence an hour ahead of this Redis's clock, and the
-		// counter is behind it too.
-		fence := micros(t, c) + time.Hour.Microseconds()
-		if err := c.Set(ctx, l.FenceKey("k"), fence-1000, 0).Err(); err != nil {
-			t.Fatal(err)
-		}
-		checkRaise(t, l, "k", fence, nil, nil)
+		testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+			l, c := newRedisOn(t, topo, lock.RedisOptions{})
+			// MySQL holds a fence an hour ahead of this Redis's clock, and
+			// the counter is behind it too.
+			fence := micros(t, c) + time.Hour.Microseconds()
+			if err := c.Set(ctx, l.FenceKey("k"), fence-1000, 0).Err(); err != nil {
+				t.Fatal(err)
+			}
+			checkRaise(t, l, "k", fence, nil, nil)
+		})
 	})
 	t.Run("redlock", func(t *testing.T) {
 		c := newCluster(t, 3)

@@ -50,72 +50,76 @@ func obtain(t *testing.T, l interface {
 }
 
 func TestRedisMutualExclusion(t *testing.T) {
-	l, _ := newRedis(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 30 * time.Second})
-	const workers = 100
-	var (
-		inside, maxInside atomic.Int32
-		counter           int // guarded by the lock alone; -race watches it
-		wg                sync.WaitGroup
-		errs              = make(chan error, workers)
-	)
-	for range workers {
-		wg.Go(func() {
-			lease, err := l.Obtain(context.Background(), "sku:1")
-			if err != nil {
-				errs <- err
-				return
-			}
-			n := inside.Add(1)
-			if n > maxInside.Load() {
-				maxInside.Store(n)
-			}
-			v := counter
-			time.Sleep(time.Millisecond)
-			counter = v + 1
-			inside.Add(-1)
-			if err := lease.Release(context.Background()); err != nil {
-				errs <- err
-			}
-		})
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if got := maxInside.Load(); got != 1 {
-		t.Errorf("%d holders inside at once, want 1", got)
-	}
-	if counter != workers {
-		t.Errorf("counter = %d, want %d: increments were lost", counter, workers)
-	}
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		l, _ := newRedisOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second, Wait: 30 * time.Second})
+		const workers = 100
+		var (
+			inside, maxInside atomic.Int32
+			counter           int // guarded by the lock alone; -race watches it
+			wg                sync.WaitGroup
+			errs              = make(chan error, workers)
+		)
+		for range workers {
+			wg.Go(func() {
+				lease, err := l.Obtain(context.Background(), "sku:1")
+				if err != nil {
+					errs <- err
+					return
+				}
+				n := inside.Add(1)
+				if n > maxInside.Load() {
+					maxInside.Store(n)
+				}
+				v := counter
+				time.Sleep(time.Millisecond)
+				counter = v + 1
+				inside.Add(-1)
+				if err := lease.Release(context.Background()); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+		if got := maxInside.Load(); got != 1 {
+			t.Errorf("%d holders inside at once, want 1", got)
+		}
+		if counter != workers {
+			t.Errorf("counter = %d, want %d: increments were lost", counter, workers)
+		}
+	})
 }
 
 func TestRedisWrongTokenCanNeitherReleaseNorRenew(t *testing.T) {
-	l, c := newRedis(t, lock.RedisOptions{TTL: 300 * time.Millisecond})
-	ctx := context.Background()
-	lease := obtain(t, l, "k")
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		l, c := newRedisOn(t, topo, lock.RedisOptions{TTL: 300 * time.Millisecond})
+		ctx := context.Background()
+		lease := obtain(t, l, "k")
 
-	// Someone else now holds the key (our lease was lost, say by a failover).
-	if err := c.Set(ctx, l.Key("k"), "other-token", time.Minute).Err(); err != nil {
-		t.Fatal(err)
-	}
-	// The watchdog's renewal must not extend the other holder's lease, and
-	// must tell our holder it lost the lock.
-	select {
-	case <-lease.Context().Done():
-	case <-time.After(5 * time.Second):
-		t.Fatal("lease context not cancelled after the key changed hands")
-	}
-	if ttl := c.PTTL(ctx, l.Key("k")).Val(); ttl < 50*time.Second {
-		t.Errorf("other holder's TTL = %v: our renewal touched it", ttl)
-	}
-	if err := lease.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
-		t.Errorf("Release = %v, want ErrNotHeld", err)
-	}
-	if v := c.Get(ctx, l.Key("k")).Val(); v != "other-token" {
-		t.Errorf("key holds %q after our release, want the other holder's token", v)
-	}
+		// Someone else now holds the key (our lease was lost, say by a failover).
+		if err := c.Set(ctx, l.Key("k"), "other-token", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// The watchdog's renewal must not extend the other holder's lease, and
+		// must tell our holder it lost the lock.
+		select {
+		case <-lease.Context().Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("lease context not cancelled after the key changed hands")
+		}
+		if ttl := c.PTTL(ctx, l.Key("k")).Val(); ttl < 50*time.Second {
+			t.Errorf("other holder's TTL = %v: our renewal touched it", ttl)
+		}
+		if err := lease.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+			t.Errorf("Release = %v, want ErrNotHeld", err)
+		}
+		if v := c.Get(ctx, l.Key("k")).Val(); v != "other-token" {
+			t.Errorf("key holds %q after our release, want the other holder's token", v)
+		}
+	})
 }
 
 func TestRedisExpiredLeaseFreesKey(t *testing.T) {
@@ -148,36 +152,38 @@ func keyPrefix(l *lock.Redis) string {
 }
 
 func TestRedisWatchdogKeepsLockForThreeTTLs(t *testing.T) {
-	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
-	// lease up: 200 ms, ample for a loaded machine under -race.
-	const ttl = 300 * time.Millisecond
-	l, c := newRedis(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
-	ctx := context.Background()
-	lease := obtain(t, l, "k")
-	token := c.Get(ctx, l.Key("k")).Val()
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		// A renewal has 2/3 of the TTL to answer before the watchdog gives the
+		// lease up: 400 ms, ample for a loaded machine under -race.
+		const ttl = 600 * time.Millisecond
+		l, c := newRedisOn(t, topo, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
+		ctx := context.Background()
+		lease := obtain(t, l, "k")
+		token := c.Get(ctx, l.Key("k")).Val()
 
-	time.Sleep(3*ttl + ttl/2)
+		time.Sleep(3*ttl + ttl/2)
 
-	if err := lease.Context().Err(); err != nil {
-		t.Fatalf("lease context ended while held: %v", context.Cause(lease.Context()))
-	}
-	if got := c.Get(ctx, l.Key("k")).Val(); got != token {
-		t.Fatalf("after 3.5×TTL the key holds %q, want the holder's token %q", got, token)
-	}
-	if _, err := l.Obtain(ctx, "k"); !errors.Is(err, lock.ErrNotObtained) {
-		t.Fatalf("second Obtain = %v, want ErrNotObtained", err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if n := c.Exists(ctx, l.Key("k")).Val(); n != 0 {
-		t.Errorf("key still exists after Release")
-	}
-	// Released: the watchdog must not bring it back.
-	time.Sleep(ttl)
-	if n := c.Exists(ctx, l.Key("k")).Val(); n != 0 {
-		t.Errorf("key reappeared after Release")
-	}
+		if err := lease.Context().Err(); err != nil {
+			t.Fatalf("lease context ended while held: %v", context.Cause(lease.Context()))
+		}
+		if got := c.Get(ctx, l.Key("k")).Val(); got != token {
+			t.Fatalf("after 3.5×TTL the key holds %q, want the holder's token %q", got, token)
+		}
+		if _, err := l.Obtain(ctx, "k"); !errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("second Obtain = %v, want ErrNotObtained", err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if n := c.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Errorf("key still exists after Release")
+		}
+		// Released: the watchdog must not bring it back.
+		time.Sleep(ttl)
+		if n := c.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Errorf("key reappeared after Release")
+		}
+	})
 }
 
 func TestRedisLostLeaseCancelsContext(t *testing.T) {
@@ -242,54 +248,56 @@ func TestWatchdogCancelsByValidUntil(t *testing.T) {
 }
 
 func TestRedisFencingTokensIncrease(t *testing.T) {
-	l, c := newRedis(t, lock.RedisOptions{TTL: time.Second, Wait: 10 * time.Second})
-	ctx := context.Background()
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		l, c := newRedisOn(t, topo, lock.RedisOptions{TTL: time.Second, Wait: 10 * time.Second})
+		ctx := context.Background()
 
-	// Concurrent holders: tokens in the order the lock was held must rise.
-	var (
-		mu     sync.Mutex
-		tokens []int64
-		wg     sync.WaitGroup
-	)
-	for range 30 {
-		wg.Go(func() {
-			lease, err := l.Obtain(ctx, "k")
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			mu.Lock()
-			tokens = append(tokens, lease.Fence())
-			mu.Unlock()
-			if err := lease.Release(ctx); err != nil {
-				t.Error(err)
-			}
-		})
-	}
-	wg.Wait()
-	for i := 1; i < len(tokens); i++ {
-		if tokens[i] <= tokens[i-1] {
-			t.Fatalf("token %d = %d after %d: not increasing (%v)", i, tokens[i], tokens[i-1], tokens)
+		// Concurrent holders: tokens in the order the lock was held must rise.
+		var (
+			mu     sync.Mutex
+			tokens []int64
+			wg     sync.WaitGroup
+		)
+		for range 30 {
+			wg.Go(func() {
+				lease, err := l.Obtain(ctx, "k")
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				tokens = append(tokens, lease.Fence())
+				mu.Unlock()
+				if err := lease.Release(ctx); err != nil {
+					t.Error(err)
+				}
+			})
 		}
-	}
-	last := tokens[len(tokens)-1]
+		wg.Wait()
+		for i := 1; i < len(tokens); i++ {
+			if tokens[i] <= tokens[i-1] {
+				t.Fatalf("token %d = %d after %d: not increasing (%v)", i, tokens[i], tokens[i-1], tokens)
+			}
+		}
+		last := tokens[len(tokens)-1]
 
-	// Other keys count on their own.
-	other := obtain(t, l, "other")
-	if err := other.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
+		// Other keys count on their own.
+		other := obtain(t, l, "other")
+		if err := other.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 
-	// A Redis that lost its counters (restarted empty) still issues tokens
-	// above every earlier one.
-	if err := c.Del(ctx, l.FenceKey("k")).Err(); err != nil {
-		t.Fatal(err)
-	}
-	after := obtain(t, l, "k")
-	if after.Fence() <= last {
-		t.Errorf("token after losing the counter = %d, want > %d", after.Fence(), last)
-	}
-	_ = after.Release(ctx)
+		// A Redis that lost its counters (restarted empty) still issues tokens
+		// above every earlier one.
+		if err := c.Del(ctx, l.FenceKey("k")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		after := obtain(t, l, "k")
+		if after.Fence() <= last {
+			t.Errorf("token after losing the counter = %d, want > %d", after.Fence(), last)
+		}
+		_ = after.Release(ctx)
+	})
 }
 
 func TestRedisWaitIsBounded(t *testing.T) {

@@ -23,7 +23,7 @@ func newReentrant(t *testing.T, opt lock.RedisOptions) (*lock.Reentrant, *redis.
 }
 
 // hold reads the lock's hash: its owner's depth ("" owner when free).
-func hold(t *testing.T, c *redis.Client, l *lock.Reentrant, key string) (owner string, depth int) {
+func hold(t *testing.T, c redis.Cmdable, l *lock.Reentrant, key string) (owner string, depth int) {
 	t.Helper()
 	h, err := c.HGetAll(context.Background(), l.Key(key)).Result()
 	if err != nil {
@@ -48,66 +48,70 @@ func obtainAs(t *testing.T, l *lock.Reentrant, owner context.Context, key string
 }
 
 func TestReentrantDepth(t *testing.T) {
-	l, c := newReentrant(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
-	a := lock.WithOwner(context.Background(), lock.NewOwner())
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+		a := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	var leases []*lock.Lease
-	for i := 1; i <= 3; i++ {
-		lease, err := l.Obtain(a, "k")
-		if err != nil {
-			t.Fatalf("acquisition %d by the owner: %v", i, err)
+		var leases []*lock.Lease
+		for i := 1; i <= 3; i++ {
+			lease, err := l.Obtain(a, "k")
+			if err != nil {
+				t.Fatalf("acquisition %d by the owner: %v", i, err)
+			}
+			leases = append(leases, lease)
+			if _, depth := hold(t, c, l, "k"); depth != i {
+				t.Fatalf("depth after %d acquisitions = %d", i, depth)
+			}
 		}
-		leases = append(leases, lease)
-		if _, depth := hold(t, c, l, "k"); depth != i {
-			t.Fatalf("depth after %d acquisitions = %d", i, depth)
+		if leases[0].Fence() <= 0 || leases[1].Fence() != leases[0].Fence() || leases[2].Fence() != leases[0].Fence() {
+			t.Errorf("fences %d %d %d, want one token for the whole hold", leases[0].Fence(), leases[1].Fence(), leases[2].Fence())
 		}
-	}
-	if leases[0].Fence() <= 0 || leases[1].Fence() != leases[0].Fence() || leases[2].Fence() != leases[0].Fence() {
-		t.Errorf("fences %d %d %d, want one token for the whole hold", leases[0].Fence(), leases[1].Fence(), leases[2].Fence())
-	}
-	for i := 2; i >= 1; i-- {
-		if err := leases[i].Release(context.Background()); err != nil {
+		for i := 2; i >= 1; i-- {
+			if err := leases[i].Release(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			if owner, depth := hold(t, c, l, "k"); owner == "" || depth != i {
+				t.Fatalf("after a release: owner %q depth %d, want still held at depth %d", owner, depth, i)
+			}
+		}
+		if err := leases[0].Release(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		if owner, depth := hold(t, c, l, "k"); owner == "" || depth != i {
-			t.Fatalf("after a release: owner %q depth %d, want still held at depth %d", owner, depth, i)
+		if n := c.Exists(context.Background(), l.Key("k")).Val(); n != 0 {
+			t.Error("the lock still exists after the last release")
 		}
-	}
-	if err := leases[0].Release(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if n := c.Exists(context.Background(), l.Key("k")).Val(); n != 0 {
-		t.Error("the lock still exists after the last release")
-	}
+	})
 }
 
 func TestReentrantOtherOwnerRefused(t *testing.T) {
-	l, c := newReentrant(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
-	a := lock.WithOwner(context.Background(), lock.NewOwner())
-	b := lock.WithOwner(context.Background(), lock.NewOwner())
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+		a := lock.WithOwner(context.Background(), lock.NewOwner())
+		b := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	held := obtainAs(t, l, a, "k")
-	if _, err := l.Obtain(b, "k"); !errors.Is(err, lock.ErrNotObtained) {
-		t.Fatalf("another owner's Obtain = %v, want ErrNotObtained", err)
-	}
-	if _, depth := hold(t, c, l, "k"); depth != 1 {
-		t.Errorf("depth %d after the refusal, want 1: the refused owner changed it", depth)
-	}
-	if _, err := l.Obtain(context.Background(), "k"); !errors.Is(err, lock.ErrNoOwner) {
-		t.Errorf("Obtain without an owner = %v, want ErrNoOwner", err)
-	}
-	// Released, it is b's.
-	if err := held.Release(a); err != nil {
-		t.Fatal(err)
-	}
-	next, err := l.Obtain(b, "k")
-	if err != nil {
-		t.Fatalf("other owner after the release: %v", err)
-	}
-	if next.Fence() <= held.Fence() {
-		t.Errorf("next hold's fence %d, want > %d", next.Fence(), held.Fence())
-	}
-	next.Release(b)
+		held := obtainAs(t, l, a, "k")
+		if _, err := l.Obtain(b, "k"); !errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("another owner's Obtain = %v, want ErrNotObtained", err)
+		}
+		if _, depth := hold(t, c, l, "k"); depth != 1 {
+			t.Errorf("depth %d after the refusal, want 1: the refused owner changed it", depth)
+		}
+		if _, err := l.Obtain(context.Background(), "k"); !errors.Is(err, lock.ErrNoOwner) {
+			t.Errorf("Obtain without an owner = %v, want ErrNoOwner", err)
+		}
+		// Released, it is b's.
+		if err := held.Release(a); err != nil {
+			t.Fatal(err)
+		}
+		next, err := l.Obtain(b, "k")
+		if err != nil {
+			t.Fatalf("other owner after the release: %v", err)
+		}
+		if next.Fence() <= held.Fence() {
+			t.Errorf("next hold's fence %d, want > %d", next.Fence(), held.Fence())
+		}
+		next.Release(b)
+	})
 }
 
 func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
@@ -167,28 +171,30 @@ func TestReentrantExpiry(t *testing.T) {
 }
 
 func TestReentrantWakesWaiterOnLastRelease(t *testing.T) {
-	c, prefix := testenv.Redis(t)
-	l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
-	t.Cleanup(func() { l.Close() })
-	a := lock.WithOwner(context.Background(), lock.NewOwner())
-	b := lock.WithOwner(context.Background(), lock.NewOwner())
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		c, prefix := lockRedisOn(t, topo)
+		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+		t.Cleanup(func() { l.Close() })
+		a := lock.WithOwner(context.Background(), lock.NewOwner())
+		b := lock.WithOwner(context.Background(), lock.NewOwner())
 
-	outer := obtainAs(t, l, a, "k")
-	inner := obtainAs(t, l, a, "k")
-	got := obtainAsync(ownerLock{l, b}, "k")
-	waitFor(t, "b waits, subscribed, having flagged the key", func() bool {
-		return l.Stats().Waiting == 1 && c.PubSubNumSub(context.Background(), prefix+"released").Val()[prefix+"released"] == 1 &&
-			c.Exists(context.Background(), l.Key("k")+":waiting").Val() == 1
+		outer := obtainAs(t, l, a, "k")
+		inner := obtainAs(t, l, a, "k")
+		got := obtainAsync(ownerLock{l, b}, "k")
+		waitFor(t, "b waits, subscribed, having flagged the key", func() bool {
+			return l.Stats().Waiting == 1 && subscribers(c, prefix+"released") == 1 &&
+				c.Exists(context.Background(), l.Key("k")+":waiting").Val() == 1
+		})
+		// The inner release frees nothing and announces nothing; the outer one
+		// wakes b, whose backoff is an hour.
+		inner.Release(a)
+		outer.Release(a)
+		lease := received(t, got)
+		defer lease.Release(b)
+		if s := l.Stats(); s.Wakeups != 1 {
+			t.Errorf("stats = %+v, want 1 wakeup", s)
+		}
 	})
-	// The inner release frees nothing and announces nothing; the outer one
-	// wakes b, whose backoff is an hour.
-	inner.Release(a)
-	outer.Release(a)
-	lease := received(t, got)
-	defer lease.Release(b)
-	if s := l.Stats(); s.Wakeups != 1 {
-		t.Errorf("stats = %+v, want 1 wakeup", s)
-	}
 }
 
 // ownerLock obtains l for a fixed owner.
@@ -196,6 +202,8 @@ type ownerLock struct {
 	l     *lock.Reentrant
 	owner context.Context
 }
+
+func (o ownerLock) Key(key string) string { return o.l.Key(key) }
 
 func (o ownerLock) Obtain(_ context.Context, key string) (*lock.Lease, error) {
 	return o.l.Obtain(o.owner, key)

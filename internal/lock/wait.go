@@ -95,7 +95,7 @@ func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc, st
 		if err == nil {
 			return w.inLine(l, key), nil
 		}
-		if !errors.Is(err, ErrNotObtained) {
+		if !errors.Is(err, ErrNotObtained) && !failingOver(err) {
 			w.line.unlock(key)
 			return nil, err
 		}
@@ -165,16 +165,24 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 	var (
 		timer *time.Timer
 		woken <-chan struct{}
+		// readOnly is the last try's error if Redis refused it as a
+		// replica (see failingOver); the wait's error carries it.
+		readOnly error
 	)
+	gaveUp := func() error { return errors.Join(notObtained(waitCtx), readOnly) }
 	for ; ; tried = false {
 		if !tried {
 			l, err := w.try(ctx, waitCtx, attempt)
-			if !errors.Is(err, ErrNotObtained) {
+			readOnly = nil
+			switch {
+			case failingOver(err):
+				readOnly = err
+			case !errors.Is(err, ErrNotObtained):
 				return l, err
 			}
 		}
 		if waitCtx.Err() != nil {
-			return nil, notObtained(waitCtx)
+			return nil, gaveUp()
 		}
 		if w.wake != nil {
 			if woken == nil {
@@ -198,7 +206,7 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 		released := w.wake == nil // without announcements, every retry may follow one
 		select {
 		case <-waitCtx.Done():
-			return nil, notObtained(waitCtx)
+			return nil, gaveUp()
 		case <-timer.C:
 		case <-woken:
 			w.wake.woken.Add(1)
@@ -211,6 +219,17 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 		}
 	}
 }
+
+// failingOver reports whether err is Redis refusing a write as a replica
+// (READONLY): the master was demoted by a Sentinel failover and the client
+// has not yet heard of the new one, which it does within moments (go-redis
+// follows the Sentinels' +switch-master). A waiter treats it as a key it
+// found held — it backs off and tries again within its wait — rather than
+// failing every order that tries during the switch. It is a design choice:
+// a client pointed at a replica for good waits out every wait before it
+// fails, with READONLY in the error, instead of failing at once. Any other
+// Redis error ends the wait at once.
+func failingOver(err error) bool { return err != nil && redis.IsReadOnlyError(err) }
 
 // try makes one attempt and counts it.
 func (w *waiter) try(ctx, tryCtx context.Context, attempt attemptFunc) (*Lease, error) {

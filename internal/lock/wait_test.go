@@ -72,73 +72,70 @@ func received(t *testing.T, got <-chan *lock.Lease) *lock.Lease {
 }
 
 func TestWaitersInProcessAreHandedTheKey(t *testing.T) {
-	c, prefix := testenv.Redis(t)
-	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
-	t.Cleanup(func() { l.Close() })
-	ctx := context.Background()
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		c, prefix := lockRedisOn(t, topo)
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+		t.Cleanup(func() { l.Close() })
+		ctx := context.Background()
 
-	const waiters = 5
-	holder := obtain(t, l, "k")
-	got := line(t, l, "k", waiters)
-	// Each release hands the key to the next waiter, in the order they
-	// came, and that waiter's one try in Redis gets it: nobody polls.
-	lease := holder
-	for i := range waiters {
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
+		const waiters = 5
+		holder := obtain(t, l, "k")
+		got := line(t, l, "k", waiters)
+		// Each release hands the key to the next waiter, in the order they
+		// came, and that waiter's one try in Redis gets it: nobody polls.
+		lease := holder
+		for i := range waiters {
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			next := received(t, got[i])
+			if next.Fence() <= lease.Fence() {
+				t.Errorf("fence %d after %d", next.Fence(), lease.Fence())
+			}
+			lease = next
+			if s := l.Stats(); s.Attempts != uint64(1+i+1) || s.Waiting != waiters-i-1 {
+				t.Fatalf("after release %d: stats = %+v, want %d attempts (one per acquisition) and %d waiting", i+1, s, 1+i+1, waiters-i-1)
+			}
 		}
-		next := received(t, got[i])
-		if next.Fence() <= lease.Fence() {
-			t.Errorf("fence %d after %d", next.Fence(), lease.Fence())
-		}
-		lease = next
-		if s := l.Stats(); s.Attempts != uint64(1+i+1) || s.Waiting != waiters-i-1 {
-			t.Fatalf("after release %d: stats = %+v, want %d attempts (one per acquisition) and %d waiting", i+1, s, 1+i+1, waiters-i-1)
-		}
-	}
-	lease.Release(ctx)
+		lease.Release(ctx)
+	})
 }
 
 func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
-	addr := testenv.RedisAddr(t)
-	_, prefix := testenv.Redis(t)
-	replica := func() (*lock.Redis, *redis.Client) {
-		c := testenv.RedisAt(t, addr)
-		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
-		t.Cleanup(func() { l.Close() })
-		return l, c
-	}
-	a, c := replica()
-	b, _ := replica()
-	ctx := context.Background()
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		_, prefix := testenv.RedisOn(t, topo)
+		a, c := wokenProcess(t, topo, prefix)
+		b, _ := wokenProcess(t, topo, prefix)
+		ctx := context.Background()
 
-	// B's three waiters: the first tries once and waits for the release
-	// to be announced, the other two wait behind it without trying.
-	const waiters = 3
-	holder := obtain(t, a, "k")
-	got := line(t, b, "k", waiters)
-	waitFor(t, "B subscribed and flagged the key", func() bool {
-		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1 &&
-			c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
-	})
-	if s := b.Stats(); s.Attempts != 1 {
-		t.Fatalf("B's stats before the release = %+v, want 1 attempt: only the first in line tries", s)
-	}
-	if err := holder.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-	lease := received(t, got[0])
-	if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
-		t.Errorf("B's stats = %+v, want 2 attempts and 1 wakeup: its backoff is an hour", s)
-	}
-	for i := 1; i < waiters; i++ {
+		// B's three waiters: the first tries once and waits for the release
+		// to be announced, the other two wait behind it without trying.
+		const waiters = 3
+		holder := obtain(t, a, "k")
+		got := line(t, b, "k", waiters)
+		waitFor(t, "B subscribed and flagged the key", func() bool {
+			return subscribers(c, prefix+"released") == 1 &&
+				c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
+		})
+		if s := b.Stats(); s.Attempts != 1 {
+			t.Fatalf("B's stats before the release = %+v, want 1 attempt: only the first in line tries", s)
+		}
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease := received(t, got[0])
+		if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
+			t.Errorf("B's stats = %+v, want 2 attempts and 1 wakeup: its backoff is an hour", s)
+		}
+		for i := 1; i < waiters; i++ {
+			lease.Release(ctx)
+			lease = received(t, got[i])
+		}
 		lease.Release(ctx)
-		lease = received(t, got[i])
-	}
-	lease.Release(ctx)
-	if s := b.Stats(); s.Attempts != 2+waiters-1 {
-		t.Errorf("B's stats at the end = %+v, want %d attempts", s, 2+waiters-1)
-	}
+		if s := b.Stats(); s.Attempts != 2+waiters-1 {
+			t.Errorf("B's stats at the end = %+v, want %d attempts", s, 2+waiters-1)
+		}
+	})
 }
 
 func TestWakeMissedFallsBackToBackoff(t *testing.T) {
@@ -245,76 +242,132 @@ func TestWaitInLineCountsAgainstTheBudget(t *testing.T) {
 // when the release wakes it, without taking the key: behind a holder of
 // another process, and behind one of its own.
 func TestObtainWhileGivesUpWithoutTakingTheKey(t *testing.T) {
-	for _, holderIn := range []string{"another process", "this process"} {
-		t.Run(holderIn, func(t *testing.T) {
-			c, prefix := testenv.Redis(t)
-			opt := lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
-			l := lock.NewRedis(c, opt)
-			t.Cleanup(func() { l.Close() })
-			holders := l
-			if holderIn == "another process" {
-				holders = lock.NewRedis(c, opt)
-				t.Cleanup(func() { holders.Close() })
-			}
-			ctx := context.Background()
-			errSoldOut := errors.New("sold out")
-
-			holder := obtain(t, holders, "k")
-			var checks atomic.Int32
-			var wanted atomic.Bool
-			wanted.Store(true)
-			ended := make(chan error, 1)
-			go func() {
-				lease, err := l.ObtainWhile(ctx, "k", func(context.Context) error {
-					checks.Add(1)
-					if !wanted.Load() {
-						return errSoldOut
-					}
-					return nil
-				})
-				if lease != nil {
-					lease.Release(ctx)
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		for _, holderIn := range []string{"another process", "this process"} {
+			t.Run(holderIn, func(t *testing.T) {
+				c, prefix := lockRedisOn(t, topo)
+				opt := lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
+				l := lock.NewRedis(c, opt)
+				t.Cleanup(func() { l.Close() })
+				holders := l
+				if holderIn == "another process" {
+					holders = lock.NewRedis(c, opt)
+					t.Cleanup(func() { holders.Close() })
 				}
-				ended <- err
-			}()
-			waitFor(t, "the waiter waits", func() bool { return l.Stats().Waiting == 1 })
-			wanted.Store(false)
-			if err := holder.Release(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if err := <-ended; !errors.Is(err, errSoldOut) {
-				t.Fatalf("ObtainWhile = %v, want the check's error", err)
-			}
-			if n := checks.Load(); n != 1 {
-				t.Errorf("%d checks, want one, after the wake-up", n)
-			}
-			next := obtain(t, l, "k") // the waiter left the key free
-			next.Release(ctx)
-		})
-	}
+				ctx := context.Background()
+				errSoldOut := errors.New("sold out")
+
+				holder := obtain(t, holders, "k")
+				var checks atomic.Int32
+				var wanted atomic.Bool
+				wanted.Store(true)
+				ended := make(chan error, 1)
+				go func() {
+					lease, err := l.ObtainWhile(ctx, "k", func(context.Context) error {
+						checks.Add(1)
+						if !wanted.Load() {
+							return errSoldOut
+						}
+						return nil
+					})
+					if lease != nil {
+						lease.Release(ctx)
+					}
+					ended <- err
+				}()
+				waitFor(t, "the waiter waits", func() bool { return l.Stats().Waiting == 1 })
+				wanted.Store(false)
+				if err := holder.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := <-ended; !errors.Is(err, errSoldOut) {
+					t.Fatalf("ObtainWhile = %v, want the check's error", err)
+				}
+				if n := checks.Load(); n != 1 {
+					t.Errorf("%d checks, want one, after the wake-up", n)
+				}
+				next := obtain(t, l, "k") // the waiter left the key free
+				next.Release(ctx)
+			})
+		}
+	})
 }
 
 // A lock without fencing (the cache's mutex) wakes its waiters too: an
 // attempt that finds the key held flags it, as with fencing.
 func TestWakeOnReleaseWithoutFencing(t *testing.T) {
-	c, prefix := testenv.Redis(t)
-	opt := lock.RedisOptions{Prefix: prefix, NoFencing: true, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
-	a, b := lock.NewRedis(c, opt), lock.NewRedis(c, opt)
-	t.Cleanup(func() { a.Close(); b.Close() })
-	ctx := context.Background()
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		c, prefix := lockRedisOn(t, topo)
+		opt := lock.RedisOptions{Prefix: prefix, NoFencing: true, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
+		a, b := lock.NewRedis(c, opt), lock.NewRedis(c, opt)
+		t.Cleanup(func() { a.Close(); b.Close() })
+		ctx := context.Background()
 
-	holder := obtain(t, a, "k")
-	got := obtainAsync(b, "k")
-	waitFor(t, "the waiter subscribed and flagged the key", func() bool {
-		return c.PubSubNumSub(ctx, prefix+"released").Val()[prefix+"released"] == 1 &&
-			c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
+		holder := obtain(t, a, "k")
+		got := obtainAsync(b, "k")
+		waitFor(t, "the waiter subscribed and flagged the key", func() bool {
+			return subscribers(c, prefix+"released") == 1 &&
+				c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
+		})
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		lease := received(t, got)
+		defer lease.Release(ctx)
+		if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
+			t.Errorf("stats = %+v, want 2 attempts and 1 wakeup: its backoff is an hour", s)
+		}
 	})
-	if err := holder.Release(ctx); err != nil {
+}
+
+// A waiter that finds its Redis answering as a replica (READONLY: a
+// Sentinel failover has demoted the master, and the client has not yet
+// heard of the new one) backs off and tries again within its wait, and
+// gets the lock once the client writes to a master again; a wait that runs
+// out says why.
+func TestWaitOutlastsReadOnly(t *testing.T) {
+	ctx := context.Background()
+	master, replica := testenv.StartRedis(t), testenv.StartRedis(t)
+	c := lockClient(t, replica.Addr, true)
+	host, port, _ := strings.Cut(master.Addr, ":")
+	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
 		t.Fatal(err)
 	}
-	lease := received(t, got)
-	defer lease.Release(ctx)
-	if s := b.Stats(); s.Attempts != 2 || s.Wakeups != 1 {
-		t.Errorf("stats = %+v, want 2 attempts and 1 wakeup: its backoff is an hour", s)
+	l := lock.NewRedis(c, lock.RedisOptions{Subscriber: c, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+
+	type result struct {
+		lease *lock.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		lease, err := l.Obtain(ctx, "k")
+		got <- result{lease, err}
+	}()
+	var r result
+	waitFor(t, "the waiter tried thrice", func() bool {
+		select {
+		case r = <-got:
+			t.Fatalf("Obtain ended within its wait while Redis answered READONLY: %v", r.err)
+		default:
+		}
+		return l.Stats().Attempts >= 3
+	})
+	if err := c.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil { // promoted
+		t.Fatal(err)
+	}
+	if r = <-got; r.err != nil {
+		t.Fatalf("Obtain once promoted: %v", r.err)
+	}
+	r.lease.Release(ctx)
+
+	if err := c.ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatal(err)
+	}
+	short := lock.NewRedis(c, lock.RedisOptions{Wait: 200 * time.Millisecond})
+	_, err := short.Obtain(ctx, "k")
+	if !errors.Is(err, lock.ErrNotObtained) || !redis.IsReadOnlyError(err) {
+		t.Errorf("Obtain from a replica = %v, want ErrNotObtained with the READONLY", err)
 	}
 }

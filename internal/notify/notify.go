@@ -18,7 +18,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Client is what Restocks needs of go-redis; *redis.Client has it.
+// Client is what Restocks needs of go-redis; every redis.UniversalClient
+// has it. On a Redis Cluster the channel is classic pub/sub, which the
+// cluster bus carries to every node: an announcement made through any node
+// reaches a subscription on any other.
 type Client interface {
 	Publish(ctx context.Context, channel string, message any) *redis.IntCmd
 	Subscribe(ctx context.Context, channels ...string) *redis.PubSub

@@ -178,15 +178,17 @@ type RedisProc struct {
 	tb     testing.TB
 	bin    string
 	port   string
+	args   []string
 	mu     sync.Mutex
 	cmd    *exec.Cmd
 	exited <-chan struct{} // closed once cmd has exited and been waited for
 }
 
 // StartRedis starts a private redis-server without persistence on a free
-// loopback port; it is killed when the test ends, and dies with the test
-// binary if that ends first (a panic, a -timeout, os.Exit).
-func StartRedis(tb testing.TB) *RedisProc {
+// loopback port, with args added to its command line (each restart too);
+// it is killed when the test ends, and dies with the test binary if that
+// ends first (a panic, a -timeout, os.Exit).
+func StartRedis(tb testing.TB, args ...string) *RedisProc {
 	tb.Helper()
 	lookup(tb, RedisEnv) // the same rule as every test that needs servers
 	bin := os.Getenv(RedisServerEnv)
@@ -196,16 +198,22 @@ func StartRedis(tb testing.TB) *RedisProc {
 			tb.Fatalf("redis-server: %v (set %s)", err, RedisServerEnv)
 		}
 	}
+	port := freePort(tb)
+	p := &RedisProc{Addr: "127.0.0.1:" + port, tb: tb, bin: bin, port: port, args: args}
+	tb.Cleanup(p.Kill)
+	p.Restart()
+	return p
+}
+
+// freePort returns a loopback port that was free a moment ago.
+func freePort(tb testing.TB) string {
+	tb.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		tb.Fatal(err)
 	}
-	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
-	ln.Close()
-	p := &RedisProc{Addr: "127.0.0.1:" + port, tb: tb, bin: bin, port: port}
-	tb.Cleanup(p.Kill)
-	p.Restart()
-	return p
+	defer ln.Close()
+	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // Restart starts the server again after Kill: empty, as a Redis without
@@ -217,7 +225,8 @@ func (p *RedisProc) Restart() {
 	if p.cmd != nil {
 		p.tb.Fatalf("redis-server on %s is already running", p.Addr)
 	}
-	cmd := exec.Command(p.bin, "--port", p.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", p.tb.TempDir())
+	args := append([]string{"--port", p.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", p.tb.TempDir()}, p.args...)
+	cmd := exec.Command(p.bin, args...)
 	exited, err := startTied(cmd)
 	if err != nil {
 		p.tb.Fatalf("start redis-server: %v", err)

@@ -1,0 +1,330 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"shop/internal/lock"
+	"shop/internal/testenv"
+)
+
+// lockClientOn is a client of the deployment as the order lock has it
+// (serve's newLockRedis): go-redis never retries a command by itself (see
+// lock.Client) and ends a command at its context's deadline.
+func lockClientOn(t *testing.T, topo testenv.Topology) redis.UniversalClient {
+	t.Helper()
+	opt := topo.Options()
+	opt.MaxRetries = -1
+	opt.ContextTimeoutEnabled = true
+	return topo.Client(t, opt)
+}
+
+// lockRedisOn returns a lock client of the deployment and a key prefix of
+// the test's own, whose keys are deleted from every master at the end.
+func lockRedisOn(t *testing.T, topo testenv.Topology) (redis.UniversalClient, string) {
+	t.Helper()
+	_, prefix := testenv.RedisOn(t, topo)
+	return lockClientOn(t, topo), prefix
+}
+
+// newRedisOn is newRedis on the deployment.
+func newRedisOn(t *testing.T, topo testenv.Topology, opt lock.RedisOptions) (*lock.Redis, redis.UniversalClient) {
+	t.Helper()
+	c, prefix := lockRedisOn(t, topo)
+	opt.Prefix = prefix
+	return lock.NewRedis(c, opt), c
+}
+
+// newReentrantOn is newReentrant on the deployment.
+func newReentrantOn(t *testing.T, topo testenv.Topology, opt lock.RedisOptions) (*lock.Reentrant, redis.UniversalClient) {
+	t.Helper()
+	c, prefix := lockRedisOn(t, topo)
+	opt.Prefix = prefix
+	l := lock.NewReentrant(c, opt)
+	t.Cleanup(func() { l.Close() })
+	return l, c
+}
+
+// wokenProcess is a process's lock on the deployment, with keys under
+// prefix, whose waiters are woken on release and otherwise wait an hour:
+// one that obtains the lock within a test was woken. It returns the lock
+// and its client.
+func wokenProcess(t *testing.T, topo testenv.Topology, prefix string) (*lock.Redis, redis.UniversalClient) {
+	t.Helper()
+	c := lockClientOn(t, topo)
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
+	t.Cleanup(func() { l.Close() })
+	return l, c
+}
+
+// clusterMasters is how many masters the test Cluster has.
+const clusterMasters = 3
+
+// keysOnEachMaster returns a key per master whose lock (by l.Key) lives
+// there: on a Cluster, one on each of its masters; elsewhere, three keys.
+func keysOnEachMaster(t *testing.T, c redis.UniversalClient, l interface{ Key(string) string }) []string {
+	t.Helper()
+	cluster, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return []string{"sku:1", "sku:2", "sku:3"}
+	}
+	ctx := context.Background()
+	var keys []string
+	seen := map[string]bool{}
+	for i := 0; len(keys) < clusterMasters; i++ {
+		if i == 1000 {
+			t.Fatalf("the Cluster's masters serve the keys of %d of its %d masters", len(keys), clusterMasters)
+		}
+		key := "sku:" + strconv.Itoa(i)
+		node, err := cluster.MasterForKey(ctx, l.Key(key))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if addr := node.Options().Addr; !seen[addr] {
+			seen[addr] = true
+			keys = append(keys, key)
+		}
+	}
+	return keys
+}
+
+// subscribers counts the subscriptions to channel: on a Cluster, over
+// every node, as a classic subscription may be on any of them.
+func subscribers(c redis.UniversalClient, channel string) int64 {
+	ctx := context.Background()
+	cluster, ok := c.(*redis.ClusterClient)
+	if !ok {
+		return c.PubSubNumSub(ctx, channel).Val()[channel]
+	}
+	var (
+		mu sync.Mutex
+		n  int64
+	)
+	cluster.ForEachShard(ctx, func(ctx context.Context, node *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		n += node.PubSubNumSub(ctx, channel).Val()[channel]
+		return nil
+	})
+	return n
+}
+
+// keyLocker is a lock as TestScriptsKeepToOneSlot drives it: the Redis
+// lock, with and without fencing, and the reentrant lock for one owner.
+type keyLocker interface {
+	Obtain(context.Context, string) (*lock.Lease, error)
+	Key(string) string
+}
+
+// Every script a lock runs in one Redis touches keys of one hash slot,
+// so that a Redis Cluster runs it rather than refusing it with CROSSSLOT:
+// the lock, its waiting flag and its fencing counter are hash-tagged by the
+// key. Each script runs here on keys of every master of the Cluster: obtain
+// (a free key, and a held one, which it flags as waited for), release
+// (announcing the release to the flagged waiter), renew and RaiseFence.
+func TestScriptsKeepToOneSlot(t *testing.T) {
+	topo := testenv.Topologies(t)[1]
+	if topo.Name != "cluster" {
+		t.Fatalf("topology %q, want the cluster", topo.Name)
+	}
+	ctx := context.Background()
+	c, prefix := lockRedisOn(t, topo)
+	// A short TTL, so that every lease is renewed while it is held (a
+	// renewal has 400 ms to answer); the waiters flag the key and give up
+	// at once.
+	opt := lock.RedisOptions{TTL: 600 * time.Millisecond, Wait: 10 * time.Millisecond, Subscriber: c}
+	lockers := map[string]func(prefix string) keyLocker{
+		"redis": func(prefix string) keyLocker {
+			o := opt
+			o.Prefix = prefix
+			l := lock.NewRedis(c, o)
+			t.Cleanup(func() { l.Close() })
+			return l
+		},
+		"redis without fencing": func(prefix string) keyLocker {
+			o := opt
+			o.Prefix, o.NoFencing = prefix, true
+			l := lock.NewRedis(c, o)
+			t.Cleanup(func() { l.Close() })
+			return l
+		},
+		"reentrant": func(prefix string) keyLocker {
+			o := opt
+			o.Prefix = prefix
+			l := lock.NewReentrant(c, o)
+			t.Cleanup(func() { l.Close() })
+			return ownerLock{l, lock.WithOwner(ctx, lock.NewOwner())}
+		},
+	}
+	for name, newLocker := range lockers {
+		t.Run(name, func(t *testing.T) {
+			holder, waiter := newLocker(prefix+name+":"), newLocker(prefix+name+":")
+			for _, key := range keysOnEachMaster(t, c, holder) {
+				lease, err := holder.Obtain(ctx, key)
+				if err != nil {
+					t.Fatalf("obtain %q: %v", key, err)
+				}
+				if _, err := waiter.Obtain(ctx, key); !errors.Is(err, lock.ErrNotObtained) {
+					t.Fatalf("obtain the held %q = %v, want ErrNotObtained", key, err)
+				}
+				if n := c.Exists(ctx, holder.Key(key)+":waiting").Val(); n != 1 {
+					t.Fatalf("the held %q is not flagged as waited for", key)
+				}
+				time.Sleep(opt.TTL / 2) // renewed at TTL/3
+				if err := lease.Context().Err(); err != nil {
+					t.Fatalf("lease on %q lost: %v", key, context.Cause(lease.Context()))
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatalf("release %q: %v", key, err)
+				}
+				if l, ok := holder.(*lock.Redis); ok && !strings.Contains(name, "without fencing") {
+					if err := l.RaiseFence(ctx, key, lease.Fence()+1000); err != nil {
+						t.Fatalf("raise the fence of %q: %v", key, err)
+					}
+				}
+			}
+		})
+	}
+}
+
+// Waiters are woken by releases of their keys wherever the keys live. On a
+// Redis Cluster the release script PUBLISHes on the master of the key's
+// slot and the waiters' one subscription, on the master of the channel's
+// slot, hears it over the cluster bus: B's waiters, whose backoff is an
+// hour, are woken by the releases of keys on each of the three masters.
+func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		ctx := context.Background()
+		_, prefix := testenv.RedisOn(t, topo)
+		a, c := wokenProcess(t, topo, prefix)
+		b, _ := wokenProcess(t, topo, prefix)
+		keys := keysOnEachMaster(t, c, a)
+
+		var (
+			holders []*lock.Lease
+			got     []<-chan *lock.Lease
+		)
+		for i, key := range keys {
+			holders = append(holders, obtain(t, a, key))
+			got = append(got, obtainAsync(b, key))
+			waitFor(t, "B's waiter waits", func() bool { return b.Stats().Waiting == i+1 })
+		}
+		waitFor(t, "B subscribed and flagged every key", func() bool {
+			for _, key := range keys {
+				if c.Exists(ctx, a.Key(key)+":waiting").Val() != 1 {
+					return false
+				}
+			}
+			return subscribers(c, prefix+"released") == 1
+		})
+		for i, holder := range holders {
+			if err := holder.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			received(t, got[i]).Release(ctx)
+			if s := b.Stats(); s.Wakeups != uint64(i+1) {
+				t.Errorf("after the release of %q: B's stats = %+v, want %d wakeups", keys[i], s, i+1)
+			}
+		}
+		if s := b.Stats(); s.Attempts != uint64(2*len(keys)) {
+			t.Errorf("B's stats = %+v, want %d attempts: one before and one after each wakeup", s, 2*len(keys))
+		}
+	})
+}
+
+// A Sentinel failover leaves the waiters of a lock on the FailoverClient
+// woken on release, and at worst polling, never hung. go-redis keeps the
+// subscription where it is when the master changes (it drops only its
+// command connections to the old master): the demoted master, now a
+// replica, still hears the releases, as a master propagates PUBLISH to its
+// replicas. When that node dies, go-redis resubscribes on the master the
+// Sentinel names.
+func TestWakeOnReleaseAcrossFailover(t *testing.T) {
+	s := testenv.StartRedisSentinel(t)
+	ctx := context.Background()
+	client := func() redis.UniversalClient {
+		c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{s.Sentinel}, MasterName: s.MasterName,
+			MaxRetries: -1, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ca, cb := client(), client()
+	// A holds the keys; B waits for them, with an hour's backoff (woken)
+	// and with the default one (polling when the message is lost).
+	newLock := func(c redis.UniversalClient, prefix string, backoff time.Duration) *lock.Redis {
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Subscriber: c,
+			MinBackoff: backoff, MaxBackoff: backoff, Wait: time.Minute})
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	a, woken := newLock(ca, "woken:", 0), newLock(cb, "woken:", never)
+	aPoll, polling := newLock(ca, "polling:", 0), newLock(cb, "polling:", 0)
+	nodes := func() []*redis.Client {
+		var live []*redis.Client
+		for _, n := range s.Nodes {
+			if n.Pid() != 0 {
+				live = append(live, testenv.RedisAt(t, n.Addr))
+			}
+		}
+		return live
+	}
+	// hold takes key on l once the clients write to the current master.
+	hold := func(l *lock.Redis, key string) *lock.Lease {
+		t.Helper()
+		var lease *lock.Lease
+		waitFor(t, "A takes "+key, func() bool {
+			var err error
+			lease, err = l.Obtain(ctx, key)
+			return err == nil
+		})
+		return lease
+	}
+	// wake checks that the release of key by A wakes B's waiter, whose
+	// backoff is an hour, once B is subscribed on a live node.
+	wake := func(key string, wakeups uint64) {
+		t.Helper()
+		holder := hold(a, key)
+		got := obtainAsync(woken, key)
+		waitFor(t, "B subscribed and flagged "+key, func() bool {
+			var n int64
+			for _, c := range nodes() {
+				n += c.PubSubNumSub(ctx, "woken:released").Val()["woken:released"]
+			}
+			return n >= 1 && ca.Exists(ctx, a.Key(key)+":waiting").Val() == 1
+		})
+		if err := holder.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		received(t, got).Release(ctx)
+		if st := woken.Stats(); st.Wakeups != wakeups {
+			t.Errorf("after the release of %q: B's stats = %+v, want %d wakeups", key, st, wakeups)
+		}
+	}
+
+	wake("before", 1)
+
+	// Failed over while B polls for a key A holds.
+	holder := hold(aPoll, "during")
+	got := obtainAsync(polling, "during")
+	waitFor(t, "B waits", func() bool { return polling.Stats().Waiting == 1 })
+	master := s.Failover(t)
+	holder.Release(ctx) // lost with the old master, or released on the new one
+	received(t, got).Release(ctx)
+
+	wake("after", 2)
+
+	// The demoted master dies; B's subscription moves to the master.
+	for _, n := range s.Nodes {
+		if n.Addr != master {
+			n.Kill()
+		}
+	}
+	wake("demoted master dead", 3)
+}
