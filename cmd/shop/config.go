@@ -153,6 +153,11 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Errorf("SHOP_REDIS_ADDR: %q must be host:port", a))
 		}
 	}
+	// The keys carry hash tags ({sku:42}) so that each script's keys share
+	// a Redis Cluster slot; a brace in the prefix would be taken for the tag.
+	if strings.ContainsAny(c.RedisPrefix, "{}") {
+		errs = append(errs, fmt.Errorf("SHOP_REDIS_PREFIX=%q: must not contain { or }: the keys' hash tags, which keep each script's keys in one Redis Cluster slot, follow it", c.RedisPrefix))
+	}
 	c.RedlockAddrs = addrList(getenv("SHOP_REDLOCK_ADDRS"))
 	for _, a := range c.RedlockAddrs {
 		if !strings.Contains(a, ":") {

@@ -37,6 +37,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_REDIS_ADDR", "localhost"},
 		{"SHOP_REDIS_ADDR", "127.0.0.1:7000,localhost"},
 		{"SHOP_REDIS_ADDR", " , "},
+		{"SHOP_REDIS_PREFIX", "shop{}:"},
+		{"SHOP_REDIS_PREFIX", "{shop}:"},
 		{"SHOP_HTTP_ADDR", "8080"},
 		{"SHOP_CACHE_TTL", "10"},
 		{"SHOP_CACHE_TTL", "10ms"},
