@@ -22,8 +22,9 @@
 #   scripts/stack.sh kill-replica I      SIGKILL replica I; it stays down
 #   scripts/stack.sh rolling-restart     restart the running replicas one by one;
 #                                        each drains while nginx still sends to it
-#   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock),
-#                                        start it again empty on its port
+#   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock on
+#                                        the single topology), start it again
+#                                        empty on its port
 #   scripts/stack.sh restart-mariadb     stop MariaDB (SIGTERM, waits), start it
 #                                        again on its port and data
 #   scripts/stack.sh failover-redis      (Sentinel) SENTINEL FAILOVER: the replica
