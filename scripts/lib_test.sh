@@ -201,7 +201,7 @@ role() {
 test_stack_topologies() {
   local st=$tmp/stack out master replica sentinels master2 rc=0 port want
   export SHOP_STATE=$st NGINX_PORT=0
-  out=$(REDIS_TOPOLOGY=cluster scripts/stack.sh redis-up 2>/dev/null)
+  out=$(REDIS_TOPOLOGY=cluster scripts/stack.sh redis-up 2>"$tmp/stack.log") || cat "$tmp/stack.log"
   local first=${out#SHOP_REDIS_ADDR=127.0.0.1:}
   first=${first%%,*}
   if [[ $out =~ ^SHOP_REDIS_ADDR=127\.0\.0\.1:[0-9]+,127\.0\.0\.1:[0-9]+,127\.0\.0\.1:[0-9]+$ ]] &&
@@ -212,7 +212,7 @@ test_stack_topologies() {
     ok "the topology is kept in the state: stack.sh status, without REDIS_TOPOLOGY, names the Cluster"
   else fail "the topology was not kept: $(scripts/stack.sh status | grep topology)"; fi
 
-  out=$(REDIS_TOPOLOGY=sentinel scripts/stack.sh redis-up 2>/dev/null)
+  out=$(REDIS_TOPOLOGY=sentinel scripts/stack.sh redis-up 2>"$tmp/stack.log") || cat "$tmp/stack.log"
   . "$st/ports.env"
   read -r master replica <<<"$SENTINEL_REDIS_PORTS"
   read -r -a sentinels <<<"$SENTINEL_PORTS"
@@ -223,7 +223,7 @@ test_stack_topologies() {
     ok "stack.sh redis-up starts a Sentinel set-up and names its Sentinels and master in the settings"
   else fail "stack.sh redis-up on Sentinel: $out; master $(sentinel_says "${sentinels[0]}" shop), want $master"; fi
 
-  scripts/stack.sh failover-redis 2>/dev/null || rc=$?
+  scripts/stack.sh failover-redis 2>"$tmp/stack.log" || { rc=$?; cat "$tmp/stack.log"; }
   if [ $rc -eq 0 ] && [ "$(sentinel_says "${sentinels[2]}" shop)" = "$replica" ] && [ "$(role "$master")" = "slave of $replica" ]; then
     ok "stack.sh failover-redis returns once the replica is master and the old master follows it"
   else fail "stack.sh failover-redis: exit $rc, Sentinels name $(sentinel_says "${sentinels[2]}" shop), :$master is $(role "$master")"; fi
@@ -231,7 +231,7 @@ test_stack_topologies() {
   local pid
   pid=$(cat "$st/redis-sentinel/$replica/pid")
   rc=0
-  scripts/stack.sh kill-redis-master 2>/dev/null || rc=$?
+  scripts/stack.sh kill-redis-master 2>"$tmp/stack.log" || { rc=$?; cat "$tmp/stack.log"; }
   master2=$(sentinel_says "${sentinels[1]}" shop)
   if [ $rc -eq 0 ] && ! pid_alive "$pid" && [ "$master2" = "$master" ] && [ "$(role "$replica")" = "slave of $master" ]; then
     ok "stack.sh kill-redis-master kills the master, and returns once the replica is master and the killed one is back as its replica"
