@@ -2,6 +2,9 @@
 # make demo: from nothing to a verdict. Installs what is missing, builds,
 # starts a private stack (MariaDB, Redis, 3 replicas, nginx on a free port),
 # runs the lock experiment (bin/demo), and stops the stack however it ends.
+# The Sentinel rows start a Redis master, its replica and three Sentinels
+# when they come (REDIS_TOPOLOGY=sentinel scripts/stack.sh replicas ...):
+# about 10 seconds that the other rows do not need.
 # Extra arguments go to bin/demo (-skus, -buyers, -c, -ttl, -pause, ...).
 #
 # Environment: SHOP_STATE (default .state/demo), DEMO_OUT (default out/demo),

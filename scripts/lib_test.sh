@@ -4,7 +4,9 @@
 # package's install does (a compiler or make appears, a service starts, or
 # the install fails). Real redis-servers stand in for the services.
 # make test runs it; it needs redis-server and a C compiler, as make test
-# does. About 20 seconds, most of it the drain of stop_pidfile's test.
+# does. The Redis topologies of scripts/stack.sh and its failover commands
+# run on real servers too. About a minute: stop_pidfile's drain and the
+# Sentinels' failovers take most of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -176,12 +178,79 @@ test_stop_pidfile() {
   else fail "stop_pidfile waited ${took}s for a process that exited at once"; fi
 }
 
+# sentinel_says PORT NAME prints the port of the master the Sentinel on
+# PORT names.
+sentinel_says() { redis_cli "$1" SENTINEL get-master-addr-by-name "$2" | tr -d '\r' | sed -n 2p; }
+
+# role PORT prints "master", or "slave of MASTER_PORT" once in sync.
+role() {
+  local info
+  info=$(redis_cli "$1" INFO replication | tr -d '\r')
+  case $info in
+    *role:master*) echo master ;;
+    *master_link_status:up*) echo "slave of $(sed -n 's/^master_port://p' <<<"$info")" ;;
+    *) echo "slave, not in sync" ;;
+  esac
+}
+
+# scripts/stack.sh starts the Redis of each topology (redis-up), points shop
+# at it (its SHOP_REDIS_* settings), and on Sentinel fails the master over:
+# on request (failover-redis) and by a crash (kill-redis-master), each
+# returning once the Sentinels name the new master and the old one follows
+# it. Only the Redis servers start, no MariaDB or replica.
+test_stack_topologies() {
+  local st=$tmp/stack out master replica sentinels master2 rc=0 port want
+  export SHOP_STATE=$st NGINX_PORT=0
+  out=$(REDIS_TOPOLOGY=cluster scripts/stack.sh redis-up 2>"$tmp/stack.log") || cat "$tmp/stack.log"
+  local first=${out#SHOP_REDIS_ADDR=127.0.0.1:}
+  first=${first%%,*}
+  if [[ $out =~ ^SHOP_REDIS_ADDR=127\.0\.0\.1:[0-9]+,127\.0\.0\.1:[0-9]+,127\.0\.0\.1:[0-9]+$ ]] &&
+    redis_cli "$first" CLUSTER INFO | tr -d '\r' | grep -qx cluster_state:ok; then
+    ok "stack.sh redis-up starts a Cluster of three masters and names them in SHOP_REDIS_ADDR"
+  else fail "stack.sh redis-up on a Cluster: $out"; fi
+  if scripts/stack.sh status | grep -q "^Redis topology: cluster (SHOP_REDIS_ADDR=127.0.0.1:$first,"; then
+    ok "the topology is kept in the state: stack.sh status, without REDIS_TOPOLOGY, names the Cluster"
+  else fail "the topology was not kept: $(scripts/stack.sh status | grep topology)"; fi
+
+  out=$(REDIS_TOPOLOGY=sentinel scripts/stack.sh redis-up 2>"$tmp/stack.log") || cat "$tmp/stack.log"
+  . "$st/ports.env"
+  read -r master replica <<<"$SENTINEL_REDIS_PORTS"
+  read -r -a sentinels <<<"$SENTINEL_PORTS"
+  want=
+  for port in "${sentinels[@]}"; do want+=${want:+,}127.0.0.1:$port; done
+  if [ "$out" = "$(printf 'SHOP_REDIS_ADDR=%s\nSHOP_REDIS_MASTER_NAME=shop' "$want")" ] &&
+    [ "$(sentinel_says "${sentinels[0]}" shop)" = "$master" ]; then
+    ok "stack.sh redis-up starts a Sentinel set-up and names its Sentinels and master in the settings"
+  else fail "stack.sh redis-up on Sentinel: $out; master $(sentinel_says "${sentinels[0]}" shop), want $master"; fi
+
+  scripts/stack.sh failover-redis 2>"$tmp/stack.log" || { rc=$?; cat "$tmp/stack.log"; }
+  if [ $rc -eq 0 ] && [ "$(sentinel_says "${sentinels[2]}" shop)" = "$replica" ] && [ "$(role "$master")" = "slave of $replica" ]; then
+    ok "stack.sh failover-redis returns once the replica is master and the old master follows it"
+  else fail "stack.sh failover-redis: exit $rc, Sentinels name $(sentinel_says "${sentinels[2]}" shop), :$master is $(role "$master")"; fi
+
+  local pid
+  pid=$(cat "$st/redis-sentinel/$replica/pid")
+  rc=0
+  scripts/stack.sh kill-redis-master 2>"$tmp/stack.log" || { rc=$?; cat "$tmp/stack.log"; }
+  master2=$(sentinel_says "${sentinels[1]}" shop)
+  if [ $rc -eq 0 ] && ! pid_alive "$pid" && [ "$master2" = "$master" ] && [ "$(role "$replica")" = "slave of $master" ]; then
+    ok "stack.sh kill-redis-master kills the master, and returns once the replica is master and the killed one is back as its replica"
+  else fail "stack.sh kill-redis-master: exit $rc, Sentinels name $master2, :$replica is $(role "$replica")"; fi
+
+  scripts/stack.sh down >/dev/null 2>&1
+  if [ ! -e "$st" ] && ! port_open "$master" && ! port_open "$replica" && ! port_open "${sentinels[0]}" && ! port_open "$first"; then
+    ok "stack.sh down stops the Cluster and the Sentinel set-up"
+  else fail "stack.sh down left a Redis of a topology running or the state behind"; fi
+  unset SHOP_STATE NGINX_PORT
+}
+
 test_install_starts_nothing
 test_failed_install
 test_existing_policy_kept
 test_race_installs_a_compiler
 test_ci_run_without_make
 test_stop_pidfile
+test_stack_topologies
 
 echo "scripts/lib_test.sh: $passed passed, $failed failed"
 [ $failed -eq 0 ]

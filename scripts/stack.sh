@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The local stack: private MariaDB, Redis (and two more Redis masters for
 # Redlock), shop replicas and nginx in front of them, all on loopback, with
-# pids, ports, data and logs in one state directory.
+# pids, ports, data and logs in one state directory. The replicas' Redis is
+# the first master, or a Redis Cluster, or a master with a replica watched by
+# Sentinels (REDIS_TOPOLOGY).
 #
 #   scripts/stack.sh up                  start what is not running (make up)
 #   scripts/stack.sh down                stop everything, remove the state (make down)
@@ -11,19 +13,34 @@
 #                                        these SHOP_* settings (kept for later
 #                                        restarts); nginx follows
 #   scripts/stack.sh shop ARGS...        run bin/shop against the stack (seed, verify)
+#   scripts/stack.sh redis-up            start the Redis servers of the topology that
+#                                        are not running; print the replicas'
+#                                        SHOP_REDIS_* settings
 #
 # Faults, for a load running through nginx; each returns once done and
 # leaves the stack serving:
 #   scripts/stack.sh kill-replica I      SIGKILL replica I; it stays down
 #   scripts/stack.sh rolling-restart     restart the running replicas one by one;
 #                                        each drains while nginx still sends to it
-#   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock),
-#                                        start it again empty on its port
+#   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock on
+#                                        the single topology), start it again
+#                                        empty on its port
 #   scripts/stack.sh restart-mariadb     stop MariaDB (SIGTERM, waits), start it
 #                                        again on its port and data
+#   scripts/stack.sh failover-redis      (Sentinel) SENTINEL FAILOVER: the replica
+#                                        becomes the master, the master its replica
+#   scripts/stack.sh kill-redis-master   (Sentinel) SIGKILL the master; once the
+#                                        Sentinels have promoted the replica, start
+#                                        it again, empty, to rejoin as a replica
 #
 # Environment: SHOP_STATE (state directory, default .state/stack), NGINX_PORT
-# (default 8080; 0 picks a free port), REPLICAS (default 3).
+# (default 8080; 0 picks a free port), REPLICAS (default 3), REDIS_TOPOLOGY
+# (single, cluster or sentinel; read by up, replicas and redis-up, which
+# start its servers, and kept in the state for every later command; default
+# single): the Redis of the replicas and of `shop`. single is Redis master 0;
+# cluster a Redis Cluster of three masters; sentinel a master, one replica and
+# three Sentinels watching them as "shop". The Redlock masters stay the three
+# single servers whatever the topology.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -72,14 +89,65 @@ load_ports() {
     } >"$ports"
   fi
   . "$ports"
+  # The topologies' ports, chosen on first use as well (and added to the
+  # file of a stack started before there were topologies).
+  if [ -z "${CLUSTER_PORTS:-}" ]; then
+    {
+      echo "CLUSTER_PORTS='$(free_ports 3 | xargs)'"
+      echo "SENTINEL_REDIS_PORTS='$(free_ports 2 | xargs)'"
+      echo "SENTINEL_PORTS='$(free_ports 3 | xargs)'"
+    } >>"$ports"
+    . "$ports"
+  fi
   read -r -a redis_ports <<<"$REDIS_PORTS"
   read -r -a replica_ports <<<"$REPLICA_PORTS"
+  read -r -a cluster_ports <<<"$CLUSTER_PORTS"
+  read -r -a sentinel_redis_ports <<<"$SENTINEL_REDIS_PORTS"
+  read -r -a sentinel_ports <<<"$SENTINEL_PORTS"
+}
+
+# The name under which the Sentinels watch the master.
+sentinel_name=shop
+
+# topology prints the stack's Redis topology: single, cluster or sentinel.
+topology() { cat "$state/topology" 2>/dev/null || echo single; }
+
+# set_topology records REDIS_TOPOLOGY, when it is set, as the stack's
+# topology; the commands that start servers call it, every other command
+# keeps to the one recorded, so that `shop seed` talks to the replicas'
+# Redis whatever the caller's environment says.
+set_topology() {
+  case ${REDIS_TOPOLOGY:-} in
+    "") ;;
+    single | cluster | sentinel) echo "$REDIS_TOPOLOGY" >"$state/topology" ;;
+    *) die "REDIS_TOPOLOGY=$REDIS_TOPOLOGY: want single, cluster or sentinel" ;;
+  esac
+}
+
+# addr_list PORT... prints 127.0.0.1:PORT,... .
+addr_list() {
+  local port addrs=()
+  for port in "$@"; do addrs+=("127.0.0.1:$port"); done
+  (IFS=,; echo "${addrs[*]}")
+}
+
+# redis_env prints the SHOP_REDIS_* settings that point a shop process at
+# the stack's topology.
+redis_env() {
+  case $(topology) in
+    single) echo "SHOP_REDIS_ADDR=127.0.0.1:${redis_ports[0]}" ;;
+    cluster) echo "SHOP_REDIS_ADDR=$(addr_list "${cluster_ports[@]}")" ;;
+    sentinel)
+      echo "SHOP_REDIS_ADDR=$(addr_list "${sentinel_ports[@]}")"
+      echo "SHOP_REDIS_MASTER_NAME=$sentinel_name"
+      ;;
+  esac
 }
 
 # shop_env prints the settings every shop process of the stack shares.
 shop_env() {
   echo "SHOP_MYSQL_DSN=root@tcp(127.0.0.1:$MYSQL_PORT)/shop?parseTime=true"
-  echo "SHOP_REDIS_ADDR=127.0.0.1:${redis_ports[0]}"
+  redis_env
   echo "SHOP_REDLOCK_ADDRS=127.0.0.1:${redis_ports[0]},127.0.0.1:${redis_ports[1]},127.0.0.1:${redis_ports[2]}"
   echo "SHOP_ADMIN_TOKEN=$ADMIN_TOKEN"
 }
@@ -101,6 +169,7 @@ start_servers() {
   [ -d "$state/mariadb/data/mysql" ] || fresh=1
   alive "$state/mariadb" || start_mariadb "$state/mariadb" "$MYSQL_PORT"
   start_masters
+  start_topology
   run_shop migrate >/dev/null
   if [ -n "$fresh" ]; then
     run_shop seed --products "${PRODUCTS:-5000}" --stock "${STOCK:-1}" >&2
@@ -114,6 +183,38 @@ start_masters() {
   for i in 0 1 2; do
     alive "$state/redis$i" || start_redis "$state/redis$i" "${redis_ports[$i]}"
   done
+}
+
+# set_running DIR PORT... tells whether the server of each PORT runs (a
+# Cluster's or a Sentinel set-up's, in DIR/PORT).
+set_running() {
+  local dir=$1 port
+  shift
+  for port in "$@"; do alive "$dir/$port" || return 1; done
+}
+
+# start_topology starts the Redis Cluster or the Sentinel set-up of the
+# stack's topology unless all of it runs. A set that runs in part is
+# stopped and started again from nothing: its servers keep no data, and a
+# Cluster's nodes or a Sentinel's view would remember the old set.
+start_topology() {
+  local dir
+  case $(topology) in
+    cluster)
+      dir=$state/redis-cluster
+      set_running "$dir" "${cluster_ports[@]}" && return 0
+      stop_redis_set "$dir"
+      rm -rf "$dir"
+      start_redis_cluster "$dir" "${cluster_ports[@]}"
+      ;;
+    sentinel)
+      dir=$state/redis-sentinel
+      set_running "$dir" "${sentinel_redis_ports[@]}" "${sentinel_ports[@]}" && return 0
+      stop_redis_set "$dir"
+      rm -rf "$dir"
+      start_redis_sentinel "$dir" "$sentinel_name" "${sentinel_redis_ports[@]}" "${sentinel_ports[@]}"
+      ;;
+  esac
 }
 
 # A replica drains on SIGTERM: it stops accepting, lets its in-flight
@@ -157,6 +258,7 @@ start_replica() {
   done
   mkdir -p "$dir"
   binary_sum "$bin" >"$dir/binary"
+  redis_env >"$dir/redis"
   env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" "${settings[@]}" \
     "$bin" serve </dev/null >>"$dir/shop.log" 2>&1 &
   echo $! >"$dir/pid"
@@ -278,6 +380,7 @@ render() {
 up() {
   ensure_deps
   build
+  set_topology
   load_ports
   start_servers
   local n=${REPLICAS:-$(cat "$state/replicas" 2>/dev/null || echo 3)} i sum started=() stale=()
@@ -286,7 +389,8 @@ up() {
     if ! alive "$state/replica$i"; then
       start_replica "$i"
       started+=("$i")
-    elif [ "$(cat "$state/replica$i/binary" 2>/dev/null)" != "$sum" ]; then
+    elif [ "$(cat "$state/replica$i/binary" 2>/dev/null)" != "$sum" ] ||
+      [ "$(cat "$state/replica$i/redis" 2>/dev/null)" != "$(redis_env)" ]; then
       stale+=("$i")
     fi
   done
@@ -294,10 +398,11 @@ up() {
   echo "$n" >"$state/replicas"
   [ ${#started[@]} -eq 0 ] || log "started replica(s) ${started[*]}"
   nginx_up "$n"
-  # Replicas started from an older bin/shop: restarted one at a time.
+  # Replicas started from an older bin/shop, or on another Redis topology:
+  # restarted one at a time.
   [ ${#stale[@]} -eq 0 ] || restart_replicas "${stale[@]}"
   cat <<EOF
-shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas)
+shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas, Redis: $(topology))
   try:   curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
   admin: Authorization: Bearer $ADMIN_TOKEN
   logs:  $state/replica*/shop.log, $state/nginx/logs/
@@ -315,6 +420,8 @@ down() {
   stop_replicas
   local i
   for i in 0 1 2; do stop_pidfile "$state/redis$i/pid"; done
+  stop_redis_set "$state/redis-cluster"
+  stop_redis_set "$state/redis-sentinel"
   stop_pidfile "$state/mariadb/pid" 30 # InnoDB writes its buffers out
   rm -rf "$state"
   log "stack stopped, $state removed"
@@ -332,8 +439,29 @@ status() {
       echo
     else echo "$name: stopped"; fi
   done
+  topology_status
   echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]}, MariaDB $MYSQL_PORT, Redis ${redis_ports[*]}"
+  echo "Redis topology: $(topology) ($(redis_env | xargs))"
   [ ! -s "$state/replica-settings" ] || echo "replica settings: $(xargs <"$state/replica-settings")"
+}
+
+# topology_status prints which servers of a Cluster or a Sentinel set-up
+# run, and which is the master as the Sentinels see it.
+topology_status() {
+  local port
+  for port in "${cluster_ports[@]}"; do
+    [ -d "$state/redis-cluster/$port" ] || continue
+    if alive "$state/redis-cluster/$port"; then echo "cluster :$port: running (pid $(cat "$state/redis-cluster/$port/pid"))"
+    else echo "cluster :$port: stopped"; fi
+  done
+  for port in "${sentinel_redis_ports[@]}" "${sentinel_ports[@]}"; do
+    [ -d "$state/redis-sentinel/$port" ] || continue
+    if alive "$state/redis-sentinel/$port"; then echo "sentinel set :$port: running (pid $(cat "$state/redis-sentinel/$port/pid"))"
+    else echo "sentinel set :$port: stopped"; fi
+  done
+  if [ -d "$state/redis-sentinel" ]; then
+    echo "sentinel set: master $sentinel_name on :$(sentinel_master || echo '?') (Sentinels on ${sentinel_ports[*]})"
+  fi
 }
 
 # kill_replica I kills replica I (SIGKILL), as a crash would; nginx sends
@@ -369,15 +497,113 @@ restart_mariadb() {
   start_mariadb "$state/mariadb" "$MYSQL_PORT"
 }
 
+# sentinel_master [SENTINEL_PORT] prints the port of the master as the
+# Sentinel on SENTINEL_PORT (default the first) sees it; it fails when that
+# Sentinel does not answer.
+sentinel_master() {
+  local port
+  port=$(redis_cli "${1:-${sentinel_ports[0]}}" SENTINEL get-master-addr-by-name "$sentinel_name" 2>/dev/null |
+    tr -d '\r' | sed -n 2p)
+  [ -n "$port" ] && echo "$port"
+}
+
+# need_sentinel fails unless the stack's topology is sentinel and its
+# Sentinel set-up runs.
+need_sentinel() {
+  [ "$(topology)" = sentinel ] ||
+    die "the stack's Redis topology is $(topology): REDIS_TOPOLOGY=sentinel $0 replicas N (or redis-up) first"
+  set_running "$state/redis-sentinel" "${sentinel_ports[@]}" || die "the Sentinels are not running: $0 redis-up"
+}
+
+# Failover waits, in seconds: the Sentinels see a master down after 1 s
+# and elect a leader within a few; a replica's first sync takes well under
+# a second. Loose bounds for a slow, shared machine.
+failover_timeout=60
+
+# wait_new_master OLD waits until every Sentinel names a master other than
+# the one on port OLD, the same one, and prints its port.
+wait_new_master() {
+  local old=$1 deadline=$((SECONDS + failover_timeout)) port master seen
+  while :; do
+    seen=
+    for port in "${sentinel_ports[@]}"; do
+      master=$(sentinel_master "$port") || master=
+      if [ -z "$master" ] || [ "$master" = "$old" ] || { [ -n "$seen" ] && [ "$master" != "$seen" ]; }; then
+        seen=
+        break
+      fi
+      seen=$master
+    done
+    if [ -n "$seen" ]; then echo "$seen"; return 0; fi
+    [ $SECONDS -lt $deadline ] || die "the Sentinels did not promote a master other than :$old within ${failover_timeout}s"
+    sleep 0.1
+  done
+}
+
+# wait_following PORT MASTER waits until the Redis on PORT is a replica of
+# the master on port MASTER and in sync with it.
+wait_following() {
+  local port=$1 master=$2 deadline=$((SECONDS + failover_timeout)) info
+  while :; do
+    info=$(redis_cli "$port" INFO replication 2>/dev/null | tr -d '\r') || info=
+    if grep -qx role:slave <<<"$info" && grep -qx "master_port:$master" <<<"$info" &&
+      grep -qx master_link_status:up <<<"$info"; then
+      return 0
+    fi
+    [ $SECONDS -lt $deadline ] || die "Redis on :$port is not a replica in sync with :$master within ${failover_timeout}s"
+    sleep 0.1
+  done
+}
+
+# failover_redis has the Sentinels fail the master over (SENTINEL FAILOVER,
+# as for maintenance: no agreement needed, the master need not be down) and
+# returns once they all name the promoted replica and the old master follows
+# it. The old master is running: it is made a replica of the new one.
+failover_redis() {
+  local old new reply
+  need_sentinel
+  old=$(sentinel_master) || die "the Sentinel on :${sentinel_ports[0]} does not name a master"
+  reply=$(redis_cli "${sentinel_ports[0]}" SENTINEL FAILOVER "$sentinel_name" 2>&1 | tr -d '\r')
+  [ "$reply" = OK ] || die "SENTINEL FAILOVER $sentinel_name: $reply"
+  new=$(wait_new_master "$old")
+  log "Redis master $sentinel_name failed over from :$old to :$new"
+  wait_following "$old" "$new"
+  log "Redis on :$old follows the new master :$new"
+}
+
+# kill_redis_master kills the master (SIGKILL), as a crash would, waits
+# until the Sentinels have seen it down (after 1 s) and promoted the
+# replica, then starts it again on its port, empty, as after a crash
+# without persistence: the Sentinels find their old master back and make it
+# a replica of the new one. Returns once it is in sync.
+kill_redis_master() {
+  local old new pid dir
+  need_sentinel
+  old=$(sentinel_master) || die "the Sentinel on :${sentinel_ports[0]} does not name a master"
+  dir=$state/redis-sentinel/$old
+  alive "$dir" || die "the master on :$old is not running"
+  pid=$(cat "$dir/pid")
+  kill -9 "$pid"
+  while pid_alive "$pid"; do sleep 0.05; done
+  log "Redis master $sentinel_name on :$old (pid $pid) killed"
+  new=$(wait_new_master "$old")
+  log "the Sentinels promoted :$new"
+  start_redis "$dir" "$old"
+  wait_following "$old" "$new"
+  log "Redis on :$old is back, a replica of :$new"
+}
+
 case ${1:-} in
   up) up ;;
   down) down ;;
   status) status ;;
   replicas)
     [ $# -ge 2 ] && [ "$2" -ge 1 ] && [ "$2" -le $max_replicas ] || die "usage: $0 replicas 1..$max_replicas [VAR=VALUE...]"
+    set_topology
     load_ports
     stop_replicas
     start_masters
+    start_topology
     start_replicas "${@:2}"
     nginx_up "$2"
     ;;
@@ -388,6 +614,9 @@ case ${1:-} in
   rolling-restart) load_ports; rolling_restart ;;
   restart-redis) load_ports; restart_redis ;;
   restart-mariadb) load_ports; restart_mariadb ;;
+  failover-redis) load_ports; failover_redis ;;
+  kill-redis-master) load_ports; kill_redis_master ;;
+  redis-up) set_topology; load_ports; start_masters; start_topology; redis_env ;;
   shop) load_ports; run_shop "${@:2}" ;;
-  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|kill-replica I|rolling-restart|restart-redis|restart-mariadb|shop ARGS..." ;;
+  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|shop ARGS..." ;;
 esac

@@ -70,7 +70,7 @@ func drawChart(w io.Writer, results []result) error {
 			mark, markC = "race", oversoldC
 		}
 		text(img, face, 12, mid+5, markC, mark)
-		text(img, face, 52, mid+5, ink, fmt.Sprintf("%d. %s", i+1, r.Row.label()))
+		text(img, face, 52, mid+5, ink, fmt.Sprintf("%d. %s", r.number(i), r.Row.label()))
 
 		bar(img, face, oversoldX, mid, float64(r.Verify.Oversold), maxOversold, oversoldC, fmt.Sprint(r.Verify.Oversold))
 		bar(img, face, rateX, mid, r.ordersPerSecond(), maxRate, ordersC, fmt.Sprintf("%.0f", r.ordersPerSecond()))

@@ -28,6 +28,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -74,6 +75,8 @@ type options struct {
 	hotUnits   int // units of the hot SKU; 0 skips the hot rows
 	hotBuyers  int // buyers of the hot SKU
 	hotWorkers int // concurrent buyers of the hot SKU
+
+	rows []int // the row numbers to run; none: every row
 }
 
 func parse(args []string) (options, error) {
@@ -89,7 +92,17 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.ttl, "ttl", 500*time.Millisecond, "lock TTL of the pause rows")
 	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the stopped holder stays stopped (more than -ttl)")
 	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the Redlock master is killed")
-	fs.BoolVar(&o.faults, "faults", true, "run the fault rows (a replica killed, a rolling restart, Redis and MariaDB restarted)")
+	fs.BoolVar(&o.faults, "faults", true, "run the fault rows (a replica killed, a rolling restart, Redis and MariaDB restarted, the Redis master failed over)")
+	fs.Func("rows", "run only these rows of the table, by number: 17,18 (default all)", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 {
+				return fmt.Errorf("%q: want row numbers from 1, comma-separated", v)
+			}
+			o.rows = append(o.rows, n)
+		}
+		return nil
+	})
 	fs.DurationVar(&o.faultAfter, "fault-after", 2*time.Second, "how long into the load a fault row's fault begins")
 	fs.DurationVar(&o.faultSpan, "fault-span", 8*time.Second, "a fault row's load is sent over at least this long (its rate is capped)")
 	fs.IntVar(&o.hotUnits, "hot-units", 5000, "units of the hot SKU (0 skips the hot rows)")
@@ -132,11 +145,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	rows := experiment(o)
 	var results []result
 	for i, r := range rows {
+		if len(o.rows) > 0 && !slices.Contains(o.rows, i+1) {
+			continue
+		}
 		fmt.Fprintf(stderr, "\n== row %d/%d: %s\n", i+1, len(rows), r.label())
 		res, err := runRow(ctx, o, url, replicaPorts[:r.Replicas], i+1, r, stderr)
 		if err != nil {
 			return fmt.Errorf("row %d (%s): %w", i+1, r.label(), err)
 		}
+		res.Num = i + 1
 		fmt.Fprintf(stderr, "== %s: %s, %s\n", r.label(), res.verdict(), res.outcome())
 		results = append(results, res)
 	}
@@ -171,7 +188,7 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	if r.Pause {
 		res.Paused = o.pause
 	}
-	if _, err := command(ctx, stderr, o.stack, replicaArgs(o, r)...); err != nil {
+	if _, err := commandEnv(ctx, topologyEnv(r), stderr, o.stack, replicaArgs(o, r)...); err != nil {
 		return res, err
 	}
 	products, units := o.skus, 1
@@ -240,6 +257,13 @@ func replicaArgs(o options, r row) []string {
 	return args
 }
 
+// topologyEnv is the environment of the stack script's `replicas` for row
+// r: this process's, with the row's Redis topology, which the stack then
+// keeps for the seed, the fault and the verify.
+func topologyEnv(r row) []string {
+	return append(os.Environ(), "REDIS_TOPOLOGY="+r.topology())
+}
+
 // verifySale runs `shop verify --json --acks acks` on the stack (with env,
 // if given, as the stack script's environment), keeps its output in path and
 // returns its report. A broken invariant is in the report, not an error.
@@ -262,16 +286,28 @@ func verifySale(ctx context.Context, stack, acks, path string, stderr io.Writer,
 // and is given 2s to be back in nginx's rotation.
 const rollingRestartTakes = 16 * time.Second
 
+// redisFailoverTakes is about how long scripts/stack.sh failover-redis and
+// kill-redis-master take: the Sentinels promote the replica within about 2s
+// (a killed master is seen down after 1s), but make the old master a replica
+// of the new one only at their next look at it, up to 10s later (their INFO
+// period), and until then it is a master that a replica which missed the
+// switch may still write to.
+const redisFailoverTakes = 13 * time.Second
+
 // faultLoad are the load test's arguments that spread a fault row's sale
 // over o.faultSpan, so that the fault lands in the middle of it: a capped
 // rate, and a tenth of a second's worth of buyers at once. hey starts its
 // workers' requests together, so fewer workers make a smoother stream.
 func faultLoad(o options, r row) []string {
 	span := o.faultSpan
-	if r.Fault == faultRolling {
+	switch r.Fault {
+	case faultRolling:
 		// Each replica drains, starts and is back in nginx in about 5s:
 		// the sale lasts until the third has restarted.
 		span = max(span, o.faultAfter+rollingRestartTakes)
+	case faultFailover, faultKillMaster:
+		// The sale lasts until the old master follows the new one.
+		span = max(span, o.faultAfter+redisFailoverTakes)
 	}
 	rate := max(1, float64(o.skus*o.buyers)/span.Seconds())
 	workers := min(o.workers, max(1, int(rate/10)))

@@ -20,15 +20,19 @@ type row struct {
 	TTL      time.Duration // SHOP_LOCK_TTL; zero leaves the default
 	// Pause stops one order holder per replica between its read and its
 	// write for longer than TTL (the shopStaleWrite failpoint).
-	Pause    bool
-	Kill     bool   // Redis master 3 of the Redlock is killed during the load
-	Fault    string // a stack.sh fault command run during the load (fault rows)
-	Hot      bool   // one product with many units (-hot-units) and more buyers (-hot-buyers)
-	Batch    int    // SHOP_ORDER_BATCH; zero leaves the default
-	Retry    bool   // buyers retry 502, 503, 504 and transport errors under their Idempotency-Key
-	MustHold bool   // the invariants must hold; otherwise the row is expected to race
-	MustRace bool   // the row must oversell: its race is made to happen on every run
-	WantSold int64  // orders the row must sell, when above zero
+	Pause bool
+	Kill  bool   // Redis master 3 of the Redlock is killed during the load
+	Fault string // a stack.sh fault command run during the load (fault rows)
+	// Topology is the replicas' Redis (scripts/stack.sh's REDIS_TOPOLOGY):
+	// empty for the single server, topologySentinel for a master and its
+	// replica behind three Sentinels.
+	Topology string
+	Hot      bool  // one product with many units (-hot-units) and more buyers (-hot-buyers)
+	Batch    int   // SHOP_ORDER_BATCH; zero leaves the default
+	Retry    bool  // buyers retry 502, 503, 504 and transport errors under their Idempotency-Key
+	MustHold bool  // the invariants must hold; otherwise the row is expected to race
+	MustRace bool  // the row must oversell: its race is made to happen on every run
+	WantSold int64 // orders the row must sell, when above zero
 	Shows    string
 }
 
@@ -38,7 +42,13 @@ const (
 	faultRolling     = "rolling-restart"
 	faultRedis       = "restart-redis"
 	faultMariaDB     = "restart-mariadb"
+	faultFailover    = "failover-redis"
+	faultKillMaster  = "kill-redis-master"
 )
+
+// topologySentinel is stack.sh's REDIS_TOPOLOGY of a Sentinel-managed
+// master; the Sentinel rows run on it.
+const topologySentinel = "sentinel"
 
 // experiment is seed 002's experiment, then the pause that the seeds' Redis
 // lock alone does not survive, then the hot SKU (unless -hot-units is 0):
@@ -77,11 +87,20 @@ func experiment(o options) []row {
 
 // faultRows are the service's default under faults, through nginx, with
 // buyers who retry: each must sell exactly its stock, lose no acknowledged
-// order and answer every buyer.
+// order and answer every buyer. The last two run on a Sentinel-managed
+// Redis whose master fails over mid-sale: once on request, once killed. Two
+// rows rather than one that does both, so that each kind of failover has
+// its own verdict and its own count of leases lost and stale writes
+// refused — a graceful failover and a crash lose different things.
 func faultRows(o options) []row {
 	fault := func(f, shows string) row {
 		return row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Fault: f, Retry: true,
 			MustHold: true, WantSold: int64(o.skus), Shows: shows}
+	}
+	sentinel := func(f, shows string) row {
+		r := fault(f, shows)
+		r.Topology = topologySentinel
+		return r
 	}
 	return []row{
 		fault(faultKillReplica, "a replica dies (SIGKILL) mid-sale: its locks lapse, nginx sends its buyers elsewhere, "+
@@ -93,6 +112,12 @@ func faultRows(o options) []row {
 			"fencing tokens go on from the clock, the cache and the filter are rebuilt"),
 		fault(faultMariaDB, "MariaDB is restarted mid-sale: orders in flight fail or end with an unknown outcome, "+
 			"and their retries under the same key find what was committed"),
+		sentinel(faultFailover, "the replicas' Redis is a master with a replica behind three Sentinels, and SENTINEL FAILOVER "+
+			"promotes the replica mid-sale: leases taken on the old master may be missing on the new one, "+
+			"fencing refuses the writes of a holder that lost its lease, and the SKUs keep selling"),
+		sentinel(faultKillMaster, "the same set-up, and the master is killed (SIGKILL) mid-sale: the Sentinels promote the "+
+			"replica, which may lack the latest leases and fencing counters (replication is asynchronous); the killed "+
+			"master comes back empty as a replica, and the sale still sells exactly its stock"),
 	}
 }
 
@@ -165,7 +190,19 @@ func (r row) label() string {
 	if r.Fault != "" {
 		s += ", " + r.faultName() + ", buyers retry"
 	}
+	if r.Topology != "" {
+		s += ", Redis via " + r.Topology
+	}
 	return s
+}
+
+// topology is the row's REDIS_TOPOLOGY for scripts/stack.sh: every row
+// names its own, as the stack keeps the last one it was given.
+func (r row) topology() string {
+	if r.Topology == "" {
+		return "single"
+	}
+	return r.Topology
 }
 
 // faultName says what a fault row does to the stack.
@@ -179,6 +216,10 @@ func (r row) faultName() string {
 		return "Redis restarted empty"
 	case faultMariaDB:
 		return "MariaDB restarted"
+	case faultFailover:
+		return "Redis master failed over"
+	case faultKillMaster:
+		return "Redis master killed"
 	}
 	return r.Fault
 }
@@ -284,6 +325,7 @@ var oversellChecks = []string{"stock >= 0", "initial_stock == stock + orders"}
 
 type result struct {
 	Row    row
+	Num    int // the row's number in the experiment (0: its place in the results)
 	Load   loadResult
 	Verify verifyReport
 	Paused time.Duration  // how long a holder was stopped (the failpoint's setting)
@@ -420,13 +462,23 @@ func (r result) cells(n int) []string {
 		fmt.Sprintf("%.0f", r.ordersPerSecond()), ms(r.Load.P50Ms), ms(r.Load.P99Ms), r.outcome()}
 }
 
+// number is the row's number in the table, the result being the i-th (from
+// 0) of those run: its number in the experiment, which -rows may skip some
+// of.
+func (r result) number(i int) int {
+	if r.Num > 0 {
+		return r.Num
+	}
+	return i + 1
+}
+
 // table renders the results for a terminal.
 func table(results []result) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(w, strings.Join(columns, "\t"))
 	for i, r := range results {
-		fmt.Fprintln(w, strings.Join(r.cells(i+1), "\t"))
+		fmt.Fprintln(w, strings.Join(r.cells(r.number(i)), "\t"))
 	}
 	w.Flush()
 	return b.String()
@@ -437,7 +489,7 @@ func markdownTable(results []result) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(columns, " | "), strings.Repeat("---|", len(columns)))
 	for i, r := range results {
-		fmt.Fprintf(&b, "| %s |\n", strings.Join(r.cells(i+1), " | "))
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(r.cells(r.number(i)), " | "))
 	}
 	return b.String()
 }
@@ -474,7 +526,7 @@ func writeReport(o options, results []result, cores int) error {
 	b.WriteString(markdownTable(results))
 	b.WriteString("\n## Rows\n\n")
 	for i, r := range results {
-		fmt.Fprintf(&b, "%d. **%s**: %s. ", i+1, r.Row.label(), r.Row.Shows)
+		fmt.Fprintf(&b, "%d. **%s**: %s. ", r.number(i), r.Row.label(), r.Row.Shows)
 		fmt.Fprintf(&b, "Statuses %s", statuses(r.Load.Statuses))
 		if len(r.Load.Errors) > 0 {
 			fmt.Fprintf(&b, "; transport errors %s", statuses(r.Load.Errors))
@@ -506,6 +558,14 @@ their own Idempotency-Key (bin/loadtest -retry, Retry-After honoured), while the
 must sell exactly its stock, lose no acknowledged order, create no duplicate, and leave no buyer without an answer;
 the rolling restart must also lose no request at all (no 502, 504 or transport error), so that buyers who do not
 retry lose nothing either.
+
+The last two fault rows run the replicas on a Redis master with one replica, watched by three Sentinels (the
+service follows the master through them: SHOP_REDIS_MASTER_NAME). Mid-sale the master is failed over — by
+SENTINEL FAILOVER, then in the next row by SIGKILL, after which the killed master starts again empty and rejoins as
+a replica. Replication is asynchronous, so the promoted replica may lack the latest leases and fencing counters:
+two holders may then both believe they hold a SKU, and fencing refuses the older one's write ("stale writes
+refused"); fencing tokens are max(counter + 1, Redis's clock in µs), and a refused write raises the counter, so no
+SKU is left unsellable ("exactly its stock sold"). The replicas live through these rows, so their counts are whole.
 `)
 	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644); err != nil {
 		return err

@@ -104,8 +104,8 @@ func TestReport(t *testing.T) {
 	rows := experiment(o)
 	hot := slices.IndexFunc(rows, func(r row) bool { return r.Hot })
 	faults := slices.IndexFunc(rows, func(r row) bool { return r.Fault != "" })
-	if hot != 9 || faults != 12 || len(rows) != 16 {
-		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d; want 9 sell-out rows, 3 hot ones, 4 fault rows",
+	if hot != 9 || faults != 12 || len(rows) != 18 {
+		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d; want 9 sell-out rows, 3 hot ones, 6 fault rows",
 			len(rows), hot, faults)
 	}
 	var results []result
@@ -137,6 +137,7 @@ func TestReport(t *testing.T) {
 	}
 	for _, want := range []string{"redis    guarded", "holder stopped 2s > TTL 500ms", "3 / 1", "oversold, as expected", "oversold, as it must",
 		"holds, as it must", "replica 2 killed at 2s", "rolling restart at 2s", "Redis restarted empty at 2s", "MariaDB restarted at 2s",
+		"Redis master failed over at 2s", "Redis master killed at 2s",
 		"800/800 ",
 		"redlock  naive", "master 3 killed at 500ms", "hot SKU  none     guarded  -        1 ", "hot SKU  redis    guarded  on       1 ",
 		"hot SKU  redis    guarded  on       default", "sellout  redis    guarded  on       default"} {
@@ -165,6 +166,10 @@ func TestReport(t *testing.T) {
 	}
 	if h := img.Bounds().Dy(); h != headerSpace+rowHeight*len(rows)+footerSpace {
 		t.Errorf("chart is %d px high, want one band per row", h)
+	}
+	if !strings.Contains(string(md), "17. **redis/guarded ×3, fencing on, Redis master failed over, buyers retry, Redis via sentinel**") ||
+		!strings.Contains(string(md), "18. **redis/guarded ×3, fencing on, Redis master killed, buyers retry, Redis via sentinel**") {
+		t.Errorf("report.md lacks the Sentinel rows:\n%s", md)
 	}
 	if !strings.Contains(string(md), "hot SKU, redis/guarded ×3, fencing on, default batch") ||
 		!strings.Contains(string(md), "one product with 5000 units to 6000 buyers") {
@@ -250,6 +255,14 @@ func TestPauseAndFaultRows(t *testing.T) {
 				t.Errorf("%s: must hold %v, must race %v", r.label(), r.MustHold, r.MustRace)
 			}
 		}
+		sentinel := r.Fault == faultFailover || r.Fault == faultKillMaster
+		wantTopology := "REDIS_TOPOLOGY=single"
+		if sentinel {
+			wantTopology = "REDIS_TOPOLOGY=sentinel"
+		}
+		if env := topologyEnv(r); env[len(env)-1] != wantTopology {
+			t.Errorf("%s: the stack's environment ends %q, want %q", r.label(), env[len(env)-1], wantTopology)
+		}
 		if r.Fault != "" {
 			faults++
 			if !r.Retry || !r.MustHold || r.WantSold != 200 || r.Lock != "redis" || r.Update != "guarded" || !r.Fencing || r.Batch != 0 {
@@ -263,18 +276,36 @@ func TestPauseAndFaultRows(t *testing.T) {
 	}{
 		{faultKillReplica, []string{"-rate", "100", "-c", "10"}}, // 800 buyers over 8s
 		{faultRolling, []string{"-rate", "44", "-c", "4"}},       // over 2s + 16s
+		{faultFailover, []string{"-rate", "53", "-c", "5"}},      // over 2s + 13s
+		{faultKillMaster, []string{"-rate", "53", "-c", "5"}},
 	} {
 		if got := faultLoad(o, row{Fault: tt.fault}); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: the load %q, want %q", tt.fault, got, tt.want)
 		}
 	}
-	if pauses != 2 || faults != 4 {
-		t.Errorf("%d pause rows and %d fault rows, want 2 and 4", pauses, faults)
+	if pauses != 2 || faults != 6 {
+		t.Errorf("%d pause rows and %d fault rows, want 2 and 6", pauses, faults)
 	}
 	if o, _ := parse([]string{"-faults=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Fault != "" }) {
 		t.Error("-faults=false kept the fault rows")
 	}
 	if _, err := parse([]string{"-fault-after", "3s", "-fault-span", "2s"}); err == nil {
 		t.Error("a fault after the end of the sale was accepted")
+	}
+}
+
+func TestParseRows(t *testing.T) {
+	o, err := parse([]string{"-rows", "17, 18"})
+	if err != nil || !slices.Equal(o.rows, []int{17, 18}) {
+		t.Errorf("-rows 17,18: %v, %v", o.rows, err)
+	}
+	for _, bad := range []string{"0", "x", "17,"} {
+		if _, err := parse([]string{"-rows", bad}); err == nil {
+			t.Errorf("-rows %q accepted", bad)
+		}
+	}
+	res := []result{{Row: row{Lock: "redis", Update: "guarded", Replicas: 3}, Num: 17}}
+	if tbl := table(res); !strings.Contains(tbl, "\n17 ") {
+		t.Errorf("a row run alone keeps its number:\n%s", tbl)
 	}
 }
