@@ -177,10 +177,11 @@ func share(v, def, most float64) float64 {
 const (
 	// DefaultBloomShards is the Bloom filter's default shard count. On a
 	// Cluster each shard takes 1/16 of the checks to the master of its
-	// slot: three masters (the smallest Cluster) get 5 or 6 shards each,
-	// within a sixth of an even share, and up to 16 masters get one or
-	// more. A shard costs nothing in bits (each is sized for its own ids);
-	// a reset or rebuild costs a few round trips per shard.
+	// slot: three masters (the smallest Cluster) get 4 to 6 shards each
+	// (a third is 5.3; the busiest takes at most 37.5% of the checks, not
+	// all), and up to 16 masters get one or more. A shard costs nothing in
+	// bits (each is sized for its own ids); a reset or rebuild costs a few
+	// round trips per shard.
 	DefaultBloomShards = 16
 	// MaxBloomShards bounds Options.BloomShards: far more than any
 	// Cluster has masters, and few enough that finding the shards' tags
