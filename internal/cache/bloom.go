@@ -49,16 +49,30 @@ func (p bloomParams) positions(id int64) []uint64 {
 // bloomFilter is a Bloom filter over the ids of existing products, kept in
 // Redis so that every replica consults the same one.
 //
+// It is split into shards, each a whole Bloom filter over the ids a hash
+// sends to it (see shardOf), with its own bitmap, parameters and epoch under
+// a hash tag of its own. On a Redis Cluster every product read asks the
+// filter, and one tag would send every check in the fleet to the one master
+// that serves its slot; the shards' tags are chosen so that their slots
+// spread evenly over the slot space (see shardTag), and so over the masters.
+// A check asks the one shard of its id: one script, one slot. Each shard is
+// sized for its own ids at the configured false-positive rate, so an absent
+// id passes with that probability whatever its shard, and the shards
+// together take as many bits as one filter would.
+//
 // The bitmap uses Redis bit order (offset 0 is the high bit of the first
-// byte), so the check script reads it with GETBIT. A build computes the whole
-// bitmap here and swaps it in with one script, rather than sending n·k
-// SETBITs to a live key: readers never see a half-built filter, which would
-// turn away products that exist.
+// byte), so the check script reads it with GETBIT. A build computes a
+// shard's whole bitmap here and swaps it in with one script, rather than
+// sending n·k SETBITs to a live key: readers never see a half-built shard,
+// which would turn away products that exist. A build swaps its shards one
+// after the other, so for a moment some shards may be the new build's and
+// some the old one's; that is harmless, as every id is only ever checked in
+// its own shard, and each shard is whole.
 //
 // Builders race: a reset after every change of the catalog, and a rebuild
 // when the filter is missing. A filter built from ids read before a change
 // must never be the last one swapped in, or the products the change added
-// are turned away for good. So an epoch (a counter) sits beside the filter:
+// are turned away for good. So an epoch (a counter) sits beside each shard:
 // a reset takes a new one (INCR) before it reads the ids, a rebuild reads the
 // current one before it reads the ids, and the swap happens only if the
 // epoch is still the builder's. Every change of the catalog is followed by a
@@ -67,34 +81,104 @@ func (p bloomParams) positions(id int64) []uint64 {
 // whose reset had begun by then — and a change whose reset begins later is
 // covered by that reset's own swap, which the older builders can no longer
 // undo. Two resets: the later INCR wins and the earlier one's swap, if it
-// comes last, is refused. The epoch never expires; lost with the filter (a
-// Redis restarted empty), a rebuild reads none and swaps unless a reset has
-// taken one since.
+// comes last, is refused. The rule holds shard by shard (the INCR, the swap
+// and the check of one shard are on its slot): a reset takes a new epoch of
+// every shard before it reads the ids, so a swap may succeed on some shards
+// and be refused on others — those a later reset has reached, and will swap
+// itself. The epoch never expires; lost with its shard (a Redis, or the
+// Cluster master of the shard's slot, restarted empty), a rebuild reads
+// none and swaps unless a reset has taken one since. A shard missing while
+// others exist lets every id of its own through, and is rebuilt alone.
 type bloomFilter struct {
-	rdb        redis.Cmdable
+	rdb    redis.Cmdable
+	shards []*bloomShard
+	fp     float64
+}
+
+// bloomShard is one shard's keys, which share a hash tag, and the
+// parameters last seen in Redis; a check that finds others is told them and
+// tries again.
+type bloomShard struct {
 	bits, meta string // the bitmap and its parameters
-	epoch      string // bumped by every reset, see above
+	epoch      string // bumped by every reset, see bloomFilter
 	nextPrefix string // where a build writes before the swap
-	fp         float64
-	// params are the parameters last seen in Redis; a check that finds
-	// others is told them and tries again.
-	params atomic.Pointer[bloomParams]
+	params     atomic.Pointer[bloomParams]
 }
 
-func newBloomFilter(rdb redis.Cmdable, prefix string, fp float64) *bloomFilter {
-	tag := prefix + "{bloom}"
-	return &bloomFilter{rdb: rdb, bits: tag, meta: tag + ":params", epoch: tag + ":epoch", nextPrefix: tag + ":next:", fp: fp}
+// newBloomFilter is a filter of n shards under prefix, which must hold no
+// '{': the shards' own hash tags must decide their slots.
+func newBloomFilter(rdb redis.Cmdable, prefix string, fp float64, n int) *bloomFilter {
+	f := &bloomFilter{rdb: rdb, fp: fp}
+	for i := range n {
+		tag := prefix + "{" + shardTag(i, n) + "}"
+		f.shards = append(f.shards, &bloomShard{bits: tag, meta: tag + ":params", epoch: tag + ":epoch", nextPrefix: tag + ":next:"})
+	}
+	return f
 }
 
-// errNoFilter means Redis holds no filter (never built, or Redis lost it).
+// clusterSlots is the size of a Redis Cluster's slot space.
+const clusterSlots = 16384
+
+// shardTag returns the hash tag of shard i of n: "bloom" for one shard (the
+// layout of an unsharded filter), and otherwise "bloom:i/n:j", with the
+// smallest j whose slot falls in the i-th n-th of the slot space. A Cluster
+// made by `redis-cli --cluster create` gives each master a contiguous, even
+// range of slots, so n shards spread over its masters as evenly as n allows;
+// tags left to chance would leave some masters more shards, or none. The
+// shard count is in the tag: replicas that disagree on it use separate
+// filters, never one whose shards hold other ids than they expect.
+func shardTag(i, n int) string {
+	if n == 1 {
+		return "bloom"
+	}
+	lo, hi := i*clusterSlots/n, (i+1)*clusterSlots/n
+	for j := 0; ; j++ {
+		tag := fmt.Sprintf("bloom:%d/%d:%d", i, n, j)
+		if s := int(keySlot(tag)); s >= lo && s < hi {
+			return tag
+		}
+	}
+}
+
+// keySlot is the Cluster slot of a key with no hash tag: CRC16 (XMODEM,
+// as the Cluster specification has it) modulo the slot count.
+func keySlot(key string) uint16 {
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc ^= uint16(key[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc % clusterSlots
+}
+
+// shardOf returns the shard that holds id. The hash (splitmix64's
+// finaliser) is not the filter's own (murmur3), so that the ids of one
+// shard spread over its bitmap as any ids would.
+func (f *bloomFilter) shardOf(id int64) *bloomShard {
+	z := uint64(id)
+	z = (z ^ z>>30) * 0xbf58476d1ce4e5b9
+	z = (z ^ z>>27) * 0x94d049bb133111eb
+	z ^= z >> 31
+	return f.shards[z%uint64(len(f.shards))]
+}
+
+// errNoFilter means Redis holds no filter for an id (never built, or Redis
+// lost its shard).
 var errNoFilter = errors.New("cache: no bloom filter")
 
 // mayContain reports whether id may be a product: false means certainly
 // not. It returns errNoFilter when there is no filter to ask.
 func (f *bloomFilter) mayContain(ctx context.Context, id int64) (bool, error) {
+	s := f.shardOf(id)
 	for range 2 {
-		res, err := bloomCheckScript.Run(ctx, f.rdb, f.keys(), f.args(id)...).Result()
-		if ok, retry, err := f.verdict(res, err); !retry {
+		res, err := bloomCheckScript.Run(ctx, f.rdb, s.keys(), s.args(id)...).Result()
+		if ok, retry, err := s.verdict(res, err); !retry {
 			return ok, err
 		}
 	}
@@ -104,31 +188,32 @@ func (f *bloomFilter) mayContain(ctx context.Context, id int64) (bool, error) {
 // check queues the question of mayContain on pipe, so that it travels with
 // other commands; answer reads the reply.
 func (f *bloomFilter) check(ctx context.Context, pipe redis.Pipeliner, id int64) *redis.Cmd {
-	return bloomCheckScript.EvalSha(ctx, pipe, f.keys(), f.args(id)...)
+	s := f.shardOf(id)
+	return bloomCheckScript.EvalSha(ctx, pipe, s.keys(), s.args(id)...)
 }
 
 // answer is mayContain's result from the reply of a check. A script the
-// server does not know yet, or a filter rebuilt with other parameters, is
+// server does not know yet, or a shard rebuilt with other parameters, is
 // asked again on its own.
 func (f *bloomFilter) answer(ctx context.Context, cmd *redis.Cmd, id int64) (bool, error) {
 	res, err := cmd.Result()
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		return f.mayContain(ctx, id)
 	}
-	ok, retry, err := f.verdict(res, err)
+	ok, retry, err := f.shardOf(id).verdict(res, err)
 	if retry {
 		return f.mayContain(ctx, id)
 	}
 	return ok, err
 }
 
-func (f *bloomFilter) keys() []string { return []string{f.bits, f.meta} }
+func (s *bloomShard) keys() []string { return []string{s.bits, s.meta} }
 
 // args are the check script's arguments: the parameters last seen, and id's
 // positions under them.
-func (f *bloomFilter) args(id int64) []any {
+func (s *bloomShard) args(id int64) []any {
 	params := bloomParams{m: 1, k: 1}
-	if p := f.params.Load(); p != nil {
+	if p := s.params.Load(); p != nil {
 		params = *p
 	}
 	args := []any{params.String()}
@@ -138,9 +223,9 @@ func (f *bloomFilter) args(id int64) []any {
 	return args
 }
 
-// verdict reads the check script's reply. retry means the filter has other
+// verdict reads the check script's reply. retry means the shard has other
 // parameters than the positions were computed for; they are stored now.
-func (f *bloomFilter) verdict(res any, err error) (ok, retry bool, _ error) {
+func (s *bloomShard) verdict(res any, err error) (ok, retry bool, _ error) {
 	if err != nil {
 		return false, false, fmt.Errorf("%w: bloom filter: %w", errRedis, err)
 	}
@@ -155,38 +240,131 @@ func (f *bloomFilter) verdict(res any, err error) (ok, retry bool, _ error) {
 		if err != nil {
 			return false, false, err
 		}
-		f.params.Store(&p)
+		s.params.Store(&p)
 		return false, true, nil
 	}
 	return false, false, fmt.Errorf("cache: bloom filter: unexpected reply %v", res)
 }
 
-// newEpoch takes a new epoch, for a reset that is about to read the ids.
-func (f *bloomFilter) newEpoch(ctx context.Context) (string, error) {
-	n, err := f.rdb.Incr(ctx, f.epoch).Result()
+// epochs is one epoch per shard, as a builder took or read them.
+type epochs []string
+
+// newEpochs takes a new epoch of every shard, for a reset that is about to
+// read the ids.
+func (f *bloomFilter) newEpochs(ctx context.Context) (epochs, error) {
+	pipe := f.rdb.Pipeline()
+	incrs := make([]*redis.IntCmd, len(f.shards))
+	for i, s := range f.shards {
+		incrs[i] = pipe.Incr(ctx, s.epoch)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("cache: bloom filter epoch: %w", err)
+	}
+	e := make(epochs, len(incrs))
+	for i, c := range incrs {
+		e[i] = strconv.FormatInt(c.Val(), 10)
+	}
+	return e, nil
+}
+
+// currentEpochs reads every shard's epoch, for a rebuild that is about to
+// read the ids; "" for a shard of which no reset has taken one.
+func (f *bloomFilter) currentEpochs(ctx context.Context) (epochs, error) {
+	pipe := f.rdb.Pipeline()
+	gets := make([]*redis.StringCmd, len(f.shards))
+	for i, s := range f.shards {
+		gets[i] = pipe.Get(ctx, s.epoch)
+	}
+	_, _ = pipe.Exec(ctx) // each command keeps its own error
+	e := make(epochs, len(gets))
+	for i, c := range gets {
+		if !replied(c) {
+			return nil, fmt.Errorf("cache: bloom filter epoch: %w", c.Err())
+		}
+		e[i] = c.Val()
+	}
+	return e, nil
+}
+
+// missing returns the shards Redis holds no whole filter of: no bitmap or
+// no parameters.
+func (f *bloomFilter) missing(ctx context.Context) ([]int, error) {
+	pipe := f.rdb.Pipeline()
+	exists := make([]*redis.IntCmd, len(f.shards))
+	for i, s := range f.shards {
+		exists[i] = pipe.Exists(ctx, s.bits, s.meta)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("cache: bloom filter: %w", err)
+	}
+	var missing []int
+	for i, c := range exists {
+		if c.Val() < 2 {
+			missing = append(missing, i)
+		}
+	}
+	return missing, nil
+}
+
+// all is the index of every shard.
+func (f *bloomFilter) all() []int {
+	all := make([]int, len(f.shards))
+	for i := range all {
+		all[i] = i
+	}
+	return all
+}
+
+// build replaces the given shards with filters over their share of ids,
+// each sized so that an id not among them passes with probability fp — each
+// if its epoch, which the caller took or read before reading ids, is still
+// the current one. It returns how many it swapped in; a shard is not when a
+// reset has taken a newer epoch of it meanwhile: that reset's filter, from
+// ids read later, stands. A shard that fails does not stop the others: each
+// one swapped in is fresher than the one it replaces.
+func (f *bloomFilter) build(ctx context.Context, ids []int64, e epochs, shards []int) (swapped int, _ error) {
+	own := make(map[*bloomShard][]int64, len(f.shards))
+	for _, id := range ids {
+		s := f.shardOf(id)
+		own[s] = append(own[s], id)
+	}
+	var errs []error
+	for _, i := range shards {
+		s := f.shards[i]
+		ok, err := f.buildShard(ctx, s, own[s], e[i])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("cache: build bloom filter shard %s: %w", s.bits, err))
+		}
+		if ok {
+			swapped++
+		}
+	}
+	return swapped, errors.Join(errs...)
+}
+
+// buildShard swaps a filter over ids in for shard s if epoch is still its
+// epoch, and reports whether it did.
+func (f *bloomFilter) buildShard(ctx context.Context, s *bloomShard, ids []int64, epoch string) (bool, error) {
+	p, bitmap := bitmapOf(ids, f.fp)
+	next := s.nextPrefix + rand.Text()
+	// The new bitmap expires if this build dies before the swap.
+	if err := f.rdb.Set(ctx, next, bitmap, time.Minute).Err(); err != nil {
+		return false, err
+	}
+	n, err := bloomSwapScript.Run(ctx, f.rdb, []string{next, s.bits, s.meta, s.epoch}, p.String(), epoch).Int64()
 	if err != nil {
-		return "", fmt.Errorf("cache: bloom filter epoch: %w", err)
+		return false, err
 	}
-	return strconv.FormatInt(n, 10), nil
+	if n == 1 {
+		s.params.Store(&p)
+	}
+	return n == 1, nil
 }
 
-// currentEpoch reads the epoch, for a rebuild that is about to read the
-// ids; "" when no reset has taken one.
-func (f *bloomFilter) currentEpoch(ctx context.Context) (string, error) {
-	s, err := f.rdb.Get(ctx, f.epoch).Result()
-	if err != nil && !errors.Is(err, redis.Nil) {
-		return "", fmt.Errorf("cache: bloom filter epoch: %w", err)
-	}
-	return s, nil
-}
-
-// build replaces the filter with one over ids, sized so that an id not
-// among them passes with probability fp — if epoch, which the caller took
-// or read before reading ids, is still the current one. swapped is false
-// when a reset has taken a newer epoch meanwhile: its filter, from ids read
-// later, stands.
-func (f *bloomFilter) build(ctx context.Context, ids []int64, epoch string) (swapped bool, _ error) {
-	m, k := bloom.EstimateParameters(uint(max(len(ids), 1)), f.fp)
+// bitmapOf is a filter over ids, sized so that an id not among them passes
+// with probability fp: its parameters and its bitmap, in Redis bit order.
+func bitmapOf(ids []int64, fp float64) (bloomParams, []byte) {
+	m, k := bloom.EstimateParameters(uint(max(len(ids), 1)), fp)
 	p := bloomParams{m: uint64(m), k: uint64(k)}
 	bitmap := make([]byte, (p.m+7)/8)
 	for _, id := range ids {
@@ -194,17 +372,5 @@ func (f *bloomFilter) build(ctx context.Context, ids []int64, epoch string) (swa
 			bitmap[pos/8] |= 0x80 >> (pos % 8)
 		}
 	}
-	next := f.nextPrefix + rand.Text()
-	// The new bitmap expires if this build dies before the swap.
-	if err := f.rdb.Set(ctx, next, bitmap, time.Minute).Err(); err != nil {
-		return false, fmt.Errorf("cache: build bloom filter: %w", err)
-	}
-	n, err := bloomSwapScript.Run(ctx, f.rdb, []string{next, f.bits, f.meta, f.epoch}, p.String(), epoch).Int64()
-	if err != nil {
-		return false, fmt.Errorf("cache: build bloom filter: %w", err)
-	}
-	if n == 1 {
-		f.params.Store(&p)
-	}
-	return n == 1, nil
+	return p, bitmap
 }

@@ -1,7 +1,7 @@
--- Put a freshly built bitmap in place of the filter, atomically, unless the
--- catalog may have changed since the builder read its ids.
--- KEYS[1] the new bitmap, KEYS[2] the filter's bitmap, KEYS[3] its
--- parameters, KEYS[4] the filter's epoch (same hash slot)
+-- Put a freshly built bitmap in place of a shard of the filter, atomically,
+-- unless the catalog may have changed since the builder read its ids.
+-- KEYS[1] the new bitmap, KEYS[2] the shard's bitmap, KEYS[3] its
+-- parameters, KEYS[4] the shard's epoch (same hash slot)
 -- ARGV[1] the new parameters "m:k", ARGV[2] the epoch the builder took or
 -- read before reading the ids ('' for none)
 -- Returns 1 when swapped. 0 when the epoch has moved on: a reset that read

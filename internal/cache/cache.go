@@ -91,6 +91,13 @@ type Options struct {
 	// BloomFalsePositive is the share of absent ids the filter lets through;
 	// default 0.001.
 	BloomFalsePositive float64
+	// BloomShards is how many shards the filter is split into, each under
+	// a hash tag of its own, so that on a Redis Cluster its checks spread
+	// over the masters (see bloomFilter); default DefaultBloomShards, at
+	// most MaxBloomShards. 1 is the unsharded layout: one bitmap under one
+	// tag. Every replica must use the same count: each count is a filter of
+	// its own, and a reset rebuilds only its replica's.
+	BloomShards int
 	// RefreshAhead is the final share of an entry's TTL in which a read
 	// serves it and renews it in the background; default 0.2. Negative turns
 	// refresh-ahead off.
@@ -130,6 +137,10 @@ func (o *Options) defaults() {
 	if o.BloomFalsePositive <= 0 || o.BloomFalsePositive >= 1 {
 		o.BloomFalsePositive = 0.001
 	}
+	if o.BloomShards <= 0 {
+		o.BloomShards = DefaultBloomShards
+	}
+	o.BloomShards = min(o.BloomShards, MaxBloomShards)
 	o.RefreshAhead = share(o.RefreshAhead, 0.2, 0.9)
 	if o.Wait <= 0 {
 		o.Wait = time.Second
@@ -164,6 +175,18 @@ func share(v, def, most float64) float64 {
 }
 
 const (
+	// DefaultBloomShards is the Bloom filter's default shard count. On a
+	// Cluster each shard takes 1/16 of the checks to the master of its
+	// slot: three masters (the smallest Cluster) get 4 to 6 shards each
+	// (a third is 5.3; the busiest takes at most 37.5% of the checks, not
+	// all), and up to 16 masters get one or more. A shard costs nothing in
+	// bits (each is sized for its own ids); a reset or rebuild costs a few
+	// round trips per shard.
+	DefaultBloomShards = 16
+	// MaxBloomShards bounds Options.BloomShards: far more than any
+	// Cluster has masters, and few enough that finding the shards' tags
+	// (see shardTag) stays instant.
+	MaxBloomShards = 256
 	// generationTTL is how long an entry's generation outlives its last
 	// load or invalidation; far longer than any load may take.
 	generationTTL = time.Minute
@@ -218,7 +241,7 @@ func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
 		src:        src,
 		mutex:      mutex,
 		opt:        opt,
-		bloom:      newBloomFilter(rdb, opt.Prefix, opt.BloomFalsePositive),
+		bloom:      newBloomFilter(rdb, opt.Prefix, opt.BloomFalsePositive, opt.BloomShards),
 		m:          newMetrics(opt.Registerer),
 		fallback:   semaphore.NewWeighted(int64(opt.Fallback)),
 		background: semaphore.NewWeighted(backgroundSlots),
@@ -527,8 +550,9 @@ func (p *Products) goBackground(name string, fn func(context.Context) error) {
 	})
 }
 
-// rebuildBloom builds the missing Bloom filter from the source, once across
-// replicas. It reads the filter's epoch before the ids, so that its swap is
+// rebuildBloom builds the missing shards of the Bloom filter from the
+// source, once across replicas; the shards Redis holds stay as they are. It
+// reads the shards' epochs before the ids, so that its swap of a shard is
 // refused if a reset (which reads the ids later) has run meanwhile.
 func (p *Products) rebuildBloom(ctx context.Context) error {
 	lease, err := p.mutex.TryObtain(ctx, "bloom")
@@ -540,21 +564,22 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 	}
 	defer p.release(lease)
 	ctx = lease.Context()
-	epoch, err := p.bloom.currentEpoch(ctx)
+	epochs, err := p.bloom.currentEpochs(ctx)
 	if err != nil {
 		return err
 	}
-	if _, err := p.bloom.mayContain(ctx, 1); !errors.Is(err, errNoFilter) {
-		return err // built meanwhile
+	missing, err := p.bloom.missing(ctx)
+	if err != nil || len(missing) == 0 {
+		return err // none missing: built meanwhile
 	}
 	ids, err := p.src.ProductIDs(ctx)
 	if err != nil {
 		return err
 	}
-	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids))
-	swapped, err := p.bloom.build(ctx, ids, epoch)
-	if err == nil && !swapped {
-		p.opt.Logger.Info("cache: bloom filter rebuild dropped: a reset built a newer one")
+	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids), "shards", len(missing), "of", len(p.bloom.shards))
+	swapped, err := p.bloom.build(ctx, ids, epochs, missing)
+	if dropped := len(missing) - swapped; err == nil && dropped > 0 {
+		p.opt.Logger.Info("cache: bloom filter rebuild dropped: a reset built newer shards", "shards", dropped)
 	}
 	return err
 }
@@ -659,13 +684,15 @@ func (p *Products) Invalidate(ctx context.Context, id int64) error {
 // the source's ids and invalidates every cached entry. It returns how many
 // entries it dropped.
 //
-// It takes a new epoch of the filter before it reads the ids. If another
-// reset takes a newer one before this one swaps its filter in, this one's
-// swap is refused, and not an error: the other read the ids later, so its
-// filter covers this reset's change too (and if the other fails, its caller
-// is told).
+// It takes a new epoch of every shard of the filter before it reads the
+// ids. If another reset takes a newer one of a shard before this one swaps
+// its own in, this one's swap of that shard is refused, and not an error:
+// the other read the ids later, so its shard covers this reset's change too
+// (and if the other fails, its caller is told). A shard that cannot be
+// swapped in (its master fails) fails the reset, after the other shards
+// have been swapped in.
 func (p *Products) Reset(ctx context.Context) (int, error) {
-	epoch, err := p.bloom.newEpoch(ctx)
+	epochs, err := p.bloom.newEpochs(ctx)
 	if err != nil {
 		return 0, err
 	}
@@ -673,12 +700,13 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	swapped, err := p.bloom.build(ctx, ids, epoch)
+	shards := p.bloom.all()
+	swapped, err := p.bloom.build(ctx, ids, epochs, shards)
 	if err != nil {
 		return 0, err
 	}
-	if !swapped {
-		p.opt.Logger.InfoContext(ctx, "cache: bloom filter of this reset dropped: a later reset built a newer one")
+	if dropped := len(shards) - swapped; dropped > 0 {
+		p.opt.Logger.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
 	}
 	// On a Redis Cluster the entries are spread over the masters: every
 	// one is scanned.
