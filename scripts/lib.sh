@@ -19,14 +19,16 @@ find_bin() {
   return 1
 }
 
-# ensure_deps [race] installs MariaDB, Redis and nginx when they are missing;
+# ensure_deps [race] installs MariaDB, Redis (server and redis-cli) and nginx
+# when they are missing;
 # with "race", also a C compiler and the C library's headers when the one
 # `go test -race` would use (go env CC) cannot build a program: the race
 # detector needs cgo, and a bare Debian has neither gcc nor libc6-dev.
 ensure_deps() {
   local apt=() brew=()
   find_bin mariadbd mysqld >/dev/null || { apt+=(mariadb-server); brew+=(mariadb); }
-  find_bin redis-server >/dev/null || { apt+=(redis-server); brew+=(redis); }
+  # redis-cli (Debian's redis-tools) builds the test Cluster and asks the Sentinels.
+  { find_bin redis-server && find_bin redis-cli; } >/dev/null || { apt+=(redis-server redis-tools); brew+=(redis); }
   find_bin nginx >/dev/null || { apt+=(nginx); brew+=(nginx); }
   if [ "${1:-}" = race ] && ! cc_works; then apt+=(gcc libc6-dev); fi
   [ ${#apt[@]} -eq 0 ] && return 0
