@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -229,4 +231,93 @@ func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
 	waitReady()
 	down.Kill()
 	expectNotReady("killed", 10)
+}
+
+// On a Redis Cluster the lock's client must leave a lost reply to the lock
+// as a single server's does: a ClusterClient retries a command whose reply
+// was lost (EOF, a timeout) by itself, whatever MaxRetries says. Its retry
+// of a release that had deleted the key finds none, and the lock would
+// report a lease it released as lost; its retry of an obtain that had taken
+// the key finds it held — by the same token — and the key stays taken by a
+// try nobody knows of for a whole TTL. Every node of the test Cluster is
+// reached through a proxy that loses, on cue, the reply to the command
+// that names the key.
+func TestLockClientOnClusterLeavesLostRepliesToTheLock(t *testing.T) {
+	ctx := context.Background()
+	topo := testenv.Topologies(t)[1]
+	direct, prefix := testenv.RedisOn(t, topo)
+	proxies := map[string]*testenv.Proxy{}
+	for _, addr := range topo.Addrs {
+		proxies[addr] = testenv.StartProxy(t, addr)
+	}
+	o := lockRedisOptions(testConfig(t, topo.Env()), time.Minute)
+	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		p, ok := proxies[addr]
+		if !ok {
+			return nil, fmt.Errorf("no proxy for cluster node %s", addr)
+		}
+		var d net.Dialer
+		return d.DialContext(ctx, network, p.Addr)
+	}
+	c := redis.NewUniversalClient(o)
+	t.Cleanup(func() { c.Close() })
+	if _, ok := c.(*redis.ClusterClient); !ok {
+		t.Fatalf("the lock's client of a Cluster is a %T", c)
+	}
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: 500 * time.Millisecond})
+	// cutNext loses the reply to the next command that carries match, on
+	// whichever node it goes to; it returns once that has happened.
+	cutNext := func(match string) (done func()) {
+		var cuts []<-chan struct{}
+		for _, p := range proxies {
+			cuts = append(cuts, p.CutReply([]byte(match)))
+		}
+		return func() {
+			t.Helper()
+			for _, p := range proxies {
+				p.Disarm()
+			}
+			for _, cut := range cuts {
+				select {
+				case <-cut:
+					return
+				default:
+				}
+			}
+			t.Fatal("no proxy saw the command it was to cut the reply of")
+		}
+	}
+	// The scripts loaded on the key's node, so that a cut lands on their
+	// reply rather than on a NOSCRIPT.
+	warm, err := l.Obtain(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm.Release(ctx)
+
+	t.Run("release", func(t *testing.T) {
+		lease, err := l.Obtain(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := cutNext(direct.Get(ctx, l.Key("k")).Val()) // the token: only the release sends it now
+		if err := lease.Release(ctx); err != nil {
+			t.Errorf("Release = %v, want nil: the try whose reply was lost released it", err)
+		}
+		done()
+		if n := direct.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Error("the key is still held after Release")
+		}
+	})
+	t.Run("obtain", func(t *testing.T) {
+		done := cutNext(l.Key("k"))
+		if lease, err := l.Obtain(ctx, "k"); err == nil {
+			lease.Release(ctx)
+			t.Fatal("obtained although the reply was lost")
+		}
+		done()
+		if ttl := direct.PTTL(ctx, l.Key("k")).Val(); ttl > 0 {
+			t.Errorf("the failed obtain left the key held for %v more: nobody holds its token", ttl)
+		}
+	})
 }

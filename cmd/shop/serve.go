@@ -240,14 +240,24 @@ func redisOptions(cfg config) *redis.UniversalOptions {
 // would find the key gone and report a lock it did release as not held.
 // Each command times out after ttl/3 (at most redisTimeout), so that a
 // renewal that gets no answer leaves time for a second one in the lease.
-// On a Redis Cluster the client still follows MOVED and ASK redirections:
-// those are answers that the command did not run.
 func newLockRedis(cfg config, ttl time.Duration) redis.UniversalClient {
+	return redis.NewUniversalClient(lockRedisOptions(cfg, ttl))
+}
+
+// lockRedisOptions are newLockRedis's settings. On a Redis Cluster
+// MaxRetries is not enough: the ClusterClient retries a command whose
+// reply was lost by itself, up to MaxRedirects times, so that is turned off
+// too (-1 means none). It then follows no MOVED or ASK either: those come
+// back to the lock as answers that the command did not run, the client
+// reloads the slots meanwhile, and a waiter tries again (see lock's
+// failingOver).
+func lockRedisOptions(cfg config, ttl time.Duration) *redis.UniversalOptions {
 	o := redisOptions(cfg)
 	o.MaxRetries = -1
+	o.MaxRedirects = -1
 	o.ReadTimeout = min(redisTimeout, ttl/3)
 	o.WriteTimeout = o.ReadTimeout
-	return redis.NewUniversalClient(o)
+	return o
 }
 
 // newLocker returns the order path's lock and what closes it, its clients

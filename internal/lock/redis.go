@@ -165,7 +165,9 @@ type Redis struct {
 // Client is what a Redis lock needs of its go-redis client; *redis.Client
 // and *redis.ClusterClient have it.
 //
-// Create the client with MaxRetries: -1, so that go-redis never retries a
+// Create the client with MaxRetries: -1 — and a *redis.ClusterClient with
+// MaxRedirects: -1 as well, since it retries a command whose reply was lost
+// by itself, up to MaxRedirects times — so that go-redis never retries a
 // command by itself: a command whose reply was lost (EOF, a reset
 // connection, a read timeout) may have run, and only the lock knows what a
 // second run means. go-redis would retry a release that had released the

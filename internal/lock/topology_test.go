@@ -22,6 +22,7 @@ func lockClientOn(t *testing.T, topo testenv.Topology) redis.UniversalClient {
 	t.Helper()
 	opt := topo.Options()
 	opt.MaxRetries = -1
+	opt.MaxRedirects = -1 // as serve's: a ClusterClient retries lost replies itself otherwise
 	opt.ContextTimeoutEnabled = true
 	return topo.Client(t, opt)
 }
@@ -327,4 +328,37 @@ func TestWakeOnReleaseAcrossFailover(t *testing.T) {
 		}
 	}
 	wake("demoted master dead", 3)
+}
+
+// On a Redis Cluster a lock attempt sent to a node that does not own the
+// key's slot is answered MOVED and did not run: the lock's client follows
+// no redirection (serve's lockRedisOptions) and reloads the slots, and the
+// waiter backs off and tries again within its wait, as it does on
+// READONLY, rather than failing the order at once. Here a plain client of
+// one node stays pointed at it: two of the three nodes answer MOVED for the
+// key, every time, and the wait ends with ErrNotObtained and the MOVED.
+func TestWaitOutlastsMoved(t *testing.T) {
+	ctx := context.Background()
+	topo := testenv.Topologies(t)[1]
+	_, prefix := testenv.RedisOn(t, topo)
+	moved := 0
+	for _, addr := range topo.Addrs {
+		c := lockClient(t, addr, true)
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Wait: 200 * time.Millisecond})
+		lease, err := l.Obtain(ctx, "k")
+		if err == nil {
+			lease.Release(ctx)
+			continue
+		}
+		if _, ok := redis.IsMovedError(err); !ok || !errors.Is(err, lock.ErrNotObtained) {
+			t.Fatalf("Obtain through %s = %v, want ErrNotObtained with a MOVED", addr, err)
+		}
+		if n := l.Stats().Attempts; n < 2 {
+			t.Errorf("Obtain through %s tried %d times in its wait, want it to back off and try again", addr, n)
+		}
+		moved++
+	}
+	if moved != len(topo.Addrs)-1 {
+		t.Errorf("%d of %d nodes answered MOVED, want all but the key's own", moved, len(topo.Addrs))
+	}
 }

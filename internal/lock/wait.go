@@ -220,16 +220,28 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 	}
 }
 
-// failingOver reports whether err is Redis refusing a write as a replica
-// (READONLY): the master was demoted by a Sentinel failover and the client
-// has not yet heard of the new one, which it does within moments (go-redis
-// follows the Sentinels' +switch-master). A waiter treats it as a key it
-// found held — it backs off and tries again within its wait — rather than
-// failing every order that tries during the switch. It is a design choice:
-// a client pointed at a replica for good waits out every wait before it
-// fails, with READONLY in the error, instead of failing at once. Any other
-// Redis error ends the wait at once.
-func failingOver(err error) bool { return err != nil && redis.IsReadOnlyError(err) }
+// failingOver reports whether err is Redis refusing a write while its
+// topology changes: a replica refusing it (READONLY) because the master was
+// demoted by a Sentinel failover and the client has not yet heard of the new
+// one, which it does within moments (go-redis follows the Sentinels'
+// +switch-master); and on a Redis Cluster, a node sending it to another
+// (MOVED, ASK: the lock's client follows no redirection, see serve's
+// lockRedisOptions, and reloads the slots meanwhile), a slot being moved
+// (TRYAGAIN) or the Cluster refusing writes until a failover completes
+// (CLUSTERDOWN). None of them ran the command. A waiter treats them as a
+// key it found held — it backs off and tries again within its wait — rather
+// than failing every order that tries during the switch. It is a design
+// choice: a client pointed at a replica for good waits out every wait before
+// it fails, with the error in the wait's, instead of failing at once. Any
+// other Redis error ends the wait at once.
+func failingOver(err error) bool {
+	if err == nil {
+		return false
+	}
+	_, moved := redis.IsMovedError(err)
+	_, ask := redis.IsAskError(err)
+	return moved || ask || redis.IsReadOnlyError(err) || redis.IsTryAgainError(err) || redis.IsClusterDownError(err)
+}
 
 // try makes one attempt and counts it.
 func (w *waiter) try(ctx, tryCtx context.Context, attempt attemptFunc) (*Lease, error) {

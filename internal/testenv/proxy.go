@@ -59,6 +59,15 @@ func (p *Proxy) CutReply(match []byte) <-chan struct{} {
 	return c.done
 }
 
+// Disarm drops the cuts armed and not yet carried out: a test that armed
+// a cut on several proxies, for a command that goes to one of them, disarms
+// the others.
+func (p *Proxy) Disarm() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cuts = nil
+}
+
 // CloseAll closes every connection through the proxy at once, as a server
 // crash or a reset network does; new connections are still accepted.
 func (p *Proxy) CloseAll() {
