@@ -181,7 +181,7 @@ func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
 		// A Redlock acquisition is three nodes' round trips, twice (lock,
 		// then fence): on a machine shared with the other test packages a
 		// buyer may need more than the default 2 s wait.
-		sellEachUnitOnce(t, testenv.Topologies(t)[0], map[string]string{
+		sellEachUnitOnce(t, testenv.TopologyNamed(t, "single"), map[string]string{
 			"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": strings.Join(addrs, ","), "SHOP_LOCK_WAIT": "10s",
 		})
 	})

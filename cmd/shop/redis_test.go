@@ -244,7 +244,7 @@ func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
 // that names the key.
 func TestLockClientOnClusterLeavesLostRepliesToTheLock(t *testing.T) {
 	ctx := context.Background()
-	topo := testenv.Topologies(t)[1]
+	topo := testenv.TopologyNamed(t, "cluster")
 	direct, prefix := testenv.RedisOn(t, topo)
 	proxies := map[string]*testenv.Proxy{}
 	for _, addr := range topo.Addrs {

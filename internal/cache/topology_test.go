@@ -21,7 +21,7 @@ import (
 // evenly as their count allows, and the slots the cache computes for their
 // tags are the Cluster's own.
 func TestBloomShardsOnEveryMaster(t *testing.T) {
-	topo := testenv.Topologies(t)[1]
+	topo := testenv.TopologyNamed(t, "cluster")
 	cluster := topo.Client(t, nil).(*redis.ClusterClient)
 	ctx := context.Background()
 	shards, err := cluster.ClusterShards(ctx).Result()

@@ -131,7 +131,7 @@ type keyLocker interface {
 // (a free key, and a held one, which it flags as waited for), release
 // (announcing the release to the flagged waiter), renew and RaiseFence.
 func TestScriptsKeepToOneSlot(t *testing.T) {
-	topo := testenv.Topologies(t)[1]
+	topo := testenv.TopologyNamed(t, "cluster")
 	if topo.Name != "cluster" {
 		t.Fatalf("topology %q, want the cluster", topo.Name)
 	}
@@ -339,7 +339,7 @@ func TestWakeOnReleaseAcrossFailover(t *testing.T) {
 // key, every time, and the wait ends with ErrNotObtained and the MOVED.
 func TestWaitOutlastsMoved(t *testing.T) {
 	ctx := context.Background()
-	topo := testenv.Topologies(t)[1]
+	topo := testenv.TopologyNamed(t, "cluster")
 	_, prefix := testenv.RedisOn(t, topo)
 	moved := 0
 	for _, addr := range topo.Addrs {

@@ -44,6 +44,19 @@ func Topologies(tb testing.TB) []Topology {
 	}
 }
 
+// TopologyNamed returns the one of Topologies called name: "single",
+// "cluster" or "sentinel".
+func TopologyNamed(tb testing.TB, name string) Topology {
+	tb.Helper()
+	for _, topo := range Topologies(tb) {
+		if topo.Name == name {
+			return topo
+		}
+	}
+	tb.Fatalf("no Redis topology %q", name)
+	return Topology{}
+}
+
 // EachTopology runs f as a subtest on each of Topologies.
 func EachTopology(t *testing.T, f func(t *testing.T, topo Topology)) {
 	t.Helper()
