@@ -560,11 +560,18 @@ wait_following() {
 # returns once they all name the promoted replica and the old master follows
 # it. The old master is running: it is made a replica of the new one.
 failover_redis() {
-  local old new reply
+  local old new reply deadline
   need_sentinel
   old=$(sentinel_master) || die "the Sentinel on :${sentinel_ports[0]} does not name a master"
-  reply=$(redis_cli "${sentinel_ports[0]}" SENTINEL FAILOVER "$sentinel_name" 2>&1 | tr -d '\r')
-  [ "$reply" = OK ] || die "SENTINEL FAILOVER $sentinel_name: $reply"
+  # A Sentinel promotes a replica only once it has had that replica's own
+  # INFO, on its own schedule: until then it answers NOGOODSLAVE.
+  deadline=$((SECONDS + failover_timeout))
+  while :; do
+    reply=$(redis_cli "${sentinel_ports[0]}" SENTINEL FAILOVER "$sentinel_name" 2>&1 | tr -d '\r')
+    [ "$reply" = OK ] && break
+    [[ $reply == NOGOODSLAVE* ]] && [ $SECONDS -lt $deadline ] || die "SENTINEL FAILOVER $sentinel_name: $reply"
+    sleep 0.2
+  done
   new=$(wait_new_master "$old")
   log "Redis master $sentinel_name failed over from :$old to :$new"
   wait_following "$old" "$new"

@@ -311,13 +311,23 @@ func TestLockClientOnClusterLeavesLostRepliesToTheLock(t *testing.T) {
 	})
 	t.Run("obtain", func(t *testing.T) {
 		done := cutNext(l.Key("k"))
-		if lease, err := l.Obtain(ctx, "k"); err == nil {
+		if lease, err := l.TryObtain(ctx, "k"); err == nil {
 			lease.Release(ctx)
 			t.Fatal("obtained although the reply was lost")
 		}
 		done()
 		if ttl := direct.PTTL(ctx, l.Key("k")).Val(); ttl > 0 {
 			t.Errorf("the failed obtain left the key held for %v more: nobody holds its token", ttl)
+		}
+		// Obtain, which waits, takes the key again within its wait.
+		done = cutNext(l.Key("k"))
+		lease, err := l.Obtain(ctx, "k")
+		done()
+		if err != nil {
+			t.Fatalf("Obtain with its first reply lost = %v, want the key taken again within the wait", err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("Release = %v: the lease is not the holder's", err)
 		}
 	})
 }

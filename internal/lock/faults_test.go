@@ -49,7 +49,9 @@ func scriptSHA(t *testing.T, file string) []byte {
 
 // An obtain script that ran, and whose reply was lost, must give the key
 // back at once: otherwise it stays held for a whole TTL by a token nobody
-// has, and every order for it waits.
+// has, and every order for it waits. TryObtain then fails; Obtain, whose
+// caller waits anyway, takes the key again within its wait (a dropped
+// connection is what a failover does to it: see failingOver).
 func TestObtainReplyLostFreesKey(t *testing.T) {
 	ctx := context.Background()
 	t.Run("redis", func(t *testing.T) {
@@ -60,7 +62,7 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 		obtain(t, l, "warm").Release(ctx)
 
 		cut := p.CutReply([]byte(l.Key("k")))
-		if lease, err := l.Obtain(ctx, "k"); err == nil {
+		if lease, err := l.TryObtain(ctx, "k"); err == nil {
 			lease.Release(ctx)
 			t.Fatal("obtained although the reply was lost")
 		}
@@ -68,40 +70,48 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 		if ttl := direct.PTTL(ctx, l.Key("k")).Val(); ttl > 0 {
 			t.Fatalf("the failed obtain left the key held for %v more: nobody holds its token", ttl)
 		}
-		lease, err := l.TryObtain(ctx, "k")
+
+		attempts := l.Stats().Attempts
+		cut = p.CutReply([]byte(l.Key("k")))
+		lease, err := l.Obtain(ctx, "k")
+		cutDone(t, cut)
 		if err != nil {
-			t.Fatalf("the key is not free after the failed obtain: %v", err)
+			t.Fatalf("Obtain with its first reply lost = %v, want the key taken again within the wait", err)
 		}
-		lease.Release(ctx)
+		if n := l.Stats().Attempts - attempts; n != 2 {
+			t.Errorf("Obtain made %d attempts, want 2: the lost one and the next", n)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatalf("Release = %v: the lease is not the holder's", err)
+		}
+		if n := direct.Exists(ctx, l.Key("k")).Val(); n != 0 {
+			t.Fatal("the key is still held after Release: the lost try left it held")
+		}
 	})
 	t.Run("reentrant", func(t *testing.T) {
 		p, c, direct, prefix := proxied(t)
-		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: 100 * time.Millisecond})
+		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: time.Second})
 		a := lock.WithOwner(ctx, lock.NewOwner())
 		obtainAs(t, l, a, "warm").Release(a)
 
-		// A new hold.
+		// A new hold: the lost try's hold is given back, the next one taken.
 		cut := p.CutReply([]byte(l.Key("k")))
-		if lease, err := l.Obtain(a, "k"); err == nil {
-			lease.Release(a)
-			t.Fatal("obtained although the reply was lost")
-		}
+		outer := obtainAs(t, l, a, "k")
 		cutDone(t, cut)
-		if ttl := direct.PTTL(ctx, l.Key("k")).Val(); ttl > 0 {
-			t.Fatalf("the failed obtain left a hold for %v more", ttl)
+		if _, depth := hold(t, direct, l, "k"); depth != 1 {
+			t.Fatalf("depth %d after a new hold whose first reply was lost, want 1", depth)
 		}
 
 		// Taking a hold again: the depth the lost acquisition added is taken
 		// back, so the owner's last release still frees the lock.
-		outer := obtainAs(t, l, a, "k")
 		cut = p.CutReply([]byte(l.Key("k")))
-		if lease, err := l.Obtain(a, "k"); err == nil {
-			lease.Release(a)
-			t.Fatal("obtained again although the reply was lost")
-		}
+		inner := obtainAs(t, l, a, "k")
 		cutDone(t, cut)
-		if _, depth := hold(t, direct, l, "k"); depth != 1 {
-			t.Fatalf("depth %d after a lost re-acquisition, want 1", depth)
+		if _, depth := hold(t, direct, l, "k"); depth != 2 {
+			t.Fatalf("depth %d after a re-acquisition whose first reply was lost, want 2", depth)
+		}
+		if err := inner.Release(a); err != nil {
+			t.Fatal(err)
 		}
 		if err := outer.Release(a); err != nil {
 			t.Fatal(err)
@@ -110,6 +120,28 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 			t.Fatal("the owner's last release left the lock held")
 		}
 	})
+}
+
+// A waiter whose connection is closed under its attempt — what a Sentinel
+// failover does to the demoted master's clients, and go-redis to its own
+// connections to it — goes on waiting and takes the key on its release,
+// rather than failing its order.
+func TestWaitOutlastsDroppedConnection(t *testing.T) {
+	ctx := context.Background()
+	p, c, direct, prefix := proxied(t)
+	holder := lock.NewRedis(direct, lock.RedisOptions{Prefix: prefix, TTL: time.Minute})
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: time.Minute,
+		MinBackoff: time.Millisecond, MaxBackoff: 5 * time.Millisecond})
+	held := obtain(t, holder, "k")
+	got := obtainAsync(l, "k")
+	waitFor(t, "the waiter tried twice", func() bool { return l.Stats().Attempts >= 2 })
+	cutDone(t, p.CutReply([]byte(l.Key("k"))))
+	attempts := l.Stats().Attempts
+	waitFor(t, "the waiter tried again", func() bool { return l.Stats().Attempts > attempts })
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	received(t, got).Release(ctx)
 }
 
 // A release whose reply is lost after Redis deleted the key is retried by

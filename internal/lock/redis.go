@@ -235,9 +235,9 @@ func (r *Redis) Close() error { return r.waiter.close() }
 // retries with exponential backoff and full jitter — or at once when the
 // release is announced — for at most the configured wait and never past
 // ctx; then it returns an error wrapping ErrNotObtained and the context's
-// cause. A Redis error ends the wait at once, but for a master that a
-// failover has just demoted: the waiter backs off and tries again (see
-// failingOver).
+// cause. A Redis error ends the wait at once, but for a failover's — a
+// demoted master's refusal, a connection closed under the attempt: the
+// waiter backs off and tries again (see failingOver).
 //
 // The lease's watchdog renews it every TTL/3 until Release. If a renewal finds
 // the lock gone, or the lease runs out while Redis cannot be reached, the

@@ -210,7 +210,7 @@ func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
 
 		var (
 			holders []*lock.Lease
-			got     []<-chan *lock.Lease
+			got     []<-chan obtained
 		)
 		for i, key := range keys {
 			holders = append(holders, obtain(t, a, key))

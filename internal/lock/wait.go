@@ -4,8 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"io"
+	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -165,8 +168,9 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 	var (
 		timer *time.Timer
 		woken <-chan struct{}
-		// readOnly is the last try's error if Redis refused it as a
-		// replica (see failingOver); the wait's error carries it.
+		// readOnly is the last try's error if Redis refused it or dropped
+		// it while failing over (see failingOver); the wait's error
+		// carries it.
 		readOnly error
 	)
 	gaveUp := func() error { return errors.Join(notObtained(waitCtx), readOnly) }
@@ -220,27 +224,43 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 	}
 }
 
-// failingOver reports whether err is Redis refusing a write while its
-// topology changes: a replica refusing it (READONLY) because the master was
-// demoted by a Sentinel failover and the client has not yet heard of the new
-// one, which it does within moments (go-redis follows the Sentinels'
-// +switch-master); and on a Redis Cluster, a node sending it to another
-// (MOVED, ASK: the lock's client follows no redirection, see serve's
-// lockRedisOptions, and reloads the slots meanwhile), a slot being moved
-// (TRYAGAIN) or the Cluster refusing writes until a failover completes
-// (CLUSTERDOWN). None of them ran the command. A waiter treats them as a
-// key it found held — it backs off and tries again within its wait — rather
-// than failing every order that tries during the switch. It is a design
-// choice: a client pointed at a replica for good waits out every wait before
-// it fails, with the error in the wait's, instead of failing at once. Any
-// other Redis error ends the wait at once.
+// failingOver reports whether err is Redis refusing a write, or dropping
+// the connection it came on, while its topology changes: a replica refusing
+// it (READONLY) because the master was demoted by a Sentinel failover and
+// the client has not yet heard of the new one, which it does within moments
+// (go-redis follows the Sentinels' +switch-master); a connection closed
+// under the command (see connectionDropped), as a failover closes them; and
+// on a Redis Cluster, a node sending it to another (MOVED, ASK: the lock's
+// client follows no redirection, see serve's lockRedisOptions, and reloads
+// the slots meanwhile), a slot being moved (TRYAGAIN) or the Cluster
+// refusing writes until a failover completes (CLUSTERDOWN). A waiter treats
+// them as a key it found held — it backs off and tries again within its
+// wait — rather than failing every order that tries during the switch. It
+// is a design choice: a client pointed at a replica for good waits out every
+// wait before it fails, with the error in the wait's, instead of failing at
+// once. Any other Redis error ends the wait at once, a Redis that refuses
+// connections among them.
 func failingOver(err error) bool {
 	if err == nil {
 		return false
 	}
 	_, moved := redis.IsMovedError(err)
 	_, ask := redis.IsAskError(err)
-	return moved || ask || redis.IsReadOnlyError(err) || redis.IsTryAgainError(err) || redis.IsClusterDownError(err)
+	return moved || ask || redis.IsReadOnlyError(err) || redis.IsTryAgainError(err) || redis.IsClusterDownError(err) ||
+		connectionDropped(err)
+}
+
+// connectionDropped reports whether err is the connection a command went on
+// closing under it. The server closed it (EOF, a reset): a master demoted by
+// a Sentinel failover closes its clients' connections (CLIENT KILL), and so
+// does a server going down. Or the client did: go-redis closes its
+// connections to a demoted master, those in use included, when it hears of
+// the new one. The command may have run; the attempt's cleanup has given
+// back whatever it may have taken, and the next try dials afresh, which
+// fails at once if the server is gone.
+func connectionDropped(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, net.ErrClosed) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
 // try makes one attempt and counts it.

@@ -32,23 +32,26 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // obtainAsync starts Obtain on l in a goroutine.
 func obtainAsync(l interface {
 	Obtain(context.Context, string) (*lock.Lease, error)
-}, key string) <-chan *lock.Lease {
-	got := make(chan *lock.Lease, 1)
+}, key string) <-chan obtained {
+	got := make(chan obtained, 1)
 	go func() {
 		lease, err := l.Obtain(context.Background(), key)
-		if err != nil {
-			lease = nil
-		}
-		got <- lease
+		got <- obtained{lease, err}
 	}()
 	return got
 }
 
+// obtained is what an Obtain of obtainAsync returned.
+type obtained struct {
+	lease *lock.Lease
+	err   error
+}
+
 // line starts n waiters for key on l, one after the other, each once the
 // one before is waiting.
-func line(t *testing.T, l *lock.Redis, key string, n int) []<-chan *lock.Lease {
+func line(t *testing.T, l *lock.Redis, key string, n int) []<-chan obtained {
 	t.Helper()
-	var got []<-chan *lock.Lease
+	var got []<-chan obtained
 	for i := range n {
 		got = append(got, obtainAsync(l, key))
 		waitFor(t, "the waiter is in line", func() bool { return l.Stats().Waiting == i+1 })
@@ -57,14 +60,14 @@ func line(t *testing.T, l *lock.Redis, key string, n int) []<-chan *lock.Lease {
 }
 
 // received waits for a waiter's result.
-func received(t *testing.T, got <-chan *lock.Lease) *lock.Lease {
+func received(t *testing.T, got <-chan obtained) *lock.Lease {
 	t.Helper()
 	select {
-	case lease := <-got:
-		if lease == nil {
-			t.Fatal("the waiter did not obtain the lock")
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("the waiter did not obtain the lock: %v", r.err)
 		}
-		return lease
+		return r.lease
 	case <-time.After(30 * time.Second):
 		t.Fatal("the waiter is still waiting after the release")
 	}

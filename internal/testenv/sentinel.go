@@ -94,14 +94,17 @@ func (s *RedisSentinel) Failover(tb testing.TB) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	old := s.Master(tb)
-	// Sentinel learns of the replica from the master's INFO.
-	waitUntil(ctx, tb, "the Sentinel knows the replica", func() bool {
-		replicas, err := s.sentinel.Replicas(ctx, s.MasterName).Result()
-		return err == nil && len(replicas) == 1
+	// Sentinel learns of the replica from the master's INFO, and will
+	// promote it only once it has had the replica's own INFO, which it asks
+	// for on its own schedule: until then SENTINEL FAILOVER is refused
+	// with NOGOODSLAVE, and asked again.
+	waitUntil(ctx, tb, "the Sentinel fails the master over", func() bool {
+		err := s.sentinel.Failover(ctx, s.MasterName).Err()
+		if err != nil && !strings.HasPrefix(err.Error(), "NOGOODSLAVE") {
+			tb.Fatalf("SENTINEL FAILOVER: %v", err)
+		}
+		return err == nil
 	})
-	if err := s.sentinel.Failover(ctx, s.MasterName).Err(); err != nil {
-		tb.Fatalf("SENTINEL FAILOVER: %v", err)
-	}
 	var now string
 	waitUntil(ctx, tb, "the Sentinel reports a new master", func() bool {
 		now = s.Master(tb)
