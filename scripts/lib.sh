@@ -325,8 +325,11 @@ stop_redis_set() {
 pid_alive() {
   local stat state
   kill -0 "$1" 2>/dev/null || return 1
-  if [ -r "/proc/$1/stat" ]; then
-    stat=$(<"/proc/$1/stat") || return 1
+  if [ -d /proc/self ]; then
+    # The process may end after kill -0: no file then, and not alive. read,
+    # not $(<…): bash 5.2 exits a set -e script when $(<…) finds no file,
+    # whatever follows it.
+    { read -r stat <"/proc/$1/stat"; } 2>/dev/null || return 1
     state=${stat##*) }
     state=${state%% *}
   else

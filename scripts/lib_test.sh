@@ -178,6 +178,18 @@ test_stop_pidfile() {
   else fail "stop_pidfile waited ${took}s for a process that exited at once"; fi
 }
 
+# pid_alive says no, and returns, for a process that ends between its kill -0
+# and its look at the process's state — in a set -e script, as stack.sh is,
+# where bash 5.2 exits on a $(<…) that finds no file. kill -0 is made to
+# succeed for a pid that runs no process.
+test_pid_alive_gone() {
+  local out
+  out=$(bash -c 'set -euo pipefail; . scripts/lib.sh; kill() { return 0; }
+    if pid_alive 2147483647; then echo alive; else echo "not alive"; fi' 2>&1) || true
+  if [ "$out" = "not alive" ]; then ok "pid_alive says not alive for a process gone after kill -0, under set -e"
+  else fail "pid_alive on a process gone after kill -0, under set -e: ${out:-the script exited}"; fi
+}
+
 # sentinel_says PORT NAME prints the port of the master the Sentinel on
 # PORT names.
 sentinel_says() { redis_cli "$1" SENTINEL get-master-addr-by-name "$2" | tr -d '\r' | sed -n 2p; }
@@ -250,6 +262,7 @@ test_existing_policy_kept
 test_race_installs_a_compiler
 test_ci_run_without_make
 test_stop_pidfile
+test_pid_alive_gone
 test_stack_topologies
 
 echo "scripts/lib_test.sh: $passed passed, $failed failed"
