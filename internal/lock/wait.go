@@ -168,19 +168,19 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 	var (
 		timer *time.Timer
 		woken <-chan struct{}
-		// readOnly is the last try's error if Redis refused it or dropped
+		// switching is the last try's error if Redis refused it or dropped
 		// it while failing over (see failingOver); the wait's error
 		// carries it.
-		readOnly error
+		switching error
 	)
-	gaveUp := func() error { return errors.Join(notObtained(waitCtx), readOnly) }
+	gaveUp := func() error { return errors.Join(notObtained(waitCtx), switching) }
 	for ; ; tried = false {
 		if !tried {
 			l, err := w.try(ctx, waitCtx, attempt)
-			readOnly = nil
+			switching = nil
 			switch {
 			case failingOver(err):
-				readOnly = err
+				switching = err
 			case !errors.Is(err, ErrNotObtained):
 				return l, err
 			}
