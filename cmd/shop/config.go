@@ -34,7 +34,10 @@ type config struct {
 	Fencing      bool
 	// OrderBatch is the most orders of one SKU one lock holder places in
 	// one transaction.
-	OrderBatch  int
+	OrderBatch int
+	// UserLimit is the most orders one user may hold over all products;
+	// 0 is off.
+	UserLimit   int
 	CacheTTL    time.Duration
 	CacheJitter float64
 	NullTTL     time.Duration
@@ -64,6 +67,9 @@ const (
 	minAdminToken = 16
 	// maxDrain bounds SHOP_DRAIN.
 	maxDrain = time.Minute
+	// maxUserLimit bounds SHOP_USER_LIMIT, well inside the INT counter of
+	// user_orders.
+	maxUserLimit = 1_000_000
 )
 
 // configError is a bad setting; the process exits with status 2.
@@ -134,6 +140,13 @@ func loadConfig(getenv func(string) string) (config, error) {
 			errs = append(errs, fmt.Errorf("SHOP_ORDER_BATCH=%q: must be a whole number from 1 (one order per lock hold) to %d", v, maxOrderBatch))
 		}
 		c.OrderBatch = n
+	}
+	if v := getenv("SHOP_USER_LIMIT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxUserLimit {
+			errs = append(errs, fmt.Errorf("SHOP_USER_LIMIT=%q: must be a whole number from 0 (no limit) to %d", v, maxUserLimit))
+		}
+		c.UserLimit = n
 	}
 	if c.NullTTL > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("SHOP_CACHE_NULL_TTL=%q: must be at most 5m", getenv("SHOP_CACHE_NULL_TTL")))

@@ -102,7 +102,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	products := newCache(cfg, rdb, catalog, reg, log)
 	defer products.Close()
 	orders := stock.NewService(ordersDB, locker, stock.Options{
-		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch,
+		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, UserLimit: cfg.UserLimit,
 		Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
 		BeforeWrite: hooks.BeforeWrite,
 	})
@@ -143,7 +143,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "redis", cfg.redisTopology(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
-		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom)
+		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom,
+		"user_limit", cfg.UserLimit)
 
 	if cfg.DebugAddr != "" {
 		dbg, err := serveDebug(cfg.DebugAddr)

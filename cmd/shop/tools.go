@@ -147,6 +147,13 @@ func verify(ctx context.Context, args []string, getenv func(string) string, stdo
 	if err != nil {
 		return err
 	}
+	if cfg.UserLimit > 0 {
+		c, err := stock.VerifyUserLimit(ctx, db, cfg.UserLimit)
+		if err != nil {
+			return err
+		}
+		report.Checks = append(report.Checks, c)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")

@@ -57,6 +57,8 @@ func status(err error) (int, string, string) {
 		return http.StatusConflict, "sold_out", "the product is sold out"
 	case errors.Is(err, stock.ErrAlreadyOrdered):
 		return http.StatusConflict, "already_ordered", "this user already ordered this product"
+	case errors.Is(err, stock.ErrUserLimit):
+		return http.StatusConflict, "user_limit", "this user holds the most orders one user may"
 	case errors.Is(err, stock.ErrIdempotencyMismatch):
 		return http.StatusUnprocessableEntity, "idempotency_mismatch", "the Idempotency-Key was used for a different order"
 	case errors.Is(err, errTooLarge):

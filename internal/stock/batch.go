@@ -57,6 +57,11 @@ const drainCourtesy = 3 * time.Millisecond
 // queued runs out of time, leaves the queue as ErrBusy; one already taken
 // into a batch waits for the batch's answer.
 func (s *Service) enqueue(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+	// Queued only once the buyer's counter exists: the transaction only
+	// locks counters, it never makes them.
+	if err := s.ensureCounter(ctx, user); err != nil {
+		return Order{}, err
+	}
 	t := &ticket{ctx: ctx, user: user, key: idempotencyKey, done: make(chan answer, 1)}
 	s.mu.Lock()
 	q, running := s.queues[sku]
@@ -354,6 +359,14 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 	if err != nil {
 		return nil, 0, err
 	}
+	// With the limit on, the buyers' counters are locked after the
+	// product, in one statement (see userlimit.go).
+	var counts map[int64]int
+	if users := limitCandidates(batch, held); s.opt.UserLimit > 0 && read.Stock > 0 && len(users) > 0 {
+		if counts, err = lockCounters(tx, users); err != nil {
+			return nil, 0, err
+		}
+	}
 
 	verdicts := make([]verdict, len(batch))
 	buyers := map[int64]int{}   // user → the order of this batch that buys
@@ -382,6 +395,7 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 		}
 		_, before := held.byUser[t.user]
 		_, inBatch := buyers[t.user]
+		limited := s.limitReached(counts, t.user)
 		switch {
 		case t.ctx.Err() != nil:
 			v.err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(t.ctx))
@@ -389,6 +403,8 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 			v.err = fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, t.user, sku)
 		case left <= 0:
 			v.err = fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		case limited != nil:
+			v.err = limited
 		default:
 			left--
 			v.sell = true
@@ -411,6 +427,11 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 	ids, err := insertOrders(tx, sku, sell)
 	if err != nil {
 		return nil, 0, err
+	}
+	if s.opt.UserLimit > 0 {
+		if err := countOrders(tx, sellers(sell)); err != nil {
+			return nil, 0, err
+		}
 	}
 	for i := range verdicts {
 		if v := &verdicts[i]; v.sell {

@@ -53,7 +53,7 @@ func (c *Catalog) ProductIDs(ctx context.Context) ([]int64, error) {
 const seedBatch = 1000
 
 // Seed replaces the catalog with products 1..n, each with stock units, and
-// deletes every order, in one transaction. Errors: ErrInvalid, ErrBusy (MySQL
+// deletes every order and every user's order counter, in one transaction. Errors: ErrInvalid, ErrBusy (MySQL
 // down or refusing work for now; a seed is a reset, so it may be repeated
 // whether or not the failed one committed).
 func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
@@ -65,6 +65,10 @@ func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 	}
 	err := c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("DELETE FROM orders").Error; err != nil {
+			return err
+		}
+		// The per-user order counters go with the orders they count.
+		if err := tx.Exec("DELETE FROM user_orders").Error; err != nil {
 			return err
 		}
 		if err := tx.Exec("DELETE FROM products").Error; err != nil {

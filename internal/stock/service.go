@@ -61,6 +61,12 @@ type Options struct {
 	// memory, without a query, unless ForgetSoldOut clears it first; zero
 	// means DefaultSoldOutTTL, negative turns the memory off.
 	SoldOutTTL time.Duration
+	// UserLimit is the most orders one user may hold over all products;
+	// zero turns the limit off, and with it every statement it costs. An
+	// order beyond it is ErrUserLimit (see userlimit.go). The limit holds
+	// only while every Service that places orders has it on: one without
+	// it neither checks nor counts.
+	UserLimit int
 	// BeforeWrite, when set, runs inside the lease and the order
 	// transaction, after the product is read and before its stock is
 	// written; ctx is the lease's. If it returns a func, that func runs
@@ -188,12 +194,12 @@ const (
 // first call created (Replayed set) and creates nothing.
 //
 // Errors: ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered,
-// ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence when MySQL
-// refused a stale holder's write, with lock.ErrNotObtained when the lock was
-// not obtained in time, with lock.ErrNotHeld when the lease was lost),
-// ErrOutcomeUnknown (the connection was lost after COMMIT was sent; with an
-// idempotency key the order is looked up first, and a committed one
-// returned).
+// ErrUserLimit, ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence
+// when MySQL refused a stale holder's write, with lock.ErrNotObtained when
+// the lock was not obtained in time, with lock.ErrNotHeld when the lease
+// was lost), ErrOutcomeUnknown (the connection was lost after COMMIT was
+// sent; with an idempotency key the order is looked up first, and a
+// committed one returned).
 func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
@@ -247,6 +253,9 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 	}
 	if err := s.stocked(db, sku); err != nil {
 		return Order{}, classify(ctx, "place order", err)
+	}
+	if err := s.ensureCounter(ctx, user); err != nil {
+		return Order{}, err
 	}
 	lease, err := s.locks.Obtain(ctx, LockKey(sku))
 	if err != nil {
@@ -400,6 +409,13 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fe
 	}
 	if err := tx.Create(&o).Error; err != nil {
 		return Order{}, err
+	}
+	// Counted after the INSERT, so that an order the user already holds
+	// is answered as such (the INSERT's duplicate) before the limit.
+	if s.opt.UserLimit > 0 {
+		if err := s.countOrder(tx, user); err != nil {
+			return Order{}, err
+		}
 	}
 	return o, nil
 }
@@ -572,7 +588,7 @@ func classify(ctx context.Context, op string, err error) error {
 		return nil
 	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound),
 		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch),
-		errors.Is(err, ErrOutcomeUnknown):
+		errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUserLimit):
 		return err
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))

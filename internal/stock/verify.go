@@ -175,14 +175,9 @@ func Verify(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 		},
 	}
 	for _, q := range queries {
-		c := Check{Name: q.name}
-		if err := db.Raw(q.count).Row().Scan(&c.Violations); err != nil {
-			return r, fmt.Errorf("stock: verify %s: %w", q.name, err)
-		}
-		if c.Violations > 0 {
-			if err := db.Raw(q.examples + fmt.Sprintf(" LIMIT %d", exampleLimit)).Scan(&c.Examples).Error; err != nil {
-				return r, fmt.Errorf("stock: verify %s: %w", q.name, err)
-			}
+		c, err := runCheck(db, q.name, q.count, q.examples)
+		if err != nil {
+			return r, err
 		}
 		r.Checks = append(r.Checks, c)
 	}
@@ -196,6 +191,32 @@ func Verify(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 		r.Checks = append(r.Checks, checks...)
 	}
 	return r, nil
+}
+
+// runCheck counts the violations of one invariant with the query count and,
+// when there are any, lists the first offenders with the query examples;
+// both take args.
+func runCheck(db *gorm.DB, name, count, examples string, args ...any) (Check, error) {
+	c := Check{Name: name}
+	if err := db.Raw(count, args...).Row().Scan(&c.Violations); err != nil {
+		return c, fmt.Errorf("stock: verify %s: %w", name, err)
+	}
+	if c.Violations > 0 {
+		if err := db.Raw(examples+fmt.Sprintf(" LIMIT %d", exampleLimit), args...).Scan(&c.Examples).Error; err != nil {
+			return c, fmt.Errorf("stock: verify %s: %w", name, err)
+		}
+	}
+	return c, nil
+}
+
+// VerifyUserLimit checks that no user holds more than limit orders over all
+// products: the invariant of Options.UserLimit, for a report of Verify when
+// the limit is on. It returns an error only when it could not check.
+func VerifyUserLimit(ctx context.Context, db *gorm.DB, limit int) (Check, error) {
+	return runCheck(db.WithContext(ctx), fmt.Sprintf("at most %d orders per user", limit),
+		`SELECT COUNT(*) FROM (SELECT user_id FROM orders GROUP BY user_id HAVING COUNT(*) > ?) u`,
+		`SELECT CONCAT('user ', user_id, ' orders ', COUNT(*)) FROM orders GROUP BY user_id HAVING COUNT(*) > ? ORDER BY user_id`,
+		limit)
 }
 
 // The checks of acknowledged orders.
