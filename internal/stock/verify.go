@@ -213,7 +213,7 @@ func runCheck(db *gorm.DB, name, count, examples string, args ...any) (Check, er
 // products: the invariant of Options.UserLimit, for a report of Verify when
 // the limit is on. It returns an error only when it could not check.
 func VerifyUserLimit(ctx context.Context, db *gorm.DB, limit int) (Check, error) {
-	return runCheck(db.WithContext(ctx), fmt.Sprintf("at most %d orders per user", limit),
+	return runCheck(db.WithContext(ctx), fmt.Sprintf("orders per user <= %d", limit),
 		`SELECT COUNT(*) FROM (SELECT user_id FROM orders GROUP BY user_id HAVING COUNT(*) > ?) u`,
 		`SELECT CONCAT('user ', user_id, ' orders ', COUNT(*)) FROM orders GROUP BY user_id HAVING COUNT(*) > ? ORDER BY user_id`,
 		limit)
