@@ -63,6 +63,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_DRAIN", "-1s"},
 		{"SHOP_DRAIN", "2m"},
 		{"SHOP_DRAIN", "soon"},
+		{"SHOP_USER_LIMIT", "-1"},
+		{"SHOP_USER_LIMIT", "three"},
+		{"SHOP_USER_LIMIT", "1000001"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
@@ -121,6 +124,7 @@ func TestConfigRedisTopology(t *testing.T) {
 		{"SHOP_ADMIN_TOKEN": "sixteen-chars..."},
 		{"SHOP_DEBUG_ADDR": "127.0.0.1:6060"}, {"SHOP_DEBUG_ADDR": "[::1]:6060"}, {"SHOP_DEBUG_ADDR": "localhost:6060"},
 		{"SHOP_DRAIN": "0s"}, {"SHOP_DRAIN": "1m"},
+		{"SHOP_USER_LIMIT": "0"}, {"SHOP_USER_LIMIT": "1000000"},
 	} {
 		if _, err := loadConfig(env(ok)); err != nil {
 			t.Errorf("%v rejected: %v", ok, err)

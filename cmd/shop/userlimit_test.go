@@ -1,0 +1,139 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+// Three replicas with SHOP_USER_LIMIT=3, one user ordering many different
+// products at once, spread over the three: each order runs under its own
+// SKU lock, on its own replica, and exactly three are placed.
+func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
+	const skus, limit = 60, 3
+	db := testenv.MySQL(t)
+	vars := func() map[string]string {
+		return map[string]string{
+			"SHOP_MYSQL_DSN":    db.DSN,
+			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
+			"SHOP_REDIS_PREFIX": redisPrefix(t),
+			"SHOP_USER_LIMIT":   fmt.Sprint(limit),
+		}
+	}
+	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
+		t.Fatal(out)
+	}
+	var replicas []*replica
+	for range 3 {
+		replicas = append(replicas, startReplica(t, vars()))
+	}
+	if !strings.Contains(replicas[0].log.String(), fmt.Sprintf(`"user_limit":%d`, limit)) {
+		t.Errorf("the start-up log does not show the limit:\n%s", replicas[0].log)
+	}
+
+	client := &http.Client{Timeout: 30 * time.Second}
+	var (
+		mu     sync.Mutex
+		status = map[int]int{}
+		codes  = map[string]int{}
+		acks   []string
+		errs   []error
+		wg     sync.WaitGroup
+	)
+	start := make(chan struct{})
+	for sku := 1; sku <= skus; sku++ {
+		url := replicas[sku%len(replicas)].url
+		wg.Go(func() {
+			<-start
+			code, body, err := postOrder(client, url, sku, 7)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, err)
+				return
+			}
+			status[code]++
+			var b struct {
+				OrderID int64 `json:"order_id"`
+				Error   struct {
+					Code string `json:"code"`
+				} `json:"error"`
+			}
+			json.Unmarshal(body, &b)
+			if code == http.StatusCreated {
+				acks = append(acks, fmt.Sprintf("%d %d 7", b.OrderID, sku))
+			} else {
+				codes[b.Error.Code]++
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	if status[201] != limit || status[409] != skus-limit || codes["user_limit"] != skus-limit || len(errs) > 0 {
+		t.Errorf("responses %v, error codes %v, transport errors %v; want %d×201 and %d×409 user_limit",
+			status, codes, errs, limit, skus-limit)
+	}
+	var orders int64
+	if err := db.Gorm.Model(&stock.Order{}).Where("user_id = 7").Count(&orders).Error; err != nil || orders != limit {
+		t.Errorf("user 7 holds %d orders in MySQL (%v), want %d", orders, err, limit)
+	}
+	path := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
+	code, out := shopWith(vars(), "verify", "--acks", path)
+	if code != 0 || !strings.Contains(out, fmt.Sprintf("ok    orders per user <= %d\n", limit)) {
+		t.Errorf("verify with SHOP_USER_LIMIT=%d: exit %d\n%s", limit, code, out)
+	}
+}
+
+// With SHOP_USER_LIMIT set, shop verify reports a user holding more orders
+// than the limit, in text and in JSON, and only that; without it, it does
+// not check.
+func TestVerifyDetectsUserOverLimit(t *testing.T) {
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "seed", "--products", "5", "--stock", "1"); code != 0 {
+		t.Fatal(out)
+	}
+	for _, q := range []string{
+		"UPDATE products SET stock = 0 WHERE id IN (1, 2, 3)",
+		"INSERT INTO orders (sku_id, user_id) VALUES (1, 7), (2, 7), (3, 8)",
+	} {
+		if err := db.Gorm.Exec(q).Error; err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	limited := func(limit string, args ...string) (int, string) {
+		return shopWith(map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_USER_LIMIT": limit}, args...)
+	}
+	code, out := limited("1", "verify")
+	if code != 1 || !strings.Contains(out, "FAIL  orders per user <= 1: 1 violations, first: user 7 orders 2\n") ||
+		strings.Count(out, "FAIL") != 1 {
+		t.Errorf("verify with SHOP_USER_LIMIT=1: exit %d, want 1 and user 7 named, only\n%s", code, out)
+	}
+	code, out = limited("1", "verify", "--json")
+	var r struct {
+		OK     bool          `json:"ok"`
+		Checks []stock.Check `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("verify --json: %v\n%s", err, out)
+	}
+	want := stock.Check{Name: "orders per user <= 1", Violations: 1, Examples: []string{"user 7 orders 2"}}
+	if found := r.Checks[len(r.Checks)-1]; code != 1 || r.OK || fmt.Sprint(found) != fmt.Sprint(want) {
+		t.Errorf("verify --json with SHOP_USER_LIMIT=1: exit %d, ok %v, last check %+v; want %+v", code, r.OK, found, want)
+	}
+	if code, out := limited("2", "verify"); code != 0 || !strings.Contains(out, "ok    orders per user <= 2\n") {
+		t.Errorf("verify with SHOP_USER_LIMIT=2: exit %d\n%s", code, out)
+	}
+	if code, out := limited("", "verify"); code != 0 || strings.Contains(out, "per user") {
+		t.Errorf("verify without SHOP_USER_LIMIT: exit %d\n%s", code, out)
+	}
+}
