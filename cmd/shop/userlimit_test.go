@@ -15,11 +15,12 @@ import (
 	"shop/internal/testenv"
 )
 
-// Three replicas with SHOP_USER_LIMIT=3, one user ordering many different
-// products at once, spread over the three: each order runs under its own
-// SKU lock, on its own replica, and exactly three are placed.
+// Three replicas with SHOP_USER_LIMIT=3, each of a few users ordering many
+// different products at once, spread over the three: each order runs under
+// its own SKU lock, on its own replica, and exactly three of each user's
+// are placed.
 func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
-	const skus, limit = 60, 3
+	const skus, users, limit = 80, 5, 3
 	db := testenv.MySQL(t)
 	vars := func() map[string]string {
 		return map[string]string{
@@ -29,7 +30,8 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 			"SHOP_USER_LIMIT":   fmt.Sprint(limit),
 		}
 	}
-	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
+	// A unit of every product for every user: only the limit refuses.
+	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", fmt.Sprint(users)); code != 0 {
 		t.Fatal(out)
 	}
 	var replicas []*replica
@@ -51,40 +53,51 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 	)
 	start := make(chan struct{})
 	for sku := 1; sku <= skus; sku++ {
-		url := replicas[sku%len(replicas)].url
-		wg.Go(func() {
-			<-start
-			code, body, err := postOrder(client, url, sku, 7)
-			mu.Lock()
-			defer mu.Unlock()
-			if err != nil {
-				errs = append(errs, err)
-				return
-			}
-			status[code]++
-			var b struct {
-				OrderID int64 `json:"order_id"`
-				Error   struct {
-					Code string `json:"code"`
-				} `json:"error"`
-			}
-			json.Unmarshal(body, &b)
-			if code == http.StatusCreated {
-				acks = append(acks, fmt.Sprintf("%d %d 7", b.OrderID, sku))
-			} else {
-				codes[b.Error.Code]++
-			}
-		})
+		for user := 1; user <= users; user++ {
+			url := replicas[(sku+user)%len(replicas)].url
+			wg.Go(func() {
+				<-start
+				code, body, err := postOrder(client, url, sku, user)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					errs = append(errs, err)
+					return
+				}
+				status[code]++
+				var b struct {
+					OrderID int64 `json:"order_id"`
+					Error   struct {
+						Code string `json:"code"`
+					} `json:"error"`
+				}
+				json.Unmarshal(body, &b)
+				if code == http.StatusCreated {
+					acks = append(acks, fmt.Sprintf("%d %d %d", b.OrderID, sku, user))
+				} else {
+					codes[b.Error.Code]++
+				}
+			})
+		}
 	}
 	close(start)
 	wg.Wait()
-	if status[201] != limit || status[409] != skus-limit || codes["user_limit"] != skus-limit || len(errs) > 0 {
+	placed, refused := users*limit, users*(skus-limit)
+	if status[201] != placed || status[409] != refused || codes["user_limit"] != refused || len(errs) > 0 {
 		t.Errorf("responses %v, error codes %v, transport errors %v; want %d×201 and %d×409 user_limit",
-			status, codes, errs, limit, skus-limit)
+			status, codes, errs, placed, refused)
 	}
-	var orders int64
-	if err := db.Gorm.Model(&stock.Order{}).Where("user_id = 7").Count(&orders).Error; err != nil || orders != limit {
-		t.Errorf("user 7 holds %d orders in MySQL (%v), want %d", orders, err, limit)
+	var held []struct{ UserID, N int }
+	if err := db.Gorm.Raw("SELECT user_id, COUNT(*) AS n FROM orders GROUP BY user_id ORDER BY user_id").Scan(&held).Error; err != nil {
+		t.Fatal(err)
+	}
+	if len(held) != users {
+		t.Errorf("orders by user in MySQL: %+v, want %d of each of %d users", held, limit, users)
+	}
+	for _, h := range held {
+		if h.N != limit {
+			t.Errorf("user %d holds %d orders in MySQL, want %d", h.UserID, h.N, limit)
+		}
 	}
 	path := filepath.Join(t.TempDir(), "acks")
 	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
