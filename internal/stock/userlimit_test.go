@@ -237,6 +237,18 @@ func TestSeedResetsUserCounters(t *testing.T) {
 	checkCounter(t, db, 7, 1)
 }
 
+// catalog is a fresh database with products 1..n of one unit each, and a
+// Redis lock for Services on it.
+func catalog(t *testing.T, n int) (*testenv.DB, *lock.Redis) {
+	t.Helper()
+	db := testenv.MySQL(t)
+	rdb, prefix := testenv.Redis(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), n, 1); err != nil {
+		t.Fatal(err)
+	}
+	return db, lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 10 * time.Second})
+}
+
 // statements is a gorm logger that keeps every statement run.
 type statements struct {
 	logger.Interface
@@ -269,12 +281,7 @@ func (s *statements) touching(table string) []string {
 // holds.
 func TestUserCountersStartAtOrdersPlacedWithLimitOff(t *testing.T) {
 	ctx := context.Background()
-	db := testenv.MySQL(t)
-	rdb, prefix := testenv.Redis(t)
-	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 4, 1); err != nil {
-		t.Fatal(err)
-	}
-	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 10 * time.Second})
+	db, l := catalog(t, 4)
 	spy := &statements{Interface: logger.Discard}
 	traced := db.Open(t).Session(&gorm.Session{Logger: spy})
 	for _, batch := range []int{1, 0} {
@@ -332,11 +339,7 @@ func waitForStatement(t *testing.T, db *testenv.DB, prefix string, ended <-chan 
 // comes while a reseed has deleted the orders but not committed.
 func TestUserCounterMadeDuringReseed(t *testing.T) {
 	ctx := context.Background()
-	db := testenv.MySQL(t)
-	rdb, prefix := testenv.Redis(t)
-	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 3, 1); err != nil {
-		t.Fatal(err)
-	}
+	db, l := catalog(t, 3)
 	// Two orders of user 7, placed while the limit was off.
 	for _, q := range []string{
 		"UPDATE products SET stock = 0 WHERE id IN (1, 2)",
@@ -354,7 +357,6 @@ func TestUserCounterMadeDuringReseed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 10 * time.Second})
 	svc := stock.NewService(db.Open(t), l, stock.Options{UserLimit: 2, Batch: 1})
 	answer := place(ctx, svc, 3, 7, "")
 	waitForStatement(t, db, "INSERT IGNORE INTO user_orders", answer)
