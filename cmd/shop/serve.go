@@ -23,6 +23,7 @@ import (
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/notify"
+	"shop/internal/requestid"
 	"shop/internal/stock"
 )
 
@@ -56,7 +57,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	// Every line logged for a request, with its context, carries the
+	// request's id (requestid.LogHandler).
+	log := slog.New(requestid.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 
 	db, err := stock.Open(cfg.MySQLDSN, readsPoolSize)
 	if err != nil {

@@ -303,7 +303,8 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 	p.m.misses.Inc()
 	ch := p.loads.DoChan(p.entryKey(id), func() (any, error) {
 		// The load outlives the caller who started it: the others sharing
-		// it still want the answer.
+		// it still want the answer. What it logs carries that caller's
+		// request id only, though it loads for all of them.
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opt.Wait+p.opt.LoadTimeout)
 		defer cancel()
 		return p.fill(ctx, id)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"shop/internal/requestid"
 	"shop/internal/stock"
 )
 
@@ -84,6 +85,10 @@ type errorBody struct {
 type errorDetail struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// RequestID is on 5xx answers only: a failure of the service, which a
+	// client reports quoting it, and which the log lines carrying the same
+	// id explain. A 4xx is the client's own doing and says why itself.
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // clientGone marks err as the client's doing when the request's context has
@@ -105,6 +110,10 @@ func writeError(c *gin.Context, err error) {
 	if code == http.StatusServiceUnavailable {
 		c.Header("Retry-After", retryAfterSeconds)
 	}
+	detail := errorDetail{Code: name, Message: msg}
+	if code >= http.StatusInternalServerError {
+		detail.RequestID = requestid.FromContext(c.Request.Context())
+	}
 	_ = c.Error(err)
-	c.AbortWithStatusJSON(code, errorBody{Error: errorDetail{Code: name, Message: msg}})
+	c.AbortWithStatusJSON(code, errorBody{Error: detail})
 }

@@ -8,7 +8,9 @@ import (
 // addRoutes is the whole API at a glance.
 func addRoutes(r *gin.Engine, d Deps) {
 	m := newMetrics(d.Registry)
-	r.Use(recovery(d.Logger), observe(d.Logger, m))
+	// observe outside recovery: a panic, answered 500 by recovery, is
+	// logged and counted like any other request.
+	r.Use(observe(d.Logger, m), recovery(d.Logger))
 	r.NoRoute(func(c *gin.Context) { writeError(c, errRouteNotFound) })
 	r.NoMethod(func(c *gin.Context) { writeError(c, errMethodNotAllowed) })
 

@@ -52,6 +52,9 @@ type Check func(ctx context.Context) error
 
 // Deps is everything the API needs.
 type Deps struct {
+	// Logger receives the access log and the failures. Its handler should
+	// be wrapped in requestid.LogHandler, as the other dependencies'
+	// loggers, so that each line carries the request's id.
 	Logger   *slog.Logger
 	Orders   Orders
 	Products Products
@@ -81,5 +84,5 @@ func New(d Deps) http.Handler {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
 	addRoutes(r, d)
-	return r
+	return withRequestID(r)
 }

@@ -217,6 +217,10 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 		}
 		return false, err
 	}
+	// ctx is the drain's, for every buyer of the batch: what is logged
+	// with it (the lock's release, a batch's invalidation) carries no
+	// request id. What is done for one buyer is logged with the buyer's
+	// context, which carries the buyer's.
 	defer func() {
 		s.release(ctx, lease)
 		contended = lease.Contended()
@@ -228,7 +232,7 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 		t := batch[0]
 		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
 		if mayHaveCommitted(err) {
-			s.invalidate(ctx, sku)
+			s.invalidate(t.ctx, sku)
 		}
 		t.answer(o, err)
 	default:
