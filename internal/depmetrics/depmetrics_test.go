@@ -56,17 +56,24 @@ func ctx(t *testing.T) context.Context {
 	return c
 }
 
+// watchedRedis starts a Redis of the test's own and returns it, a client
+// of it whose errors go to a new registry, and the registry.
+func watchedRedis(t *testing.T) (*redis.Client, *testenv.RedisProc, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	proc := testenv.StartRedis(t)
+	c := redis.NewClient(&redis.Options{Addr: proc.Addr, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	c.AddHook(depmetrics.New(reg).RedisHook())
+	return c, proc, reg
+}
+
 // The normal outcomes of Redis commands are not errors: a missing key, in a
 // command or a pipeline, a script not cached yet (go-redis's EVALSHA, then
 // EVAL), the lock's "not obtained", and a call whose caller gave up.
 func TestRedisOutcomesNotCounted(t *testing.T) {
 	ctx := ctx(t)
-	reg := prometheus.NewRegistry()
-	errs := depmetrics.New(reg)
-	proc := testenv.StartRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: proc.Addr, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	c.AddHook(errs.RedisHook())
+	c, _, reg := watchedRedis(t)
 
 	if err := c.Get(ctx, "missing").Err(); !errors.Is(err, redis.Nil) {
 		t.Fatalf("GET of a missing key: %v; want redis.Nil", err)
@@ -111,12 +118,7 @@ func TestRedisOutcomesNotCounted(t *testing.T) {
 // pipeline on it (once, not once per command).
 func TestRedisFailuresCounted(t *testing.T) {
 	ctx := ctx(t)
-	reg := prometheus.NewRegistry()
-	errs := depmetrics.New(reg)
-	proc := testenv.StartRedis(t)
-	c := redis.NewClient(&redis.Options{Addr: proc.Addr, MaxRetries: -1})
-	t.Cleanup(func() { c.Close() })
-	c.AddHook(errs.RedisHook())
+	c, proc, reg := watchedRedis(t)
 
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
@@ -142,7 +144,8 @@ func TestRedisFailuresCounted(t *testing.T) {
 	wantCounted(t, reg, depmetrics.Redis, 3, "a pipeline of three on a killed Redis")
 }
 
-// watchedDB is a new pool on db whose errors go to a new registry.
+// watchedDB is a new pool on the database at dsn whose errors go to a new
+// registry, and the registry.
 func watchedDB(t *testing.T, dsn string) (*gorm.DB, *prometheus.Registry) {
 	t.Helper()
 	g, err := stock.Open(dsn, 4)
