@@ -19,6 +19,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"shop/internal/cache"
+	"shop/internal/depmetrics"
 	"shop/internal/failpoint"
 	"shop/internal/handler"
 	"shop/internal/lock"
@@ -61,6 +62,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	// request's id (requestid.LogHandler).
 	log := slog.New(requestid.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
 
+	reg := prometheus.NewRegistry()
+	depErrors := depmetrics.New(reg)
 	db, err := stock.Open(cfg.MySQLDSN, readsPoolSize)
 	if err != nil {
 		return err
@@ -75,13 +78,17 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := ordersDB.DB(); err == nil {
 		defer sqlDB.Close()
 	}
+	if err := errors.Join(depErrors.WatchGorm(db), depErrors.WatchGorm(ordersDB)); err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
 	rdb := newRedis(cfg)
 	defer rdb.Close()
+	rdb.AddHook(depErrors.RedisHook())
 
 	// Fault injection exists only in a -tags failpoints build; here, in a
 	// default one, every hook is nil (internal/failpoint).
 	hooks := failpoint.New()
-	locker, closeLocker, err := newLocker(cfg, hooks.After)
+	locker, closeLocker, err := newLocker(cfg, hooks.After, depErrors.RedisHook())
 	if err != nil {
 		return err
 	}
@@ -96,7 +103,6 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if cfg.Fencing && cfg.LockMode != "redis" && cfg.LockMode != "redlock" {
 		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
 	}
-	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if l, ok := locker.(interface{ Stats() lock.Stats }); ok {
 		registerLockStats(reg, l.Stats)
@@ -266,8 +272,10 @@ func lockRedisOptions(cfg config, ttl time.Duration) *redis.UniversalOptions {
 
 // newLocker returns the order path's lock and what closes it, its clients
 // included. The Redis locks wake their waiters on release. after, when not
-// nil, is the timer their lease watchdogs sleep on (a failpoint's).
-func newLocker(cfg config, after func(time.Duration) <-chan time.Time) (stock.Locker, func(), error) {
+// nil, is the timer their lease watchdogs sleep on (a failpoint's); hook,
+// when not nil, is added to each of their clients (the dependency errors'
+// count).
+func newLocker(cfg config, after func(time.Duration) <-chan time.Time, hook redis.Hook) (stock.Locker, func(), error) {
 	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait, After: after}
 	switch cfg.LockMode {
 	case "local":
@@ -278,7 +286,7 @@ func newLocker(cfg config, after func(time.Duration) <-chan time.Time) (stock.Lo
 		nodes := make([]redis.Scripter, len(cfg.RedlockAddrs))
 		clients := make([]redis.UniversalClient, len(cfg.RedlockAddrs))
 		for i, addr := range cfg.RedlockAddrs {
-			clients[i] = newRedlockNode(addr)
+			clients[i] = withHook(newRedlockNode(addr), hook)
 			nodes[i] = clients[i]
 		}
 		opt.Subscriber = clients[0]
@@ -293,13 +301,21 @@ func newLocker(cfg config, after func(time.Duration) <-chan time.Time) (stock.Lo
 			}
 		}, nil
 	}
-	rdb := newLockRedis(cfg, cfg.LockTTL)
+	rdb := withHook(newLockRedis(cfg, cfg.LockTTL), hook)
 	opt.Subscriber = rdb
 	l := lock.NewRedis(rdb, opt)
 	return l, func() {
 		l.Close()
 		rdb.Close()
 	}, nil
+}
+
+// withHook adds hook, when not nil, to c and returns c.
+func withHook(c redis.UniversalClient, hook redis.Hook) redis.UniversalClient {
+	if hook != nil {
+		c.AddHook(hook)
+	}
+	return c
 }
 
 // registerLockStats exports what the order lock's waiters do.

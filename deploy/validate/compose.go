@@ -92,7 +92,7 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 	var replicas, setups []string
 	for _, name := range slices.Sorted(maps.Keys(p.Services)) {
 		s := p.Services[name]
-		if s.Build == nil || filepath.Clean(s.Build.Context) != filepath.Clean(repo) {
+		if !builtFrom(s, repo) {
 			continue
 		}
 		env := serviceEnv(s)
@@ -101,7 +101,7 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 		}
 		cmd := slices.Concat(s.Entrypoint, s.Command)
 		switch {
-		case len(cmd) == 0 || slices.Equal(cmd, []string{"serve"}):
+		case servesShop(s):
 			replicas = append(replicas, name)
 			if need := drain + svc.Shutdown; s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) < need {
 				pr.addf("service %s: stop_grace_period %s is less than SHOP_DRAIN %s + shutdown %s = %s", name, graceString(s.StopGracePeriod), drain, svc.Shutdown, need)
@@ -125,6 +125,19 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 	}
 	checkNginx(&pr, p, repo, replicas, port)
 	return pr.err()
+}
+
+// builtFrom reports whether s is built from the repository at repo: a
+// shop service.
+func builtFrom(s types.ServiceConfig, repo string) bool {
+	return s.Build != nil && filepath.Clean(s.Build.Context) == filepath.Clean(repo)
+}
+
+// servesShop reports whether a shop service runs shop serve, the image's
+// default command: a replica.
+func servesShop(s types.ServiceConfig) bool {
+	cmd := slices.Concat(s.Entrypoint, s.Command)
+	return len(cmd) == 0 || slices.Equal(cmd, []string{"serve"})
 }
 
 // serviceEnv returns a service's environment; a variable without a value
