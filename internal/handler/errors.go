@@ -57,6 +57,10 @@ func status(err error) (int, string, string) {
 		return http.StatusConflict, "sold_out", "the product is sold out"
 	case errors.Is(err, stock.ErrAlreadyOrdered):
 		return http.StatusConflict, "already_ordered", "this user already ordered this product"
+	case errors.Is(err, stock.ErrSaleNotStarted):
+		return http.StatusForbidden, "sale_not_started", "the sale of this product has not started"
+	case errors.Is(err, stock.ErrSaleEnded):
+		return http.StatusForbidden, "sale_ended", "the sale of this product has ended"
 	case errors.Is(err, stock.ErrIdempotencyMismatch):
 		return http.StatusUnprocessableEntity, "idempotency_mismatch", "the Idempotency-Key was used for a different order"
 	case errors.Is(err, errTooLarge):

@@ -61,8 +61,8 @@ func newAPI(t *testing.T, adminToken string) *api {
 		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),
 		Products: products,
 		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
-			if err := catalog.Seed(ctx, n, units); err != nil {
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int, sale stock.Window) ([]string, error) {
+			if err := catalog.SeedWindow(ctx, n, units, sale); err != nil {
 				return nil, err
 			}
 			_, err := products.Reset(ctx)
