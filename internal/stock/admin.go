@@ -88,6 +88,14 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 	if err := c.validate(); err != nil {
 		return Product{}, err
 	}
+	// A slot, as an order transaction takes, so that a restock holding the
+	// SKU's lock never waits for a connection of the pool it shares with
+	// the orders.
+	release, err := s.slot(ctx, sku)
+	if err != nil {
+		return Product{}, err
+	}
+	defer release()
 	if c.AddStock == nil {
 		p, err := s.changeProduct(ctx, nil, sku, c)
 		return p, classify(ctx, "change product", err)
