@@ -118,8 +118,8 @@ type cancelAfterSeed struct {
 	cancel  context.CancelFunc
 }
 
-func (c cancelAfterSeed) Seed(ctx context.Context, n, units int) error {
-	err := c.catalog.Seed(ctx, n, units)
+func (c cancelAfterSeed) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
+	err := c.catalog.SeedWindow(ctx, n, units, sale)
 	c.cancel()
 	return err
 }
@@ -146,7 +146,7 @@ func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
 	}
 
 	seeder := newSeeder(cancelAfterSeed{catalog, cancel}, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler))
-	warnings, err := seeder.Seed(reqCtx, 10, 1)
+	warnings, err := seeder.Seed(reqCtx, 10, 1, stock.Window{})
 	if err != nil || len(warnings) != 0 {
 		t.Errorf("seed whose client left after the commit: %q, %v; want no warning", warnings, err)
 	}

@@ -128,6 +128,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Products:   products,
 		Stock:      catalog,
 		Seeder:     newSeeder(catalog, products, restocks, log),
+		Admin:      newProductAdmin(orders, products, restocks, log),
 		AdminToken: cfg.AdminToken,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
@@ -367,7 +368,7 @@ func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg
 
 // catalogSeeder resets the catalog in MySQL; *stock.Catalog is one.
 type catalogSeeder interface {
-	Seed(ctx context.Context, n, units int) error
+	SeedWindow(ctx context.Context, n, units int, sale stock.Window) error
 }
 
 // seedFollowUpTimeout bounds what follows a committed seed: the restock
@@ -410,8 +411,8 @@ func (s seeded) messages() []string {
 // follows the commit runs on a context of its own, so a caller that gives up
 // then does not leave the old Bloom filter (which refuses the new products)
 // and the old cached pages in place.
-func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger, n, units int) (seeded, error) {
-	if err := catalog.Seed(ctx, n, units); err != nil {
+func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger, n, units int, sale stock.Window) (seeded, error) {
+	if err := catalog.SeedWindow(ctx, n, units, sale); err != nil {
 		return seeded{}, busyIfUnreachable(err)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedFollowUpTimeout)
@@ -438,9 +439,63 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 // newSeeder is the admin API's seed: seedCatalog, its warnings in words for
 // the client.
 func newSeeder(catalog catalogSeeder, products *cache.Products, restocks *notify.Restocks, log *slog.Logger) handler.Seeder {
-	return handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
-		s, err := seedCatalog(ctx, catalog, products, restocks, log, n, units)
+	return handler.SeedFunc(func(ctx context.Context, n, units int, sale stock.Window) ([]string, error) {
+		s, err := seedCatalog(ctx, catalog, products, restocks, log, n, units, sale)
 		return s.messages(), err
+	})
+}
+
+// productChanger changes a product in MySQL; *stock.Service is one.
+type productChanger interface {
+	ChangeProduct(ctx context.Context, sku int64, c stock.Change) (stock.Product, error)
+}
+
+// productInvalidator drops a cached product; *cache.Products is one.
+type productInvalidator interface {
+	Invalidate(ctx context.Context, sku int64) error
+}
+
+// changeFollowUpTimeout bounds what follows a committed change of a
+// product: the restock announcement and the cache invalidation.
+const changeFollowUpTimeout = 5 * time.Second
+
+// changeProduct changes a product (see stock.Service.ChangeProduct), which
+// has forgotten on this replica that the product was sold out if it was
+// restocked; then it tells every other replica of a restock and drops the
+// cached product, so that its page shows the change at once.
+//
+// An error means nothing changed. Once the change committed it stands, as a
+// seed does (see seedCatalog): what fails after it is a warning, logged at
+// error level — a retry would add the units a second time — and what follows
+// runs on a context of its own, whether the client stays or not.
+func changeProduct(ctx context.Context, changer productChanger, products productInvalidator, restocks *notify.Restocks, log *slog.Logger,
+	sku int64, c stock.Change) (stock.Product, []string, error) {
+	p, err := changer.ChangeProduct(ctx, sku, c)
+	if err != nil {
+		return stock.Product{}, nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeFollowUpTimeout)
+	defer cancel()
+	var warnings []string
+	warn := func(msg string, err error) {
+		log.ErrorContext(ctx, "change product: the product was changed, but "+msg, "sku", sku, "err", err)
+		warnings = append(warnings, msg)
+	}
+	if c.AddStock != nil {
+		if err := restocks.Announce(ctx, sku); err != nil {
+			warn(fmt.Sprintf("the other replicas were not told of the new stock: one that found the product sold out may refuse it for up to %s", stock.DefaultSoldOutTTL), err)
+		}
+	}
+	if err := products.Invalidate(ctx, sku); err != nil {
+		warn("the product cache was not updated: the product page may show the old stock and sale window until its cache entry expires (SHOP_CACHE_TTL)", err)
+	}
+	return p, warnings, nil
+}
+
+// newProductAdmin is the admin API's change of a product: changeProduct.
+func newProductAdmin(changer productChanger, products productInvalidator, restocks *notify.Restocks, log *slog.Logger) handler.ProductAdmin {
+	return handler.ChangeProductFunc(func(ctx context.Context, sku int64, c stock.Change) (stock.Product, []string, error) {
+		return changeProduct(ctx, changer, products, restocks, log, sku, c)
 	})
 }
 

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
@@ -83,7 +84,13 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	fs := newFlags("seed")
 	products := fs.Int("products", 5000, "number of products")
 	units := fs.Int("stock", 1, "units of each product")
+	startsAt := fs.String("starts-at", "", "when every product's sale starts, RFC 3339 (default: no start)")
+	endsAt := fs.String("ends-at", "", "when every product's sale ends, RFC 3339 (default: no end)")
 	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	sale, err := saleWindow(*startsAt, *endsAt)
+	if err != nil {
 		return err
 	}
 	cfg, err := loadConfig(getenv)
@@ -100,7 +107,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	catalog := stock.NewCatalog(db)
 	cached := newCache(cfg, rdb, catalog, nil, nil)
 	defer cached.Close()
-	s, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units)
+	s, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
 	if err != nil {
 		return err
 	}
@@ -113,6 +120,31 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	}
 	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, s.dropped)
 	return nil
+}
+
+// saleWindow reads the sale window of shop seed's --starts-at and
+// --ends-at: RFC 3339 times, empty for no bound. A bad one is a usage
+// error (exit 2).
+func saleWindow(startsAt, endsAt string) (stock.Window, error) {
+	var w stock.Window
+	for _, f := range []struct {
+		flag, value string
+		t           **time.Time
+	}{{"--starts-at", startsAt, &w.StartsAt}, {"--ends-at", endsAt, &w.EndsAt}} {
+		if f.value == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, f.value)
+		if err != nil {
+			return stock.Window{}, usageError{fmt.Sprintf("seed: %s must be an RFC 3339 time, such as 2030-01-02T15:04:05Z: %q", f.flag, f.value)}
+		}
+		*f.t = &t
+	}
+	w, err := w.Normalize()
+	if err != nil {
+		return stock.Window{}, usageError{"seed: " + err.Error()}
+	}
+	return w, nil
 }
 
 // errSeededWithWarnings ends a seed that committed but was not followed by

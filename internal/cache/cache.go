@@ -255,13 +255,21 @@ type entry struct {
 	// RefreshAt is when, in Unix milliseconds, reads start renewing the
 	// entry ahead of its expiry; zero for never.
 	RefreshAt int64 `json:"refresh_at,omitempty"`
+	// Format is entryFormat in what this code writes (see decode).
+	Format int `json:"format,omitempty"`
 }
 
+// entryFormat is the format of the entries this code writes: 2 carries the
+// sale window; the entries of older replicas, which lack it, have none.
+const entryFormat = 2
+
 type product struct {
-	ID         int64  `json:"sku_id"`
-	Name       string `json:"name"`
-	PriceCents int64  `json:"price_cents"`
-	Stock      int    `json:"stock"`
+	ID           int64      `json:"sku_id"`
+	Name         string     `json:"name"`
+	PriceCents   int64      `json:"price_cents"`
+	Stock        int        `json:"stock"`
+	SaleStartsAt *time.Time `json:"sale_starts_at"`
+	SaleEndsAt   *time.Time `json:"sale_ends_at"`
 }
 
 func (e entry) due(now time.Time) bool { return e.RefreshAt > 0 && now.UnixMilli() >= e.RefreshAt }
@@ -371,7 +379,8 @@ func answer(id int64, e entry) (stock.Product, error) {
 	if e.Product == nil {
 		return stock.Product{}, notFound(id)
 	}
-	return stock.Product{ID: e.Product.ID, Name: e.Product.Name, PriceCents: e.Product.PriceCents, Stock: e.Product.Stock}, nil
+	return stock.Product{ID: e.Product.ID, Name: e.Product.Name, PriceCents: e.Product.PriceCents, Stock: e.Product.Stock,
+		SaleStartsAt: e.Product.SaleStartsAt, SaleEndsAt: e.Product.SaleEndsAt}, nil
 }
 
 // fill gets id's entry into the cache. One replica at a time loads a key:
@@ -478,7 +487,9 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 		p.m.loadErrors.Inc()
 		return entry{}, true, fmt.Errorf("cache: load %d: %w", id, err)
 	default:
-		e.Product = &product{ID: v.ID, Name: v.Name, PriceCents: v.PriceCents, Stock: v.Stock}
+		e.Product = &product{ID: v.ID, Name: v.Name, PriceCents: v.PriceCents, Stock: v.Stock,
+			SaleStartsAt: v.SaleStartsAt, SaleEndsAt: v.SaleEndsAt}
+		e.Format = entryFormat
 		if p.opt.RefreshAhead > 0 {
 			e.RefreshAt = time.Now().Add(ttl - time.Duration(float64(ttl)*p.opt.RefreshAhead)).UnixMilli()
 		}
@@ -793,10 +804,23 @@ func (p *Products) idOf(key string) (int64, bool) {
 	return id, ok && err == nil
 }
 
+// errOldFormat is an entry an older replica wrote, during a rolling upgrade.
+var errOldFormat = errors.New("cache: entry of an older format")
+
+// decode reads an entry. A product written by an older replica (no format:
+// it has no sale window) is refused like a garbled entry, so it counts as a
+// miss and the load overwrites it: read as it is, it would show "no window"
+// for a product that has one, and let nobody see the window until the entry
+// expired. Placeholders carry no product, so every format's are good.
 func decode(s string) (entry, error) {
 	var e entry
-	err := json.Unmarshal([]byte(s), &e)
-	return e, err
+	if err := json.Unmarshal([]byte(s), &e); err != nil {
+		return entry{}, err
+	}
+	if e.Product != nil && e.Format < entryFormat {
+		return entry{}, errOldFormat
+	}
+	return e, nil
 }
 
 func notFound(id int64) error { return fmt.Errorf("%w: product %d", stock.ErrNotFound, id) }

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1068,5 +1070,50 @@ func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
 	}
 	if took > 10*timeout {
 		t.Errorf("the read took %v: the mutex was waited for past the RedisTimeout of %v", took, timeout)
+	}
+}
+
+// The cache carries a product's sale window. An entry written by an older
+// replica during a rolling upgrade has none: it is read as a miss and
+// loaded again, never as "no window" for a product that has one; and a
+// changed window shows once the entry is invalidated.
+func TestSaleWindowCached(t *testing.T) {
+	f := newFixture(t, 1, 1)
+	ctx := context.Background()
+	r := f.replica(t, cache.Options{})
+	starts := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
+	if err := f.db.Gorm.Exec("UPDATE products SET sale_starts_at = ? WHERE id = 1", starts).Error; err != nil {
+		t.Fatal(err)
+	}
+	key := f.prefix + "cache:product:{1}"
+	old := fmt.Sprintf(`{"product":{"sku_id":1,"name":"Product 1","price_cents":137,"stock":1},"refresh_at":%d}`,
+		time.Now().Add(time.Hour).UnixMilli())
+	if err := f.rdb.Set(ctx, key, old, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := r.Product(ctx, 1)
+	if err != nil || p.SaleStartsAt == nil || !p.SaleStartsAt.Equal(starts) || p.SaleEndsAt != nil {
+		t.Fatalf("product under an older replica's entry: %+v, %v; want the window from MySQL (starts %s, no end)", p, err, starts)
+	}
+	raw, err := f.rdb.Get(ctx, key).Result()
+	if err != nil || !strings.Contains(raw, `"sale_starts_at":"2030-01-02T03:04:05.678901Z"`) || !strings.Contains(raw, `"sale_ends_at":null`) {
+		t.Errorf("entry after the load: %q, %v; want it rewritten with the window", raw, err)
+	}
+	if p, err := r.Product(ctx, 1); err != nil || p.SaleStartsAt == nil || !p.SaleStartsAt.Equal(starts) {
+		t.Errorf("product from the rewritten entry: %+v, %v", p, err)
+	}
+	if hits, loads := r.counter(t, "hits_total"), r.counter(t, "loads_total"); hits != 1 || loads != 1 {
+		t.Errorf("hits %.0f, loads %.0f; want the old entry loaded once, then a hit", hits, loads)
+	}
+
+	ends := starts.Add(time.Hour)
+	if err := f.db.Gorm.Exec("UPDATE products SET sale_starts_at = NULL, sale_ends_at = ? WHERE id = 1", ends).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Invalidate(ctx, 1); err != nil {
+		t.Fatal(err)
+	}
+	if p, err := r.Product(ctx, 1); err != nil || p.SaleStartsAt != nil || p.SaleEndsAt == nil || !p.SaleEndsAt.Equal(ends) {
+		t.Errorf("after the window changed and the entry was invalidated: %+v, %v; want no start, end %s", p, err, ends)
 	}
 }

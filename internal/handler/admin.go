@@ -1,14 +1,23 @@
 package handler
 
 import (
+	"bytes"
+	"encoding/json"
 	"net/http"
+	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"shop/internal/stock"
 )
 
 type seedRequest struct {
 	Products *int `json:"products"`
 	Stock    *int `json:"stock"`
+	// SaleStartsAt and SaleEndsAt, optional, are every product's sale
+	// window: RFC 3339 or null (no bound).
+	SaleStartsAt json.RawMessage `json:"sale_starts_at"`
+	SaleEndsAt   json.RawMessage `json:"sale_ends_at"`
 }
 
 type seedResponse struct {
@@ -30,7 +39,18 @@ func handleSeed(seeder Seeder) gin.HandlerFunc {
 			writeError(c, invalid("products and stock are required"))
 			return
 		}
-		warnings, err := seeder.Seed(c.Request.Context(), *req.Products, *req.Stock)
+		starts, err := timeField("sale_starts_at", req.SaleStartsAt)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		ends, err := timeField("sale_ends_at", req.SaleEndsAt)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		sale := stock.Window{StartsAt: starts.At, EndsAt: ends.At}
+		warnings, err := seeder.Seed(c.Request.Context(), *req.Products, *req.Stock, sale)
 		if err != nil {
 			writeError(c, err)
 			return
@@ -40,4 +60,102 @@ func handleSeed(seeder Seeder) gin.HandlerFunc {
 		// placed since the first.
 		c.JSON(http.StatusOK, seedResponse{Products: *req.Products, Stock: *req.Stock, Warnings: warnings})
 	}
+}
+
+// changeProductRequest is the body of PATCH /api/v1/admin/products/{id}.
+// The times are kept raw, so that a key left out (nil: unchanged) differs
+// from a key given as null (clear that bound).
+type changeProductRequest struct {
+	SaleStartsAt json.RawMessage `json:"sale_starts_at"`
+	SaleEndsAt   json.RawMessage `json:"sale_ends_at"`
+	AddStock     *int            `json:"add_stock"`
+}
+
+// adminProductResponse is a product as MySQL has it after an admin's
+// change.
+type adminProductResponse struct {
+	SKUID        int64      `json:"sku_id"`
+	Name         string     `json:"name"`
+	PriceCents   int64      `json:"price_cents"`
+	Stock        int        `json:"stock"`
+	InitialStock int        `json:"initial_stock"`
+	SaleStartsAt *time.Time `json:"sale_starts_at"`
+	SaleEndsAt   *time.Time `json:"sale_ends_at"`
+	// Warnings say what did not follow the change, which stands all the
+	// same; absent when everything did.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+func handleChangeProduct(admin ProductAdmin) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id, err := pathID(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		change, err := readChange(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		p, warnings, err := admin.ChangeProduct(c.Request.Context(), id, change)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		// As with a seed: once committed, the change stands, and what did
+		// not follow it is a warning, not a failure to retry (a second
+		// add_stock would add the units again).
+		c.JSON(http.StatusOK, adminProductResponse{
+			SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock, InitialStock: p.InitialStock,
+			SaleStartsAt: utc(p.SaleStartsAt), SaleEndsAt: utc(p.SaleEndsAt), Warnings: warnings,
+		})
+	}
+}
+
+// readChange decodes a PATCH body into the change it asks for. What
+// changes nothing, or adds units out of range, is the domain's to refuse.
+func readChange(c *gin.Context) (stock.Change, error) {
+	var req changeProductRequest
+	if err := decode(c, &req); err != nil {
+		return stock.Change{}, err
+	}
+	starts, err := timeField("sale_starts_at", req.SaleStartsAt)
+	if err != nil {
+		return stock.Change{}, err
+	}
+	ends, err := timeField("sale_ends_at", req.SaleEndsAt)
+	if err != nil {
+		return stock.Change{}, err
+	}
+	return stock.Change{SaleStartsAt: starts, SaleEndsAt: ends, AddStock: req.AddStock}, nil
+}
+
+// timeField reads the optional time field name from its raw JSON value:
+// absent (unset), null (set, no time) or an RFC 3339 string.
+func timeField(name string, raw json.RawMessage) (stock.Bound, error) {
+	switch {
+	case raw == nil:
+		return stock.Bound{}, nil
+	case bytes.Equal(raw, []byte("null")):
+		return stock.Bound{Set: true}, nil
+	}
+	var s string
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return stock.Bound{}, invalid(name + " must be an RFC 3339 time or null")
+	}
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		return stock.Bound{}, invalid(name + " must be an RFC 3339 time, such as 2030-01-02T15:04:05Z, or null")
+	}
+	return stock.Bound{Set: true, At: &t}, nil
+}
+
+// utc is t in UTC, as the API writes every time; nil stays nil.
+func utc(t *time.Time) *time.Time {
+	if t == nil {
+		return nil
+	}
+	u := t.UTC()
+	return &u
 }

@@ -60,6 +60,10 @@ func status(err error) (int, string, string) {
 		return http.StatusConflict, "already_ordered", "this user already ordered this product"
 	case errors.Is(err, stock.ErrUserLimit):
 		return http.StatusConflict, "user_limit", "this user holds the most orders one user may"
+	case errors.Is(err, stock.ErrSaleNotStarted):
+		return http.StatusForbidden, "sale_not_started", "the sale of this product has not started"
+	case errors.Is(err, stock.ErrSaleEnded):
+		return http.StatusForbidden, "sale_ended", "the sale of this product has ended"
 	case errors.Is(err, stock.ErrIdempotencyMismatch):
 		return http.StatusUnprocessableEntity, "idempotency_mismatch", "the Idempotency-Key was used for a different order"
 	case errors.Is(err, errTooLarge):

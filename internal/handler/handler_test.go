@@ -56,17 +56,26 @@ func newAPI(t *testing.T, adminToken string) *api {
 		t.Fatal(err)
 	}
 	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &testenv.Log{}}
+	orders := stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products})
 	srv := httptest.NewServer(handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
-		Orders:   stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products}),
+		Orders:   orders,
 		Products: products,
 		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int) ([]string, error) {
-			if err := catalog.Seed(ctx, n, units); err != nil {
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int, sale stock.Window) ([]string, error) {
+			if err := catalog.SeedWindow(ctx, n, units, sale); err != nil {
 				return nil, err
 			}
 			_, err := products.Reset(ctx)
 			return nil, err
+		}),
+		// As cmd/shop wires it, but for the other replicas' announcement.
+		Admin: handler.ChangeProductFunc(func(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error) {
+			p, err := orders.ChangeProduct(ctx, id, c)
+			if err != nil {
+				return stock.Product{}, nil, err
+			}
+			return p, nil, products.Invalidate(ctx, id)
 		}),
 		AdminToken: adminToken,
 		Ready: map[string]handler.Check{

@@ -2,15 +2,20 @@ package handler
 
 import (
 	"net/http"
+	"time"
 
 	"github.com/gin-gonic/gin"
 )
 
+// productResponse is a product as its page shows it. The window's keys
+// are always there: null is an open side.
 type productResponse struct {
-	SKUID      int64  `json:"sku_id"`
-	Name       string `json:"name"`
-	PriceCents int64  `json:"price_cents"`
-	Stock      int    `json:"stock"`
+	SKUID        int64      `json:"sku_id"`
+	Name         string     `json:"name"`
+	PriceCents   int64      `json:"price_cents"`
+	Stock        int        `json:"stock"`
+	SaleStartsAt *time.Time `json:"sale_starts_at"`
+	SaleEndsAt   *time.Time `json:"sale_ends_at"`
 }
 
 type stockResponse struct {
@@ -30,7 +35,8 @@ func handleProduct(products Products) gin.HandlerFunc {
 			writeError(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock})
+		c.JSON(http.StatusOK, productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock,
+			SaleStartsAt: utc(p.SaleStartsAt), SaleEndsAt: utc(p.SaleEndsAt)})
 	}
 }
 

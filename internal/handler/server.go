@@ -35,16 +35,35 @@ type Stock interface {
 // Warnings, in words for the client, say what did not follow a reset that
 // did happen (the product cache, the other replicas): the seed stands, and
 // seeding again to fix them would delete the orders placed meanwhile.
+//
+// Every product is on sale within sale (see stock.Window).
 type Seeder interface {
-	Seed(ctx context.Context, products, stock int) (warnings []string, err error)
+	Seed(ctx context.Context, products, units int, sale stock.Window) (warnings []string, err error)
 }
 
 // SeedFunc is a function that is a Seeder.
-type SeedFunc func(ctx context.Context, products, stock int) ([]string, error)
+type SeedFunc func(ctx context.Context, products, units int, sale stock.Window) ([]string, error)
 
 // Seed calls f.
-func (f SeedFunc) Seed(ctx context.Context, products, stock int) ([]string, error) {
-	return f(ctx, products, stock)
+func (f SeedFunc) Seed(ctx context.Context, products, units int, sale stock.Window) ([]string, error) {
+	return f(ctx, products, units, sale)
+}
+
+// ProductAdmin changes a product's sale window and stock (see
+// stock.Service.ChangeProduct) and returns it as MySQL has it after the
+// change. An error means nothing changed. Warnings, in words for the client,
+// say what did not follow a change that did happen (the product cache, the
+// other replicas).
+type ProductAdmin interface {
+	ChangeProduct(ctx context.Context, id int64, c stock.Change) (p stock.Product, warnings []string, err error)
+}
+
+// ChangeProductFunc is a function that is a ProductAdmin.
+type ChangeProductFunc func(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error)
+
+// ChangeProduct calls f.
+func (f ChangeProductFunc) ChangeProduct(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error) {
+	return f(ctx, id, c)
 }
 
 // Check reports whether a dependency answers; /readyz runs them all.
@@ -60,6 +79,8 @@ type Deps struct {
 	Products Products
 	Stock    Stock
 	Seeder   Seeder
+	// Admin changes products: PATCH /api/v1/admin/products/{id}.
+	Admin ProductAdmin
 	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
 	// admin API off.
 	AdminToken string

@@ -37,6 +37,8 @@ type ticket struct {
 	key  string
 	seq  uint64      // its place in the queue's arrivals
 	done chan answer // buffered: the drain never blocks on a buyer
+	// arrived is when the order came: its sale window judges that time.
+	arrived time.Time
 }
 
 type answer struct {
@@ -56,13 +58,13 @@ const drainCourtesy = 3 * time.Millisecond
 // when its context ends, or when a try for the lock that began after it was
 // queued runs out of time, leaves the queue as ErrBusy; one already taken
 // into a batch waits for the batch's answer.
-func (s *Service) enqueue(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+func (s *Service) enqueue(ctx context.Context, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
 	// Queued only once the buyer's counter exists: the transaction only
 	// locks counters, it never makes them.
 	if err := s.ensureCounter(ctx, user); err != nil {
 		return Order{}, err
 	}
-	t := &ticket{ctx: ctx, user: user, key: idempotencyKey, done: make(chan answer, 1)}
+	t := &ticket{ctx: ctx, user: user, key: idempotencyKey, done: make(chan answer, 1), arrived: arrived}
 	s.mu.Lock()
 	q, running := s.queues[sku]
 	if !running {
@@ -198,10 +200,15 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 	}
 	defer release()
 	// A product another replica sold out is refused without the lock.
-	if err := s.stocked(s.reads.WithContext(ctx), sku); err != nil {
+	p, err := s.stocked(s.reads.WithContext(ctx), sku)
+	if err != nil {
 		err = classify(ctx, "place order", err)
 		s.refuseQueued(q, 0, err)
 		return false, err
+	}
+	// So is each order that came outside the product's sale window.
+	if !s.refuseOutside(sku, q, p.window()) {
+		return false, nil
 	}
 	tried := s.arrivals(q)
 	lease, err := s.obtain(ctx, sku)
@@ -230,7 +237,7 @@ func (s *Service) placeNext(ctx context.Context, sku int64, q *queue) (contended
 	case len(batch) == 0:
 	case len(batch) == 1:
 		t := batch[0]
-		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
+		o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key, t.arrived)
 		if mayHaveCommitted(err) {
 			s.invalidate(t.ctx, sku)
 		}
@@ -257,7 +264,7 @@ func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
 		return s.locks.Obtain(ctx, LockKey(sku))
 	}
 	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
-		err := s.stocked(s.reads.WithContext(ctx), sku)
+		_, err := s.stocked(s.reads.WithContext(ctx), sku)
 		if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
 			return err
 		}
@@ -296,7 +303,7 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 		// possible where the lock does not exclude (none, local across
 		// replicas). Each order then goes on its own.
 		for _, t := range batch {
-			o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key)
+			o, err := s.placeOne(t.ctx, lease, sku, t.user, t.key, t.arrived)
 			t.answer(o, err)
 		}
 		s.invalidate(ctx, sku)
@@ -349,10 +356,11 @@ func (s *Service) placeBatch(ctx context.Context, lease *lock.Lease, sku int64, 
 // arrival order with one UPDATE and one INSERT, and reads back the ids the
 // INSERT gave: a multi-row INSERT's ids need not be consecutive
 // (innodb_autoinc_lock_mode=2).
-// It also returns the stock left.
+// It also returns the stock left. Each order is judged by the time it
+// arrived against the window the read found.
 func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fence, sku int64, batch []*ticket) ([]verdict, int, error) {
 	var read Product
-	q := tx.Select("id", "stock", "fence")
+	q := tx.Select(append([]string{"id", "stock", "fence"}, windowColumns...))
 	if s.opt.Update == Guarded {
 		q = q.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate})
 	}
@@ -400,9 +408,12 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 		_, before := held.byUser[t.user]
 		_, inBatch := buyers[t.user]
 		limited := s.limitReached(counts, t.user)
+		outside := read.window().admits(sku, t.arrived)
 		switch {
 		case t.ctx.Err() != nil:
 			v.err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(t.ctx))
+		case outside != nil:
+			v.err = outside
 		case before || inBatch:
 			v.err = fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, t.user, sku)
 		case left <= 0:
@@ -425,7 +436,7 @@ func (s *Service) placeMany(ctx context.Context, tx *gorm.DB, after *func(), fen
 	}
 
 	s.beforeWrite(ctx, sku, after)
-	if err := s.writeStock(tx, sku, read, s.opt.Fencing && fence > 0, fence, len(sell)); err != nil {
+	if err := s.writeStock(tx, sku, read, s.opt.Fencing && fence > 0, fence, len(sell), time.Time{}); err != nil {
 		return nil, 0, err
 	}
 	ids, err := insertOrders(tx, sku, sell)

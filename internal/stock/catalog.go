@@ -57,13 +57,23 @@ const seedBatch = 1000
 // down or refusing work for now; a seed is a reset, so it may be repeated
 // whether or not the failed one committed).
 func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
+	return c.SeedWindow(ctx, n, stock, Window{})
+}
+
+// SeedWindow is Seed with every product on sale within w (see Window).
+// Errors: those of Seed, and ErrInvalid for a window Normalize refuses.
+func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error {
+	w, err := w.Normalize()
+	if err != nil {
+		return err
+	}
 	if n < 0 || n > 10_000_000 {
 		return fmt.Errorf("%w: products must be between 0 and 10000000", ErrInvalid)
 	}
 	if stock < 0 || stock > 1_000_000_000 {
 		return fmt.Errorf("%w: stock must be between 0 and 1000000000", ErrInvalid)
 	}
-	err := c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err = c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("DELETE FROM orders").Error; err != nil {
 			return err
 		}
@@ -82,6 +92,8 @@ func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 				PriceCents:   int64(100 + id*37%9900),
 				InitialStock: stock,
 				Stock:        stock,
+				SaleStartsAt: w.StartsAt,
+				SaleEndsAt:   w.EndsAt,
 			})
 			if len(batch) == cap(batch) || id == n {
 				if err := tx.Omit("updated_at").Create(&batch).Error; err != nil {

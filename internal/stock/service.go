@@ -204,6 +204,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
 	}
+	arrived := s.arrival()
 	if s.soldOut.has(sku) {
 		// A buyer retrying an order that committed must get it back, not
 		// "sold out": with a key, look before refusing.
@@ -219,9 +220,9 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 		err error
 	)
 	if s.opt.Batch == 1 {
-		o, err = s.placeAlone(ctx, sku, user, idempotencyKey)
+		o, err = s.placeAlone(ctx, sku, user, idempotencyKey, arrived)
 	} else {
-		o, err = s.enqueue(ctx, sku, user, idempotencyKey)
+		o, err = s.enqueue(ctx, sku, user, idempotencyKey, arrived)
 	}
 	if err != nil && idempotencyKey != "" && !errors.Is(err, ErrIdempotencyMismatch) {
 		// A call with the same key may have committed meanwhile: then its
@@ -237,8 +238,9 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 }
 
 // placeAlone is the seeds' path: this order takes the lock itself and is
-// the only one in its transaction.
-func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
+// the only one in its transaction. arrived is when the order came, which
+// its sale window judges.
+func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
 	release, err := s.slot(ctx, sku)
 	if err != nil {
 		return Order{}, err
@@ -251,7 +253,7 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 			return o, classify(ctx, "place order", err)
 		}
 	}
-	if err := s.stocked(db, sku); err != nil {
+	if err := s.stockedAt(db, sku, arrived); err != nil {
 		return Order{}, classify(ctx, "place order", err)
 	}
 	if err := s.ensureCounter(ctx, user); err != nil {
@@ -266,20 +268,21 @@ func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKe
 		// Sold out by another order of this replica while this one waited.
 		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 	}
-	o, err := s.placeOne(ctx, lease, sku, user, idempotencyKey)
+	o, err := s.placeOne(ctx, lease, sku, user, idempotencyKey, arrived)
 	if mayHaveCommitted(err) {
 		s.invalidate(ctx, sku)
 	}
 	return o, err
 }
 
-// placeOne places one order under lease in a transaction of its own.
-func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int64, idempotencyKey string) (Order, error) {
+// placeOne places one order, which arrived at arrived, under lease in a
+// transaction of its own.
+func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
 	gen := s.soldOut.generation()
 	var o Order
 	err := s.orderTx(lease, func(tx *gorm.DB, after *func()) error {
 		var err error
-		o, err = s.placeOrder(lease.Context(), tx, after, lease.Fence(), sku, user, idempotencyKey)
+		o, err = s.placeOrder(lease.Context(), tx, after, lease.Fence(), sku, user, idempotencyKey, arrived)
 		return err
 	})
 	s.count(1)
@@ -365,42 +368,50 @@ func (s *Service) slot(ctx context.Context, sku int64) (release func(), err erro
 }
 
 // stocked is inStock on db, remembering a product found sold out.
-func (s *Service) stocked(db *gorm.DB, sku int64) error {
+func (s *Service) stocked(db *gorm.DB, sku int64) (Product, error) {
 	gen := s.soldOut.generation()
-	err := inStock(db, sku)
+	p, err := inStock(db, sku)
 	s.learn(sku, gen, err)
-	return err
+	return p, err
 }
 
-// inStock refuses a product that does not exist or has no unit left.
-func inStock(db *gorm.DB, sku int64) error {
+// inStock refuses a product that does not exist or has no unit left. It
+// returns the stock and the sale window it read.
+func inStock(db *gorm.DB, sku int64) (Product, error) {
 	var p Product
-	if err := db.Select("stock").Take(&p, sku).Error; err != nil {
-		return notFound(err, sku)
+	if err := db.Select(append([]string{"stock"}, windowColumns...)).Take(&p, sku).Error; err != nil {
+		return Product{}, notFound(err, sku)
 	}
 	if p.Stock <= 0 {
-		return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		return Product{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 	}
-	return nil
+	return p, nil
 }
 
 // placeOrder is PlaceOrder's transaction. One order per user and SKU, and
 // one per idempotency key, are left to the unique indexes: a second INSERT
-// fails and the transaction, stock write included, rolls back.
-func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fence, sku, user int64, idempotencyKey string) (Order, error) {
+// fails and the transaction, stock write included, rolls back. The sale
+// window is judged, against arrived, by the naive read or by the guarded
+// UPDATE itself (see writeStock).
+func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fence, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
 	var read Product
+	windowAt := arrived
 	if s.opt.Update == Naive {
 		// The seeds' read-modify-write needs the value it will write back.
-		if err := tx.Select("id", "stock", "fence").Take(&read, sku).Error; err != nil {
+		if err := tx.Select(append([]string{"id", "stock", "fence"}, windowColumns...)).Take(&read, sku).Error; err != nil {
 			return Order{}, notFound(err, sku)
 		}
+		if err := read.window().admits(sku, arrived); err != nil {
+			return Order{}, err
+		}
+		windowAt = time.Time{} // judged
 		if read.Stock <= 0 {
 			return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 		}
 	}
 	s.beforeWrite(ctx, sku, after)
 	fenced := s.opt.Fencing && fence > 0
-	if err := s.writeStock(tx, sku, read, fenced, fence, 1); err != nil {
+	if err := s.writeStock(tx, sku, read, fenced, fence, 1, windowAt); err != nil {
 		return Order{}, err
 	}
 	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: s.opt.Now().UTC().Truncate(time.Microsecond)}
@@ -421,7 +432,10 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fe
 }
 
 // writeStock takes n units off product sku. read is the row a naive write
-// read earlier in the transaction.
+// read earlier in the transaction. Unless arrived is zero, a guarded write
+// also refuses an order that arrived then outside the product's window, as
+// MySQL has it when the UPDATE runs (openWindow): ErrSaleNotStarted or
+// ErrSaleEnded.
 //
 // A fenced naive write is a compare-and-set on the fence it read, not only a
 // check that its token is the newest: a holder whose lease ran out while its
@@ -429,13 +443,18 @@ func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fe
 // read the old stock, and that next holder's token is newer than the row's,
 // yet the stock it read is stale. Any fenced write moves the fence, so an
 // unchanged fence means an unchanged row.
-func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64, n int) error {
+func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64, n int, arrived time.Time) error {
+	window, windowArgs := "", []any{}
+	if !arrived.IsZero() {
+		window, windowArgs = openWindow, []any{arrived, arrived}
+	}
 	var res *gorm.DB
 	switch {
 	case s.opt.Update == Guarded && fenced:
-		res = tx.Exec("UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?", n, fence, sku, n, fence)
+		res = tx.Exec("UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?"+window,
+			append([]any{n, fence, sku, n, fence}, windowArgs...)...)
 	case s.opt.Update == Guarded:
-		res = tx.Exec("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?", n, sku, n)
+		res = tx.Exec("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?"+window, append([]any{n, sku, n}, windowArgs...)...)
 	case fenced:
 		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?",
 			read.Stock-n, fence, sku, read.Fence, fence)
@@ -456,11 +475,16 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 	// read sees the row as committed now, not as the transaction's snapshot
 	// had it.
 	var now Product
-	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
+	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select(append([]string{"stock", "fence"}, windowColumns...)).Take(&now, sku).Error; err != nil {
 		return notFound(err, sku)
 	}
 	if fenced && now.Fence >= fence {
 		return &staleFence{sku: sku, token: fence, row: now.Fence}
+	}
+	if !arrived.IsZero() {
+		if err := now.window().admits(sku, arrived); err != nil {
+			return err
+		}
 	}
 	if now.Stock >= n {
 		return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d)", ErrBusy, sku, read.Fence, now.Fence)
@@ -588,7 +612,7 @@ func classify(ctx context.Context, op string, err error) error {
 		return nil
 	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound),
 		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch),
-		errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUserLimit):
+		errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUserLimit), errors.Is(err, ErrSaleNotStarted), errors.Is(err, ErrSaleEnded):
 		return err
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))

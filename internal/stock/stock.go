@@ -44,6 +44,12 @@ var (
 	// was sent: the order may or may not have been placed. Only a retry
 	// with the same idempotency key can tell.
 	ErrOutcomeUnknown = errors.New("stock: outcome unknown")
+	// ErrSaleNotStarted means the order arrived before the product's sale
+	// window opened.
+	ErrSaleNotStarted = errors.New("stock: sale not started")
+	// ErrSaleEnded means the order arrived once the product's sale window
+	// had closed.
+	ErrSaleEnded = errors.New("stock: sale ended")
 )
 
 // Product is an item on sale.
@@ -55,6 +61,10 @@ type Product struct {
 	Stock        int       `gorm:"column:stock"`
 	Fence        int64     `gorm:"column:fence"`
 	UpdatedAt    time.Time `gorm:"column:updated_at;autoUpdateTime:false"`
+	// SaleStartsAt and SaleEndsAt bound the sale (see Window); nil leaves
+	// that side open. UTC, to the microsecond, as MySQL keeps them.
+	SaleStartsAt *time.Time `gorm:"column:sale_starts_at"`
+	SaleEndsAt   *time.Time `gorm:"column:sale_ends_at"`
 }
 
 // Order is one unit of one product sold to one user.

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"shop/internal/handler"
+	"shop/internal/lock"
+	"shop/internal/notify"
+	"shop/internal/stock"
+	"shop/internal/testenv"
+)
+
+// patchProduct sends PATCH /api/v1/admin/products/{id} with body to the
+// replica at url and decodes the answer.
+func patchProduct(t *testing.T, client *http.Client, url string, id int, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest("PATCH", fmt.Sprintf("%s/api/v1/admin/products/%d", url, id), strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
+	res, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(res.Body).Decode(&out); err != nil {
+		t.Fatalf("PATCH %d: %d, body not JSON: %v", id, res.StatusCode, err)
+	}
+	return res.StatusCode, out
+}
+
+// errorCodeOf is the code of an error body, or "".
+func errorCodeOf(body []byte) string {
+	var e struct {
+		Error struct {
+			Code string `json:"code"`
+		} `json:"error"`
+	}
+	json.Unmarshal(body, &e)
+	return e.Error.Code
+}
+
+// saleFleet is three replicas on one database and Redis key space, with the
+// admin API on.
+func saleFleet(t *testing.T, seedArgs ...string) (*testenv.DB, []*replica, map[string]string) {
+	t.Helper()
+	db := testenv.MySQL(t)
+	vars := func() map[string]string {
+		return map[string]string{
+			"SHOP_MYSQL_DSN":    db.DSN,
+			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
+			"SHOP_REDIS_PREFIX": redisPrefix(t),
+			"SHOP_ADMIN_TOKEN":  testAdminToken,
+		}
+	}
+	if code, out := shopWith(vars(), append([]string{"seed"}, seedArgs...)...); code != 0 {
+		t.Fatal(out)
+	}
+	var replicas []*replica
+	for range 3 {
+		replicas = append(replicas, startReplica(t, vars()))
+	}
+	return db, replicas, vars()
+}
+
+// purchase is one order a buyer sent and what it got.
+type purchase struct {
+	user   int
+	sent   time.Time
+	status int
+	code   string
+	order  string
+}
+
+// A sale window holds on every replica: before it, inside it, after it,
+// and when a PATCH closes it in the middle of the sale.
+func TestSaleWindowOnThreeReplicas(t *testing.T) {
+	starts := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
+	db, replicas, vars := saleFleet(t, "--products", "1", "--stock", "100000", "--starts-at", starts)
+	client := &http.Client{Timeout: 30 * time.Second}
+	orderAll := func(user int, want int, code string) {
+		t.Helper()
+		for i, r := range replicas {
+			status, body, err := postOrder(client, r.url, 1, user+i)
+			if err != nil || status != want || (code != "" && errorCodeOf(body) != code) {
+				t.Fatalf("order of user %d via replica %d: %d %s %v; want %d %s", user+i, i, status, body, err, want, code)
+			}
+		}
+	}
+	stockAndOrders := func() (int, int64) {
+		t.Helper()
+		var p stock.Product
+		var n int64
+		if err := db.Gorm.Take(&p, 1).Error; err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Gorm.Model(&stock.Order{}).Count(&n).Error; err != nil {
+			t.Fatal(err)
+		}
+		return p.Stock, n
+	}
+
+	// productWindow is the window GET product shows through replica i.
+	productWindow := func(i int) (any, any) {
+		t.Helper()
+		res, err := client.Get(replicas[i].url + "/api/v1/products/1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer res.Body.Close()
+		var p map[string]any
+		if err := json.NewDecoder(res.Body).Decode(&p); err != nil || res.StatusCode != 200 {
+			t.Fatalf("GET product via replica %d: %d %v", i, res.StatusCode, err)
+		}
+		return p["sale_starts_at"], p["sale_ends_at"]
+	}
+
+	// Before: refused everywhere, nothing sold; the product pages (cached
+	// now) show the start.
+	orderAll(1, 403, "sale_not_started")
+	for i := range replicas {
+		if s, e := productWindow(i); s != starts || e != nil {
+			t.Fatalf("product page via replica %d before the sale: %v .. %v; want %s .. null", i, s, e, starts)
+		}
+	}
+	if s, n := stockAndOrders(); s != 100000 || n != 0 {
+		t.Fatalf("before the sale: stock %d, %d orders; want 100000, none", s, n)
+	}
+	// Inside: the start cleared through one replica, every replica sells.
+	if code, body := patchProduct(t, client, replicas[0].url, 1, `{"sale_starts_at":null}`); code != 200 || body["sale_starts_at"] != nil {
+		t.Fatalf("open the sale: %d %v", code, body)
+	}
+	for i := range replicas {
+		if s, e := productWindow(i); s != nil || e != nil {
+			t.Errorf("product page via replica %d once the start was cleared: %v .. %v; want no window", i, s, e)
+		}
+	}
+	orderAll(10, 201, "")
+	// After: closed through another.
+	ended := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
+	if code, body := patchProduct(t, client, replicas[1].url, 1, `{"sale_ends_at":"`+ended+`"}`); code != 200 {
+		t.Fatalf("end the sale: %d %v", code, body)
+	}
+	orderAll(20, 403, "sale_ended")
+	if s, n := stockAndOrders(); s != 100000-3 || n != 3 {
+		t.Fatalf("after the sale: stock %d, %d orders; want 99997, 3", s, n)
+	}
+
+	// Closed mid-sale: buyers on every replica, then a PATCH sets the end
+	// to the moment it is sent.
+	if code, body := patchProduct(t, client, replicas[2].url, 1, `{"sale_ends_at":null}`); code != 200 {
+		t.Fatalf("reopen the sale: %d %v", code, body)
+	}
+	var (
+		mu        sync.Mutex
+		purchases []purchase
+		nextUser  atomic.Int64
+		stop      = make(chan struct{})
+		wg        sync.WaitGroup
+		sold      atomic.Int64
+	)
+	nextUser.Store(1000)
+	for i := range 24 {
+		url := replicas[i%3].url
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				user := int(nextUser.Add(1))
+				sent := time.Now()
+				status, body, err := postOrder(client, url, 1, user)
+				if err != nil {
+					t.Errorf("order of user %d: %v", user, err)
+					return
+				}
+				p := purchase{user: user, sent: sent, status: status, code: errorCodeOf(body)}
+				if status == 201 {
+					sold.Add(1)
+					var o struct {
+						OrderID int64 `json:"order_id"`
+					}
+					json.Unmarshal(body, &o)
+					p.order = fmt.Sprint(o.OrderID)
+				}
+				mu.Lock()
+				purchases = append(purchases, p)
+				mu.Unlock()
+			}
+		})
+	}
+	for deadline := time.Now().Add(30 * time.Second); sold.Load() < 100; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d orders sold in 30s", sold.Load())
+		}
+	}
+	end := time.Now().UTC()
+	code, body := patchProduct(t, client, replicas[0].url, 1, `{"sale_ends_at":"`+end.Format(time.RFC3339Nano)+`"}`)
+	answered := time.Now().UTC()
+	if code != 200 {
+		t.Fatalf("close the sale mid-sale: %d %v", code, body)
+	}
+	// The buyers keep coming until each replica has refused a few.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		mu.Lock()
+		late := 0
+		for _, p := range purchases {
+			if p.sent.After(answered) {
+				late++
+			}
+		}
+		mu.Unlock()
+		if late >= 30 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d orders sent after the PATCH's answer in 30s", late)
+		}
+	}
+	close(stop)
+	wg.Wait()
+
+	sent := map[int]time.Time{}
+	var acks []string
+	late, afterAnswer := 0, 0
+	for _, p := range purchases {
+		sent[p.user] = p.sent
+		switch {
+		case p.status == 201:
+			acks = append(acks, p.order)
+			if !p.sent.Before(end) {
+				t.Errorf("user %d's order, sent at %s, at or after the sale's end %s, was sold", p.user, p.sent.Format(time.RFC3339Nano), end.Format(time.RFC3339Nano))
+			}
+		case p.status != 403 || p.code != "sale_ended":
+			t.Errorf("user %d's order: %d %s", p.user, p.status, p.code)
+		}
+		if p.sent.After(answered) {
+			late++
+			if p.status != 403 {
+				t.Errorf("user %d's order, sent after the PATCH was answered, got %d", p.user, p.status)
+			}
+		}
+	}
+	// In MySQL: no order was created after the PATCH's answer but for one
+	// that had arrived before the end and waited in its SKU's queue; every
+	// order is one a buyer sent before the end.
+	var orders []stock.Order
+	if err := db.Gorm.Where("user_id >= 1000").Find(&orders).Error; err != nil {
+		t.Fatal(err)
+	}
+	for _, o := range orders {
+		s, ok := sent[int(o.UserID)]
+		if !ok || !s.Before(end) {
+			t.Errorf("order %d of user %d (created %s) was not sent before the end %s (sent %s)", o.ID, o.UserID,
+				o.CreatedAt.Format(time.RFC3339Nano), end.Format(time.RFC3339Nano), s.Format(time.RFC3339Nano))
+		}
+		if o.CreatedAt.After(answered) {
+			afterAnswer++
+		}
+	}
+	t.Logf("closed mid-sale: %d orders sold, %d buyers refused after the PATCH's answer; %d orders committed after the answer (sent before the end)",
+		len(orders), late, afterAnswer)
+	if len(orders) != len(acks) {
+		t.Errorf("MySQL has %d orders of the mid-sale buyers, they got %d acknowledgements", len(orders), len(acks))
+	}
+	path := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
+	if code, out := shopWith(vars, "verify", "--acks", path); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// A restock of a SKU that every replica found sold out makes every replica
+// sell it again at once: the PATCH's replica forgets at once, the others
+// when its announcement arrives.
+func TestRestockOfSoldOutSKUOnEveryReplica(t *testing.T) {
+	db, replicas, vars := saleFleet(t, "--products", "1", "--stock", "1")
+	client := &http.Client{Timeout: 30 * time.Second}
+	if status, body, err := postOrder(client, replicas[0].url, 1, 1); err != nil || status != 201 {
+		t.Fatalf("first order: %d %s %v", status, body, err)
+	}
+	for i, r := range replicas {
+		if status, body, err := postOrder(client, r.url, 1, 10+i); err != nil || status != 409 {
+			t.Fatalf("order via replica %d of a sold-out SKU: %d %s %v", i, status, body, err)
+		}
+	}
+	code, body := patchProduct(t, client, replicas[0].url, 1, `{"add_stock":5}`)
+	patched := time.Now()
+	if code != 200 || body["stock"] != 5.0 || body["initial_stock"] != 6.0 || body["warnings"] != nil {
+		t.Fatalf("restock: %d %v; want 200, stock 5, initial_stock 6, no warnings", code, body)
+	}
+	for i, r := range replicas {
+		user := 20 + 10*i
+		for {
+			status, body, err := postOrder(client, r.url, 1, user)
+			if err == nil && status == 201 {
+				break
+			}
+			if time.Since(patched) > time.Second {
+				t.Fatalf("replica %d still refuses 1s after the restock: %d %s %v", i, status, body, err)
+			}
+			user++
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	var p stock.Product
+	if err := db.Gorm.Take(&p, 1).Error; err != nil {
+		t.Fatal(err)
+	}
+	if p.Stock != 2 || p.InitialStock != 6 {
+		t.Errorf("MySQL after the restock and 3 more orders: stock %d, initial_stock %d; want 2, 6", p.Stock, p.InitialStock)
+	}
+	if code, out := shopWith(vars, "verify"); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// A change that committed stands when what follows it fails: 200 with
+// warnings, as for a seed, and the change is in MySQL.
+func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
+	db := testenv.MySQL(t)
+	catalog := stock.NewCatalog(db.Gorm)
+	if err := catalog.Seed(context.Background(), 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	gin.SetMode(gin.ReleaseMode)
+	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": deadAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
+	rdb, products := testCache(t, cfg, catalog)
+	orders := stock.NewService(db.Gorm, lock.NewLocal(time.Second), stock.Options{})
+	srv := httptest.NewServer(handler.New(handler.Deps{
+		Admin:      newProductAdmin(orders, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
+		AdminToken: testAdminToken,
+	}))
+	t.Cleanup(srv.Close)
+	code, body := patchProduct(t, http.DefaultClient, srv.URL, 1, `{"add_stock":2}`)
+	warnings, _ := body["warnings"].([]any)
+	if code != 200 || body["stock"] != 3.0 || len(warnings) != 2 {
+		t.Errorf("restock with Redis down: %d %v; want 200, stock 3, two warnings", code, body)
+	}
+	code, body = patchProduct(t, http.DefaultClient, srv.URL, 1, `{"sale_ends_at":"2030-01-01T00:00:00Z"}`)
+	if warnings, _ := body["warnings"].([]any); code != 200 || len(warnings) != 1 {
+		t.Errorf("window change with Redis down: %d %v; want 200 and one warning (the cache)", code, body)
+	}
+	var p stock.Product
+	if err := db.Gorm.Take(&p, 1).Error; err != nil || p.Stock != 3 || p.InitialStock != 3 || p.SaleEndsAt == nil {
+		t.Errorf("MySQL after the changes: %+v, %v", p, err)
+	}
+}
+
+func TestSeedWindowFlags(t *testing.T) {
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "seed", "--products", "2", "--stock", "1", "--starts-at", "2030-01-02T03:04:05+02:00", "--ends-at", "2030-01-03T00:00:00.5Z"); code != 0 {
+		t.Fatalf("seed with a window: %d %s", code, out)
+	}
+	var ps []stock.Product
+	if err := db.Gorm.Order("id").Find(&ps).Error; err != nil || len(ps) != 2 {
+		t.Fatal(ps, err)
+	}
+	for _, p := range ps {
+		if p.SaleStartsAt == nil || !p.SaleStartsAt.Equal(time.Date(2030, 1, 2, 1, 4, 5, 0, time.UTC)) ||
+			p.SaleEndsAt == nil || !p.SaleEndsAt.Equal(time.Date(2030, 1, 3, 0, 0, 0, 5e8, time.UTC)) {
+			t.Errorf("product %d: %v .. %v", p.ID, p.SaleStartsAt, p.SaleEndsAt)
+		}
+	}
+	for _, bad := range [][]string{
+		{"--starts-at", "tomorrow"},
+		{"--ends-at", "2030-01-03"},
+		{"--starts-at", "2030-01-03T00:00:00Z", "--ends-at", "2030-01-03T00:00:00Z"},
+	} {
+		if code, out := shop(t, db, append([]string{"seed", "--products", "5", "--stock", "1"}, bad...)...); code != 2 {
+			t.Errorf("seed %v: exit %d, want 2\n%s", bad, code, out)
+		}
+	}
+	if code, out := shop(t, db, "verify"); code != 0 || !strings.Contains(out, "products 2,") {
+		t.Errorf("a refused seed changed the catalog: %d\n%s", code, out)
+	}
+}

@@ -1,0 +1,173 @@
+package stock
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"shop/internal/lock"
+)
+
+// MaxAddStock is the most units one change may add to a product.
+const MaxAddStock = 1_000_000_000
+
+// Bound is a change to one side of a sale window.
+type Bound struct {
+	// Set says that the side changes; unset, At is ignored.
+	Set bool
+	// At is the side's new value; nil opens that side.
+	At *time.Time
+}
+
+// Change is what ChangeProduct changes of a product: what it leaves unset
+// stays as it is.
+type Change struct {
+	SaleStartsAt Bound
+	SaleEndsAt   Bound
+	// AddStock, when set, raises both initial_stock and stock by that many
+	// units, 1 to MaxAddStock.
+	AddStock *int
+}
+
+// validate refuses a change that changes nothing or adds a number of units
+// out of range.
+func (c Change) validate() error {
+	switch {
+	case !c.SaleStartsAt.Set && !c.SaleEndsAt.Set && c.AddStock == nil:
+		return fmt.Errorf("%w: give at least one of sale_starts_at, sale_ends_at, add_stock", ErrInvalid)
+	case c.AddStock != nil && (*c.AddStock < 1 || *c.AddStock > MaxAddStock):
+		return fmt.Errorf("%w: add_stock must be an integer between 1 and %d", ErrInvalid, MaxAddStock)
+	}
+	return nil
+}
+
+// apply returns p's window with c's bounds put in, normalised (see
+// Window.Normalize).
+func (c Change) apply(p Product) (Window, error) {
+	w := p.window()
+	if c.SaleStartsAt.Set {
+		w.StartsAt = c.SaleStartsAt.At
+	}
+	if c.SaleEndsAt.Set {
+		w.EndsAt = c.SaleEndsAt.At
+	}
+	return w.Normalize()
+}
+
+// ChangeProduct changes product sku's sale window and restocks it, and
+// returns the product as MySQL has it after the change.
+//
+// A restock (AddStock) is a write to the stock like an order's: it takes the
+// SKU's lock through the Locker the orders use, and in one transaction reads
+// the row with a lock, then raises initial_stock and stock by the same n in
+// one UPDATE — fenced with the lease's token as an order's write is, so a
+// holder whose lease ran out can write neither before nor after it — which
+// keeps initial_stock == stock + orders true at every commit. Once
+// committed, this Service forgets that the product was sold out; the other
+// replicas and the product cache are the caller's to tell, since a failure
+// to tell them does not undo the change.
+//
+// A change of the window alone takes no lock: orders re-check the window in
+// their own transaction, against the row as MySQL has it then. It is a
+// locking read and an UPDATE, so it waits for order transactions under way
+// on the row, and orders that arrive once it committed are judged by it.
+//
+// Errors: ErrInvalid (nothing to change, add_stock out of range, a bound
+// outside MySQL's range, a window whose start is not before its end after
+// the change, a stock that would not fit), ErrNotFound, ErrBusy (the lock
+// not obtained or lost, MySQL not answering; joined with ErrStaleFence when
+// MySQL refused this holder's write). Nothing is written on an error.
+func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Product, error) {
+	if err := validateID(sku); err != nil {
+		return Product{}, err
+	}
+	if err := c.validate(); err != nil {
+		return Product{}, err
+	}
+	// A slot, as an order transaction takes, so that a restock holding the
+	// SKU's lock never waits for a connection of the pool it shares with
+	// the orders.
+	release, err := s.slot(ctx, sku)
+	if err != nil {
+		return Product{}, err
+	}
+	defer release()
+	if c.AddStock == nil {
+		p, err := s.changeProduct(ctx, nil, sku, c)
+		return p, classify(ctx, "change product", err)
+	}
+	lease, err := s.locks.Obtain(ctx, LockKey(sku))
+	if err != nil {
+		return Product{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
+	}
+	defer s.release(ctx, lease)
+	p, err := s.changeProduct(lease.Context(), lease, sku, c)
+	if err != nil {
+		s.repairFence(ctx, err)
+		return Product{}, s.classifyLease(ctx, lease, err)
+	}
+	s.ForgetSoldOut(sku)
+	return p, nil
+}
+
+// changeProduct is ChangeProduct's transaction, on ctx, under lease when it
+// restocks (nil otherwise).
+func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int64, c Change) (Product, error) {
+	var p Product
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Take(&p, sku).Error; err != nil {
+			return notFound(err, sku)
+		}
+		w, err := c.apply(p)
+		if err != nil {
+			return err
+		}
+		n := 0
+		if c.AddStock != nil {
+			n = *c.AddStock
+		}
+		if int64(p.InitialStock)+int64(n) > math.MaxInt32 {
+			return fmt.Errorf("%w: sku %d: initial_stock %d + add_stock %d exceeds %d", ErrInvalid, sku, p.InitialStock, n, math.MaxInt32)
+		}
+		set := "initial_stock = initial_stock + ?, stock = stock + ?, sale_starts_at = ?, sale_ends_at = ?"
+		args := []any{n, n, w.StartsAt, w.EndsAt}
+		where, whereArgs := " WHERE id = ?", []any{sku}
+		var fence int64
+		if lease != nil {
+			fence = lease.Fence()
+		}
+		fenced := s.opt.Fencing && fence > 0
+		if fenced {
+			if p.Fence >= fence {
+				return &staleFence{sku: sku, token: fence, row: p.Fence}
+			}
+			set += ", fence = ?"
+			args = append(args, fence)
+			where += " AND fence < ?"
+			whereArgs = append(whereArgs, fence)
+		}
+		res := tx.Exec("UPDATE products SET "+set+where, append(args, whereArgs...)...)
+		if res.Error != nil {
+			return res.Error
+		}
+		// Without fencing an UPDATE that changes nothing (the same window
+		// again) counts no row: only a fenced one, which always moves the
+		// fence, says something by its count. The row is locked, so the
+		// count is 1 unless the fence check above was wrong.
+		if fenced && res.RowsAffected != 1 {
+			return &staleFence{sku: sku, token: fence, row: p.Fence}
+		}
+		p.InitialStock += n
+		p.Stock += n
+		p.SaleStartsAt, p.SaleEndsAt = w.StartsAt, w.EndsAt
+		if fenced {
+			p.Fence = fence
+		}
+		return nil
+	})
+	return p, err
+}

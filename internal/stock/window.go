@@ -1,0 +1,110 @@
+package stock
+
+import (
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// Window is a product's sale window: an order that arrives at or after
+// StartsAt and before EndsAt may buy; a nil bound leaves that side open.
+//
+// An order is judged by the time it arrived (Options.Now when PlaceOrder
+// was called), not by when its transaction runs: a buyer who came while the
+// sale was on is not refused because the queue ahead of it took a while.
+type Window struct {
+	StartsAt *time.Time
+	EndsAt   *time.Time
+}
+
+// The range of a MySQL DATETIME.
+var (
+	earliestTime = time.Date(1000, 1, 1, 0, 0, 0, 0, time.UTC)
+	latestTime   = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC)
+)
+
+// Normalize returns w in UTC, truncated to the microsecond MySQL keeps, so
+// that what is written is what is compared and shown. Errors: ErrInvalid
+// when a bound is outside MySQL's DATETIME range or the window is empty
+// (StartsAt at or after EndsAt).
+func (w Window) Normalize() (Window, error) {
+	var out Window
+	for _, b := range []struct {
+		name string
+		in   *time.Time
+		out  **time.Time
+	}{{"sale_starts_at", w.StartsAt, &out.StartsAt}, {"sale_ends_at", w.EndsAt, &out.EndsAt}} {
+		if b.in == nil {
+			continue
+		}
+		t := b.in.UTC().Truncate(time.Microsecond)
+		if t.Before(earliestTime) || t.After(latestTime) {
+			return Window{}, fmt.Errorf("%w: %s must be between years 1000 and 9999", ErrInvalid, b.name)
+		}
+		*b.out = &t
+	}
+	if out.StartsAt != nil && out.EndsAt != nil && !out.StartsAt.Before(*out.EndsAt) {
+		return Window{}, fmt.Errorf("%w: sale_starts_at must be before sale_ends_at", ErrInvalid)
+	}
+	return out, nil
+}
+
+// window is p's sale window.
+func (p Product) window() Window { return Window{StartsAt: p.SaleStartsAt, EndsAt: p.SaleEndsAt} }
+
+// admits refuses an order of sku that arrived at at outside w:
+// ErrSaleNotStarted or ErrSaleEnded.
+func (w Window) admits(sku int64, at time.Time) error {
+	switch {
+	case w.StartsAt != nil && at.Before(*w.StartsAt):
+		return fmt.Errorf("%w: sku %d: the sale starts at %s", ErrSaleNotStarted, sku, w.StartsAt.Format(time.RFC3339Nano))
+	case w.EndsAt != nil && !at.Before(*w.EndsAt):
+		return fmt.Errorf("%w: sku %d: the sale ended at %s", ErrSaleEnded, sku, w.EndsAt.Format(time.RFC3339Nano))
+	}
+	return nil
+}
+
+// arrival is the time an order that arrives now is judged by, to the
+// microsecond, as MySQL compares it with the window (see openWindow).
+func (s *Service) arrival() time.Time { return s.opt.Now().UTC().Truncate(time.Microsecond) }
+
+// windowColumns are what a read of a product's stock also reads, so that
+// the window costs no statement of its own.
+var windowColumns = []string{"sale_starts_at", "sale_ends_at"}
+
+// openWindow is the condition a guarded stock write adds when the
+// transaction read no window, so that the UPDATE itself — which sees the row
+// as committed now, and locks it — refuses an order that arrived outside
+// it: its arguments are the arrival twice.
+const openWindow = " AND (sale_starts_at IS NULL OR sale_starts_at <= ?) AND (sale_ends_at IS NULL OR sale_ends_at > ?)"
+
+// refuseOutside answers with its window's error every order queued for sku
+// that arrived outside w, the window a pre-lock read found, and reports
+// whether any order is left. Orders that arrive after the read are judged
+// in the transaction, against the row as its locking read sees it.
+func (s *Service) refuseOutside(sku int64, q *queue, w Window) (left bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := q.waiting[:0]
+	for _, t := range q.waiting {
+		if err := w.admits(sku, t.arrived); err != nil {
+			t.answer(Order{}, err)
+			continue
+		}
+		kept = append(kept, t)
+	}
+	clear(q.waiting[len(kept):])
+	q.waiting = kept
+	return len(kept) > 0
+}
+
+// stockedAt is stocked for an order that arrived at at: it also refuses the
+// order outside the product's window, read by the same query.
+func (s *Service) stockedAt(db *gorm.DB, sku int64, at time.Time) error {
+	p, err := s.stocked(db, sku)
+	if err != nil {
+		return err
+	}
+	return p.window().admits(sku, at)
+}
