@@ -12,6 +12,7 @@ var OpenAPI = openAPI
 
 // Routes returns the routes addRoutes registers, as gin has them.
 func Routes() gin.RoutesInfo {
+	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	addRoutes(r, Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
 	return r.Routes()

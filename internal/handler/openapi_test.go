@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/getkin/kin-openapi/openapi3"
@@ -297,9 +298,33 @@ func checked(rep reporter, c *conformance, h http.Handler) http.Handler {
 // test ends.
 func serve(tb testing.TB, h http.Handler) *httptest.Server {
 	tb.Helper()
-	srv := httptest.NewServer(checked(tb, loadConformance(tb), h))
-	tb.Cleanup(srv.Close)
+	rep := &firstFindings{tb: tb}
+	srv := httptest.NewServer(checked(rep, loadConformance(tb), h))
+	tb.Cleanup(func() {
+		srv.Close()
+		if n := rep.more.Load(); n > 0 {
+			tb.Errorf("openapi: and %d more responses openapi.json does not allow", n)
+		}
+	})
 	return srv
+}
+
+// firstFindings reports the first few findings to a test and counts the
+// rest: a test of a thousand requests need not print a thousand times the
+// same drift.
+type firstFindings struct {
+	tb   testing.TB
+	told atomic.Int64
+	more atomic.Int64
+}
+
+func (f *firstFindings) Errorf(format string, args ...any) {
+	const most = 5
+	if f.told.Add(1) > most {
+		f.more.Add(1)
+		return
+	}
+	f.tb.Errorf(format, args...)
 }
 
 // findings is a reporter that keeps what it is told.
