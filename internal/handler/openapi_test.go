@@ -186,7 +186,6 @@ type reporter interface {
 
 // conformance checks responses against the description.
 type conformance struct {
-	spec   *openapi3.T
 	router routers.Router
 	// unmatched answers the requests no operation matches: any other path
 	// answers 404 not_found, a described path with another method 405
@@ -194,41 +193,26 @@ type conformance struct {
 	unmatched map[error]*routers.Route
 }
 
-var (
-	conformanceOnce sync.Once
-	conformanceOf   *conformance
-	conformanceErr  error
-)
-
-// loadConformance builds the check once for every test: the description
-// does not change while they run.
+// loadConformance builds the check from the embedded description.
 func loadConformance(tb testing.TB) *conformance {
 	tb.Helper()
-	conformanceOnce.Do(func() {
-		spec, err := loadOpenAPI(handler.OpenAPI)
-		if err != nil {
-			conformanceErr = err
-			return
-		}
-		router, err := gorillamux.NewRouter(spec)
-		if err != nil {
-			conformanceErr = err
-			return
-		}
-		only := func(status int, name string) *routers.Route {
-			return &routers.Route{Spec: spec, Operation: &openapi3.Operation{
-				Responses: openapi3.NewResponses(openapi3.WithStatus(status, spec.Components.Responses[name])),
-			}}
-		}
-		conformanceOf = &conformance{spec: spec, router: router, unmatched: map[error]*routers.Route{
-			routers.ErrPathNotFound:     only(http.StatusNotFound, "NotFound"),
-			routers.ErrMethodNotAllowed: only(http.StatusMethodNotAllowed, "MethodNotAllowed"),
-		}}
-	})
-	if conformanceErr != nil {
-		tb.Fatalf("openapi.json: %v", conformanceErr)
+	spec, err := loadOpenAPI(handler.OpenAPI)
+	if err != nil {
+		tb.Fatalf("openapi.json: %v", err)
 	}
-	return conformanceOf
+	router, err := gorillamux.NewRouter(spec)
+	if err != nil {
+		tb.Fatalf("openapi.json: %v", err)
+	}
+	only := func(status int, name string) *routers.Route {
+		return &routers.Route{Spec: spec, Operation: &openapi3.Operation{
+			Responses: openapi3.NewResponses(openapi3.WithStatus(status, spec.Components.Responses[name])),
+		}}
+	}
+	return &conformance{router: router, unmatched: map[error]*routers.Route{
+		routers.ErrPathNotFound:     only(http.StatusNotFound, "NotFound"),
+		routers.ErrMethodNotAllowed: only(http.StatusMethodNotAllowed, "MethodNotAllowed"),
+	}}
 }
 
 // check reports to rep whether the response rec holds, to r, is one the
