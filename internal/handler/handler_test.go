@@ -7,7 +7,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -57,7 +56,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 	}
 	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &testenv.Log{}}
 	orders := stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products})
-	srv := httptest.NewServer(handler.New(handler.Deps{
+	srv := serve(t, handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   orders,
 		Products: products,
@@ -83,7 +82,6 @@ func newAPI(t *testing.T, adminToken string) *api {
 		},
 		Registry: a.reg,
 	}))
-	t.Cleanup(srv.Close)
 	a.url = srv.URL
 	return a
 }
@@ -372,7 +370,7 @@ func TestRedisDownIsBusy(t *testing.T) {
 	}
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { dead.Close() })
-	srv := httptest.NewServer(handler.New(handler.Deps{
+	srv := serve(t, handler.New(handler.Deps{
 		Orders:   stock.NewService(db.Gorm, lock.NewRedis(dead, lock.RedisOptions{}), stock.Options{}),
 		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
 		Stock:    catalog,
@@ -380,7 +378,6 @@ func TestRedisDownIsBusy(t *testing.T) {
 			"redis": func(ctx context.Context) error { return dead.Ping(ctx).Err() },
 		},
 	}))
-	t.Cleanup(srv.Close)
 	a := &api{url: srv.URL, db: db}
 
 	r := a.order(t, `{"sku_id":1,"user_id":1}`, nil)

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -43,8 +42,7 @@ func series(t *testing.T, reg *prometheus.Registry, name string) map[string]floa
 func TestMadeUpMethodsDoNotGrowMetrics(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	reg := prometheus.NewRegistry()
-	srv := httptest.NewServer(handler.New(handler.Deps{Registry: reg}))
-	t.Cleanup(srv.Close)
+	srv := serve(t, handler.New(handler.Deps{Registry: reg}))
 	for i := range 500 {
 		for _, path := range []string{"/api/v1/orders", "/nothing"} {
 			req, err := http.NewRequest(fmt.Sprintf("M%03d", i), srv.URL+path, nil)

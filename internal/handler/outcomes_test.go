@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -33,13 +32,12 @@ func TestOutcomeUnknown(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	reg := prometheus.NewRegistry()
 	lost := fmt.Errorf("%w: %w: sku 1: commit: %w", stock.ErrBusy, stock.ErrOutcomeUnknown, io.ErrUnexpectedEOF)
-	srv := httptest.NewServer(handler.New(handler.Deps{
+	srv := serve(t, handler.New(handler.Deps{
 		Orders: orderFunc(func(context.Context, int64, int64, string) (stock.Order, error) {
 			return stock.Order{}, lost
 		}),
 		Registry: reg,
 	}))
-	t.Cleanup(srv.Close)
 	a := &api{url: srv.URL}
 	r := a.order(t, `{"sku_id":1,"user_id":1}`, map[string][]string{"Idempotency-Key": {"k1"}})
 	if r.status != 503 || errorCode(t, r) != "outcome_unknown" || r.header.Get("Retry-After") == "" {

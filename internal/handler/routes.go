@@ -17,6 +17,7 @@ func addRoutes(r *gin.Engine, d Deps) {
 	r.GET("/healthz", handleHealthz())
 	r.GET("/readyz", handleReadyz(d.Ready, d.Stopping))
 	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})))
+	r.GET("/openapi.json", handleOpenAPI())
 
 	api := r.Group("/api/v1")
 	api.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
