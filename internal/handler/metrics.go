@@ -40,8 +40,16 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"cause"}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.orders, m.busy)
+	// Every cause is exported from the start, at 0, so that a dashboard's
+	// rate of busy orders reads 0 rather than "no data" before the first.
+	for _, cause := range busyCauses {
+		m.busy.WithLabelValues(cause)
+	}
 	return m
 }
+
+// busyCauses are the values busyCause gives.
+var busyCauses = []string{"lock_wait", "lease_lost", "stale_fence", "other"}
 
 // methodLabel is a request's method as a metrics label: one of the methods
 // HTTP defines for resources, else "other". Any token is a valid method, and
