@@ -37,6 +37,15 @@ func series(t *testing.T, reg *prometheus.Registry, name string) map[string]floa
 	return out
 }
 
+// total is the sum of series' values.
+func total(series map[string]float64) float64 {
+	var n float64
+	for _, v := range series {
+		n += v
+	}
+	return n
+}
+
 // Any token is a method; each made-up one must not become a series of its
 // own.
 func TestMadeUpMethodsDoNotGrowMetrics(t *testing.T) {
