@@ -340,17 +340,25 @@ func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
 	}
 }
 
-// Each replica remembers the products it found sold out and refuses them
-// without asking MySQL; a reseed must make all three forget at once.
-func TestReseedClearsSoldOutOnEveryReplica(t *testing.T) {
-	db := testenv.MySQL(t)
-	vars := func() map[string]string {
-		return map[string]string{
+// fleetVars returns what gives, on each call, a new map of the settings of a
+// replica on db and the test's own Redis key space, with extra added.
+func fleetVars(t *testing.T, db *testenv.DB, extra map[string]string) func() map[string]string {
+	return func() map[string]string {
+		m := map[string]string{
 			"SHOP_MYSQL_DSN":    db.DSN,
 			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
 			"SHOP_REDIS_PREFIX": redisPrefix(t),
 		}
+		maps.Copy(m, extra)
+		return m
 	}
+}
+
+// Each replica remembers the products it found sold out and refuses them
+// without asking MySQL; a reseed must make all three forget at once.
+func TestReseedClearsSoldOutOnEveryReplica(t *testing.T) {
+	db := testenv.MySQL(t)
+	vars := fleetVars(t, db, nil)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}

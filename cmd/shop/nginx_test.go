@@ -209,10 +209,7 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
-	vars := func() map[string]string {
-		return map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t),
-			"SHOP_REDIS_PREFIX": redisPrefix(t), "SHOP_DRAIN": defaultDrain.String()}
-	}
+	vars := fleetVars(t, db, map[string]string{"SHOP_DRAIN": defaultDrain.String()})
 	stopping, staying := startReplica(t, vars()), startReplica(t, vars())
 	front := startNginx(t, strings.TrimPrefix(stopping.url, "http://"), strings.TrimPrefix(staying.url, "http://"))
 	waitReady(t, front.url)

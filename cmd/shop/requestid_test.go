@@ -55,8 +55,8 @@ func TestRequestIDThroughNginx(t *testing.T) {
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
-	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t),
-		"SHOP_REDIS_PREFIX": redisPrefix(t), "SHOP_LOG_LEVEL": "debug"}) // the access log is at debug level
+	// The access log is at debug level.
+	r := startReplica(t, fleetVars(t, db, map[string]string{"SHOP_LOG_LEVEL": "debug"})())
 	front := startNginx(t, strings.TrimPrefix(r.url, "http://"))
 	waitReady(t, front.url)
 

@@ -62,14 +62,7 @@ func errorCodeOf(body []byte) string {
 func saleFleet(t *testing.T, seedArgs ...string) (*testenv.DB, []*replica, map[string]string) {
 	t.Helper()
 	db := testenv.MySQL(t)
-	vars := func() map[string]string {
-		return map[string]string{
-			"SHOP_MYSQL_DSN":    db.DSN,
-			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
-			"SHOP_REDIS_PREFIX": redisPrefix(t),
-			"SHOP_ADMIN_TOKEN":  testAdminToken,
-		}
-	}
+	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": testAdminToken})
 	if code, out := shopWith(vars(), append([]string{"seed"}, seedArgs...)...); code != 0 {
 		t.Fatal(out)
 	}

@@ -22,14 +22,7 @@ import (
 func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 	const skus, users, limit = 80, 5, 3
 	db := testenv.MySQL(t)
-	vars := func() map[string]string {
-		return map[string]string{
-			"SHOP_MYSQL_DSN":    db.DSN,
-			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
-			"SHOP_REDIS_PREFIX": redisPrefix(t),
-			"SHOP_USER_LIMIT":   fmt.Sprint(limit),
-		}
-	}
+	vars := fleetVars(t, db, map[string]string{"SHOP_USER_LIMIT": fmt.Sprint(limit)})
 	// A unit of every product for every user: only the limit refuses.
 	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", fmt.Sprint(users)); code != 0 {
 		t.Fatal(out)
