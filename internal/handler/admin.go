@@ -39,12 +39,7 @@ func handleSeed(seeder Seeder) gin.HandlerFunc {
 			writeError(c, invalid("products and stock are required"))
 			return
 		}
-		starts, err := timeField("sale_starts_at", req.SaleStartsAt)
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		ends, err := timeField("sale_ends_at", req.SaleEndsAt)
+		starts, ends, err := windowFields(req.SaleStartsAt, req.SaleEndsAt)
 		if err != nil {
 			writeError(c, err)
 			return
@@ -120,15 +115,23 @@ func readChange(c *gin.Context) (stock.Change, error) {
 	if err := decode(c, &req); err != nil {
 		return stock.Change{}, err
 	}
-	starts, err := timeField("sale_starts_at", req.SaleStartsAt)
-	if err != nil {
-		return stock.Change{}, err
-	}
-	ends, err := timeField("sale_ends_at", req.SaleEndsAt)
+	starts, ends, err := windowFields(req.SaleStartsAt, req.SaleEndsAt)
 	if err != nil {
 		return stock.Change{}, err
 	}
 	return stock.Change{SaleStartsAt: starts, SaleEndsAt: ends, AddStock: req.AddStock}, nil
+}
+
+// windowFields reads a body's optional sale_starts_at and sale_ends_at
+// (see timeField).
+func windowFields(startsAt, endsAt json.RawMessage) (starts, ends stock.Bound, err error) {
+	if starts, err = timeField("sale_starts_at", startsAt); err != nil {
+		return stock.Bound{}, stock.Bound{}, err
+	}
+	if ends, err = timeField("sale_ends_at", endsAt); err != nil {
+		return stock.Bound{}, stock.Bound{}, err
+	}
+	return starts, ends, nil
 }
 
 // timeField reads the optional time field name from its raw JSON value:
