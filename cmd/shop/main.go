@@ -3,6 +3,7 @@
 //	shop serve                            the HTTP service
 //	shop migrate                          apply the schema
 //	shop seed --products N --stock S      reset the catalog
+//	     [--starts-at T] [--ends-at T]    with every product's sale window
 //	shop verify [--acks FILE] [--json]    check the sale's invariants
 //
 // Configuration comes from SHOP_* environment variables; see README.md.
@@ -63,6 +64,7 @@ commands:
   serve                             run the HTTP service
   migrate                           apply the database migrations
   seed --products N --stock S       reset the catalog to products 1..N with S units each
+       [--starts-at T] [--ends-at T]  and every product's sale window (RFC 3339)
   verify [--acks FILE] [--json]     check the invariants; exit 1 if any is broken`
 
 // run is the whole program; main only supplies the process's environment.
