@@ -15,6 +15,14 @@ import (
 // MaxAddStock is the most units one change may add to a product.
 const MaxAddStock = 1_000_000_000
 
+// ErrChangeOutcomeUnknown means the connection to MySQL was lost after a
+// product change's COMMIT was sent: the change may or may not have been
+// made. It wraps ErrOutcomeUnknown, which is what it is; it is an error of
+// its own because a change, unlike an order, has no idempotency key to
+// retry with: only reading the product tells whether it was made, and a
+// restock sent again blindly may add its units twice.
+var ErrChangeOutcomeUnknown = fmt.Errorf("%w: a product change", ErrOutcomeUnknown)
+
 // Bound is a change to one side of a sale window.
 type Bound struct {
 	// Set says that the side changes; unset, At is ignored.
@@ -69,7 +77,10 @@ func (c Change) apply(p Product) (Window, error) {
 // keeps initial_stock == stock + orders true at every commit. Once
 // committed, this Service forgets that the product was sold out; the other
 // replicas and the product cache are the caller's to tell, since a failure
-// to tell them does not undo the change.
+// to tell them does not undo the change. A restock whose outcome is unknown
+// is forgotten all the same: forgetting only makes this Service ask MySQL,
+// which is harmless if nothing changed, where remembering would refuse the
+// new units, if they are there, until the memory lapses.
 //
 // A change of the window alone takes no lock: orders re-check the window in
 // their own transaction, against the row as MySQL has it then. It is a
@@ -80,7 +91,9 @@ func (c Change) apply(p Product) (Window, error) {
 // outside MySQL's range, a window whose start is not before its end after
 // the change, a stock that would not fit), ErrNotFound, ErrBusy (the lock
 // not obtained or lost, MySQL not answering; joined with ErrStaleFence when
-// MySQL refused this holder's write). Nothing is written on an error.
+// MySQL refused this holder's write), ErrChangeOutcomeUnknown (the
+// connection was lost after COMMIT was sent: the change may or may not
+// have been made). Nothing is written on any other error.
 func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Product, error) {
 	if err := validateID(sku); err != nil {
 		return Product{}, err
@@ -106,19 +119,22 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 	}
 	defer s.release(ctx, lease)
 	p, err := s.changeProduct(lease.Context(), lease, sku, c)
+	if mayHaveCommitted(err) {
+		s.ForgetSoldOut(sku)
+	}
 	if err != nil {
 		s.repairFence(ctx, err)
 		return Product{}, s.classifyLease(ctx, lease, err)
 	}
-	s.ForgetSoldOut(sku)
 	return p, nil
 }
 
 // changeProduct is ChangeProduct's transaction, on ctx, under lease when it
-// restocks (nil otherwise).
+// restocks (nil otherwise). A lost COMMIT is ErrChangeOutcomeUnknown, as an
+// order's is ErrOutcomeUnknown (see transaction).
 func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int64, c Change) (Product, error) {
 	var p Product
-	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+	err := s.transaction(ctx, ErrChangeOutcomeUnknown, fmt.Sprintf("sku %d", sku), func(tx *gorm.DB) error {
 		if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Take(&p, sku).Error; err != nil {
 			return notFound(err, sku)
 		}

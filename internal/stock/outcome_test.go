@@ -148,3 +148,73 @@ func TestLostReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
 		}
 	}
 }
+
+// A restock whose COMMIT reply is lost may have been made — here MySQL
+// committed it — so it is neither acknowledged nor reported as not written:
+// ErrChangeOutcomeUnknown, which is an ErrOutcomeUnknown and not an
+// ErrBusy; the units are in MySQL once, this Service no longer refuses the
+// product from its sold-out memory, and the SKU's lock is released. A
+// restock whose UPDATE's reply is lost rolls back: ErrBusy, nothing written.
+func TestLostRestockReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
+	ctx := context.Background()
+	for _, cut := range []string{"COMMIT", "UPDATE products SET initial_stock"} {
+		t.Run(cut, func(t *testing.T) {
+			t.Parallel()
+			committed := cut == "COMMIT"
+			db := testenv.MySQL(t)
+			// A lease that outlives the test: only a release frees the
+			// SKU's lock before the test ends.
+			_, l, rdb := lined(t, db, 1, 1, stock.Options{}, lock.RedisOptions{TTL: time.Minute})
+			pool, p := throughProxy(t, db)
+			svc := stock.NewService(pool, l, stock.Options{Fencing: true})
+			if _, err := svc.PlaceOrder(ctx, 1, 1, ""); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := svc.PlaceOrder(ctx, 1, 2, ""); !errors.Is(err, stock.ErrSoldOut) {
+				t.Fatalf("second buyer of one unit: %v; want ErrSoldOut", err)
+			}
+
+			lost := cutReply(t, p, cut)
+			_, err := svc.ChangeProduct(ctx, 1, stock.Change{AddStock: units(5)})
+			lost()
+			t.Logf("restock, reply to %s lost: %v", cut, err)
+			want := stock.Product{InitialStock: 1, Stock: 0}
+			if committed {
+				want = stock.Product{InitialStock: 6, Stock: 5}
+				if !errors.Is(err, stock.ErrChangeOutcomeUnknown) || !errors.Is(err, stock.ErrOutcomeUnknown) || errors.Is(err, stock.ErrBusy) {
+					t.Errorf("restock, reply to COMMIT lost: %v; want ErrChangeOutcomeUnknown (an ErrOutcomeUnknown), not ErrBusy", err)
+				}
+			} else if !errors.Is(err, stock.ErrBusy) || errors.Is(err, stock.ErrOutcomeUnknown) {
+				t.Errorf("restock, reply to %s lost: %v; want ErrBusy", cut, err)
+			}
+			if got := product(t, db, 1); got.InitialStock != want.InitialStock || got.Stock != want.Stock {
+				t.Errorf("MySQL after the restock: initial_stock %d, stock %d; want %d, %d", got.InitialStock, got.Stock, want.InitialStock, want.Stock)
+			}
+			if r := verify(t, db); !r.OK() || r.Orders != 1 {
+				t.Errorf("want 1 order:\n%s", r)
+			}
+			if n, err := rdb.Exists(ctx, l.Key(stock.LockKey(1))).Result(); err != nil || n != 0 {
+				t.Errorf("lock key exists = %d (%v) after the restock returned; want it released", n, err)
+			}
+			if committed {
+				// The units may be there: this Service asks MySQL, which
+				// has them, instead of refusing from memory.
+				if _, err := svc.PlaceOrder(ctx, 1, 3, ""); err != nil {
+					t.Errorf("order right after the restock of unknown outcome: %v", err)
+				}
+				// A change of the window alone, which takes no lock, is
+				// answered the same.
+				ends := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+				lost := cutReply(t, p, "COMMIT")
+				_, err := svc.ChangeProduct(ctx, 1, stock.Change{SaleEndsAt: stock.Bound{Set: true, At: &ends}})
+				lost()
+				if !errors.Is(err, stock.ErrChangeOutcomeUnknown) || errors.Is(err, stock.ErrBusy) {
+					t.Errorf("window change, reply to COMMIT lost: %v; want ErrChangeOutcomeUnknown, not ErrBusy", err)
+				}
+				if got := product(t, db, 1); got.SaleEndsAt == nil || !got.SaleEndsAt.Equal(ends) {
+					t.Errorf("MySQL after the window change: ends %v; want %v", got.SaleEndsAt, ends)
+				}
+			}
+		})
+	}
+}

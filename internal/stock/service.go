@@ -306,22 +306,33 @@ func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int
 // orderTx returns ErrOutcomeUnknown. A COMMIT that MySQL answered with an
 // error, and any failure before it, is a rollback.
 func (s *Service) orderTx(lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
-	var (
-		after      func()
-		committing bool
-	)
-	err := s.db.WithContext(lease.Context()).Transaction(func(tx *gorm.DB) error {
-		if err := fn(tx, &after); err != nil {
+	var after func()
+	err := s.transaction(lease.Context(), ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
+		return fn(tx, &after)
+	})
+	if after != nil {
+		after()
+	}
+	return err
+}
+
+// transaction runs fn as one transaction on ctx. When fn succeeded and the
+// connection failed under the COMMIT, MySQL may have committed or not, and
+// no answer of this connection can tell: transaction returns unknown
+// (ErrOutcomeUnknown or an error that wraps it) with what the transaction
+// was about. A COMMIT that MySQL answered with an error, and any failure
+// before it, is a rollback, returned as it came.
+func (s *Service) transaction(ctx context.Context, unknown error, about string, fn func(tx *gorm.DB) error) error {
+	committing := false
+	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := fn(tx); err != nil {
 			return err
 		}
 		committing = true // what fails now is the COMMIT
 		return nil
 	})
-	if after != nil {
-		after()
-	}
 	if err != nil && committing && commitLost(err) {
-		return fmt.Errorf("%w: %s: connection lost at COMMIT: %w", ErrOutcomeUnknown, lease.Key(), err)
+		return fmt.Errorf("%w: %s: connection lost at COMMIT: %w", unknown, about, err)
 	}
 	return err
 }
