@@ -39,6 +39,12 @@ const (
 // through writeError. Messages of unknown errors are never shown.
 func status(err error) (int, string, string) {
 	switch {
+	case errors.Is(err, stock.ErrChangeOutcomeUnknown):
+		// Before the order's case, which it is one of: a change has no
+		// key to retry with, and a restock sent again blindly may add its
+		// units twice.
+		return http.StatusServiceUnavailable, "outcome_unknown",
+			"the change may or may not have been made; read the product before sending it again"
 	case errors.Is(err, stock.ErrOutcomeUnknown):
 		// First: it may come wrapped with ErrBusy, and only a retry with
 		// the same key is safe.

@@ -103,3 +103,27 @@ func TestClientGoneIsNotBusy(t *testing.T) {
 		t.Error("the test's lease was lost")
 	}
 }
+
+// A product change whose COMMIT was sent but whose answer was lost may have
+// been made: 503 outcome_unknown, as for an order, but with the advice that
+// fits a change, which has no key to retry with — read the product first —
+// and not the order's.
+func TestChangeOutcomeUnknown(t *testing.T) {
+	gin.SetMode(gin.ReleaseMode)
+	lost := fmt.Errorf("%w: sku 1: connection lost at COMMIT: %w", stock.ErrChangeOutcomeUnknown, io.ErrUnexpectedEOF)
+	srv := serve(t, handler.New(handler.Deps{
+		Admin: handler.ChangeProductFunc(func(context.Context, int64, stock.Change) (stock.Product, []string, error) {
+			return stock.Product{}, nil, lost
+		}),
+		AdminToken: adminToken,
+		Registry:   prometheus.NewRegistry(),
+	}))
+	a := &api{url: srv.URL}
+	r := a.patch(t, "1", `{"add_stock":5}`)
+	if r.status != 503 || errorCode(t, r) != "outcome_unknown" || r.header.Get("Retry-After") == "" {
+		t.Errorf("lost commit of a restock: %d %s, Retry-After %q; want 503 outcome_unknown with Retry-After", r.status, r.raw, r.header.Get("Retry-After"))
+	}
+	if msg := r.body["error"].(map[string]any)["message"]; msg != "the change may or may not have been made; read the product before sending it again" {
+		t.Errorf("message %q", msg)
+	}
+}

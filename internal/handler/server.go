@@ -51,9 +51,10 @@ func (f SeedFunc) Seed(ctx context.Context, products, units int, sale stock.Wind
 
 // ProductAdmin changes a product's sale window and stock (see
 // stock.Service.ChangeProduct) and returns it as MySQL has it after the
-// change. An error means nothing changed. Warnings, in words for the client,
-// say what did not follow a change that did happen (the product cache, the
-// other replicas).
+// change. An error means nothing changed, but for
+// stock.ErrChangeOutcomeUnknown: the change may or may not have been made.
+// Warnings, in words for the client, say what did not follow a change that
+// did happen (the product cache, the other replicas).
 type ProductAdmin interface {
 	ChangeProduct(ctx context.Context, id int64, c stock.Change) (p stock.Product, warnings []string, err error)
 }
