@@ -464,21 +464,43 @@ const changeFollowUpTimeout = 5 * time.Second
 // restocked; then it tells every other replica of a restock and drops the
 // cached product, so that its page shows the change at once.
 //
-// An error means nothing changed. Once the change committed it stands, as a
-// seed does (see seedCatalog): what fails after it is a warning, logged at
-// error level — a retry would add the units a second time — and what follows
-// runs on a context of its own, whether the client stays or not.
+// An error means nothing changed, but for an unknown outcome (below). Once
+// the change committed it stands, as a seed does (see seedCatalog): what
+// fails after it is a warning, logged at error level — a retry would add the
+// units a second time — and what follows runs on a context of its own (see
+// followChange).
+//
+// A change whose outcome is unknown (stock.ErrChangeOutcomeUnknown) is
+// followed up as one that committed, since it may have: an announcement and
+// a dropped cache entry are harmless if nothing changed, where leaving them
+// out would keep the new units, if they are there, from the other replicas
+// and the product page. Its error is returned all the same, and what fails
+// in the follow-up is only logged.
 func changeProduct(ctx context.Context, changer productChanger, products productInvalidator, restocks *notify.Restocks, log *slog.Logger,
 	sku int64, c stock.Change) (stock.Product, []string, error) {
 	p, err := changer.ChangeProduct(ctx, sku, c)
-	if err != nil {
+	switch {
+	case errors.Is(err, stock.ErrOutcomeUnknown):
+		followChange(ctx, products, restocks, log, sku, c, "may have been changed")
+		return stock.Product{}, nil, err
+	case err != nil:
 		return stock.Product{}, nil, err
 	}
+	return p, followChange(ctx, products, restocks, log, sku, c, "was changed"), nil
+}
+
+// followChange is what follows a change c of product sku that changed, or
+// may have: the restock announced, the cached product dropped. It runs on a
+// context of its own, whether the client stays or not. What fails is logged
+// at error level, changed saying whether the product was changed or may
+// have been, and returned as warnings in words for the client.
+func followChange(ctx context.Context, products productInvalidator, restocks *notify.Restocks, log *slog.Logger,
+	sku int64, c stock.Change, changed string) []string {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), changeFollowUpTimeout)
 	defer cancel()
 	var warnings []string
 	warn := func(msg string, err error) {
-		log.ErrorContext(ctx, "change product: the product was changed, but "+msg, "sku", sku, "err", err)
+		log.ErrorContext(ctx, "change product: the product "+changed+", but "+msg, "sku", sku, "err", err)
 		warnings = append(warnings, msg)
 	}
 	if c.AddStock != nil {
@@ -489,7 +511,7 @@ func changeProduct(ctx context.Context, changer productChanger, products product
 	if err := products.Invalidate(ctx, sku); err != nil {
 		warn("the product cache was not updated: the product page may show the old stock and sale window until its cache entry expires (SHOP_CACHE_TTL)", err)
 	}
-	return p, warnings, nil
+	return warnings
 }
 
 // newProductAdmin is the admin API's change of a product: changeProduct.
