@@ -69,13 +69,8 @@ type changeProductRequest struct {
 // adminProductResponse is a product as MySQL has it after an admin's
 // change.
 type adminProductResponse struct {
-	SKUID        int64      `json:"sku_id"`
-	Name         string     `json:"name"`
-	PriceCents   int64      `json:"price_cents"`
-	Stock        int        `json:"stock"`
-	InitialStock int        `json:"initial_stock"`
-	SaleStartsAt *time.Time `json:"sale_starts_at"`
-	SaleEndsAt   *time.Time `json:"sale_ends_at"`
+	productResponse
+	InitialStock int `json:"initial_stock"`
 	// Warnings say what did not follow the change, which stands all the
 	// same; absent when everything did.
 	Warnings []string `json:"warnings,omitempty"`
@@ -101,10 +96,7 @@ func handleChangeProduct(admin ProductAdmin) gin.HandlerFunc {
 		// As with a seed: once committed, the change stands, and what did
 		// not follow it is a warning, not a failure to retry (a second
 		// add_stock would add the units again).
-		c.JSON(http.StatusOK, adminProductResponse{
-			SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock, InitialStock: p.InitialStock,
-			SaleStartsAt: utc(p.SaleStartsAt), SaleEndsAt: utc(p.SaleEndsAt), Warnings: warnings,
-		})
+		c.JSON(http.StatusOK, adminProductResponse{productResponse: newProductResponse(p), InitialStock: p.InitialStock, Warnings: warnings})
 	}
 }
 

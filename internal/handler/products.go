@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"shop/internal/stock"
 )
 
 // productResponse is a product as its page shows it. The window's keys
@@ -35,9 +37,14 @@ func handleProduct(products Products) gin.HandlerFunc {
 			writeError(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock,
-			SaleStartsAt: utc(p.SaleStartsAt), SaleEndsAt: utc(p.SaleEndsAt)})
+		c.JSON(http.StatusOK, newProductResponse(p))
 	}
+}
+
+// newProductResponse is p as its page shows it, times in UTC.
+func newProductResponse(p stock.Product) productResponse {
+	return productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock,
+		SaleStartsAt: utc(p.SaleStartsAt), SaleEndsAt: utc(p.SaleEndsAt)}
 }
 
 func handleStock(stock Stock) gin.HandlerFunc {
