@@ -146,14 +146,15 @@ func TestRedlockMinorityIsNotHeld(t *testing.T) {
 	})
 	t.Run("renew", func(t *testing.T) {
 		c := newCluster(t, 3)
-		l := c.lock(t, lock.RedisOptions{TTL: 300 * time.Millisecond})
+		l := c.lock(t, lock.RedisOptions{TTL: 300 * time.Millisecond, NodeTimeout: 200 * time.Millisecond})
 		lease := obtain(t, l, "k")
-		// Obtain returns once a majority granted the lock; a grant that
-		// landed after the deletes below would keep it on two nodes.
-		waitFor(t, "all three nodes hold the lock", func() bool { return c.heldOn(l, "k") == 3 })
-		// Nodes 0 and 1 lose the lock (restarted empty, say).
+		// Nodes 0 and 1 lose the lock: someone else holds it there now (they
+		// restarted empty, say, and another client took it). Obtain returns
+		// once a majority granted the lock, so a grant may still be on its
+		// way; overwriting rather than deleting keeps a late one from
+		// landing, whichever node it was for.
 		for _, cl := range c.clients[:2] {
-			cl.Del(ctx, l.Key("k"))
+			cl.Set(ctx, l.Key("k"), "other", time.Minute)
 		}
 		select {
 		case <-lease.Context().Done():
@@ -170,25 +171,29 @@ func TestRedlockMinorityIsNotHeld(t *testing.T) {
 		// deleted by the call already on its way there, well before the
 		// share's own TTL could run out.
 		deadline := time.Now().Add(100 * time.Millisecond)
-		for c.heldOn(l, "k") != 0 && time.Now().Before(deadline) {
+		for c.holders(l, "k")[2] != "" && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
 		}
-		if n := c.heldOn(l, "k"); n != 0 {
-			t.Errorf("held on %d nodes 100ms after Release, want 0", n)
+		if h := c.holders(l, "k"); h[0] != "other" || h[1] != "other" || h[2] != "" {
+			t.Errorf("holders 100ms after Release = %q, want node 2 free and the others left alone", h)
 		}
 	})
 	t.Run("majority keeps it", func(t *testing.T) {
 		c := newCluster(t, 3)
 		const ttl = 300 * time.Millisecond
-		l := c.lock(t, lock.RedisOptions{TTL: ttl})
+		// A node timeout well above the default TTL/10 (30ms), so that on a
+		// loaded machine nodes 1 and 2 both take their grant.
+		l := c.lock(t, lock.RedisOptions{TTL: ttl, NodeTimeout: 200 * time.Millisecond})
 		lease := obtain(t, l, "k")
-		c.clients[0].Del(ctx, l.Key("k"))
+		// Node 0 loses the lock to someone else; as above, overwritten so
+		// that a grant still on its way there cannot land.
+		c.clients[0].Set(ctx, l.Key("k"), "other", time.Minute)
 		time.Sleep(3 * ttl) // several renewals
 		if err := lease.Context().Err(); err != nil {
 			t.Fatalf("lease on 2 of 3 nodes was given up: %v", context.Cause(lease.Context()))
 		}
-		if n := c.heldOn(l, "k"); n != 2 {
-			t.Errorf("held on %d nodes, want the 2 renewed", n)
+		if h := c.holders(l, "k"); h[0] != "other" || h[1] == "" || h[1] != h[2] {
+			t.Errorf("holders = %q, want node 0 someone else's and the lease renewed on nodes 1 and 2", h)
 		}
 		if err := lease.Release(ctx); err != nil {
 			t.Errorf("Release: %v", err)
