@@ -168,22 +168,26 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 	var (
 		timer *time.Timer
 		woken <-chan struct{}
-		// switching is the last try's error if Redis refused it or dropped
-		// it while failing over (see failingOver); the wait's error
-		// carries it.
+		// switching is the last answer's error if Redis refused the try or
+		// dropped it while failing over (see failingOver); the wait's
+		// error carries it.
 		switching error
 	)
 	gaveUp := func() error { return errors.Join(notObtained(waitCtx), switching) }
 	for ; ; tried = false {
 		if !tried {
 			l, err := w.try(ctx, waitCtx, attempt)
-			switching = nil
 			switch {
 			case failingOver(err):
 				switching = err
 			case !errors.Is(err, ErrNotObtained):
 				return l, err
+			case waitCtx.Err() == nil:
+				// Redis answered that the key is held.
+				switching = nil
 			}
+			// A try cut short by the end of the wait answered nothing:
+			// the last answer still stands.
 		}
 		if waitCtx.Err() != nil {
 			return nil, gaveUp()

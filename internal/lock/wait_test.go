@@ -373,4 +373,15 @@ func TestWaitOutlastsReadOnly(t *testing.T) {
 	if !errors.Is(err, lock.ErrNotObtained) || !redis.IsReadOnlyError(err) {
 		t.Errorf("Obtain from a replica = %v, want ErrNotObtained with the READONLY", err)
 	}
+
+	// The replica stops answering before the wait ends: the last try is cut
+	// short by the wait's end, with no answer, and the READONLY is still
+	// the last thing Redis said.
+	stalled := lock.NewRedis(c, lock.RedisOptions{Wait: 400 * time.Millisecond})
+	time.AfterFunc(150*time.Millisecond, replica.Pause)
+	defer replica.Resume()
+	_, err = stalled.Obtain(ctx, "k")
+	if !errors.Is(err, lock.ErrNotObtained) || !redis.IsReadOnlyError(err) {
+		t.Errorf("Obtain from a replica that stopped answering = %v, want ErrNotObtained with the READONLY", err)
+	}
 }
