@@ -43,14 +43,18 @@ import (
 //
 // Any two majorities of the same N nodes share a node, so an acquisition
 // that starts after an earlier holder stored its token reads at least that
-// token and issues a larger one, even if one node lost everything. Two
-// holders that overlap (which the lock itself should prevent, but a pause
-// longer than the lease can cause) may draw the same token; the database's
-// strict fence < token check refuses the second of them. Each node answers
-// max(counter, its clock in microseconds), as the single Redis lock draws
-// its tokens, so even a majority restarted empty, or restored from older
-// snapshots, issues tokens above those already written while the clocks
-// move forward; RaiseFence repairs the counters where they cannot.
+// token and issues a larger one, even if a node outside that majority lost
+// everything. Two holders that overlap (which the lock itself should
+// prevent, but a pause longer than the lease can cause) may draw the same
+// token; the database's strict fence < token check refuses the second of
+// them. Each node answers max(counter, its clock in microseconds), as the
+// single Redis lock draws its tokens, so even a majority restarted empty, or
+// restored from older snapshots, issues tokens above those already written
+// while the clocks move forward. Where they cannot (counters above any
+// clock), a node of that majority that comes back empty may leave the token
+// on a minority — the third of three nodes stores it only if its grant came
+// in time for the fence round — and the next token may be smaller: the
+// database refuses its writes, and RaiseFence repairs the counters.
 //
 // # Waiters
 //
