@@ -113,7 +113,23 @@ func (l *Lease) Contended() bool { return l.contended.Load() }
 
 // notObtained builds the error for a wait that ended without the lock.
 func notObtained(ctx context.Context) error {
-	return errors.Join(ErrNotObtained, context.Cause(ctx))
+	cause := context.Cause(ctx)
+	if cause == nil { // past its deadline; see ended
+		cause = context.DeadlineExceeded
+	}
+	return errors.Join(ErrNotObtained, cause)
+}
+
+// ended reports whether ctx is done or past its deadline. A command whose
+// connection deadline came from ctx's (go-redis's ContextTimeoutEnabled)
+// fails with a timeout at that instant, while ctx.Err may still be nil
+// until ctx's own timer has fired: on a loaded machine a moment later.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	d, ok := ctx.Deadline()
+	return ok && !time.Now().Before(d)
 }
 
 // renewFunc extends a lease that is valid until validUntil and returns until

@@ -300,7 +300,7 @@ func settle(tryCtx context.Context, key string, start time.Time, ttl time.Durati
 	switch {
 	case err != nil:
 		cleanup()
-		if tryCtx.Err() != nil {
+		if ended(tryCtx) {
 			return notObtained(tryCtx)
 		}
 		return fmt.Errorf("lock: obtain %q: %w", key, err)
@@ -430,7 +430,7 @@ func replyLost(ctx context.Context, err error) bool {
 		op     *net.OpError
 	)
 	switch {
-	case err == nil, ctx.Err() != nil, errors.As(err, &answer),
+	case err == nil, ended(ctx), errors.As(err, &answer),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
 		errors.As(err, &op) && op.Op == "dial":
 		return false

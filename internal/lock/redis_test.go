@@ -339,6 +339,36 @@ func TestRedisWaitIsBounded(t *testing.T) {
 	})
 }
 
+// A try cut short by its context's deadline is a wait that ran out, not a
+// Redis error, even before the context's timer has fired: the connection's
+// deadline, taken from the context's, times the command out at that instant,
+// and on a loaded machine the timer fires a moment later. timerNotFired
+// stands for that moment, with a Redis that has stopped answering.
+func TestTryCutByItsDeadlineIsNotObtained(t *testing.T) {
+	ctx := context.Background()
+	p := testenv.StartRedis(t)
+	c := lockClient(t, p.Addr, true)
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := lock.NewRedis(c, lock.RedisOptions{})
+	p.Pause()
+	defer p.Resume()
+	_, err := l.TryObtain(timerNotFired{ctx, time.Now().Add(50 * time.Millisecond)}, "k")
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want ErrNotObtained joined with DeadlineExceeded", err)
+	}
+}
+
+// timerNotFired is a context whose deadline has passed and whose timer has
+// not fired: Done is open and Err is nil.
+type timerNotFired struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c timerNotFired) Deadline() (time.Time, bool) { return c.deadline, true }
+
 func TestRedisDown(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer c.Close()

@@ -182,7 +182,7 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 				switching = err
 			case !errors.Is(err, ErrNotObtained):
 				return l, err
-			case waitCtx.Err() == nil:
+			case !ended(waitCtx):
 				// Redis answered that the key is held.
 				switching = nil
 			}
