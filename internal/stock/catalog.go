@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 
 	"gorm.io/gorm"
@@ -73,6 +74,9 @@ func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error 
 	if stock < 0 || stock > 1_000_000_000 {
 		return fmt.Errorf("%w: stock must be between 0 and 1000000000", ErrInvalid)
 	}
+	// At REPEATABLE READ whatever the server's default, so that its
+	// DELETEs lock the gaps too: an order counter made meanwhile
+	// (ensureCounter) waits for the seed, and then counts what it left.
 	err = c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("DELETE FROM orders").Error; err != nil {
 			return err
@@ -103,7 +107,7 @@ func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error 
 			}
 		}
 		return nil
-	})
+	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	return classify(ctx, "seed", err)
 }
 
