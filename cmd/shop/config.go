@@ -124,7 +124,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		RedisPrefix:     get("SHOP_REDIS_PREFIX", "shop:"),
 		LockMode:        oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
 		LockTTL:         between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
-		LockWait:        duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
+		LockWait:        between("SHOP_LOCK_WAIT", "2s", time.Millisecond, stock.MaxLockWait),
 		StockUpdate:     oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
 		Fencing:         oneOf("SHOP_FENCING", "on", "on", "off") == "on",
 		CacheTTL:        duration("SHOP_CACHE_TTL", "10m", time.Second),

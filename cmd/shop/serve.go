@@ -71,7 +71,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	ordersDB, err := stock.Open(cfg.MySQLDSN, ordersPoolSize)
+	ordersDB, err := stock.OpenOrders(cfg.MySQLDSN, ordersPoolSize)
 	if err != nil {
 		return err
 	}
@@ -110,8 +110,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	catalog := stock.NewCatalog(db)
 	products := newCache(cfg, rdb, catalog, reg, log)
 	defer products.Close()
+	lanes := 1
+	if cfg.LockMode == "none" {
+		// The lock-free baseline places a SKU's orders side by side.
+		lanes = ordersPoolSize
+	}
 	orders := stock.NewService(ordersDB, locker, stock.Options{
-		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, UserLimit: cfg.UserLimit,
+		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
 		Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
 		BeforeWrite: hooks.BeforeWrite,
 	})
