@@ -30,6 +30,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_LOCK_TTL", "five"},
 		{"SHOP_LOCK_TTL", "1ms"},
 		{"SHOP_LOCK_WAIT", "-1s"},
+		{"SHOP_LOCK_WAIT", "11s"}, // an order's turn must keep time for its transaction
 		{"SHOP_STOCK_UPDATE", "optimistic"},
 		{"SHOP_FENCING", "yes"},
 		{"SHOP_LOG_LEVEL", "loud"},

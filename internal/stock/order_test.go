@@ -548,3 +548,11 @@ func snapshotDSN(t *testing.T, db *testenv.DB) string {
 	cfg.Params["innodb_snapshot_isolation"] = "ON"
 	return cfg.FormatDSN()
 }
+
+// The budgets fit in one another: a turn that waited the longest lock wait
+// still has the time a buyer must have left to be taken into a transaction.
+func TestLockWaitLeavesTimeForTheTransaction(t *testing.T) {
+	if left := stock.TurnTimeout - stock.MaxLockWait; left <= stock.MinTimeLeft {
+		t.Errorf("after the longest lock wait (%s) a turn has %s left, want more than %s", stock.MaxLockWait, left, stock.MinTimeLeft)
+	}
+}
