@@ -4,8 +4,11 @@ import (
 	"context"
 	"maps"
 	"net"
+	"net/http"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"shop/internal/testenv"
 )
@@ -149,5 +152,28 @@ func TestConfigReportsEveryBadAddressAtOnce(t *testing.T) {
 		if !strings.Contains(out, name+": ") {
 			t.Errorf("%s not reported:\n%s", name, out)
 		}
+	}
+}
+
+var debugListenRE = regexp.MustCompile(`"msg":"debug listener","addr":"([^"]+)"`)
+
+// SHOP_DEBUG_ADDR's port 0 is logged as the port bound, where pprof
+// answers.
+func TestDebugListenerLogsTheAddressBound(t *testing.T) {
+	db := testenv.MySQL(t)
+	r := startReplica(t, fleetVars(t, db, map[string]string{"SHOP_DEBUG_ADDR": "127.0.0.1:0"})())
+	waitLog(t, r.log, debugListenRE, 5*time.Second)
+	addr := debugListenRE.FindStringSubmatch(r.log.String())[1]
+	if strings.HasSuffix(addr, ":0") {
+		t.Fatalf("debug listener logged %q, not the port it bound", addr)
+	}
+	client := &http.Client{Timeout: 5 * time.Second}
+	res, err := client.Get("http://" + addr + "/debug/pprof/")
+	if err != nil {
+		t.Fatalf("GET /debug/pprof/ on the logged %s: %v", addr, err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		t.Errorf("GET /debug/pprof/ on %s: %d, want 200", addr, res.StatusCode)
 	}
 }
