@@ -162,12 +162,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		"user_limit", cfg.UserLimit)
 
 	if cfg.DebugAddr != "" {
-		dbg, err := serveDebug(cfg.DebugAddr)
+		dbg, addr, err := serveDebug(cfg.DebugAddr)
 		if err != nil {
 			return err
 		}
 		defer dbg.Close()
-		log.Info("debug listener", "addr", cfg.DebugAddr)
+		log.Info("debug listener", "addr", addr)
 	}
 
 	errc := make(chan error, 1)
@@ -558,8 +558,10 @@ func registerOrderStats(reg prometheus.Registerer, stats func() stock.Stats) {
 	)
 }
 
-// serveDebug serves net/http/pprof on addr, apart from the public API.
-func serveDebug(addr string) (*http.Server, error) {
+// serveDebug serves net/http/pprof on addr, apart from the public API, and
+// returns the server and the address it listens on: addr's port 0 becomes
+// the port the system chose.
+func serveDebug(addr string) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -568,11 +570,11 @@ func serveDebug(addr string) (*http.Server, error) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("serve: debug listener: %w", err)
+		return nil, "", fmt.Errorf("serve: debug listener: %w", err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	return srv, nil
+	return srv, ln.Addr().String(), nil
 }
 
 // The order locks that give fencing tokens can also repair their counter
