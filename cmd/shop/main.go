@@ -4,6 +4,7 @@
 //	shop migrate                          apply the schema
 //	shop seed --products N --stock S      reset the catalog
 //	     [--starts-at T] [--ends-at T]    with every product's sale window
+//	shop seed --if-empty …                seed only a catalog without products
 //	shop verify [--acks FILE] [--json]    check the sale's invariants
 //
 // Configuration comes from SHOP_* environment variables; see README.md.
@@ -65,6 +66,7 @@ commands:
   migrate                           apply the database migrations
   seed --products N --stock S       reset the catalog to products 1..N with S units each
        [--starts-at T] [--ends-at T]  and every product's sale window (RFC 3339)
+       [--if-empty]                 only if the catalog has no products (exit 0 either way)
   verify [--acks FILE] [--json]     check the invariants; exit 1 if any is broken`
 
 // run is the whole program; main only supplies the process's environment.

@@ -86,6 +86,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	units := fs.Int("stock", 1, "units of each product")
 	startsAt := fs.String("starts-at", "", "when every product's sale starts, RFC 3339 (default: no start)")
 	endsAt := fs.String("ends-at", "", "when every product's sale ends, RFC 3339 (default: no end)")
+	ifEmpty := fs.Bool("if-empty", false, "seed only a catalog without products; leave one that has some, and its orders, as they are")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -107,7 +108,16 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	catalog := stock.NewCatalog(db)
 	cached := newCache(cfg, rdb, catalog, nil, nil)
 	defer cached.Close()
-	s, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
+	var seeder catalogSeeder = catalog
+	if *ifEmpty {
+		seeder = emptyCatalog{catalog}
+	}
+	s, err := seedCatalog(ctx, seeder, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
+	var notEmpty *stock.NotEmptyError
+	if errors.As(err, &notEmpty) {
+		fmt.Fprintf(stdout, "catalog has %d products: not seeded\n", notEmpty.Products)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -120,6 +130,15 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	}
 	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, s.dropped)
 	return nil
+}
+
+// emptyCatalog is a catalog whose seed leaves a catalog that has products
+// as it is (shop seed --if-empty): its SeedWindow is
+// stock.Catalog.SeedWindowIfEmpty.
+type emptyCatalog struct{ catalog *stock.Catalog }
+
+func (c emptyCatalog) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
+	return c.catalog.SeedWindowIfEmpty(ctx, n, units, sale)
 }
 
 // saleWindow reads the sale window of shop seed's --starts-at and
