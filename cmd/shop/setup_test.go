@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -10,7 +14,8 @@ import (
 )
 
 // What the container set-ups run: the setup's `shop seed --if-empty`
-// (docker-compose.yml, deploy/k8s/job-setup.yaml).
+// (docker-compose.yml, deploy/k8s/job-setup.yaml) and the image's
+// HEALTHCHECK, `shop healthcheck` (Dockerfile).
 
 // catalogCounts returns how many products, units in stock and orders db
 // holds.
@@ -130,4 +135,126 @@ func waitSeeds(t *testing.T, db *testenv.DB, n int) {
 		}
 	}
 	t.Fatalf("%d seeds never waited together", n)
+}
+
+// healthcheckWith runs shop healthcheck with SHOP_HTTP_ADDR=addr.
+func healthcheckWith(addr string) (int, string) {
+	return shopWith(map[string]string{"SHOP_HTTP_ADDR": addr}, "healthcheck")
+}
+
+// shop healthcheck asks the replica on the port of SHOP_HTTP_ADDR, however
+// the address is written, and fails once it has stopped.
+func TestHealthcheckOfAReplica(t *testing.T) {
+	db := testenv.MySQL(t)
+	r := startReplica(t, fleetVars(t, db, nil)())
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(r.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, addr := range []string{":" + port, "0.0.0.0:" + port, "127.0.0.1:" + port} {
+		code, out := healthcheckWith(addr)
+		if want := "http://127.0.0.1:" + port + "/readyz answered 200 OK"; code != 0 || !strings.Contains(out, want) {
+			t.Errorf("SHOP_HTTP_ADDR=%s: exit %d, %q; want 0, %q", addr, code, out, want)
+		}
+	}
+	r.stop()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		code, out := healthcheckWith(":" + port)
+		if code == 1 && strings.Contains(out, "not ready") {
+			t.Logf("stopped replica: %s", strings.TrimSpace(out))
+			break
+		}
+		if code != 0 || time.Now().After(deadline) {
+			t.Fatalf("stopped replica: exit %d, %q; want 1, not ready", code, out)
+		}
+	}
+}
+
+// shop healthcheck GETs /readyz and exits 0 on 200 only, 1 on anything else
+// — never 2, which container engines reserve — and within its timeout.
+func TestHealthcheckExits0Or1(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		requests []string
+	)
+	status := http.StatusOK
+	hang := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		requests = append(requests, r.Method+" "+r.URL.Path)
+		code := status
+		mu.Unlock()
+		if code == 0 {
+			<-hang
+			return
+		}
+		w.WriteHeader(code)
+		fmt.Fprintf(w, `{"status":%d}`, code)
+	}))
+	t.Cleanup(srv.Close)
+	t.Cleanup(func() { close(hang) })
+	_, port, err := net.SplitHostPort(srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	setStatus := func(code int) {
+		mu.Lock()
+		status = code
+		mu.Unlock()
+	}
+
+	for _, tt := range []struct {
+		name   string
+		status int // 0: never answers
+		addr   string
+		args   []string
+		code   int
+		want   string
+	}{
+		{"ready", 200, ":" + port, nil, 0, "/readyz answered 200 OK"},
+		{"ready, every interface", 200, "0.0.0.0:" + port, nil, 0, "http://127.0.0.1:" + port + "/readyz answered 200 OK"},
+		{"not ready", 503, ":" + port, nil, 1, `not ready: http://127.0.0.1:` + port + `/readyz answered 503 Service Unavailable: {"status":503}`},
+		{"redirect", 301, ":" + port, nil, 1, "answered 301"},
+		{"no answer", 0, ":" + port, nil, 1, "context deadline exceeded"},
+		{"nothing listening", 200, deadAddr(t), nil, 1, "connection refused"},
+		{"bad address", 200, port, nil, 1, "SHOP_HTTP_ADDR"},
+		{"bad argument", 200, ":" + port, []string{"--port", "1"}, 1, "flag provided but not defined"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			setStatus(tt.status)
+			start := time.Now()
+			code, out := shopWith(map[string]string{"SHOP_HTTP_ADDR": tt.addr}, append([]string{"healthcheck"}, tt.args...)...)
+			if code != tt.code || !strings.Contains(out, tt.want) {
+				t.Errorf("exit %d, %q; want %d and %q", code, out, tt.code, tt.want)
+			}
+			if took := time.Since(start); took > healthcheckTimeout+time.Second {
+				t.Errorf("took %s; the timeout is %s", took, healthcheckTimeout)
+			}
+		})
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, r := range requests {
+		if r != "GET /readyz" {
+			t.Errorf("request %q; want only GET /readyz", r)
+		}
+	}
+}
+
+// An address that listens on every interface is asked on the loopback;
+// any other, as written.
+func TestReadyURL(t *testing.T) {
+	for addr, want := range map[string]string{
+		":9090":          "http://127.0.0.1:9090/readyz",
+		"0.0.0.0:9090":   "http://127.0.0.1:9090/readyz",
+		"[::]:9090":      "http://[::1]:9090/readyz",
+		"127.0.0.1:9090": "http://127.0.0.1:9090/readyz",
+		"[::1]:9090":     "http://[::1]:9090/readyz",
+		"10.1.2.3:9090":  "http://10.1.2.3:9090/readyz",
+		"shop1:8080":     "http://shop1:8080/readyz",
+	} {
+		if got, err := readyURL(addr); err != nil || got != want {
+			t.Errorf("readyURL(%q) = %q, %v; want %q", addr, got, err, want)
+		}
+	}
 }
