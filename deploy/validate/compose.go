@@ -65,8 +65,8 @@ var (
 // CheckCompose checks a compose project of the repository at repo against
 // the service and the native stack: every shop service (built from the
 // repository) has the environment of x-shop-env, made only of settings
-// the service reads; a setup service migrates and then seeds, and the
-// replicas wait for it; a replica is given time to drain and shut down
+// the service reads; a setup service migrates and then seeds an empty
+// catalog only (shop seed --if-empty), and the replicas wait for it; a replica is given time to drain and shut down
 // before it is killed; nginx runs the native stack's template, every
 // variable of it set, with every replica, and only them, as upstreams on
 // the port they listen on.
@@ -106,8 +106,13 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 			if need := drain + svc.Shutdown; s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) < need {
 				pr.addf("service %s: stop_grace_period %s is less than SHOP_DRAIN %s + shutdown %s = %s", name, graceString(s.StopGracePeriod), drain, svc.Shutdown, need)
 			}
-		case migratesThenSeeds(shopSteps(cmd)):
-			setups = append(setups, name)
+		default:
+			if seed, ok := setupSeed(shopSteps(cmd)); ok {
+				setups = append(setups, name)
+				if !seedsIfEmpty(seed) {
+					pr.addf("service %s: %s at every `docker compose up`", name, seedWithoutIfEmpty)
+				}
+			}
 		}
 	}
 	if len(replicas) == 0 {

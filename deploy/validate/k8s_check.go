@@ -43,8 +43,8 @@ func (p problems) err() error { return errors.Join(p...) }
 // pods, the grace period covers the preStop sleep, the drain and the
 // shutdown, every SHOP_* setting is one the service reads and credentials
 // come from a Secret, the pods run unprivileged, and the setup Job migrates
-// and then seeds with the replicas' image. It returns every problem found,
-// each naming its object.
+// and then seeds an empty catalog only, with the replicas' image. It returns
+// every problem found, each naming its object.
 func CheckK8s(m *Manifests, svc Service) error {
 	var p problems
 	if len(m.Deployments) != 1 {
@@ -424,8 +424,8 @@ func (m *Manifests) checkPDBs(p *problems, podLabels map[string]string, replicas
 	}
 }
 
-// checkJobs checks the Jobs: one of them migrates and then seeds, every
-// one runs the replicas' image with the replicas' care, is retried a
+// checkJobs checks the Jobs: one of them migrates and then seeds an empty
+// catalog only (shop seed --if-empty), every one runs the replicas' image with the replicas' care, is retried a
 // bounded number of times and is cleaned up once finished.
 func (m *Manifests) checkJobs(p *problems, svc Service, image string) {
 	setup := false
@@ -450,8 +450,11 @@ func (m *Manifests) checkJobs(p *problems, svc Service, image string) {
 		}
 		if len(pod.Containers) != 1 {
 			p.addf("%s: %d containers; want one: a pod's containers run side by side, its init containers one after the other", where, len(pod.Containers))
-		} else if migratesThenSeeds(jobSteps(j)) {
+		} else if seed, ok := setupSeed(jobSteps(j)); ok {
 			setup = true
+			if !seedsIfEmpty(seed) {
+				p.addf("%s: %s whenever the Job is created again", where, seedWithoutIfEmpty)
+			}
 		}
 	}
 	if !setup {
@@ -459,12 +462,13 @@ func (m *Manifests) checkJobs(p *problems, svc Service, image string) {
 	}
 }
 
-// jobSteps returns the shop subcommands a Job's pod runs, in order: its init
+// jobSteps returns the shop command lines a Job's pod runs (see shopSteps),
+// in order: its init
 // containers one after the other, then its container (one: containers run
 // side by side). A container without a command runs the image's
 // entrypoint, shop, with its args.
-func jobSteps(j batchv1.Job) []string {
-	var steps []string
+func jobSteps(j batchv1.Job) [][]string {
+	var steps [][]string
 	for _, c := range slices.Concat(j.Spec.Template.Spec.InitContainers, j.Spec.Template.Spec.Containers) {
 		argv := slices.Concat(c.Command, c.Args)
 		if len(c.Command) == 0 {

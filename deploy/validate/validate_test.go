@@ -149,9 +149,10 @@ func TestK8s(t *testing.T) {
 // strict decoding, and each check.
 func TestK8sRejectsBrokenCopies(t *testing.T) {
 	const (
-		dep  = "deployment.yaml"
-		conf = "config.env"
-		job  = "job-setup.yaml"
+		dep      = "deployment.yaml"
+		conf     = "config.env"
+		job      = "job-setup.yaml"
+		seedArgs = `args: ["seed", "--if-empty", "--products", "5000", "--stock", "1"]`
 	)
 	svc := service(t)
 	files := k8sFiles(t)
@@ -191,12 +192,14 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		{"root", []edit{{dep, "runAsUser: 10001", "runAsUser: 0"}}, "want runAsUser 10001"},
 		{"no CPU limit", []edit{{dep, "              cpu: \"2\"\n", ""}}, "container shop: no cpu limit"},
 		{"GOMEMLIMIT above the limit", []edit{{dep, "value: 460MiB", "value: 600MiB"}}, "GOMEMLIMIT 600MiB is not below the memory limit 512Mi"},
-		{"job does not seed", []edit{{job, `args: ["seed", "--products", "5000", "--stock", "1"]`, `args: ["verify"]`}}, "no Job runs shop migrate and then shop seed"},
+		{"job does not seed", []edit{{job, seedArgs, `args: ["verify"]`}}, "no Job runs shop migrate and then shop seed"},
 		{"job seeds before migrating", []edit{
 			{job, `args: ["migrate"]`, `args: ["swap"]`},
-			{job, `args: ["seed", "--products", "5000", "--stock", "1"]`, `args: ["migrate"]`},
-			{job, `args: ["swap"]`, `args: ["seed", "--products", "5000", "--stock", "1"]`},
+			{job, seedArgs, `args: ["migrate"]`},
+			{job, `args: ["swap"]`, seedArgs},
 		}, "no Job runs shop migrate and then shop seed"},
+		{"job resets the catalog", []edit{{job, `"--if-empty", `, ""}}, "Job shop-setup: runs shop seed without --if-empty"},
+		{"job turns --if-empty off", []edit{{job, `"--if-empty", `, `"--if-empty", "--if-empty=false", `}}, "Job shop-setup: runs shop seed without --if-empty"},
 		{"job migrates beside the seed", []edit{{job, "      containers:\n", ""}, {job, "      initContainers:\n", "      containers:\n"}},
 			"Job shop-setup: 2 containers; want one"},
 		{"job on another image", []edit{{job, "          image: shop\n          imagePullPolicy: IfNotPresent\n          args: [\"migrate\"]",
@@ -275,6 +278,7 @@ func TestComposeRejectsBrokenCopies(t *testing.T) {
 		{"template variable added", []edit{{"deploy/nginx.conf", "worker_processes auto;", "worker_processes ${NGINX_WORKERS};"}}, "NGINX_WORKERS is not set"},
 		{"listen port not published", []edit{{dc, `NGINX_LISTEN: "8080"`, `NGINX_LISTEN: "9090"`}}, "no published port targets 9090"},
 		{"seed runs after a failed migrate", []edit{{dc, "shop migrate && shop seed", "shop migrate; shop seed"}}, "no setup service"},
+		{"setup resets the catalog", []edit{{dc, "shop seed --if-empty", "shop seed"}}, "service setup: runs shop seed without --if-empty"},
 		{"replicas do not wait for the setup", []edit{{dc, "      condition: service_completed_successfully\n", "      condition: service_started\n"}}, "service shop1: does not wait for the setup"},
 	}
 	for _, tc := range cases {
