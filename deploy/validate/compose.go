@@ -60,6 +60,8 @@ var (
 	templateVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 	// upstreamServer is a server line of SHOP_UPSTREAMS.
 	upstreamServer = regexp.MustCompile(`\bserver\s+([^\s;]+)`)
+	// namedPort is a port a command names, as in host:port or a URL.
+	namedPort = regexp.MustCompile(`:(\d+)\b`)
 )
 
 // CheckCompose checks a compose project of the repository at repo against
@@ -106,6 +108,7 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 			if need := drain + svc.Shutdown; s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) < need {
 				pr.addf("service %s: stop_grace_period %s is less than SHOP_DRAIN %s + shutdown %s = %s", name, graceString(s.StopGracePeriod), drain, svc.Shutdown, need)
 			}
+			checkReplicaHealth(&pr, name, s.HealthCheck)
 		default:
 			if seed, ok := setupSeed(shopSteps(cmd)); ok {
 				setups = append(setups, name)
@@ -212,10 +215,45 @@ func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, 
 			if !slices.ContainsFunc(s.Ports, func(pc types.ServicePortConfig) bool { return strconv.Itoa(int(pc.Target)) == lp }) {
 				pr.addf("%s: NGINX_LISTEN=%s, but no published port targets %s", where, listen, lp)
 			}
+			if h := s.HealthCheck; h != nil && !h.Disable {
+				for _, m := range namedPort.FindAllStringSubmatch(strings.Join(h.Test, " "), -1) {
+					if m[1] != lp {
+						pr.addf("%s: the healthcheck asks port %s; nginx listens on %s (NGINX_LISTEN)", where, m[1], lp)
+					}
+				}
+			}
 		}
 		return
 	}
 	pr.addf("no service mounts %s as an nginx template", nginxTemplate)
+}
+
+// checkReplicaHealth checks a replica's health check: the image's (none
+// of its own), or its own running `shop healthcheck`, which asks the port
+// SHOP_HTTP_ADDR names. Disabled, nginx, which waits for the replicas to be
+// healthy, would never start; naming a port, it would go on asking that one
+// when SHOP_HTTP_ADDR moves the replica.
+func checkReplicaHealth(pr *problems, name string, h *types.HealthCheckConfig) {
+	switch {
+	case h == nil:
+	case h.Disable:
+		pr.addf("service %s: its healthcheck is disabled; nginx waits for the replicas to be healthy", name)
+	case len(h.Test) > 0 && !runsHealthcheck(h.Test):
+		pr.addf("service %s: healthcheck %q; want [CMD shop healthcheck], which asks the port SHOP_HTTP_ADDR names (or none, the image's)", name, h.Test)
+	}
+}
+
+// runsHealthcheck reports whether a compose healthcheck's test runs `shop
+// healthcheck` and nothing else.
+func runsHealthcheck(test []string) bool {
+	want := []string{"shop", "healthcheck"}
+	switch {
+	case len(test) > 1 && test[0] == "CMD":
+		return slices.Equal(test[1:], want)
+	case len(test) == 2 && test[0] == "CMD-SHELL":
+		return slices.Equal(strings.Fields(test[1]), want)
+	}
+	return false
 }
 
 // templateVars returns the ${NAME}s of an nginx template, comments left

@@ -17,6 +17,14 @@ const repoDir = "../.."
 // edit replaces old, which must occur exactly once, with new in file.
 type edit struct{ file, old, new string }
 
+// brokenCase is one way to break a copy of the files: its edits, and what
+// the rejection must name.
+type brokenCase struct {
+	name  string
+	edits []edit
+	want  string
+}
+
 // service reads what the deployment files must agree with from cmd/shop.
 func service(t *testing.T) validate.Service {
 	t.Helper()
@@ -156,11 +164,7 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 	)
 	svc := service(t)
 	files := k8sFiles(t)
-	cases := []struct {
-		name  string
-		edits []edit
-		want  string
-	}{
+	cases := []brokenCase{
 		{"kustomization typo", []edit{{"kustomization.yaml", "\nimages:\n", "\nimage:\n"}}, `invalid Kustomization: json: unknown field "image"`},
 		{"unknown field", []edit{{dep, "  replicas: 3\n", "  replicas: 3\n  replica: 3\n"}}, `unknown field "replica"`},
 		{"pod field in a container", []edit{{dep, "          imagePullPolicy: IfNotPresent\n", "          imagePullPolicy: IfNotPresent\n          hostNetwork: true\n"}}, `unknown field "hostNetwork"`},
@@ -254,11 +258,7 @@ func TestCompose(t *testing.T) {
 func TestComposeRejectsBrokenCopies(t *testing.T) {
 	const dc = "docker-compose.yml"
 	svc := service(t)
-	cases := []struct {
-		name  string
-		edits []edit
-		want  string
-	}{
+	cases := []brokenCase{
 		{"unknown key", []edit{{dc, "stop_grace_period: 40s", "stop_grace_perod: 40s"}}, "stop_grace_perod"},
 		{"wrong type", []edit{{dc, "      retries: 60\n", "      retries: sixty\n"}}, "retries"},
 		{"undefined dependency", []edit{{dc, "      shop3: {condition: service_healthy}", "      shop4: {condition: service_healthy}"}}, "shop4"},
@@ -279,6 +279,11 @@ func TestComposeRejectsBrokenCopies(t *testing.T) {
 		{"listen port not published", []edit{{dc, `NGINX_LISTEN: "8080"`, `NGINX_LISTEN: "9090"`}}, "no published port targets 9090"},
 		{"seed runs after a failed migrate", []edit{{dc, "shop migrate && shop seed", "shop migrate; shop seed"}}, "no setup service"},
 		{"setup resets the catalog", []edit{{dc, "shop seed --if-empty", "shop seed"}}, "service setup: runs shop seed without --if-empty"},
+		{"replica's health check off", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    healthcheck:\n      disable: true\n"}},
+			"service shop3: its healthcheck is disabled"},
+		{"replica's health check on a fixed port", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    healthcheck:\n      test: [\"CMD\", \"wget\", \"-q\", \"-O\", \"/dev/null\", \"http://127.0.0.1:8080/readyz\"]\n"}},
+			"service shop3: healthcheck"},
+		{"nginx's health check on another port", []edit{{dc, `"http://127.0.0.1:8080/readyz"]`, `"http://127.0.0.1:8081/readyz"]`}}, "the healthcheck asks port 8081; nginx listens on 8080"},
 		{"replicas do not wait for the setup", []edit{{dc, "      condition: service_completed_successfully\n", "      condition: service_started\n"}}, "service shop1: does not wait for the setup"},
 	}
 	for _, tc := range cases {
