@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"fmt"
 	"net"
 	"net/http"
@@ -75,7 +76,9 @@ func TestSeedIfEmptyLeavesACatalogWithOrders(t *testing.T) {
 // own.
 func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
 	db := testenv.MySQL(t)
-	hold := db.Open(t).Begin()
+	// At REPEATABLE READ, so that the locking read of the empty table
+	// locks its gap.
+	hold := db.Open(t).Begin(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	if err := hold.Exec("SELECT id FROM products FOR UPDATE").Error; err != nil {
 		hold.Rollback()
 		t.Fatal(err)

@@ -121,6 +121,9 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, w Window, ifEmpty bool
 			return err
 		}
 		defer unlockSeeds(ctx, conn)
+		// At REPEATABLE READ whatever the server's default, so that its
+		// DELETEs lock the gaps too: an order counter made meanwhile
+		// (ensureCounter) waits for the seed, and then counts what it left.
 		return conn.Transaction(func(tx *gorm.DB) error {
 			if ifEmpty {
 				var products int64
@@ -132,10 +135,6 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, w Window, ifEmpty bool
 				}
 			}
 			return resetCatalog(tx, n, stock, w)
-			// At REPEATABLE READ whatever the server's default, so that
-			// its DELETEs lock the gaps too: an order counter made
-			// meanwhile (ensureCounter) waits for the seed, and then
-			// counts what it left.
 		}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	})
 	var notEmpty *NotEmptyError
