@@ -44,6 +44,12 @@
 # cluster a Redis Cluster of three masters; sentinel a master, one replica and
 # three Sentinels watching them as "shop". The Redlock masters stay the three
 # single servers whatever the topology.
+#
+# Ports are chosen once and kept in the state (ports.env). A server counts
+# as running only while the pid the stack recorded for it listens on its
+# port. When another process has taken a saved port, up and redis-up move
+# the server to a free port (and restart the replicas that pointed at the
+# old one); every other command fails, naming the port and the process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
