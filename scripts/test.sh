@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# make test: start private MariaDB and Redis on free loopback ports, run the
-# whole suite with the race detector against them, then the lock experiment
-# on a small fleet behind nginx (scripts/demo.sh), and stop every server
-# however the tests end. TEST_PKGS narrows `go test` to some packages
+# make test: refuse a Go older than go.mod's go line at once, start private
+# MariaDB and Redis on free loopback ports, run the whole suite with the
+# race detector against them, then the lock experiment on a small fleet
+# behind nginx (scripts/demo.sh), and stop every server however the tests
+# end. TEST_PKGS narrows `go test` to some packages
 # (default ./...); without it the tests of the scripts themselves
 # (scripts/lib_test.sh) run first. `scripts/test.sh bench` (make bench)
 # runs the benchmarks instead, and `scripts/test.sh bench-lock` (make
@@ -11,6 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
+ensure_go
 case ${1:-} in
   bench | bench-lock) ensure_deps ;;
   *) ensure_deps race ;; # go test -race needs cgo, so a C compiler
