@@ -44,11 +44,13 @@ import (
 //  5. the buyer holds an order of the product already: ErrAlreadyOrdered;
 //  6. the buyer holds Options.UserLimit orders: ErrUserLimit.
 //
-// The product's rules come before the buyer's so that a product known to be
-// gone, closed or sold out is refused without asking who the buyer is: from
-// one stock read, or from memory. A buyer whose request has ended is not
-// placed (ErrBusy), nor is one who sends its key again in the same batch:
-// it is answered with the first one's order.
+// A replay comes first, so that a retry of an order that committed gets its
+// order whatever has happened since. Then the product's rules come before
+// the buyer's, so that a product known to be gone, closed or sold out is
+// refused without asking who the buyer is: from one stock read, or from
+// memory. A buyer whose request has ended is not placed (ErrBusy); one who
+// sends its key again in the same batch gets the first one's order, when
+// that one bought, and is judged as any other order otherwise.
 
 // maxCareful bounds the careful attempts of one batch. Each one that fails
 // on a unique index has read the orders that were in the way of the one
@@ -80,8 +82,8 @@ type sale struct {
 	// the batch.
 	sold    []Order
 	sellers []int
-	// left is the stock left after the sale, or -1 when not known.
-	left int
+	// soldOut says that the batch left no unit: the product is sold out.
+	soldOut bool
 }
 
 // facts is what a batch's transaction knows when it judges its orders. A
@@ -121,7 +123,7 @@ func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch
 		}
 		return
 	}
-	if sale.left == 0 {
+	if sale.soldOut {
 		s.soldOut.mark(sku, gen)
 	}
 	if len(sale.sold) > 0 {
@@ -203,7 +205,7 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 				before := len(sl.sold)
 				sl = s.judge(sku, fence, batch, facts{stock: &before})
 			}
-			sl.left = left
+			sl.soldOut = left == 0
 			return sl, s.record(tx, sku, &sl, errCareful)
 		}
 		// Refused, and nothing written: judge each order.
@@ -221,13 +223,15 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 		}
 		f.held = &h
 	}
-	if users := limitCandidates(batch, f.held); s.opt.UserLimit > 0 && read.Stock > 0 && len(users) > 0 {
-		if f.counts, err = lockCounters(tx, users); err != nil {
-			return sale{}, err
+	if s.opt.UserLimit > 0 && read.Stock > 0 {
+		if users := limitCandidates(batch, f.held); len(users) > 0 {
+			if f.counts, err = lockCounters(tx, users); err != nil {
+				return sale{}, err
+			}
 		}
 	}
 	sl := s.judge(sku, fence, batch, f)
-	sl.left = read.Stock - len(sl.sold)
+	sl.soldOut = read.Stock-len(sl.sold) <= 0
 	if len(sl.sold) == 0 {
 		return sl, nil
 	}
@@ -244,7 +248,7 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 // rules at the top of this file, selling in arrival order to a holder whose
 // fencing token is fence.
 func (s *Service) judge(sku, fence int64, batch []*ticket, f facts) sale {
-	sl := sale{verdicts: make([]verdict, len(batch)), left: -1}
+	sl := sale{verdicts: make([]verdict, len(batch))}
 	left := math.MaxInt
 	switch {
 	case f.product != nil:
