@@ -24,8 +24,10 @@ import (
 
 // The sale of TestSaleThroughClusterFailover: failoverSKUs products of
 // failoverUnits each, failoverBuyers buyers of each, one buyer after the
-// other in a steady stream over failoverSpan, each retrying for at most
-// failoverRetryFor.
+// other in a steady stream over failoverSpan, each retrying for
+// failoverRetryFor after it came and after the Cluster served every slot
+// again, whichever is later: how soon the Cluster finds a master dead is
+// the machine's pace, not the service's.
 const (
 	failoverSKUs      = 30
 	failoverUnits     = 6
@@ -92,6 +94,7 @@ func TestSaleThroughClusterFailover(t *testing.T) {
 			s.waitAcks(t, failoverAfterAcks)
 			began := time.Now()
 			fault.fail(t, cluster, shard)
+			s.failoverOver()
 			t.Logf("the replica %s took the slots of %s over %s after the fault", shard.Replicas[0].Addr, shard.Master.Addr,
 				time.Since(began).Round(time.Millisecond))
 			// A subtest: if the clients do not follow, the sale's outcome
@@ -341,10 +344,24 @@ func isMoved(err error) bool {
 
 // failoverSale is the sale's buyers, under way.
 type failoverSale struct {
-	acks    atomic.Int64
+	acks atomic.Int64
+	// over is when the Cluster served every slot again; nil until then.
+	over    atomic.Pointer[time.Time]
 	mu      sync.Mutex
 	answers []buyerAnswer
 	wg      sync.WaitGroup
+}
+
+// failoverOver records that the Cluster serves every slot again.
+func (s *failoverSale) failoverOver() {
+	now := time.Now()
+	s.over.Store(&now)
+}
+
+// retrying reports whether a buyer who came at start still retries.
+func (s *failoverSale) retrying(start time.Time) bool {
+	over := s.over.Load()
+	return time.Since(start) < failoverRetryFor || over == nil || time.Since(*over) < failoverRetryFor
 }
 
 // buyerAnswer is a buyer's last answer.
@@ -377,7 +394,7 @@ func startFailoverSale(t *testing.T, replicas []*replica) *failoverSale {
 	for i := range buyers {
 		s.wg.Go(func() {
 			time.Sleep(time.Until(start.Add(failoverSpan * time.Duration(i) / buyers)))
-			a := buyRetrying(ctx, client, replicas, i, i%failoverSKUs+1, i+1)
+			a := buyRetrying(ctx, client, replicas, i, i%failoverSKUs+1, i+1, s.retrying)
 			if a.status == http.StatusCreated {
 				s.acks.Add(1)
 			}
@@ -401,21 +418,21 @@ func (s *failoverSale) wait() []buyerAnswer {
 	return s.answers
 }
 
-// buyRetrying is a buyer who retries as bin/loadtest -retry does, within
-// failoverRetryFor: 502, 503, 504 and transport errors, with the buyer's
+// buyRetrying is a buyer who retries as bin/loadtest -retry does, while
+// retrying says so: 502, 503, 504 and transport errors, with the buyer's
 // own Idempotency-Key, after a random wait between 50 ms and the longer of
 // an exponential backoff (100 ms, doubling) and Retry-After, at most 1 s.
-func buyRetrying(ctx context.Context, client *http.Client, replicas []*replica, first, sku, user int) buyerAnswer {
+func buyRetrying(ctx context.Context, client *http.Client, replicas []*replica, first, sku, user int, retrying func(start time.Time) bool) buyerAnswer {
 	a := buyerAnswer{sku: sku, user: user}
 	key := fmt.Sprintf("cf-%d-%d", sku, user)
 	backoff := 100 * time.Millisecond
-	for deadline := time.Now().Add(failoverRetryFor); ; backoff = min(2*backoff, time.Second) {
+	for start := time.Now(); ; backoff = min(2*backoff, time.Second) {
 		var retryAfter time.Duration
 		a.status, a.body, retryAfter, a.err = postKeyedOrder(ctx, client, replicas[(first+a.tries)%len(replicas)].url, sku, user, key)
 		a.tries++
 		retry := a.err != nil || a.status == http.StatusBadGateway || a.status == http.StatusServiceUnavailable ||
 			a.status == http.StatusGatewayTimeout
-		if !retry || time.Now().After(deadline) {
+		if !retry || !retrying(start) {
 			return a
 		}
 		wait := min(max(backoff, retryAfter), time.Second)
@@ -479,7 +496,7 @@ func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answer
 	}
 	t.Logf("%d buyers: last answers %v; %d retried, %d requests in all", len(answers), statuses, retried, tries)
 	if len(unanswered) > 0 {
-		t.Errorf("%d buyers unanswered after %s of retries, first: %s", len(unanswered), failoverRetryFor, strings.Join(unanswered[:min(5, len(unanswered))], "; "))
+		t.Errorf("%d buyers unanswered, retrying for %s after they came and after the failover, first: %s", len(unanswered), failoverRetryFor, strings.Join(unanswered[:min(5, len(unanswered))], "; "))
 		for i, r := range replicas {
 			var errs []string
 			for line := range strings.Lines(r.log.String()) {
