@@ -232,7 +232,29 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 
 // newRedis is a replica's client of its Redis: one server, a Redis Cluster
 // or a Sentinel-managed master, as cfg says (see config.RedisAddrs).
-func newRedis(cfg config) redis.UniversalClient { return redis.NewUniversalClient(redisOptions(cfg)) }
+func newRedis(cfg config) redis.UniversalClient { return newRedisClient(cfg, redisOptions(cfg)) }
+
+// clusterStateReload bounds how old a client's view of a Redis Cluster's
+// slots may be when it sends a command: an older view is asked for again,
+// in the background, while the command goes by the one it has. go-redis
+// asks again at once only when a node answers MOVED (or READONLY), and
+// otherwise every minute; a master that died answers nothing, so without
+// this the clients kept sending its slots' commands to it, refused, for up
+// to a minute after its replica had taken over — every order of those SKUs
+// a 503, and the lock's subscription, if it lived there, gone as long.
+const clusterStateReload = time.Second
+
+// newRedisClient is the client of o, for cfg's Redis; on a Redis Cluster it
+// asks for the slots again whenever its view is older than
+// clusterStateReload.
+func newRedisClient(cfg config, o *redis.UniversalOptions) redis.UniversalClient {
+	if cfg.redisTopology() != "cluster" {
+		return redis.NewUniversalClient(o)
+	}
+	co := o.Cluster()
+	co.ClusterStateReloadInterval = clusterStateReload
+	return redis.NewClusterClient(co)
+}
 
 // redisOptions are a replica's settings for a client of its Redis. A
 // command ends at its context's deadline when that comes before the
@@ -257,7 +279,7 @@ func redisOptions(cfg config) *redis.UniversalOptions {
 // Each command times out after ttl/3 (at most redisTimeout), so that a
 // renewal that gets no answer leaves time for a second one in the lease.
 func newLockRedis(cfg config, ttl time.Duration) redis.UniversalClient {
-	return redis.NewUniversalClient(lockRedisOptions(cfg, ttl))
+	return newRedisClient(cfg, lockRedisOptions(cfg, ttl))
 }
 
 // lockRedisOptions are newLockRedis's settings. On a Redis Cluster
