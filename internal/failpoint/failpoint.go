@@ -20,7 +20,7 @@
 //	    stop with it and stay stopped until that holder's transaction has
 //	    ended, so its lease runs out in Redis and its write reaches MySQL
 //	    before it can learn so. This is the one interleaving fencing tokens
-//	    exist for (README, "the lock experiment", rows 6 and 7).
+//	    exist for (docs/experiment.md, "Failpoints", rows 6 and 7).
 package failpoint
 
 import (

@@ -31,8 +31,8 @@ const (
 )
 
 // DefaultBatch is the most orders of one SKU that one lock holder places in
-// one transaction when Options.Batch is zero; chosen by measurement (README,
-// make bench-orders).
+// one transaction when Options.Batch is zero; chosen by measurement with
+// make bench-orders (docs/order-path.md, "The batch size").
 const DefaultBatch = 64
 
 // DefaultSoldOutTTL is how long a replica trusts, by default, that a
