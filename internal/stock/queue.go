@@ -246,7 +246,7 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 		return false
 	}
 	began = s.arrivals(q)
-	lease, err := s.obtain(ctx, sku)
+	lease, err := s.obtain(ctx, sku, p.Stock)
 	if err != nil {
 		if !errors.Is(err, ErrSoldOut) && !errors.Is(err, ErrNotFound) {
 			err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
@@ -274,19 +274,30 @@ type stillWanted interface {
 	ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*lock.Lease, error)
 }
 
-// obtain takes sku's lock for a drain. While another process holds it —
-// most likely selling the SKU's last units — the stock is read again before
-// each retry, so that a SKU sold out meanwhile is refused without the lock:
-// in a sell-out, three buyers in four never take it.
-func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
+// obtain takes sku's lock for a drain, whose read found stock units left.
+// While another process holds it — most likely selling the SKU's last units
+// — the stock is read again before a retry, so that a SKU sold out
+// meanwhile is refused without the lock: in a sell-out, three buyers in four
+// never take it. Not before every retry: a release ends one hold, which
+// sold a batch at most, so while the units last read, less a batch per
+// release, are more than none, the read can only find some left. (Another
+// replica with a larger batch may sell more; then the transaction finds
+// the product sold out, under the lock.)
+func (s *Service) obtain(ctx context.Context, sku int64, stock int) (*lock.Lease, error) {
 	l, ok := s.locks.(stillWanted)
 	if !ok {
 		return s.locks.Obtain(ctx, LockKey(sku))
 	}
 	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
-		_, err := s.stocked(s.reads.WithContext(ctx), sku)
-		if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
+		if stock -= s.opt.Batch; stock > 0 {
+			return nil
+		}
+		p, err := s.stocked(s.reads.WithContext(ctx), sku)
+		switch {
+		case errors.Is(err, ErrSoldOut), errors.Is(err, ErrNotFound):
 			return err
+		case err == nil:
+			stock = p.Stock
 		}
 		return nil // a failed read is no reason to stop waiting
 	})
