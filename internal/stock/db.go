@@ -183,7 +183,8 @@ func mysqlErrorNumber(err error) uint16 {
 
 // duplicate reports whether err is MySQL refusing a row that one of the
 // table's unique indexes already holds. Which index, and which row, is asked
-// of MySQL (Service.conflict), never read out of the message: servers word
+// of MySQL (the careful attempt reads the orders the buyers hold), never
+// read out of the message: servers word
 // it differently (MySQL 8.0.19 and later name the key
 // 'orders.uq_orders_user_sku', MariaDB and older MySQL 'uq_orders_user_sku').
 func duplicate(err error) bool { return mysqlErrorNumber(err) == errDupEntry }
