@@ -105,8 +105,8 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	rdb := newRedis(cfg)
 	defer rdb.Close()
 	catalog := stock.NewCatalog(db)
-	cached := newCache(cfg, rdb, catalog, nil, nil)
-	defer cached.Close()
+	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil)
+	defer closeCache()
 	s, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
 	if err != nil {
 		return err
