@@ -450,7 +450,8 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 	dropped, err := products.Reset(ctx)
 	if err != nil {
 		warn("the product cache was not reset: product pages may show old stock until their cache entries expire (SHOP_CACHE_TTL), "+
-			"and new product ids may answer 404 until the Bloom filter is rebuilt (a replica rebuilds it when it is missing)", err)
+			"and ids read as absent before the seed may answer 404 until theirs do (SHOP_CACHE_NULL_TTL); "+
+			"the replicas rebuild the Bloom filter for the new catalog within seconds", err)
 	}
 	s.dropped = dropped
 	return s, nil
