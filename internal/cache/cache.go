@@ -45,8 +45,6 @@ var (
 	beginLua string
 	//go:embed fill.lua
 	fillLua string
-	//go:embed invalidate.lua
-	invalidateLua string
 	//go:embed bloomcheck.lua
 	bloomCheckLua string
 	//go:embed bloomswap.lua
@@ -54,7 +52,6 @@ var (
 
 	beginScript      = redis.NewScript(beginLua)
 	fillScript       = redis.NewScript(fillLua)
-	invalidateScript = redis.NewScript(invalidateLua)
 	bloomCheckScript = redis.NewScript(bloomCheckLua)
 	bloomSwapScript  = redis.NewScript(bloomSwapLua)
 )
@@ -703,16 +700,87 @@ func (p *Products) heard() {
 // so a load that read MySQL before the commit cannot write its older copy
 // back afterwards. The next read loads the product once, as any miss does.
 func (p *Products) Invalidate(ctx context.Context, id int64) error {
-	err := invalidateScript.Run(ctx, p.rdb, []string{p.entryKey(id), p.generationKey(id)}, generationTTL.Milliseconds()).Err()
-	if err != nil {
+	if _, err := p.invalidate(ctx, []int64{id}); err != nil {
 		return fmt.Errorf("cache: invalidate %d: %w", id, err)
 	}
 	return nil
 }
 
+// invalidate drops the entries of ids and bumps their generations (see
+// Invalidate) in one pipeline: on a Redis Cluster go-redis splits it by
+// master, one round trip to each at once. It returns how many of the ids
+// had an entry.
+//
+// An id's generation is bumped before its entry is dropped, on the one
+// connection to its master, so the two need no script: a load that read
+// MySQL before the change and writes after the bump is refused (fill.lua),
+// and one that wrote before the bump is dropped with the entry.
+func (p *Products) invalidate(ctx context.Context, ids []int64) (int, error) {
+	pipe := p.rdb.Pipeline()
+	dels := make([]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		pipe.Incr(ctx, p.generationKey(id))
+		pipe.PExpire(ctx, p.generationKey(id), generationTTL)
+		dels[i] = pipe.Del(ctx, p.entryKey(id))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	dropped := 0
+	for _, del := range dels {
+		dropped += int(del.Val())
+	}
+	return dropped, nil
+}
+
+// resetBatch is how many entries a reset drops in one pipeline.
+const resetBatch = 1000
+
+// dropAll invalidates every cached entry, on every master of a Redis
+// Cluster (a SCAN of one node sees only its own), as it scans them:
+// resetBatch ids per pipeline. An id whose generation alone is there is
+// invalidated too: a load of it is under way, and what it read may be older
+// than the reset. It returns how many entries it dropped.
+func (p *Products) dropAll(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	seen := map[int64]bool{} // an entry and its generation are two keys
+	batch := make([]int64, 0, resetBatch)
+	dropped := 0
+	var failed error
+	flush := func() {
+		n, err := p.invalidate(ctx, batch)
+		dropped += n
+		batch = batch[:0]
+		if err != nil {
+			failed = err
+			cancel(err) // the scans stop
+		}
+	}
+	// Scan calls its function from one master at a time.
+	err := keyspace.Scan(ctx, p.rdb, p.opt.Prefix+"product:*", func(key string) {
+		id, ok := p.idOf(key)
+		if !ok || seen[id] || failed != nil {
+			return
+		}
+		seen[id] = true
+		if batch = append(batch, id); len(batch) == resetBatch {
+			flush()
+		}
+	})
+	if err == nil && failed == nil && len(batch) > 0 {
+		flush()
+	}
+	if failed != nil {
+		return dropped, failed
+	}
+	return dropped, err
+}
+
 // Reset follows a reset of the catalog: it rebuilds the Bloom filter from
-// the source's ids, recording the catalog epoch they are of, and
-// invalidates every cached entry. It returns how many entries it dropped.
+// the source's ids, recording the catalog epoch they are of, and invalidates
+// every cached entry, a pipeline of them at a time (see dropAll). It
+// returns how many entries it dropped.
 //
 // It takes a new epoch of every shard of the filter before it reads the
 // ids. If another reset takes a newer one of a shard before this one swaps
@@ -738,23 +806,11 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	if dropped := len(shards) - swapped; dropped > 0 {
 		p.opt.Logger.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
 	}
-	// On a Redis Cluster the entries are spread over the masters: every
-	// one is scanned.
-	cached := map[int64]bool{}
-	err = keyspace.Scan(ctx, p.rdb, p.opt.Prefix+"product:*", func(key string) {
-		if id, ok := p.idOf(key); ok {
-			cached[id] = true
-		}
-	})
+	dropped, err := p.dropAll(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("cache: reset: %w", err)
 	}
-	for id := range cached {
-		if err := p.Invalidate(ctx, id); err != nil {
-			return 0, fmt.Errorf("cache: reset: %w", err)
-		}
-	}
-	return len(cached), nil
+	return dropped, nil
 }
 
 // Close waits for background work to end: refreshes, a rebuild of the Bloom
