@@ -4,6 +4,7 @@ GO ?= go
 
 ## build: bin/shop, bin/loadtest and bin/demo
 build:
+	@GO='$(GO)' bash -c '. scripts/lib.sh && ensure_go'
 	$(GO) build -o bin/shop ./cmd/shop
 	$(GO) build -o bin/loadtest ./loadtest
 	$(GO) build -o bin/demo ./cmd/demo

@@ -13,6 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
+ensure_go
 export SHOP_STATE=${SHOP_STATE:-.state/demo}
 export NGINX_PORT=${NGINX_PORT:-0}
 out=${DEMO_OUT:-out/demo}

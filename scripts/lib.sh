@@ -6,6 +6,47 @@
 log() { printf '==> %s\n' "$*" >&2; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+# go_version_key VERSION prints a number that orders Go versions as Go
+# does: 1.26 < 1.26rc1 < 1.26.0 < 1.26.8 < 1.27 (a go line's bare version
+# is the language, before its first release candidate).
+go_version_key() {
+  local major minor rest p=0
+  [[ ${1#go} =~ ^([0-9]+)\.([0-9]+)(.*)$ ]] || return 1
+  major=${BASH_REMATCH[1]} minor=${BASH_REMATCH[2]} rest=${BASH_REMATCH[3]}
+  if [[ $rest =~ ^\.([0-9]+) ]]; then p=$((100 + 10#${BASH_REMATCH[1]}))
+  elif [[ $rest =~ ^(beta|rc)[0-9] ]]; then p=1; fi
+  echo $(((10#$major * 1000 + 10#$minor) * 1000 + p))
+}
+
+# ensure_go fails, before anything is installed or built, unless the go on
+# PATH (or $GO) is at least the version go.mod's go line names. GOTOOLCHAIN
+# defaults to local, so that no go command downloads another toolchain
+# unasked; a GOTOOLCHAIN the caller set is left as it is.
+ensure_go() {
+  local want found=none key
+  want=$(sed -n 's/^go \([0-9][^ ]*\)$/\1/p' go.mod | head -1)
+  [ -n "$want" ] || die "go.mod names no go version"
+  export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
+  if command -v "${GO:-go}" >/dev/null 2>&1; then
+    found=$("${GO:-go}" version 2>/dev/null | awk '{ print ($3 == "devel" ? $4 : $3) }')
+  fi
+  key=$(go_version_key "$found") && [ "$key" -ge "$(go_version_key "$want")" ] ||
+    die "shop needs Go >= $want (go.mod), found ${found:-an unknown version}; install a newer Go from https://go.dev/dl"
+}
+
+# as_root COMMAND... runs COMMAND as root: as it is when the scripts run as
+# root, else through sudo (which resets the environment: pass variables as
+# `env NAME=VALUE COMMAND`).
+as_root() {
+  if [ "$(id -u)" -eq 0 ]; then
+    "$@"
+  elif command -v sudo >/dev/null 2>&1; then
+    sudo "$@"
+  else
+    die "$* needs root: run as root, or install sudo"
+  fi
+}
+
 # find_bin NAME... prints the path of the first NAME found on PATH or in the
 # sbin directories, which are not on every user's PATH.
 find_bin() {
@@ -26,6 +67,7 @@ find_bin() {
 # detector needs cgo, and a bare Debian has neither gcc nor libc6-dev.
 ensure_deps() {
   local apt=() brew=()
+  remove_stale_policy
   find_bin mariadbd mysqld >/dev/null || { apt+=(mariadb-server); brew+=(mariadb); }
   # redis-cli (Debian's redis-tools) builds the test Cluster and asks the Sentinels.
   { find_bin redis-server && find_bin redis-cli; } >/dev/null || { apt+=(redis-server redis-tools); brew+=(redis); }
@@ -63,38 +105,75 @@ cc_works() {
   return $ok
 }
 
-# The system services that the Debian packages of the servers start on
-# install, with the port each listens on by default: NAME:PORT.
+# The system services that the Debian packages of the servers start and
+# enable on install, with the port each listens on by default: NAME:PORT.
 # SHOP_SERVICES replaces the list (the tests of these scripts use it).
 system_services() { echo "${SHOP_SERVICES-mariadb:3306 redis-server:6379 nginx:80}"; }
 
+# init_system prints systemd when systemd runs this machine, else sysv (SysV
+# init, or a container without an init). SHOP_INIT_SYSTEM sets it (the
+# tests of these scripts play both, with fakes of the commands).
+init_system() {
+  if [ -n "${SHOP_INIT_SYSTEM:-}" ]; then echo "$SHOP_INIT_SYSTEM"
+  elif [ -d /run/systemd/system ]; then echo systemd
+  else echo sysv; fi
+}
+
+# The policy-rc.d that apt_install puts in place carries this line, with the
+# pid of the shell that removes it again: "(pid N)".
+policy_marker='# shop scripts/lib.sh: no service starts while apt-get installs the servers'
+
+policy_file() { echo "${SHOP_POLICY_RC_D:-/usr/sbin/policy-rc.d}"; }
+
+# remove_stale_policy removes the policy-rc.d of an install of these scripts
+# that was killed before its trap could remove it (SIGKILL): left in place,
+# it forbids every service start on the machine. Only one with our marker
+# whose shell is gone; another's, or that of an install still running, is
+# left as it is.
+remove_stale_policy() {
+  local policy pid
+  policy=$(policy_file)
+  [ -f "$policy" ] && grep -qF "$policy_marker (pid " "$policy" 2>/dev/null || return 0
+  pid=$(sed -n 's/.*(pid \([0-9]*\)).*/\1/p' "$policy")
+  if kill -0 "$pid" 2>/dev/null || [ -d "/proc/$pid" ]; then return 0; fi
+  log "removing $policy, left behind by an install of these scripts that was killed (pid $pid)"
+  as_root rm -f "$policy"
+}
+
 # apt_install PACKAGE... installs Debian packages with apt-get (as root, or
-# with sudo) without leaving their services running. Debian's maintainer
-# scripts start a package's service through invoke-rc.d or
+# with sudo) without leaving their services running or enabled. Debian's
+# maintainer scripts start a package's service through invoke-rc.d or
 # deb-systemd-invoke, and both ask /usr/sbin/policy-rc.d first: while apt
 # runs, one that exits 101 ("action forbidden") is in place, unless the
 # machine already has one, which is then left as it is. It is removed
-# afterwards however apt ends. A service that runs after the install and
-# did not run before it is stopped; one that ran before is left alone.
+# afterwards however apt ends (and by the next run if apt was killed). A
+# service that runs after the install and did not run before it is
+# stopped, and one that starts at boot after it and did not before is
+# disabled; the others are left alone.
 apt_install() {
-  local sudo=() before rc=0
-  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
+  local before enabled rc=0
+  [ "$(id -u)" -eq 0 ] || command -v sudo >/dev/null 2>&1 ||
+    die "installing $* needs root: run as root, or install sudo, or install $* yourself"
+  remove_stale_policy
   before=$(running_services)
+  enabled=$(enabled_services)
   (
-    policy=${SHOP_POLICY_RC_D:-/usr/sbin/policy-rc.d}
+    policy=$(policy_file)
     if [ ! -e "$policy" ] && [ ! -L "$policy" ]; then
-      trap '"${sudo[@]}" rm -f "$policy"' EXIT
+      trap 'as_root rm -f "$policy"' EXIT
       trap 'exit 130' INT TERM HUP
       # Each step checked: errexit does not hold inside a subshell that
       # is the left side of ||.
-      printf '#!/bin/sh\n# shop scripts/lib.sh: no service starts while apt-get installs the servers.\nexit 101\n' |
-        "${sudo[@]}" tee "$policy" >/dev/null || exit $?
-      "${sudo[@]}" chmod 755 "$policy" || exit $?
+      printf '#!/bin/sh\n%s (pid %s)\nexit 101\n' "$policy_marker" "$BASHPID" |
+        as_root tee "$policy" >/dev/null || exit $?
+      as_root chmod 755 "$policy" || exit $?
     fi
-    "${sudo[@]}" apt-get update -qq || exit $?
-    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+    as_root apt-get update -qq || exit $?
+    # sudo passes no environment: env sets it for apt-get.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null
   ) || rc=$?
   stop_new_services "$before"
+  disable_new_services "$enabled"
   return $rc
 }
 
@@ -108,48 +187,139 @@ running_services() {
 }
 
 service_running() {
-  if [ -d /run/systemd/system ]; then
+  if [ "$(init_system)" = systemd ]; then
     systemctl is-active --quiet "$1"
   else
-    (exec 3<>"/dev/tcp/127.0.0.1/$2") 2>/dev/null
+    port_open "$2"
   fi
+}
+
+# enabled_services prints the names of system_services that start at boot:
+# enabled in systemd (systemctl answers that without systemd running too)
+# or by a SysV start link (under SHOP_ETC, default /etc). Debian's packages
+# make both.
+enabled_services() {
+  local svc
+  for svc in $(system_services); do
+    if systemd_enabled "${svc%%:*}" || sysv_enabled "${svc%%:*}"; then echo "${svc%%:*}"; fi
+  done
+}
+
+systemd_enabled() { command -v systemctl >/dev/null 2>&1 && systemctl is-enabled --quiet "$1" 2>/dev/null; }
+sysv_enabled() { compgen -G "${SHOP_ETC:-/etc}/rc[2345].d/S[0-9][0-9]$1" >/dev/null; }
+
+# new_services BEFORE prints the NAME:PORT of each of system_services not
+# named in BEFORE (a list of names).
+new_services() {
+  local before=" $(echo $1) " svc
+  for svc in $(system_services); do
+    case $before in *" ${svc%%:*} "*) ;; *) echo "$svc" ;; esac
+  done
 }
 
 # stop_new_services BEFORE stops each of system_services that runs now and
 # is not named in BEFORE (running_services' output from before an install).
 stop_new_services() {
-  local before=" $(echo $1) " svc name port sudo=() pid
-  [ "$(id -u)" -eq 0 ] || sudo=(sudo)
-  for svc in $(system_services); do
+  local svc name port pid
+  for svc in $(new_services "$1"); do
     name=${svc%%:*} port=${svc#*:}
-    case $before in *" $name "*) continue ;; esac
     service_running "$name" "$port" || continue
     log "stopping the $name service that the install started (the scripts run private servers)"
-    if [ -d /run/systemd/system ]; then
-      "${sudo[@]}" systemctl stop "$name" || true
+    if [ "$(init_system)" = systemd ]; then
+      as_root systemctl stop "$name" || true
       continue
     fi
-    "${sudo[@]}" service "$name" stop >/dev/null 2>&1 || true
+    as_root service "$name" stop >/dev/null 2>&1 || true
     for pid in $(port_pids "$port"); do
-      "${sudo[@]}" kill "$pid" 2>/dev/null || true
+      as_root kill "$pid" 2>/dev/null || true
     done
   done
 }
 
+# disable_new_services BEFORE disables each of system_services that starts
+# at boot now and is not named in BEFORE (enabled_services' output from
+# before an install): Debian enables a server's service on install even
+# while policy-rc.d forbids starting it, and after the next boot it would
+# listen on its port (3306, 6379, 80).
+disable_new_services() {
+  local svc name
+  for svc in $(new_services "$1"); do
+    name=${svc%%:*}
+    if systemd_enabled "$name"; then
+      log "disabling the $name service that the install enabled (systemctl)"
+      as_root systemctl disable "$name" >/dev/null 2>&1 || log "systemctl disable $name failed"
+    fi
+    # systemctl disable on Debian removes the SysV links too; without
+    # systemd, update-rc.d does.
+    if sysv_enabled "$name"; then
+      log "disabling the $name service that the install enabled (update-rc.d)"
+      as_root update-rc.d "$name" disable >/dev/null 2>&1 || log "update-rc.d $name disable failed"
+    fi
+  done
+}
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+# listen_inodes PORT prints the inodes of the sockets listening on TCP PORT
+# (Linux: /proc/net/tcp and tcp6).
+listen_inodes() {
+  awk -v p="$(printf ':%04X' "$1")" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' \
+    /proc/net/tcp /proc/net/tcp6 2>/dev/null || true
+}
+
+# socket_patterns PORT prints grep arguments that match the fd links of
+# the sockets listening on TCP PORT ("-e socket:[INODE]").
+socket_patterns() {
+  local inode
+  for inode in $(listen_inodes "$1"); do printf '%s\n' -e "socket:[$inode]"; done
+}
+
 # port_pids PORT prints the pids of the processes listening on TCP PORT
-# (Linux: from /proc, so that neither ss nor fuser is needed).
+# (Linux: from /proc, so that neither ss nor fuser is needed; elsewhere
+# lsof).
 port_pids() {
-  local hex inode fd p
-  [ -r /proc/net/tcp ] || return 0
-  hex=$(printf ':%04X' "$1")
-  for inode in $(awk -v p="$hex" '$4 == "0A" && substr($2, length($2) - 4) == p { print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
-    for fd in /proc/[0-9]*/fd/*; do
-      if [ "$(readlink "$fd" 2>/dev/null)" = "socket:[$inode]" ]; then
-        p=${fd#/proc/}
-        echo "${p%%/*}"
-      fi
-    done
-  done | sort -u
+  local pats=()
+  if [ ! -r /proc/net/tcp ]; then
+    lsof -nP -iTCP:"$1" -sTCP:LISTEN -t 2>/dev/null | sort -u || true
+    return 0
+  fi
+  mapfile -t pats < <(socket_patterns "$1")
+  [ ${#pats[@]} -gt 0 ] || return 0
+  find /proc/[0-9]*/fd -maxdepth 1 -type l -printf '%h %l\n' 2>/dev/null | grep -F "${pats[@]}" |
+    sed 's|^/proc/\([0-9]*\)/.*|\1|' | sort -u || true
+}
+
+# pid_listens PID PORT tells whether process PID listens on TCP PORT: that
+# the server answering on the port is that process, and not another that
+# took the port meanwhile.
+pid_listens() {
+  local pats=()
+  if [ ! -r /proc/net/tcp ]; then
+    command -v lsof >/dev/null 2>&1 || die "cannot tell which process listens on port $2: no /proc/net/tcp, no lsof"
+    lsof -nP -a -p "$1" -iTCP:"$2" -sTCP:LISTEN >/dev/null 2>&1
+    return
+  fi
+  mapfile -t pats < <(socket_patterns "$2")
+  [ ${#pats[@]} -gt 0 ] && grep -qF "${pats[@]}" < <(ls -l "/proc/$1/fd" 2>/dev/null)
+}
+
+# port_holder PORT prints who listens on TCP PORT, such as "pid 123
+# (redis-server)", and fails when nothing does.
+port_holder() {
+  local pid who=
+  [ -n "$(listen_inodes "$1")" ] || port_open "$1" || return 1
+  for pid in $(port_pids "$1"); do
+    who+="${who:+, }pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || ps -o comm= -p "$pid" 2>/dev/null || echo '?'))"
+  done
+  echo "${who:-a process this user cannot see}"
+}
+
+# need_free_port PORT WHAT fails, naming the process, when something
+# listens on PORT, where WHAT is about to start.
+need_free_port() {
+  local holder
+  holder=$(port_holder "$1") || return 0
+  die "port $1, for $2, is held by $holder"
 }
 
 # ensure_make installs make when it is missing (apt-get, as ensure_deps
@@ -169,7 +339,7 @@ free_port() {
   [ "$low" -gt 11000 ] || low=32768
   for i in $(seq 1 200); do
     port=$(( 10000 + RANDOM % (low - 10000) ))
-    if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    if ! port_open "$port"; then
       echo "$port"; return 0
     fi
   done
@@ -188,10 +358,14 @@ free_ports() {
 }
 
 # wait_port PORT SECONDS [PID] waits until something accepts on
-# 127.0.0.1:PORT; it gives up early if process PID has died.
+# 127.0.0.1:PORT; with PID, until process PID listens on PORT (another
+# process that took the port does not count), giving up early if PID has
+# died.
 wait_port() {
   local port=$1 deadline=$(( SECONDS + $2 )) pid=${3:-}
-  while ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
+  while :; do
+    if [ -n "$pid" ]; then pid_listens "$pid" "$port" && return 0
+    else port_open "$port" && return 0; fi
     [ $SECONDS -lt $deadline ] || return 1
     [ -z "$pid" ] || pid_alive "$pid" || return 1
     sleep 0.1
@@ -206,6 +380,7 @@ start_mariadb() {
   mysqld=$(find_bin mariadbd mysqld) || die "MariaDB server not found"
   install=$(find_bin mariadb-install-db mysql_install_db) || die "mariadb-install-db not found"
   [ "$(id -u)" -eq 0 ] && user=(--user=root)
+  need_free_port "$port" "MariaDB in $dir"
   mkdir -p "$dir"
   if [ ! -d "$dir/data/mysql" ]; then
     "$install" --no-defaults --datadir="$dir/data" "${user[@]}" --auth-root-authentication-method=normal \
@@ -226,6 +401,7 @@ start_redis() {
   local dir=$1 port=$2 redis
   shift 2
   redis=$(find_bin redis-server) || die "redis-server not found"
+  need_free_port "$port" "Redis in $dir"
   mkdir -p "$dir"
   "$redis" --port "$port" --bind 127.0.0.1 --save '' --appendonly no --dir "$dir" \
     --logfile "$dir/redis.log" --maxclients 10000 "$@" </dev/null >/dev/null 2>&1 &
@@ -288,6 +464,7 @@ start_redis_sentinel() {
   start_redis "$dir/$replica" "$replica" --replicaof 127.0.0.1 "$master"
   wait_redis "$replica" master_link_status:up 30 INFO replication || die "the Redis replica on $replica is not in sync"
   for port in "$@"; do
+    need_free_port "$port" "a Sentinel in $dir/$port"
     mkdir -p "$dir/$port"
     # Sentinel rewrites its file as it learns the set-up.
     printf '%s\n' "port $port" "bind 127.0.0.1" "dir $dir/$port" "logfile $dir/$port/redis.log" \

@@ -1,22 +1,46 @@
 #!/usr/bin/env bash
-# Tests of scripts/lib.sh and .ci/run, with apt-get replaced by a fake that
-# logs what it was asked, checks the policy-rc.d in place, and plays what a
-# package's install does (a compiler or make appears, a service starts, or
-# the install fails). Real redis-servers stand in for the services.
+# Tests of scripts/lib.sh, scripts/stack.sh's state and ports, the Go version
+# check of every entry script, and .ci/run. The commands that act on the
+# machine are fakes on PATH that log what they were asked: apt-get (which
+# checks the policy-rc.d in place and plays what a package's install does:
+# a compiler or make appears, a service is enabled or starts, or the
+# install fails), sudo (which, as sudo does, passes no environment but
+# keeps PATH, so that the fakes run through it), id (FAKE_UID plays a
+# user), systemctl, update-rc.d and service (with the services' state in
+# files), and go where its version is tested. So the tests do not depend on
+# the machine's init system or user: SHOP_INIT_SYSTEM plays systemd or
+# not. Real redis-servers stand in for the services that answer on a port.
 # make test runs it; it needs redis-server and a C compiler, as make test
-# does. The Redis topologies of scripts/stack.sh and its failover commands
-# run on real servers too. About a minute: stop_pidfile's drain and the
-# Sentinels' failovers take most of it.
+# does. `scripts/lib_test.sh TEST...` runs only the tests named. The Redis topologies of scripts/stack.sh and its failover commands
+# run on real servers too. About a minute and a half: stop_pidfile's drain
+# and the Sentinels' failovers take most of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-libtest.XXXXXX")
 redis=$(find_bin redis-server) || die "redis-server not found"
+real_id=$(command -v id)
+real_make=$(command -v make) || real_make=
+# start_time PID prints when process PID started (clock ticks since boot),
+# which tells it from a later process that got its pid.
+start_time() { sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
+
+# own NAME PID records process PID, started by a test, for cleanup to kill.
+own() { echo "$2 $(start_time "$2")" >"$tmp/$1.own"; }
+
+# cleanup stops the stacks the tests started and kills the processes they
+# recorded (own), unless a process has ended and its pid been given to
+# another since.
 cleanup() {
-  local f
-  for f in "$tmp"/*.pid; do
-    [ -f "$f" ] && kill -9 "$(cat "$f")" 2>/dev/null
+  local f pid started
+  for f in "$tmp"/stack*/.shop-stack; do
+    [ ! -f "$f" ] || SHOP_STATE=${f%/*} scripts/stack.sh down >/dev/null 2>&1 || true
+  done
+  for f in "$tmp"/*.own; do
+    [ -f "$f" ] || continue
+    read -r pid started <"$f"
+    if [ -n "$started" ] && [ "$(start_time "$pid")" = "$started" ]; then kill -9 "$pid" 2>/dev/null || true; fi
   done
   rm -rf "$tmp"
 }
@@ -26,14 +50,15 @@ passed=0 failed=0
 ok() { passed=$((passed + 1)); printf 'ok   %s\n' "$*"; }
 fail() { failed=$((failed + 1)); printf 'FAIL %s\n' "$*"; }
 
-mkdir -p "$tmp/bin"
+mkdir -p "$tmp/bin" "$tmp/systemd" "$tmp/etc/rc2.d" "$tmp/etc/rc3.d"
 cat >"$tmp/bin/apt-get" <<EOF
 #!/usr/bin/env bash
 # The fake apt-get: see the top of scripts/lib_test.sh.
-echo "apt-get \$*" >>"$tmp/apt.log"
+echo "apt-get \$*\${FAKE_VIA_SUDO:+ (sudo)}" >>"$tmp/apt.log"
 [ "\$1" = install ] || exit 0
-if [ -x "\$SHOP_POLICY_RC_D" ]; then
-  "\$SHOP_POLICY_RC_D" redis-server start && echo "policy allows" >>"$tmp/apt.log" ||
+echo "frontend \${DEBIAN_FRONTEND:-unset}" >>"$tmp/apt.log"
+if [ -x "$tmp/policy-rc.d" ]; then
+  "$tmp/policy-rc.d" redis-server start && echo "policy allows" >>"$tmp/apt.log" ||
     echo "policy exit \$?" >>"$tmp/apt.log"
 else
   echo "policy none" >>"$tmp/apt.log"
@@ -45,17 +70,65 @@ for p in "\$@"; do
           chmod +x "$tmp/bin/make" ;;
   esac
 done
+# What Debian's maintainer scripts do: enable the services (SysV links and
+# systemd's), and start them where policy-rc.d lets them or systemd is faked.
+for s in \${FAKE_APT_ENABLE:-}; do
+  ln -sf ../init.d/\$s "$tmp/etc/rc2.d/S01\$s"
+  ln -sf ../init.d/\$s "$tmp/etc/rc3.d/S01\$s"
+  touch "$tmp/systemd/\$s.enabled"
+done
+for s in \${FAKE_APT_START:-}; do touch "$tmp/systemd/\$s.active"; done
 if [ -n "\${FAKE_APT_START_PORT:-}" ]; then
   "$redis" --port "\$FAKE_APT_START_PORT" --bind 127.0.0.1 --save '' --daemonize yes \
     --pidfile "$tmp/started.pid" --logfile "$tmp/started.log" >/dev/null
   for _ in \$(seq 1 100); do (exec 3<>"/dev/tcp/127.0.0.1/\$FAKE_APT_START_PORT") 2>/dev/null && break; sleep 0.1; done
+  pid=\$(cat "$tmp/started.pid")
+  echo "\$pid \$(sed 's/^.*) //' /proc/\$pid/stat | cut -d' ' -f20)" >"$tmp/started.own"
 fi
+[ -z "\${FAKE_APT_SLEEP:-}" ] || sleep "\$FAKE_APT_SLEEP"
 exit \${FAKE_APT_RC:-0}
 EOF
-chmod +x "$tmp/bin/apt-get"
-export PATH="$tmp/bin:$PATH" SHOP_POLICY_RC_D="$tmp/policy-rc.d"
-
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+cat >"$tmp/bin/sudo" <<EOF
+#!/usr/bin/env bash
+# The fake sudo: logs, and runs the command without the caller's
+# environment, as sudo does, but with its PATH and the fakes' settings.
+echo "sudo \$*" >>"$tmp/sudo.log"
+mapfile -t keep < <(env | grep '^FAKE_')
+exec env -i PATH="\$PATH" FAKE_VIA_SUDO=1 "\${keep[@]}" "\$@"
+EOF
+cat >"$tmp/bin/id" <<EOF
+#!/bin/sh
+# The fake id: FAKE_UID is the user's id.
+if [ "\$1" = -u ] && [ -n "\${FAKE_UID:-}" ]; then echo "\$FAKE_UID"; else exec "$real_id" "\$@"; fi
+EOF
+cat >"$tmp/bin/systemctl" <<EOF
+#!/usr/bin/env bash
+# The fake systemctl: a unit is active or enabled while its file is there.
+[ "\$2" != --quiet ] || set -- "\$1" "\$3"
+case \$1 in
+  is-active) [ -e "$tmp/systemd/\$2.active" ] ;;
+  is-enabled) [ -e "$tmp/systemd/\$2.enabled" ] ;;
+  stop) echo "systemctl stop \$2\${FAKE_VIA_SUDO:+ (sudo)}" >>"$tmp/services.log"; rm -f "$tmp/systemd/\$2.active" ;;
+  disable) echo "systemctl disable \$2\${FAKE_VIA_SUDO:+ (sudo)}" >>"$tmp/services.log"; rm -f "$tmp/systemd/\$2.enabled" ;;
+  *) echo "fake systemctl: \$*" >&2; exit 1 ;;
+esac
+EOF
+cat >"$tmp/bin/update-rc.d" <<EOF
+#!/usr/bin/env bash
+# The fake update-rc.d NAME disable: start links become stop links.
+echo "update-rc.d \$*\${FAKE_VIA_SUDO:+ (sudo)}" >>"$tmp/services.log"
+[ "\$2" = disable ] || exit 1
+for l in "$tmp"/etc/rc[2345].d/S[0-9][0-9]"\$1"; do
+  [ -e "\$l" ] || [ -L "\$l" ] || continue
+  b=\${l##*/}; mv "\$l" "\${l%/*}/K01\${b:3}"
+done
+EOF
+cat >"$tmp/bin/service" <<EOF
+#!/bin/sh
+echo "service \$*" >>"$tmp/services.log"
+EOF
+chmod +x "$tmp"/bin/*
+export PATH="$tmp/bin:$PATH" SHOP_POLICY_RC_D="$tmp/policy-rc.d" SHOP_ETC="$tmp/etc" SHOP_INIT_SYSTEM=sysv
 
 # wait_closed PORT: whether PORT stops answering within 10 seconds.
 wait_closed() {
@@ -64,17 +137,44 @@ wait_closed() {
   return 1
 }
 
+# boot_state NAME prints how the fake service NAME starts at boot:
+# "systemd sysv", "systemd", "sysv" or "no".
+boot_state() {
+  local st=
+  [ ! -e "$tmp/systemd/$1.enabled" ] || st=systemd
+  ! compgen -G "$tmp/etc/rc[2345].d/S[0-9][0-9]$1" >/dev/null || st+=${st:+ }sysv
+  echo "${st:-no}"
+}
+
+# reset_services [NAME...]: no fake service runs or is enabled but NAME...,
+# which run and are enabled (in systemd and by SysV links), as a user's own.
+reset_services() {
+  local name
+  rm -f "$tmp"/systemd/* "$tmp"/etc/rc?.d/*
+  for name in "$@"; do
+    touch "$tmp/systemd/$name.active" "$tmp/systemd/$name.enabled"
+    ln -s "../init.d/$name" "$tmp/etc/rc2.d/S01$name"
+  done
+  : >"$tmp/apt.log"
+  : >"$tmp/services.log"
+  : >"$tmp/sudo.log"
+}
+
 # An install puts a policy-rc.d that forbids every start in place and
-# removes it afterwards; a service that the install started is stopped, and
-# the one that ran before is left running.
+# removes it afterwards; a service that the install started is stopped and
+# one it enabled is disabled, and the service that ran and was enabled
+# before is left running and enabled. Without systemd, a service runs while
+# its port answers.
 test_install_starts_nothing() {
   local old new
   old=$(free_port) new=$(free_port)
   "$redis" --port "$old" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$tmp/old.pid" \
     --logfile "$tmp/old.log" >/dev/null
   wait_port "$old" 10 || die "redis on $old did not start"
-  : >"$tmp/apt.log"
-  SHOP_SERVICES="shop-test-old:$old shop-test-new:$new" FAKE_APT_START_PORT=$new apt_install redis-server 2>/dev/null
+  own old "$(cat "$tmp/old.pid")"
+  reset_services shop-test-old
+  SHOP_SERVICES="shop-test-old:$old shop-test-new:$new" FAKE_APT_START_PORT=$new \
+    FAKE_APT_ENABLE="shop-test-old shop-test-new" apt_install redis-server 2>/dev/null
   if grep -qx 'policy exit 101' "$tmp/apt.log"; then ok "policy-rc.d forbids starts during the install"
   else fail "policy-rc.d during the install: $(grep policy "$tmp/apt.log")"; fi
   if [ ! -e "$tmp/policy-rc.d" ]; then ok "policy-rc.d removed after the install"
@@ -83,6 +183,97 @@ test_install_starts_nothing() {
   else fail "the service the install started still answers on $new"; fi
   if port_open "$old"; then ok "the service that ran before is left running"
   else fail "the service that ran before the install was stopped"; fi
+  if [ "$(boot_state shop-test-new)" = no ]; then ok "without systemd, the service the install enabled is disabled (systemd's unit and SysV links)"
+  else fail "without systemd, the service the install enabled still starts at boot: $(boot_state shop-test-new)"; fi
+  if [ "$(boot_state shop-test-old)" = "systemd sysv" ] && ! grep -q shop-test-old "$tmp/services.log"; then
+    ok "without systemd, the service enabled before the install is left enabled"
+  else fail "without systemd, the service enabled before: $(boot_state shop-test-old), $(tr '\n' ';' <"$tmp/services.log")"; fi
+}
+
+# With systemd, a service runs when systemctl says so; one the install
+# started and enabled is stopped and disabled with systemctl, and one that
+# ran and was enabled before is left alone.
+test_install_systemd() {
+  reset_services shop-test-old
+  SHOP_INIT_SYSTEM=systemd SHOP_SERVICES="shop-test-old:1 shop-test-new:1" FAKE_APT_START="shop-test-old shop-test-new" \
+    FAKE_APT_ENABLE="shop-test-old shop-test-new" apt_install redis-server 2>/dev/null
+  if grep -qx 'systemctl stop shop-test-new' "$tmp/services.log" && [ ! -e "$tmp/systemd/shop-test-new.active" ] &&
+    [ "$(boot_state shop-test-new)" = no ]; then
+    ok "with systemd, the service the install started and enabled is stopped and disabled"
+  else fail "with systemd, the new service: $(boot_state shop-test-new), log: $(tr '\n' ';' <"$tmp/services.log")"; fi
+  if [ -e "$tmp/systemd/shop-test-old.active" ] && [ "$(boot_state shop-test-old)" = "systemd sysv" ] &&
+    ! grep -q shop-test-old "$tmp/services.log"; then
+    ok "with systemd, the service that ran and was enabled before is left alone"
+  else fail "with systemd, the old service: $(boot_state shop-test-old), log: $(tr '\n' ';' <"$tmp/services.log")"; fi
+}
+
+# As a user (not root), an install runs each step that needs root through
+# sudo, which passes no environment: apt-get still sees DEBIAN_FRONTEND, the
+# policy-rc.d is in place and removed, and the new service disabled.
+# Without sudo it fails, naming what to do, and installs nothing.
+test_install_as_user() {
+  local rc=0 out
+  reset_services
+  FAKE_UID=1000 SHOP_SERVICES="shop-test-new:1" FAKE_APT_ENABLE=shop-test-new apt_install redis-server 2>/dev/null || rc=$?
+  if [ $rc -eq 0 ] && grep -qx 'apt-get install -y -qq --no-install-recommends redis-server (sudo)' "$tmp/apt.log" &&
+    grep -qx 'frontend noninteractive' "$tmp/apt.log" && grep -qx 'policy exit 101' "$tmp/apt.log" &&
+    grep -qx "sudo tee $tmp/policy-rc.d" "$tmp/sudo.log" && grep -qx "sudo rm -f $tmp/policy-rc.d" "$tmp/sudo.log" &&
+    [ ! -e "$tmp/policy-rc.d" ]; then
+    ok "as a user, apt-get runs through sudo with DEBIAN_FRONTEND, the policy-rc.d in place and removed after"
+  else fail "as a user: exit $rc, apt-get: $(tr '\n' ';' <"$tmp/apt.log") sudo: $(tr '\n' ';' <"$tmp/sudo.log")"; fi
+  if [ "$(boot_state shop-test-new)" = no ] && grep -qx 'systemctl disable shop-test-new (sudo)' "$tmp/services.log"; then
+    ok "as a user, the service the install enabled is disabled through sudo"
+  else fail "as a user, the new service: $(boot_state shop-test-new), log: $(tr '\n' ';' <"$tmp/services.log")"; fi
+  reset_services
+  mv "$tmp/bin/sudo" "$tmp/sudo.aside"
+  hash -r # bash remembers where it found sudo
+  rc=0
+  out=$(FAKE_UID=1000 SHOP_SERVICES= apt_install redis-server 2>&1) || rc=$?
+  mv "$tmp/sudo.aside" "$tmp/bin/sudo"
+  hash -r
+  if [ $rc -ne 0 ] && grep -qF 'installing redis-server needs root: run as root, or install sudo' <<<"$out" &&
+    [ ! -s "$tmp/apt.log" ]; then
+    ok "as a user without sudo, an install fails with a clear message and runs nothing"
+  else fail "as a user without sudo: exit $rc, $out, apt-get: $(tr '\n' ';' <"$tmp/apt.log")"; fi
+}
+
+# kill_install: an install killed by SIGKILL, process group and all, while
+# apt-get runs: no trap runs, and its policy-rc.d stays.
+kill_install() {
+  local pid i
+  : >"$tmp/apt.log"
+  SHOP_SERVICES= FAKE_APT_SLEEP=60 setsid bash -c '. scripts/lib.sh; apt_install redis-server' >/dev/null 2>&1 &
+  pid=$!
+  for i in $(seq 1 100); do grep -q '^apt-get install' "$tmp/apt.log" && break; sleep 0.1; done
+  kill -9 -- "-$pid"
+  wait "$pid" 2>/dev/null || true
+}
+
+# A policy-rc.d that a killed install left behind is removed by the next
+# run (ensure_deps, even when nothing is missing), and replaced and removed
+# by the next install; one of an install still running is left alone.
+test_killed_install() {
+  kill_install
+  if [ -f "$tmp/policy-rc.d" ] && grep -qF "$policy_marker" "$tmp/policy-rc.d"; then
+    ok "an install killed with SIGKILL leaves its policy-rc.d behind (so the next run has to remove it)"
+  else fail "an install killed with SIGKILL left no policy-rc.d: the test cannot tell the next run's removal"; fi
+  SHOP_SERVICES= ensure_deps 2>/dev/null
+  if [ ! -e "$tmp/policy-rc.d" ]; then ok "the next run removes the policy-rc.d of a killed install"
+  else fail "the next run kept the policy-rc.d of a killed install: $(cat "$tmp/policy-rc.d")"; fi
+
+  kill_install
+  : >"$tmp/apt.log"
+  SHOP_SERVICES= apt_install redis-server 2>/dev/null
+  if grep -qx 'policy exit 101' "$tmp/apt.log" && [ ! -e "$tmp/policy-rc.d" ]; then
+    ok "the next install replaces the policy-rc.d of a killed install and removes it after"
+  else fail "the next install after a killed one: $(grep policy "$tmp/apt.log"), left: $([ -e "$tmp/policy-rc.d" ] && echo yes || echo no)"; fi
+
+  printf '#!/bin/sh\n%s (pid %s)\nexit 101\n' "$policy_marker" "$$" >"$tmp/policy-rc.d"
+  chmod +x "$tmp/policy-rc.d"
+  SHOP_SERVICES= ensure_deps 2>/dev/null
+  if [ -e "$tmp/policy-rc.d" ]; then ok "the policy-rc.d of an install still running is left alone"
+  else fail "the policy-rc.d of an install still running was removed"; fi
+  rm -f "$tmp/policy-rc.d"
 }
 
 # A failed install removes the policy-rc.d too and fails.
@@ -148,6 +339,7 @@ test_ci_run_without_make() {
 # subshell that ends at once, as scripts/stack.sh's servers outlive it.
 start_orphan() {
   (bash -c "trap '$2' TERM; while :; do sleep 0.1; done" </dev/null >/dev/null 2>&1 & echo $! >"$tmp/$1.pid")
+  own "$1" "$(cat "$tmp/$1.pid")"
   sleep 0.5 # the trap is set
 }
 
@@ -188,6 +380,171 @@ test_pid_alive_gone() {
     if pid_alive 2147483647; then echo alive; else echo "not alive"; fi' 2>&1) || true
   if [ "$out" = "not alive" ]; then ok "pid_alive says not alive for a process gone after kill -0, under set -e"
   else fail "pid_alive on a process gone after kill -0, under set -e: ${out:-the script exited}"; fi
+}
+
+# The Go version go.mod names, and a fake go that says it is
+# FAKE_GO_VERSION and logs what it was asked.
+go_want=$(sed -n 's/^go //p' go.mod)
+go_refusal="error: shop needs Go >= $go_want (go.mod), found go1.22.1; install a newer Go from https://go.dev/dl"
+mkdir -p "$tmp/go"
+cat >"$tmp/go/go" <<EOF
+#!/usr/bin/env bash
+echo "GOTOOLCHAIN=\${GOTOOLCHAIN:-} \$*" >>"$tmp/go.log"
+[ "\$1" = version ] || { echo "fake go: \$*" >&2; exit 3; }
+echo "go version \${FAKE_GO_VERSION:-go1.22.1} linux/amd64"
+EOF
+chmod +x "$tmp/go/go"
+
+# ensure_go takes a go at least as new as go.mod's go line and refuses an
+# older one, or none, naming both versions.
+test_go_version() {
+  local v want rc out
+  for v in "$go_want:yes" go1.26.10:yes go1.27.0:yes "devel go1.27-0123abc:yes" go1.26.7:no go1.26rc2:no go1.22.1:no; do
+    want=${v##*:} v=${v%:*} rc=0
+    out=$(PATH="$tmp/go:$PATH" FAKE_GO_VERSION=$v bash -c '. scripts/lib.sh; ensure_go' 2>&1) || rc=$?
+    if { [ "$want" = yes ] && [ $rc -eq 0 ]; } ||
+      { [ "$want" = no ] && [ $rc -ne 0 ] && [ "$out" = "error: shop needs Go >= $go_want (go.mod), found ${v#go version }; install a newer Go from https://go.dev/dl" ]; }; then
+      ok "ensure_go with $v against go $go_want: $([ "$want" = yes ] && echo accepted || echo refused)"
+    else fail "ensure_go with $v against go $go_want: exit $rc, $out"; fi
+  done
+  rc=0
+  out=$(GO=$tmp/no-go bash -c '. scripts/lib.sh; ensure_go' 2>&1) || rc=$?
+  if [ $rc -ne 0 ] && [ "$out" = "error: shop needs Go >= $go_want (go.mod), found none; install a newer Go from https://go.dev/dl" ]; then
+    ok "ensure_go without go says so"
+  else fail "ensure_go without go: exit $rc, $out"; fi
+}
+
+# Every entry script refuses an older go at once: it asks go its version,
+# with GOTOOLCHAIN=local so that no toolchain is downloaded, and nothing
+# else; it installs nothing and makes no state.
+test_entry_scripts_check_go() {
+  local cmd rc out
+  for cmd in scripts/test.sh "scripts/stack.sh up" scripts/demo.sh scripts/bench-orders.sh scripts/loadtest.sh \
+    "${real_make:-make} build"; do
+    : >"$tmp/go.log"
+    : >"$tmp/apt.log"
+    rc=0
+    out=$(PATH="$tmp/go:$PATH" SHOP_STATE="$tmp/go-state" SHOP_SERVICES= SHOP_TEST_FLEET=0 \
+      timeout 600 env -u GOTOOLCHAIN $cmd 2>&1 </dev/null) || rc=$?
+    if [ $rc -ne 0 ] && grep -qxF "$go_refusal" <<<"$out" && [ "$(sort -u "$tmp/go.log")" = "GOTOOLCHAIN=local version" ] &&
+      [ ! -s "$tmp/apt.log" ] && [ ! -e "$tmp/go-state" ]; then
+      ok "$cmd refuses go1.22.1 first, naming go.mod's $go_want"
+    else fail "$cmd with go1.22.1: exit $rc, go asked: $(tr '\n' ';' <"$tmp/go.log") state: $([ -e "$tmp/go-state" ] && echo made || echo none), said: $(tail -3 <<<"$out" | tr '\n' ';')"; fi
+    rm -rf "$tmp/go-state"
+  done
+}
+
+# stack.sh uses and removes only a state directory it made: a SHOP_STATE
+# that exists without its marker (here with a ports.env, as a stack's has)
+# is refused by every command, through make demo and bench-orders too, and
+# left as it was; down and status make no directory.
+test_state_marker() {
+  local dir=$tmp/precious cmd rc out listing
+  mkdir -p "$dir/sub"
+  echo keep >"$dir/file"
+  echo MYSQL_PORT=1 >"$dir/ports.env"
+  listing=$(ls -AR "$dir")
+  for cmd in "scripts/stack.sh down" "scripts/stack.sh status" "scripts/stack.sh redis-up" "scripts/stack.sh shop verify" \
+    scripts/demo.sh scripts/bench-orders.sh; do
+    rc=0
+    out=$(SHOP_STATE=$dir NGINX_PORT=0 $cmd 2>&1 </dev/null) || rc=$?
+    if [ $rc -ne 0 ] && grep -qF "SHOP_STATE=$dir was not made by scripts/stack.sh (no .shop-stack in it)" <<<"$out" &&
+      [ "$(ls -AR "$dir")" = "$listing" ] && [ "$(cat "$dir/file")" = keep ]; then
+      ok "$cmd refuses a SHOP_STATE it did not make and leaves it as it was"
+    else fail "$cmd on a SHOP_STATE it did not make: exit $rc, $([ -d "$dir" ] && echo "left: $(ls -A "$dir" | xargs)" || echo removed), said: $(tail -2 <<<"$out" | tr '\n' ';')"; fi
+    [ -d "$dir" ] || { mkdir -p "$dir/sub"; echo keep >"$dir/file"; echo MYSQL_PORT=1 >"$dir/ports.env"; }
+  done
+  rc=0
+  SHOP_STATE=$tmp/none scripts/stack.sh down 2>/dev/null || rc=$?
+  SHOP_STATE=$tmp/none scripts/stack.sh status >/dev/null || rc=$?
+  if [ $rc -eq 0 ] && [ ! -e "$tmp/none" ]; then ok "stack.sh down and status on no stack succeed and make no directory"
+  else fail "stack.sh down and status on no stack: exit $rc, made: $([ -e "$tmp/none" ] && echo yes || echo no)"; fi
+}
+
+# start_foreign PORT NAME starts a redis-server on PORT that no script of
+# ours started (pid in $tmp/NAME.pid, recorded for cleanup) and prints its
+# pid.
+start_foreign() {
+  local i
+  "$redis" --port "$1" --bind 127.0.0.1 --save '' --daemonize yes --pidfile "$tmp/$2.pid" \
+    --logfile "$tmp/$2.log" >/dev/null
+  for i in $(seq 1 100); do [ -s "$tmp/$2.pid" ] && port_open "$1" && break; sleep 0.1; done
+  own "$2" "$(cat "$tmp/$2.pid")"
+  cat "$tmp/$2.pid"
+}
+
+# start_sleeper NAME starts a process that listens nowhere (pid in
+# $tmp/NAME.pid, recorded for cleanup) and prints its pid.
+start_sleeper() {
+  (sleep 60 </dev/null >/dev/null 2>&1 & echo $! >"$tmp/$1.pid")
+  own "$1" "$(cat "$tmp/$1.pid")"
+  cat "$tmp/$1.pid"
+}
+
+# kill_pidfile FILE PORT kills the process of FILE (SIGKILL) and waits until
+# PORT is closed.
+kill_pidfile() {
+  kill -9 "$(cat "$1")" 2>/dev/null || true
+  wait_closed "$2" || die "port $2 still answers after SIGKILL"
+}
+
+# wait_port with a pid waits for that process's own listener: another
+# process on the port does not do. start_redis refuses a port another
+# process holds, naming it.
+test_foreign_listener() {
+  local port fpid other rc=0 out
+  port=$(free_port)
+  fpid=$(start_foreign "$port" foreign1)
+  other=$(start_sleeper sleeper)
+  if wait_port "$port" 1 "$other"; then fail "wait_port PORT 1 PID took another process's listener on $port for PID's"
+  else ok "wait_port PORT SECONDS PID does not take another process's listener for PID's"; fi
+  if wait_port "$port" 1 "$fpid"; then ok "wait_port PORT SECONDS PID takes PID's own listener"
+  else fail "wait_port PORT 1 PID did not find PID $fpid listening on $port"; fi
+  out=$(start_redis "$tmp/mine" "$port" 2>&1) || rc=$?
+  if [ $rc -ne 0 ] && grep -qF "port $port, for Redis in $tmp/mine, is held by pid $fpid (redis-server)" <<<"$out" &&
+    pid_alive "$fpid"; then
+    ok "start_redis on a port another redis-server holds fails, naming that process"
+  else fail "start_redis on a port another redis-server holds: exit $rc, $out"; fi
+}
+
+# stack.sh does not take a foreign server on a saved port for its own.
+# redis-up (whose caller reads the ports after it) moves a Redis master
+# whose port another redis-server took to a new port; a live process that
+# got a server's pid is not taken for the server; restart-redis, which must
+# keep the ports, fails naming the port and the process.
+test_stack_foreign_listener() {
+  local st=$tmp/stack-ports out p0 p1 n0 n1 fpid reused rc=0 before
+  export SHOP_STATE=$st NGINX_PORT=0
+  scripts/stack.sh redis-up >/dev/null 2>"$tmp/stack.log" || cat "$tmp/stack.log"
+  . "$st/ports.env"
+  read -r p0 p1 _ <<<"$REDIS_PORTS"
+  kill_pidfile "$st/redis0/pid" "$p0"
+  fpid=$(start_foreign "$p0" foreign2)
+  kill_pidfile "$st/redis1/pid" "$p1"
+  reused=$(start_sleeper reused)
+  echo "$reused" >"$st/redis1/pid"
+  out=$(scripts/stack.sh redis-up 2>"$tmp/stack.log") || cat "$tmp/stack.log"
+  . "$st/ports.env"
+  read -r n0 n1 _ <<<"$REDIS_PORTS"
+  if [ "$out" = "SHOP_REDIS_ADDR=127.0.0.1:$n0" ] && [ "$n0" != "$p0" ] && pid_listens "$(cat "$st/redis0/pid")" "$n0" &&
+    grep -qF "port $p0 of Redis master 0 is held by pid $fpid (redis-server)" "$tmp/stack.log" && pid_alive "$fpid"; then
+    ok "stack.sh redis-up moves a Redis master whose saved port another redis-server took to a new port, and names it"
+  else fail "stack.sh redis-up with a foreign redis-server on :$p0: $out, ports $REDIS_PORTS, $(tr '\n' ';' <"$tmp/stack.log")"; fi
+  if [ "$n1" = "$p1" ] && [ "$(cat "$st/redis1/pid")" != "$reused" ] && pid_listens "$(cat "$st/redis1/pid")" "$p1" &&
+    pid_alive "$reused"; then
+    ok "stack.sh redis-up starts a server again whose pid another live process has, on its port, leaving that process be"
+  else fail "stack.sh redis-up with redis1's pid taken: port $n1 (was $p1), pid $(cat "$st/redis1/pid") (taken: $reused)"; fi
+
+  kill_pidfile "$st/redis0/pid" "$n0"
+  fpid=$(start_foreign "$n0" foreign3)
+  before=$(cat "$st/ports.env")
+  scripts/stack.sh restart-redis 2>"$tmp/stack.log" || rc=$?
+  if [ $rc -ne 0 ] && grep -qF "port $n0 of Redis master 0 (saved in $st/ports.env) is held by pid $fpid (redis-server), not by this stack" "$tmp/stack.log" &&
+    pid_alive "$fpid" && [ "$(cat "$st/ports.env")" = "$before" ]; then
+    ok "stack.sh restart-redis fails, naming the port and the process, when another redis-server holds the master's port"
+  else fail "stack.sh restart-redis with a foreign redis-server on :$n0: exit $rc, $(tr '\n' ';' <"$tmp/stack.log")"; fi
+  scripts/stack.sh down >/dev/null 2>&1
+  unset SHOP_STATE NGINX_PORT
 }
 
 # sentinel_says PORT NAME prints the port of the master the Sentinel on
@@ -256,14 +613,27 @@ test_stack_topologies() {
   unset SHOP_STATE NGINX_PORT
 }
 
-test_install_starts_nothing
-test_failed_install
-test_existing_policy_kept
-test_race_installs_a_compiler
-test_ci_run_without_make
-test_stop_pidfile
-test_pid_alive_gone
-test_stack_topologies
+# scripts/lib_test.sh [TEST...] runs the tests named, or all.
+tests=(
+  test_go_version
+  test_entry_scripts_check_go
+  test_state_marker
+  test_foreign_listener
+  test_stack_foreign_listener
+  test_install_starts_nothing
+  test_install_systemd
+  test_install_as_user
+  test_killed_install
+  test_failed_install
+  test_existing_policy_kept
+  test_race_installs_a_compiler
+  test_ci_run_without_make
+  test_stop_pidfile
+  test_pid_alive_gone
+  test_stack_topologies
+)
+[ $# -eq 0 ] || tests=("$@")
+for t in "${tests[@]}"; do "$t"; done
 
 echo "scripts/lib_test.sh: $passed passed, $failed failed"
 [ $failed -eq 0 ]

@@ -10,6 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
+ensure_go
 url=${BASE_URL:-http://127.0.0.1:8080}
 skus=${SKUS:-5000}
 out=out/loadtest

@@ -33,7 +33,10 @@
 #                                        Sentinels have promoted the replica, start
 #                                        it again, empty, to rejoin as a replica
 #
-# Environment: SHOP_STATE (state directory, default .state/stack), NGINX_PORT
+# Environment: SHOP_STATE (state directory, default .state/stack; up,
+# replicas and redis-up create it, and mark it as theirs with a file
+# .shop-stack: a directory that exists without it is not used, and down
+# removes nothing else), NGINX_PORT
 # (default 8080; 0 picks a free port), REPLICAS (default 3), REDIS_TOPOLOGY
 # (single, cluster or sentinel; read by up, replicas and redis-up, which
 # start its servers, and kept in the state for every later command; default
@@ -41,18 +44,61 @@
 # cluster a Redis Cluster of three masters; sentinel a master, one replica and
 # three Sentinels watching them as "shop". The Redlock masters stay the three
 # single servers whatever the topology.
+#
+# Ports are chosen once and kept in the state (ports.env). A server counts
+# as running only while the pid the stack recorded for it listens on its
+# port. When another process has taken a saved port, up and redis-up move
+# the server to a free port (and restart the replicas that pointed at the
+# old one); every other command fails, naming the port and the process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 state=${SHOP_STATE:-.state/stack}
-mkdir -p "$state"
-state=$(cd "$state" && pwd)
+# The file that marks a state directory as made by this script.
+marker=.shop-stack
+
+# make_state creates the state directory, and marks it as this script's.
+make_state() {
+  if mkdir -p "$(dirname "$state")" && mkdir "$state" 2>/dev/null; then
+    echo "made by scripts/stack.sh; scripts/stack.sh down (make down) removes this directory" >"$state/$marker"
+  fi
+  own_state
+}
+
+# own_state fails unless the state directory is one that make_state made:
+# SHOP_STATE may name any directory, and down removes it.
+own_state() {
+  [ -f "$state/$marker" ] ||
+    die "SHOP_STATE=$state was not made by scripts/stack.sh (no $marker in it): not using it, not removing it; name a directory that does not exist yet"
+}
+
+# need_stack fails unless a stack's state directory is there.
+need_stack() {
+  [ -d "$state" ] || die "no stack in $state: $0 up first"
+  own_state
+}
+
+case ${1:-} in
+  up) ensure_go; make_state ;;
+  replicas | redis-up) make_state ;;
+esac
+[ ! -d "$state" ] || state=$(cd "$state" && pwd)
 ports=$state/ports.env
 max_replicas=3
 
+# repick is set by the commands whose callers read the ports only after
+# them (up, redis-up): a saved port that another process took meanwhile
+# is then given up for a new one (claim_port).
+repick=
+
 # alive DIR tells whether the process of DIR/pid runs.
 alive() { [ -f "$1/pid" ] && pid_alive "$(cat "$1/pid")"; }
+
+# serving DIR PORT tells whether the process of DIR/pid runs and listens on
+# PORT: a server of this stack, not another process that took its port, or
+# its pid, meanwhile.
+serving() { alive "$1" && pid_listens "$(cat "$1/pid")" "$2"; }
 
 # http_get PORT PATH prints the status code of GET PATH on 127.0.0.1:PORT,
 # or 000 when nothing answers (no curl needed).
@@ -77,26 +123,15 @@ wait_ready() {
 
 # load_ports reads the ports of this stack, choosing them on first use.
 load_ports() {
+  local p=()
   if [ ! -f "$ports" ]; then
-    local nginx_port=${NGINX_PORT:-8080} i
-    [ "$nginx_port" != 0 ] || nginx_port=$(free_port)
-    {
-      echo "MYSQL_PORT=$(free_port)"
-      echo "REDIS_PORTS='$(free_port) $(free_port) $(free_port)'"
-      echo "REPLICA_PORTS='$(for i in $(seq 1 $max_replicas); do free_port; done | xargs)'"
-      echo "NGINX_PORT=$nginx_port"
-      echo "ADMIN_TOKEN=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')"
-    } >"$ports"
-  fi
-  . "$ports"
-  # The topologies' ports, chosen on first use as well (and added to the
-  # file of a stack started before there were topologies).
-  if [ -z "${CLUSTER_PORTS:-}" ]; then
-    {
-      echo "CLUSTER_PORTS='$(free_ports 3 | xargs)'"
-      echo "SENTINEL_REDIS_PORTS='$(free_ports 2 | xargs)'"
-      echo "SENTINEL_PORTS='$(free_ports 3 | xargs)'"
-    } >>"$ports"
+    mapfile -t p < <(free_ports 16)
+    MYSQL_PORT=${p[0]} REDIS_PORTS=${p[*]:1:3} REPLICA_PORTS=${p[*]:4:3} CLUSTER_PORTS=${p[*]:7:3}
+    SENTINEL_REDIS_PORTS=${p[*]:10:2} SENTINEL_PORTS=${p[*]:12:3}
+    NGINX_PORT=${NGINX_PORT:-8080}
+    [ "$NGINX_PORT" != 0 ] || NGINX_PORT=${p[15]}
+    ADMIN_TOKEN=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
+  else
     . "$ports"
   fi
   read -r -a redis_ports <<<"$REDIS_PORTS"
@@ -104,6 +139,45 @@ load_ports() {
   read -r -a cluster_ports <<<"$CLUSTER_PORTS"
   read -r -a sentinel_redis_ports <<<"$SENTINEL_REDIS_PORTS"
   read -r -a sentinel_ports <<<"$SENTINEL_PORTS"
+  [ -f "$ports" ] || save_ports
+}
+
+# save_ports writes the ports to the state.
+save_ports() {
+  {
+    echo "MYSQL_PORT=$MYSQL_PORT"
+    echo "REDIS_PORTS='${redis_ports[*]}'"
+    echo "REPLICA_PORTS='${replica_ports[*]}'"
+    echo "NGINX_PORT=$NGINX_PORT"
+    echo "ADMIN_TOKEN=$ADMIN_TOKEN"
+    echo "CLUSTER_PORTS='${cluster_ports[*]}'"
+    echo "SENTINEL_REDIS_PORTS='${sentinel_redis_ports[*]}'"
+    echo "SENTINEL_PORTS='${sentinel_ports[*]}'"
+  } >"$ports.new"
+  mv "$ports.new" "$ports"
+}
+
+# claim_port VAR INDEX WHAT makes sure that the saved port VAR[INDEX] (an
+# array of the ports, or MYSQL_PORT with INDEX 0) is free for WHAT to start
+# on. Taken by another process meanwhile, it is given up for a new free
+# port, saved, where repick is set; elsewhere that fails, naming the port
+# and the process, rather than let the stack talk to that process.
+claim_port() {
+  local -n var=$1
+  local i=$2 what=$3 holder port
+  holder=$(port_holder "${var[$i]}") || return 0
+  [ -n "$repick" ] ||
+    die "port ${var[$i]} of $what (saved in $ports) is held by $holder, not by this stack: stop it, or run $0 up, which moves $what to a free port"
+  while :; do
+    port=$(free_port)
+    case " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} " in
+      *" $port "*) ;;
+      *) break ;;
+    esac
+  done
+  log "port ${var[$i]} of $what is held by $holder: $what moves to port $port"
+  var[i]=$port
+  save_ports
 }
 
 # The name under which the Sentinels watch the master.
@@ -167,7 +241,7 @@ build() {
 start_servers() {
   local i fresh=
   [ -d "$state/mariadb/data/mysql" ] || fresh=1
-  alive "$state/mariadb" || start_mariadb "$state/mariadb" "$MYSQL_PORT"
+  serving "$state/mariadb" "$MYSQL_PORT" || start_mariadb_on_port
   start_masters
   start_topology
   run_shop migrate >/dev/null
@@ -176,12 +250,24 @@ start_servers() {
   fi
 }
 
+# start_mariadb_on_port starts MariaDB on its saved port (claim_port).
+start_mariadb_on_port() {
+  claim_port MYSQL_PORT 0 MariaDB
+  start_mariadb "$state/mariadb" "$MYSQL_PORT"
+}
+
+# start_master I starts Redis master I on its saved port (claim_port).
+start_master() {
+  claim_port redis_ports "$1" "Redis master $1"
+  start_redis "$state/redis$1" "${redis_ports[$1]}"
+}
+
 # start_masters starts the Redis masters that are not running (a master
 # killed by the demo comes back empty, as after a crash).
 start_masters() {
   local i
   for i in 0 1 2; do
-    alive "$state/redis$i" || start_redis "$state/redis$i" "${redis_ports[$i]}"
+    serving "$state/redis$i" "${redis_ports[$i]}" || start_master "$i"
   done
 }
 
@@ -190,7 +276,14 @@ start_masters() {
 set_running() {
   local dir=$1 port
   shift
-  for port in "$@"; do alive "$dir/$port" || return 1; done
+  for port in "$@"; do serving "$dir/$port" "$port" || return 1; done
+}
+
+# claim_ports VAR WHAT claims each port of the array VAR (claim_port).
+claim_ports() {
+  local -n list=$1
+  local i
+  for i in "${!list[@]}"; do claim_port "$1" "$i" "$2"; done
 }
 
 # start_topology starts the Redis Cluster or the Sentinel set-up of the
@@ -205,6 +298,7 @@ start_topology() {
       set_running "$dir" "${cluster_ports[@]}" && return 0
       stop_redis_set "$dir"
       rm -rf "$dir"
+      claim_ports cluster_ports "the Redis Cluster"
       start_redis_cluster "$dir" "${cluster_ports[@]}"
       ;;
     sentinel)
@@ -212,6 +306,8 @@ start_topology() {
       set_running "$dir" "${sentinel_redis_ports[@]}" "${sentinel_ports[@]}" && return 0
       stop_redis_set "$dir"
       rm -rf "$dir"
+      claim_ports sentinel_redis_ports "the Sentinels' Redis"
+      claim_ports sentinel_ports "the Sentinels"
       start_redis_sentinel "$dir" "$sentinel_name" "${sentinel_redis_ports[@]}" "${sentinel_ports[@]}"
       ;;
   esac
@@ -256,17 +352,22 @@ start_replica() {
   for kv in "${settings[@]}"; do
     case $kv in SHOP_BINARY=*) bin=${kv#SHOP_BINARY=} ;; esac
   done
+  claim_port replica_ports $(($1 - 1)) "replica $1"
   mkdir -p "$dir"
   binary_sum "$bin" >"$dir/binary"
-  redis_env >"$dir/redis"
+  shop_env >"$dir/env"
   env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" "${settings[@]}" \
     "$bin" serve </dev/null >>"$dir/shop.log" 2>&1 &
   echo $! >"$dir/pid"
 }
 
-# wait_replica I waits for replica I's /readyz.
+# wait_replica I waits until replica I listens on its port and answers
+# its /readyz.
 wait_replica() {
-  wait_ready "$(replica_port "$1")" 30 || { tail -5 "$state/replica$1/shop.log" >&2; die "replica $1 is not ready"; }
+  local port
+  port=$(replica_port "$1")
+  { wait_port "$port" 30 "$(cat "$state/replica$1/pid")" && wait_ready "$port" 30; } ||
+    { tail -5 "$state/replica$1/shop.log" >&2; die "replica $1 is not ready on port $port"; }
 }
 
 # start_replicas N [VAR=VALUE...] starts replicas 1..N with the settings,
@@ -313,7 +414,7 @@ rolling_restart() {
   local n i running=()
   n=$(cat "$state/replicas")
   for i in $(seq 1 "$n"); do
-    if alive "$state/replica$i"; then running+=("$i"); fi
+    if serving "$state/replica$i" "$(replica_port "$i")"; then running+=("$i"); fi
   done
   [ ${#running[@]} -gt 0 ] || die "no replica runs"
   restart_replicas "${running[@]}"
@@ -334,11 +435,12 @@ nginx_up() {
   opts="daemon off;"
   [ "$(id -u)" -ne 0 ] || opts+=" user root;"
   "$bin" -t -q -p "$dir" -e "$dir/logs/error.log" -c "$dir/nginx.conf" -g "$opts" || die "nginx rejected $dir/nginx.conf"
-  if alive "$dir"; then
+  if serving "$dir" "$NGINX_PORT"; then
     reload_nginx "$(cat "$dir/pid")"
   else
-    if (exec 3<>"/dev/tcp/127.0.0.1/$NGINX_PORT") 2>/dev/null; then
-      die "127.0.0.1:$NGINX_PORT is taken by another program: set NGINX_PORT (0 picks a free port) or stop it"
+    local holder
+    if holder=$(port_holder "$NGINX_PORT"); then
+      die "127.0.0.1:$NGINX_PORT is taken by $holder: stop it, or make down and start again with NGINX_PORT set (0 picks a free port)"
     fi
     "$bin" -p "$dir" -e "$dir/logs/error.log" -c "$dir/nginx.conf" -g "$opts" </dev/null >>"$dir/logs/stdout.log" 2>&1 &
     echo $! >"$dir/pid"
@@ -386,11 +488,11 @@ up() {
   local n=${REPLICAS:-$(cat "$state/replicas" 2>/dev/null || echo 3)} i sum started=() stale=()
   sum=$(binary_sum)
   for i in $(seq 1 "$n"); do
-    if ! alive "$state/replica$i"; then
+    if ! serving "$state/replica$i" "$(replica_port "$i")"; then
       start_replica "$i"
       started+=("$i")
     elif [ "$(cat "$state/replica$i/binary" 2>/dev/null)" != "$sum" ] ||
-      [ "$(cat "$state/replica$i/redis" 2>/dev/null)" != "$(redis_env)" ]; then
+      [ "$(cat "$state/replica$i/env" 2>/dev/null)" != "$(shop_env)" ]; then
       stale+=("$i")
     fi
   done
@@ -398,8 +500,8 @@ up() {
   echo "$n" >"$state/replicas"
   [ ${#started[@]} -eq 0 ] || log "started replica(s) ${started[*]}"
   nginx_up "$n"
-  # Replicas started from an older bin/shop, or on another Redis topology:
-  # restarted one at a time.
+  # Replicas started from an older bin/shop, or on another Redis topology,
+  # or before a server moved to another port: restarted one at a time.
   [ ${#stale[@]} -eq 0 ] || restart_replicas "${stale[@]}"
   cat <<EOF
 shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas, Redis: $(topology))
@@ -411,9 +513,14 @@ EOF
 }
 
 down() {
-  if [ ! -f "$ports" ]; then
+  if [ ! -e "$state" ]; then
     log "no stack in $state"
+    return
+  fi
+  own_state
+  if [ ! -f "$ports" ]; then
     rm -rf "$state"
+    log "no stack ran in $state; removed it"
     return
   fi
   stop_pidfile "$state/nginx/pid"
@@ -428,15 +535,24 @@ down() {
 }
 
 status() {
+  [ -e "$state" ] || { echo "no stack in $state"; return; }
+  own_state
   [ -f "$ports" ] || { echo "no stack in $state"; return; }
   load_ports
-  local name sum
+  local name sum port
   sum=$(binary_sum 2>/dev/null || true)
   for name in mariadb redis0 redis1 redis2 nginx replica1 replica2 replica3; do
-    if alive "$state/$name"; then
+    case $name in
+      mariadb) port=$MYSQL_PORT ;;
+      redis?) port=${redis_ports[${name#redis}]} ;;
+      nginx) port=$NGINX_PORT ;;
+      replica?) port=$(replica_port "${name#replica}") ;;
+    esac
+    if serving "$state/$name" "$port"; then
       echo -n "$name: running (pid $(cat "$state/$name/pid"))"
       if [ -f "$state/$name/binary" ] && [ "$(cat "$state/$name/binary")" != "$sum" ]; then echo -n ", an older bin/shop"; fi
       echo
+    elif alive "$state/$name"; then echo "$name: pid $(cat "$state/$name/pid") runs but does not listen on :$port"
     else echo "$name: stopped"; fi
   done
   topology_status
@@ -451,12 +567,12 @@ topology_status() {
   local port
   for port in "${cluster_ports[@]}"; do
     [ -d "$state/redis-cluster/$port" ] || continue
-    if alive "$state/redis-cluster/$port"; then echo "cluster :$port: running (pid $(cat "$state/redis-cluster/$port/pid"))"
+    if serving "$state/redis-cluster/$port" "$port"; then echo "cluster :$port: running (pid $(cat "$state/redis-cluster/$port/pid"))"
     else echo "cluster :$port: stopped"; fi
   done
   for port in "${sentinel_redis_ports[@]}" "${sentinel_ports[@]}"; do
     [ -d "$state/redis-sentinel/$port" ] || continue
-    if alive "$state/redis-sentinel/$port"; then echo "sentinel set :$port: running (pid $(cat "$state/redis-sentinel/$port/pid"))"
+    if serving "$state/redis-sentinel/$port" "$port"; then echo "sentinel set :$port: running (pid $(cat "$state/redis-sentinel/$port/pid"))"
     else echo "sentinel set :$port: stopped"; fi
   done
   if [ -d "$state/redis-sentinel" ]; then
@@ -468,7 +584,7 @@ topology_status() {
 # new requests to the others. It stays down until `replicas` or `up`.
 kill_replica() {
   local pid
-  alive "$state/replica$1" || die "replica $1 is not running"
+  serving "$state/replica$1" "$(replica_port "$1")" || die "replica $1 is not running"
   pid=$(cat "$state/replica$1/pid")
   kill -9 "$pid"
   log "replica $1 (pid $pid) killed"
@@ -479,13 +595,13 @@ kill_replica() {
 # persistence.
 restart_redis() {
   local dir=$state/redis0 pid
-  if alive "$dir"; then
+  if serving "$dir" "${redis_ports[0]}"; then
     pid=$(cat "$dir/pid")
     kill -9 "$pid"
     while pid_alive "$pid"; do sleep 0.05; done
     log "Redis master 0 (pid $pid) killed"
   fi
-  start_redis "$dir" "${redis_ports[0]}"
+  start_master 0
 }
 
 # restart_mariadb stops MariaDB (SIGTERM: it finishes, writes its buffers
@@ -494,7 +610,7 @@ restart_redis() {
 restart_mariadb() {
   stop_pidfile "$state/mariadb/pid" 60
   log "MariaDB stopped"
-  start_mariadb "$state/mariadb" "$MYSQL_PORT"
+  start_mariadb_on_port
 }
 
 # sentinel_master [SENTINEL_PORT] prints the port of the master as the
@@ -588,7 +704,7 @@ kill_redis_master() {
   need_sentinel
   old=$(sentinel_master) || die "the Sentinel on :${sentinel_ports[0]} does not name a master"
   dir=$state/redis-sentinel/$old
-  alive "$dir" || die "the master on :$old is not running"
+  serving "$dir" "$old" || die "the master on :$old is not running"
   pid=$(cat "$dir/pid")
   kill -9 "$pid"
   while pid_alive "$pid"; do sleep 0.05; done
@@ -601,7 +717,10 @@ kill_redis_master() {
 }
 
 case ${1:-} in
-  up) up ;;
+  kill-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | shop) need_stack ;;
+esac
+case ${1:-} in
+  up) repick=1; up ;;
   down) down ;;
   status) status ;;
   replicas)
@@ -616,6 +735,7 @@ case ${1:-} in
     ;;
   kill-replica)
     [ $# -eq 2 ] && [ "$2" -ge 1 ] && [ "$2" -le $max_replicas ] || die "usage: $0 kill-replica 1..$max_replicas"
+    load_ports
     kill_replica "$2"
     ;;
   rolling-restart) load_ports; rolling_restart ;;
@@ -623,7 +743,7 @@ case ${1:-} in
   restart-mariadb) load_ports; restart_mariadb ;;
   failover-redis) load_ports; failover_redis ;;
   kill-redis-master) load_ports; kill_redis_master ;;
-  redis-up) set_topology; load_ports; start_masters; start_topology; redis_env ;;
+  redis-up) repick=1; set_topology; load_ports; start_masters; start_topology; redis_env ;;
   shop) load_ports; run_shop "${@:2}" ;;
   *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|shop ARGS..." ;;
 esac

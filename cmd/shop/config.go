@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
@@ -16,12 +17,17 @@ import (
 
 // config is the service's configuration, read from the environment.
 type config struct {
+	// HTTPAddr and DebugAddr are listeners' [host]:port: an empty host is
+	// every interface (not allowed for DebugAddr, loopback only), port 0 a
+	// free port, logged as bound.
 	HTTPAddr  string
 	DebugAddr string
 	MySQLDSN  string
 	// RedisAddrs is one Redis server, or the seed nodes of a Redis
 	// Cluster, or — with RedisMasterName — the Sentinels that watch the
-	// master of that name: go-redis's UniversalOptions.Addrs.
+	// master of that name: go-redis's UniversalOptions.Addrs. Like
+	// RedlockAddrs, each is host:port with a port from 1 to 65535, without
+	// a scheme, and none is listed twice.
 	RedisAddrs      []string
 	RedisMasterName string
 	RedisPrefix     string
@@ -115,6 +121,23 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		return d
 	}
+	// addrs reads name's comma-separated list of servers to dial, each
+	// checked by checkAddr and none listed twice: dup says what a
+	// duplicate would do. Entries are compared as written, spaces around
+	// them trimmed: localhost:6379 and 127.0.0.1:6379 are not seen as one.
+	addrs := func(name, def, dup string) []string {
+		list := addrList(get(name, def))
+		seen := make(map[string]bool, len(list))
+		for _, a := range list {
+			if err := checkAddr(a, false); err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			} else if seen[a] {
+				errs = append(errs, fmt.Errorf("%s: %q is listed twice: %s", name, a, dup))
+			}
+			seen[a] = true
+		}
+		return list
+	}
 
 	c := config{
 		HTTPAddr:        get("SHOP_HTTP_ADDR", ":8080"),
@@ -124,7 +147,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		RedisPrefix:     get("SHOP_REDIS_PREFIX", "shop:"),
 		LockMode:        oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
 		LockTTL:         between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
-		LockWait:        duration("SHOP_LOCK_WAIT", "2s", time.Millisecond),
+		LockWait:        between("SHOP_LOCK_WAIT", "2s", time.Millisecond, stock.MaxLockWait),
 		StockUpdate:     oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
 		Fencing:         oneOf("SHOP_FENCING", "on", "on", "off") == "on",
 		CacheTTL:        duration("SHOP_CACHE_TTL", "10m", time.Second),
@@ -157,37 +180,35 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if _, err := mysql.ParseDSN(c.MySQLDSN); err != nil {
 		errs = append(errs, fmt.Errorf("SHOP_MYSQL_DSN: %w", err))
 	}
-	c.RedisAddrs = addrList(get("SHOP_REDIS_ADDR", "127.0.0.1:6379"))
+	c.RedisAddrs = addrs("SHOP_REDIS_ADDR", "127.0.0.1:6379", "one server listed twice is taken for two: a Redis Cluster's seed nodes, or two Sentinels")
 	if len(c.RedisAddrs) == 0 {
 		errs = append(errs, errors.New("SHOP_REDIS_ADDR: must be host:port, or a comma-separated list of them"))
-	}
-	for _, a := range c.RedisAddrs {
-		if !strings.Contains(a, ":") {
-			errs = append(errs, fmt.Errorf("SHOP_REDIS_ADDR: %q must be host:port", a))
-		}
 	}
 	// The keys carry hash tags ({sku:42}) so that each script's keys share
 	// a Redis Cluster slot; a brace in the prefix would be taken for the tag.
 	if strings.ContainsAny(c.RedisPrefix, "{}") {
 		errs = append(errs, fmt.Errorf("SHOP_REDIS_PREFIX=%q: must not contain { or }: the keys' hash tags, which keep each script's keys in one Redis Cluster slot, follow it", c.RedisPrefix))
 	}
-	c.RedlockAddrs = addrList(getenv("SHOP_REDLOCK_ADDRS"))
-	for _, a := range c.RedlockAddrs {
-		if !strings.Contains(a, ":") {
-			errs = append(errs, fmt.Errorf("SHOP_REDLOCK_ADDRS: %q must be host:port", a))
-		}
-	}
+	c.RedlockAddrs = addrs("SHOP_REDLOCK_ADDRS", "", "a master listed twice counts twice towards a majority")
 	if c.LockMode == "redlock" && len(c.RedlockAddrs) == 0 {
 		errs = append(errs, errors.New("SHOP_REDLOCK_ADDRS: redlock mode needs the independent Redis masters, comma-separated host:port"))
 	}
-	if !strings.Contains(c.HTTPAddr, ":") {
-		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR=%q: must be [host]:port", c.HTTPAddr))
+	if err := checkAddr(c.HTTPAddr, true); err != nil {
+		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR: %w", err))
 	}
-	if c.DebugAddr != "" && !loopback(c.DebugAddr) {
-		errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be a loopback host:port (127.0.0.1, ::1 or localhost): pprof shows the process's memory and must not be reachable from elsewhere", c.DebugAddr))
+	if c.DebugAddr != "" {
+		if err := checkAddr(c.DebugAddr, true); err != nil {
+			errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR: %w", err))
+		} else if !loopback(c.DebugAddr) {
+			errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be a loopback host:port (127.0.0.1, ::1 or localhost): pprof shows the process's memory and must not be reachable from elsewhere", c.DebugAddr))
+		}
 	}
 	if n := len(c.AdminToken); n > 0 && n < minAdminToken {
 		errs = append(errs, fmt.Errorf("SHOP_ADMIN_TOKEN: %d characters, must be at least %d (it can reset the catalog)", n, minAdminToken))
+	}
+	// No client could send such a token: HTTP trims a header's value.
+	if c.AdminToken != strings.TrimSpace(c.AdminToken) {
+		errs = append(errs, errors.New("SHOP_ADMIN_TOKEN: begins or ends with white space (a space, or the newline of a file it was read from): remove it"))
 	}
 	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
 		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))
@@ -207,6 +228,35 @@ func addrList(v string) []string {
 		}
 	}
 	return addrs
+}
+
+// checkAddr reports what is wrong with addr as host:port: the address of
+// a server to dial, which needs a host and a port from 1 to 65535, or, when
+// listen is set, of a listener, whose host may be empty (every interface)
+// and whose port may be 0 (a free one, which the listener logs).
+func checkAddr(addr string, listen bool) error {
+	if scheme, _, ok := strings.Cut(addr, "://"); ok {
+		shown := scheme + "://…"
+		if u, err := url.Parse(addr); err == nil {
+			shown = u.Redacted()
+		}
+		return fmt.Errorf("%q: drop the scheme %q: the address is host:port", shown, scheme+"://")
+	}
+	form, minPort := "host:port", uint64(1)
+	if listen {
+		form, minPort = "[host]:port", 0
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q: must be %s", addr, form)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || n < minPort {
+		return fmt.Errorf("%q: the port must be a number from %d to 65535", addr, minPort)
+	}
+	if host == "" && !listen {
+		return fmt.Errorf("%q: names no host: must be host:port", addr)
+	}
+	return nil
 }
 
 // redisTopology names the Redis deployment that cfg's settings describe,

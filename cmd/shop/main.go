@@ -4,7 +4,9 @@
 //	shop migrate                          apply the schema
 //	shop seed --products N --stock S      reset the catalog
 //	     [--starts-at T] [--ends-at T]    with every product's sale window
+//	shop seed --if-empty …                seed only a catalog without products
 //	shop verify [--acks FILE] [--json]    check the sale's invariants
+//	shop healthcheck                      exit 0 when this host's shop serve is ready
 //
 // Configuration comes from SHOP_* environment variables; see README.md.
 package main
@@ -65,7 +67,9 @@ commands:
   migrate                           apply the database migrations
   seed --products N --stock S       reset the catalog to products 1..N with S units each
        [--starts-at T] [--ends-at T]  and every product's sale window (RFC 3339)
-  verify [--acks FILE] [--json]     check the invariants; exit 1 if any is broken`
+       [--if-empty]                 only if the catalog has no products (exit 0 either way)
+  verify [--acks FILE] [--json]     check the invariants; exit 1 if any is broken
+  healthcheck                       GET /readyz on this host's SHOP_HTTP_ADDR port; exit 0 if ready, else 1`
 
 // run is the whole program; main only supplies the process's environment.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -82,6 +86,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return seed(ctx, args, getenv, stdout)
 	case "verify":
 		return verify(ctx, args, getenv, stdout)
+	case "healthcheck":
+		return healthcheck(ctx, args, getenv, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil
@@ -98,6 +104,11 @@ func exitCode(err error, stderr io.Writer) int {
 	case err == nil:
 		return 0
 	case errors.Is(err, errViolations):
+		return 1
+	case errors.Is(err, errUnhealthy):
+		// Before the usage and configuration errors it may wrap: a
+		// healthcheck's exit is 0 or 1.
+		fmt.Fprintln(stderr, "shop: healthcheck:", err)
 		return 1
 	case errors.Is(err, flag.ErrHelp):
 		return 0

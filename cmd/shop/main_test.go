@@ -30,6 +30,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_LOCK_TTL", "five"},
 		{"SHOP_LOCK_TTL", "1ms"},
 		{"SHOP_LOCK_WAIT", "-1s"},
+		{"SHOP_LOCK_WAIT", "11s"}, // an order's turn must keep time for its transaction
 		{"SHOP_STOCK_UPDATE", "optimistic"},
 		{"SHOP_FENCING", "yes"},
 		{"SHOP_LOG_LEVEL", "loud"},
@@ -67,20 +68,15 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_USER_LIMIT", "three"},
 		{"SHOP_USER_LIMIT", "1000001"},
 	}
+	base := serveBase(t)
 	for _, tt := range tests {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
-			var stderr bytes.Buffer
-			// Stopped before it starts: a value taken for good must end the
-			// test with exit 0, not leave a server running.
-			ctx, cancel := context.WithCancel(context.Background())
-			cancel()
-			vars := map[string]string{"SHOP_HTTP_ADDR": "127.0.0.1:0", tt.name: tt.value}
-			err := run(ctx, []string{"serve"}, env(vars), &stderr, &stderr)
-			if code := exitCode(err, &stderr); code != 2 {
-				t.Errorf("exit code %d, want 2 (err %v)", code, err)
+			code, out := serveWith(base, map[string]string{tt.name: tt.value})
+			if code != 2 {
+				t.Errorf("exit code %d, want 2:\n%s", code, out)
 			}
-			if !strings.Contains(stderr.String(), tt.name) {
-				t.Errorf("message does not name %s: %q", tt.name, stderr.String())
+			if !strings.Contains(out, tt.name) {
+				t.Errorf("message does not name %s: %q", tt.name, out)
 			}
 		})
 	}

@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
+
 	"shop/internal/handler"
 	"shop/internal/testenv"
 )
@@ -247,4 +249,92 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 		t.Errorf("the replica took %s to stop: its drain should end when nginx has closed its connections", took)
 	}
 	t.Logf("%d orders through nginx while a replica stopped in %s: %v", len(tl.acks), took.Round(time.Millisecond), tl.status)
+}
+
+// A COMMIT that MySQL carries out but whose answer does not come (here the
+// proxy between the replica and MySQL holds it, as a stalled network or a
+// hung fsync would) is given up on within the orders' pool's read timeout:
+// every buyer behind nginx gets the service's own answer — its order, or
+// 503 outcome_unknown — before nginx gives up on the replica and answers
+// 504, and every acknowledged order is in MySQL.
+func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "100"); code != 0 {
+		t.Fatal(out)
+	}
+	cfg, err := mysql.ParseDSN(db.DSN)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.StartProxy(t, cfg.Addr)
+	cfg.Addr = proxy.Addr
+	r := startReplica(t, fleetVars(t, &testenv.DB{DSN: cfg.FormatDSN()}, nil)())
+	front := startNginx(t, strings.TrimPrefix(r.url, "http://"))
+	waitReady(t, front.url)
+	held, release := proxy.HoldReply(testenv.MySQLQuery("COMMIT"))
+	defer release(false)
+
+	client := &http.Client{Timeout: time.Minute}
+	readTimeout := nginxDirective(t, "location /", "proxy_read_timeout")
+	type answer struct {
+		user   int
+		status int
+		code   string
+		order  string
+		took   time.Duration
+	}
+	answers := make(chan answer)
+	start := time.Now()
+	const n = 20
+	for user := 1; user <= n; user++ {
+		go func() {
+			req, err := http.NewRequest("POST", front.url+"/api/v1/orders", strings.NewReader(fmt.Sprintf(`{"sku_id":1,"user_id":%d}`, user)))
+			if err != nil {
+				t.Error(err)
+			}
+			req.Header.Set("Content-Type", "application/json")
+			if user%2 == 0 {
+				req.Header.Set("Idempotency-Key", fmt.Sprint("buyer-", user))
+			}
+			a := answer{user: user}
+			res, err := client.Do(req)
+			if err == nil {
+				body, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				a.status, a.code = res.StatusCode, errorCodeOf(body)
+				var o struct {
+					OrderID int64 `json:"order_id"`
+				}
+				if json.Unmarshal(body, &o) == nil && o.OrderID > 0 {
+					a.order = fmt.Sprint(o.OrderID)
+				}
+			}
+			a.took = time.Since(start)
+			answers <- a
+		}()
+	}
+	<-held
+	var acks []string
+	statuses := map[string]int{}
+	for range n {
+		a := <-answers
+		statuses[fmt.Sprint(a.status, " ", a.code)]++
+		switch {
+		case a.took >= readTimeout:
+			t.Errorf("user %d answered %d after %s: nginx gives up after %s", a.user, a.status, a.took, readTimeout)
+		case a.status == 201:
+			acks = append(acks, a.order)
+		case a.status != 503 || a.code != "outcome_unknown":
+			t.Errorf("user %d: %d %s; want 201 or 503 outcome_unknown", a.user, a.status, a.code)
+		}
+	}
+	t.Logf("answers while one COMMIT's reply was held: %v", statuses)
+	if statuses["503 outcome_unknown"] == 0 {
+		t.Errorf("no buyer was told outcome_unknown: the held COMMIT answered no order")
+	}
+	path := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
+	if code, out := shop(t, db, "verify", "--acks", path); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
 }

@@ -239,7 +239,7 @@ func TestRedisReadyOnEveryTopology(t *testing.T) {
 // PING through the ClusterClient would reach a live node most times — and
 // it passes again once the master is back.
 func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
-	cluster := testenv.StartRedisCluster(t, 3)
+	cluster := testenv.StartRedisCluster(t, 3, 0)
 	rdb := newRedis(testConfig(t, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")}))
 	t.Cleanup(func() { rdb.Close() })
 	ready := redisReady(rdb)

@@ -71,7 +71,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	ordersDB, err := stock.Open(cfg.MySQLDSN, ordersPoolSize)
+	ordersDB, err := stock.OpenOrders(cfg.MySQLDSN, ordersPoolSize)
 	if err != nil {
 		return err
 	}
@@ -110,8 +110,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	catalog := stock.NewCatalog(db)
 	products, closeProducts := newCache(cfg, rdb, catalog, reg, log, depErrors.RedisHook())
 	defer closeProducts()
+	lanes := 1
+	if cfg.LockMode == "none" {
+		// The lock-free baseline places a SKU's orders side by side.
+		lanes = ordersPoolSize
+	}
 	orders := stock.NewService(ordersDB, locker, stock.Options{
-		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, UserLimit: cfg.UserLimit,
+		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
 		Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
 		BeforeWrite: hooks.BeforeWrite,
 	})
@@ -157,12 +162,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		"user_limit", cfg.UserLimit)
 
 	if cfg.DebugAddr != "" {
-		dbg, err := serveDebug(cfg.DebugAddr)
+		dbg, addr, err := serveDebug(cfg.DebugAddr)
 		if err != nil {
 			return err
 		}
 		defer dbg.Close()
-		log.Info("debug listener", "addr", cfg.DebugAddr)
+		log.Info("debug listener", "addr", addr)
 	}
 
 	errc := make(chan error, 1)
@@ -227,7 +232,29 @@ func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
 
 // newRedis is a replica's client of its Redis: one server, a Redis Cluster
 // or a Sentinel-managed master, as cfg says (see config.RedisAddrs).
-func newRedis(cfg config) redis.UniversalClient { return redis.NewUniversalClient(redisOptions(cfg)) }
+func newRedis(cfg config) redis.UniversalClient { return newRedisClient(cfg, redisOptions(cfg)) }
+
+// clusterStateReload bounds how old a client's view of a Redis Cluster's
+// slots may be when it sends a command: an older view is asked for again,
+// in the background, while the command goes by the one it has. go-redis
+// asks again at once only when a node answers MOVED (or READONLY), and
+// otherwise every minute; a master that died answers nothing, so without
+// this the clients kept sending its slots' commands to it, refused, for up
+// to a minute after its replica had taken over — every order of those SKUs
+// a 503, and the lock's subscription, if it lived there, gone as long.
+const clusterStateReload = time.Second
+
+// newRedisClient is the client of o, for cfg's Redis; on a Redis Cluster it
+// asks for the slots again whenever its view is older than
+// clusterStateReload.
+func newRedisClient(cfg config, o *redis.UniversalOptions) redis.UniversalClient {
+	if cfg.redisTopology() != "cluster" {
+		return redis.NewUniversalClient(o)
+	}
+	co := o.Cluster()
+	co.ClusterStateReloadInterval = clusterStateReload
+	return redis.NewClusterClient(co)
+}
 
 // redisOptions are a replica's settings for a client of its Redis. A
 // command ends at its context's deadline when that comes before the
@@ -254,7 +281,7 @@ func redisOptions(cfg config) *redis.UniversalOptions {
 // Each command times out after ttl/3 (at most redisTimeout), so that a
 // renewal that gets no answer leaves time for a second one in the lease.
 func newLockRedis(cfg config, ttl time.Duration) redis.UniversalClient {
-	return redis.NewUniversalClient(lockRedisOptions(cfg, ttl))
+	return newRedisClient(cfg, lockRedisOptions(cfg, ttl))
 }
 
 // lockRedisOptions are newLockRedis's settings. On a Redis Cluster
@@ -574,8 +601,10 @@ func registerOrderStats(reg prometheus.Registerer, stats func() stock.Stats) {
 	)
 }
 
-// serveDebug serves net/http/pprof on addr, apart from the public API.
-func serveDebug(addr string) (*http.Server, error) {
+// serveDebug serves net/http/pprof on addr, apart from the public API, and
+// returns the server and the address it listens on: addr's port 0 becomes
+// the port the system chose.
+func serveDebug(addr string) (*http.Server, string, error) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
 	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -584,11 +613,11 @@ func serveDebug(addr string) (*http.Server, error) {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("serve: debug listener: %w", err)
+		return nil, "", fmt.Errorf("serve: debug listener: %w", err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	return srv, nil
+	return srv, ln.Addr().String(), nil
 }
 
 // The order locks that give fencing tokens can also repair their counter

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"os"
 	"strings"
 	"time"
@@ -86,6 +89,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	units := fs.Int("stock", 1, "units of each product")
 	startsAt := fs.String("starts-at", "", "when every product's sale starts, RFC 3339 (default: no start)")
 	endsAt := fs.String("ends-at", "", "when every product's sale ends, RFC 3339 (default: no end)")
+	ifEmpty := fs.Bool("if-empty", false, "seed only a catalog without products; leave one that has some, and its orders, as they are")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -107,7 +111,16 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	catalog := stock.NewCatalog(db)
 	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil)
 	defer closeCache()
-	s, err := seedCatalog(ctx, catalog, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
+	var seeder catalogSeeder = catalog
+	if *ifEmpty {
+		seeder = emptyCatalog{catalog}
+	}
+	s, err := seedCatalog(ctx, seeder, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
+	var notEmpty *stock.NotEmptyError
+	if errors.As(err, &notEmpty) {
+		fmt.Fprintf(stdout, "catalog has %d products: not seeded\n", notEmpty.Products)
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -120,6 +133,15 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	}
 	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, s.dropped)
 	return nil
+}
+
+// emptyCatalog is a catalog whose seed leaves a catalog that has products
+// as it is (shop seed --if-empty): its SeedWindow is
+// stock.Catalog.SeedWindowIfEmpty.
+type emptyCatalog struct{ catalog *stock.Catalog }
+
+func (c emptyCatalog) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
+	return c.catalog.SeedWindowIfEmpty(ctx, n, units, sale)
 }
 
 // saleWindow reads the sale window of shop seed's --starts-at and
@@ -217,4 +239,78 @@ func readAcks(path string) ([]stock.Ack, error) {
 		return nil, fmt.Errorf("verify: %s: %w", path, err)
 	}
 	return acks, nil
+}
+
+// healthcheckTimeout bounds shop healthcheck's request: below the image's
+// HEALTHCHECK --timeout, so that a replica that does not answer is reported
+// by shop, with the reason, rather than cut off by the engine.
+const healthcheckTimeout = 2 * time.Second
+
+// errUnhealthy ends a healthcheck that found the replica not ready (exit 1,
+// whatever the cause: container engines reserve exit 2).
+var errUnhealthy = errors.New("not ready")
+
+// healthcheck is the image's HEALTHCHECK: it asks the shop serve of this
+// host, on the port SHOP_HTTP_ADDR names, whether it is ready (GET /readyz),
+// and ends with exit 0 when it answers 200, 1 otherwise. No shell or wget is
+// needed in the image.
+func healthcheck(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+	answer, err := askReady(ctx, args, getenv)
+	if err != nil {
+		return fmt.Errorf("%w: %w", errUnhealthy, err)
+	}
+	fmt.Fprintln(stdout, answer)
+	return nil
+}
+
+// askReady GETs /readyz of this host's shop serve, within
+// healthcheckTimeout, and returns its answer: an error unless it is 200.
+func askReady(ctx context.Context, args []string, getenv func(string) string) (string, error) {
+	if err := parseFlags(newFlags("healthcheck"), args); err != nil {
+		return "", err
+	}
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return "", err
+	}
+	url, err := readyURL(cfg.HTTPAddr)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, healthcheckTimeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	// A transport of its own: no proxy from the environment, no connection
+	// kept.
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	res, err := client.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer res.Body.Close()
+	if res.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(io.LimitReader(res.Body, 512))
+		return "", fmt.Errorf("%s answered %s: %s", url, res.Status, bytes.TrimSpace(body))
+	}
+	return fmt.Sprintf("%s answered %s", url, res.Status), nil
+}
+
+// readyURL returns the URL of /readyz of a server listening on addr, as a
+// process on the same host reaches it: an address that listens on every
+// interface (":8080", "0.0.0.0:8080", "[::]:8080") on the loopback.
+func readyURL(addr string) (string, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", fmt.Errorf("SHOP_HTTP_ADDR=%q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+		if ip != nil && ip.To4() == nil {
+			host = "::1"
+		}
+	}
+	return "http://" + net.JoinHostPort(host, port) + "/readyz", nil
 }

@@ -60,13 +60,15 @@ var (
 	templateVar = regexp.MustCompile(`\$\{([A-Za-z_][A-Za-z0-9_]*)\}`)
 	// upstreamServer is a server line of SHOP_UPSTREAMS.
 	upstreamServer = regexp.MustCompile(`\bserver\s+([^\s;]+)`)
+	// namedPort is a port a command names, as in host:port or a URL.
+	namedPort = regexp.MustCompile(`:(\d+)\b`)
 )
 
 // CheckCompose checks a compose project of the repository at repo against
 // the service and the native stack: every shop service (built from the
 // repository) has the environment of x-shop-env, made only of settings
-// the service reads; a setup service migrates and then seeds, and the
-// replicas wait for it; a replica is given time to drain and shut down
+// the service reads; a setup service migrates and then seeds an empty
+// catalog only (shop seed --if-empty), and the replicas wait for it; a replica is given time to drain and shut down
 // before it is killed; nginx runs the native stack's template, every
 // variable of it set, with every replica, and only them, as upstreams on
 // the port they listen on.
@@ -106,8 +108,14 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 			if need := drain + svc.Shutdown; s.StopGracePeriod == nil || time.Duration(*s.StopGracePeriod) < need {
 				pr.addf("service %s: stop_grace_period %s is less than SHOP_DRAIN %s + shutdown %s = %s", name, graceString(s.StopGracePeriod), drain, svc.Shutdown, need)
 			}
-		case migratesThenSeeds(shopSteps(cmd)):
-			setups = append(setups, name)
+			checkReplicaHealth(&pr, name, s.HealthCheck)
+		default:
+			if seed, ok := setupSeed(shopSteps(cmd)); ok {
+				setups = append(setups, name)
+				if !seedsIfEmpty(seed) {
+					pr.addf("service %s: %s at every `docker compose up`", name, seedWithoutIfEmpty)
+				}
+			}
 		}
 	}
 	if len(replicas) == 0 {
@@ -207,10 +215,45 @@ func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, 
 			if !slices.ContainsFunc(s.Ports, func(pc types.ServicePortConfig) bool { return strconv.Itoa(int(pc.Target)) == lp }) {
 				pr.addf("%s: NGINX_LISTEN=%s, but no published port targets %s", where, listen, lp)
 			}
+			if h := s.HealthCheck; h != nil && !h.Disable {
+				for _, m := range namedPort.FindAllStringSubmatch(strings.Join(h.Test, " "), -1) {
+					if m[1] != lp {
+						pr.addf("%s: the healthcheck asks port %s; nginx listens on %s (NGINX_LISTEN)", where, m[1], lp)
+					}
+				}
+			}
 		}
 		return
 	}
 	pr.addf("no service mounts %s as an nginx template", nginxTemplate)
+}
+
+// checkReplicaHealth checks a replica's health check: the image's (none
+// of its own), or its own running `shop healthcheck`, which asks the port
+// SHOP_HTTP_ADDR names. Disabled, nginx, which waits for the replicas to be
+// healthy, would never start; naming a port, it would go on asking that one
+// when SHOP_HTTP_ADDR moves the replica.
+func checkReplicaHealth(pr *problems, name string, h *types.HealthCheckConfig) {
+	switch {
+	case h == nil:
+	case h.Disable:
+		pr.addf("service %s: its healthcheck is disabled; nginx waits for the replicas to be healthy", name)
+	case len(h.Test) > 0 && !runsHealthcheck(h.Test):
+		pr.addf("service %s: healthcheck %q; want [CMD shop healthcheck], which asks the port SHOP_HTTP_ADDR names (or none, the image's)", name, h.Test)
+	}
+}
+
+// runsHealthcheck reports whether a compose healthcheck's test runs `shop
+// healthcheck` and nothing else.
+func runsHealthcheck(test []string) bool {
+	want := []string{"shop", "healthcheck"}
+	switch {
+	case len(test) > 1 && test[0] == "CMD":
+		return slices.Equal(test[1:], want)
+	case len(test) == 2 && test[0] == "CMD-SHELL":
+		return slices.Equal(strings.Fields(test[1]), want)
+	}
+	return false
 }
 
 // templateVars returns the ${NAME}s of an nginx template, comments left

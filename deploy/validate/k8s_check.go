@@ -14,6 +14,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/kustomize/api/hasher"
+	kyaml "sigs.k8s.io/kustomize/kyaml/yaml"
+	"sigs.k8s.io/yaml"
 )
 
 const (
@@ -42,9 +45,10 @@ func (p problems) err() error { return errors.Join(p...) }
 // run: the probes, the Service and the budget reach the replicas' port and
 // pods, the grace period covers the preStop sleep, the drain and the
 // shutdown, every SHOP_* setting is one the service reads and credentials
-// come from a Secret, the pods run unprivileged, and the setup Job migrates
-// and then seeds with the replicas' image. It returns every problem found,
-// each naming its object.
+// come from a Secret whose name, like the ConfigMap's, carries the hash of
+// its content, the pods run unprivileged, and the setup Job migrates and
+// then seeds an empty catalog only, with the replicas' image. It returns
+// every problem found, each naming its object.
 func CheckK8s(m *Manifests, svc Service) error {
 	var p problems
 	if len(m.Deployments) != 1 {
@@ -78,6 +82,7 @@ func CheckK8s(m *Manifests, svc Service) error {
 	checkPodSecurity(&p, where, pod.Spec)
 	checkGoMemLimit(&p, where, c, env)
 
+	m.checkGeneratedNames(&p)
 	m.checkServices(&p, pod.Labels, c, port)
 	m.checkPDBs(&p, pod.Labels, d.Spec.Replicas)
 	m.checkJobs(&p, svc, c.Image)
@@ -211,6 +216,75 @@ func secretData(s *corev1.Secret) map[string]string {
 		out[k] = v
 	}
 	return out
+}
+
+// checkGeneratedNames checks that every ConfigMap and Secret is named
+// with the hash of its content, as kustomize's generators name them: a
+// changed setting, password or token then renames it, and kustomize
+// writes the new name into the pods that read it, which rolls them
+// (settings are read at start-up only). That the pods read exactly those
+// names is checked with their environment (containerEnv): a reference that
+// kustomize did not rewrite names no object of the manifests.
+func (m *Manifests) checkGeneratedNames(p *problems) {
+	for _, cm := range m.ConfigMaps {
+		checkHashedName(p, "ConfigMap", cm.Name, &cm)
+	}
+	for _, s := range m.Secrets {
+		checkHashedName(p, "Secret", s.Name, &s)
+	}
+}
+
+// hashLen is the length of the hash kustomize appends to a generated name.
+const hashLen = 10
+
+// checkHashedName checks that name, obj's, ends in the hash kustomize's
+// generators compute of obj's kind, type, data and name before the hash.
+func checkHashedName(p *problems, kind, name string, obj any) {
+	where := kind + " " + name
+	base, suffix, ok := cutLast(name, "-")
+	if !ok || len(suffix) != hashLen {
+		base = name
+	}
+	want, err := hashedName(kind, base, obj)
+	if err != nil {
+		p.addf("%s: %v", where, err)
+		return
+	}
+	if name != want {
+		p.addf("%s: the name does not end in the hash of its content, as a kustomize generator names it (%s): "+
+			"a changed value would not roll the pods that read it", where, want)
+	}
+}
+
+// hashedName returns the name a kustomize generator gives obj, of kind,
+// generated as base.
+func hashedName(kind, base string, obj any) (string, error) {
+	doc, err := yaml.Marshal(obj)
+	if err != nil {
+		return "", err
+	}
+	node, err := kyaml.Parse(string(doc))
+	if err != nil {
+		return "", err
+	}
+	node.SetKind(kind)
+	if err := node.SetName(base); err != nil {
+		return "", err
+	}
+	h, err := new(hasher.Hasher).Hash(node)
+	if err != nil {
+		return "", err
+	}
+	return base + "-" + h, nil
+}
+
+// cutLast slices s around the last sep.
+func cutLast(s, sep string) (before, after string, found bool) {
+	i := strings.LastIndex(s, sep)
+	if i < 0 {
+		return s, "", false
+	}
+	return s[:i], s[i+len(sep):], true
 }
 
 // containerPort resolves a port given by number or by name in c.
@@ -424,8 +498,8 @@ func (m *Manifests) checkPDBs(p *problems, podLabels map[string]string, replicas
 	}
 }
 
-// checkJobs checks the Jobs: one of them migrates and then seeds, every
-// one runs the replicas' image with the replicas' care, is retried a
+// checkJobs checks the Jobs: one of them migrates and then seeds an empty
+// catalog only (shop seed --if-empty), every one runs the replicas' image with the replicas' care, is retried a
 // bounded number of times and is cleaned up once finished.
 func (m *Manifests) checkJobs(p *problems, svc Service, image string) {
 	setup := false
@@ -450,8 +524,11 @@ func (m *Manifests) checkJobs(p *problems, svc Service, image string) {
 		}
 		if len(pod.Containers) != 1 {
 			p.addf("%s: %d containers; want one: a pod's containers run side by side, its init containers one after the other", where, len(pod.Containers))
-		} else if migratesThenSeeds(jobSteps(j)) {
+		} else if seed, ok := setupSeed(jobSteps(j)); ok {
 			setup = true
+			if !seedsIfEmpty(seed) {
+				p.addf("%s: %s whenever the Job is created again", where, seedWithoutIfEmpty)
+			}
 		}
 	}
 	if !setup {
@@ -459,12 +536,13 @@ func (m *Manifests) checkJobs(p *problems, svc Service, image string) {
 	}
 }
 
-// jobSteps returns the shop subcommands a Job's pod runs, in order: its init
+// jobSteps returns the shop command lines a Job's pod runs (see shopSteps),
+// in order: its init
 // containers one after the other, then its container (one: containers run
 // side by side). A container without a command runs the image's
 // entrypoint, shop, with its args.
-func jobSteps(j batchv1.Job) []string {
-	var steps []string
+func jobSteps(j batchv1.Job) [][]string {
+	var steps [][]string
 	for _, c := range slices.Concat(j.Spec.Template.Spec.InitContainers, j.Spec.Template.Spec.Containers) {
 		argv := slices.Concat(c.Command, c.Args)
 		if len(c.Command) == 0 {

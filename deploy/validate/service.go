@@ -208,33 +208,63 @@ func (s Service) unknownEnv(env map[string]string) []string {
 	return unknown
 }
 
-// shopSteps returns the shop subcommands a command line runs, in order:
-// shop itself (or a path ending in /shop), or `sh -c` with shop commands
-// joined by &&, each of which runs only if the one before succeeded. A step
-// that is not a shop command is "".
-func shopSteps(argv []string) []string {
+// shopSteps returns the shop command lines a command line runs, in order,
+// each without the program's name (its subcommand first): shop itself (or
+// a path ending in /shop), or `sh -c` with shop commands joined by &&, each
+// of which runs only if the one before succeeded. A step that is not a shop
+// command is nil.
+func shopSteps(argv []string) [][]string {
 	if len(argv) != 3 || (argv[0] != "sh" && argv[0] != "/bin/sh") || argv[1] != "-c" {
-		return []string{shopStep(argv)}
+		return [][]string{shopStep(argv)}
 	}
-	var steps []string
+	var steps [][]string
 	for cmd := range strings.SplitSeq(argv[2], "&&") {
 		steps = append(steps, shopStep(strings.Fields(cmd)))
 	}
 	return steps
 }
 
-// shopStep returns the subcommand of a shop command line, or "" when argv
-// is not one.
-func shopStep(argv []string) string {
+// shopStep returns the subcommand and arguments of a shop command line, or
+// nil when argv is not one.
+func shopStep(argv []string) []string {
 	if len(argv) < 2 || (argv[0] != "shop" && !strings.HasSuffix(argv[0], "/shop")) {
-		return ""
+		return nil
 	}
-	return argv[1]
+	return argv[1:]
 }
 
-// migratesThenSeeds reports whether steps run shop migrate and, after it,
-// shop seed.
-func migratesThenSeeds(steps []string) bool {
-	mi := slices.Index(steps, "migrate")
-	return mi >= 0 && slices.Contains(steps[mi+1:], "seed")
+// setupSeed returns the arguments of the shop seed that steps run after
+// shop migrate; ok is false when they run no such seed.
+func setupSeed(steps [][]string) (seed []string, ok bool) {
+	mi := slices.IndexFunc(steps, func(s []string) bool { return len(s) > 0 && s[0] == "migrate" })
+	if mi < 0 {
+		return nil, false
+	}
+	si := slices.IndexFunc(steps[mi+1:], func(s []string) bool { return len(s) > 0 && s[0] == "seed" })
+	if si < 0 {
+		return nil, false
+	}
+	return steps[mi+1+si][1:], true
 }
+
+// seedsIfEmpty reports whether shop seed's arguments turn --if-empty on,
+// as the flag package reads them: -if-empty or --if-empty, alone or with
+// a true value, the last one counting.
+func seedsIfEmpty(args []string) bool {
+	on := false
+	for _, a := range args {
+		name, value, hasValue := strings.Cut(strings.TrimPrefix(strings.TrimPrefix(a, "-"), "-"), "=")
+		if !strings.HasPrefix(a, "-") || name != "if-empty" {
+			continue
+		}
+		on = true
+		if hasValue {
+			on, _ = strconv.ParseBool(value)
+		}
+	}
+	return on
+}
+
+// seedWithoutIfEmpty is the problem of a setup whose seed resets the
+// catalog each time it runs; the caller says when that is.
+const seedWithoutIfEmpty = "runs shop seed without --if-empty, which resets the catalog, deleting every order,"

@@ -17,6 +17,14 @@ const repoDir = "../.."
 // edit replaces old, which must occur exactly once, with new in file.
 type edit struct{ file, old, new string }
 
+// brokenCase is one way to break a copy of the files: its edits, and what
+// the rejection must name.
+type brokenCase struct {
+	name  string
+	edits []edit
+	want  string
+}
+
 // service reads what the deployment files must agree with from cmd/shop.
 func service(t *testing.T) validate.Service {
 	t.Helper()
@@ -149,17 +157,14 @@ func TestK8s(t *testing.T) {
 // strict decoding, and each check.
 func TestK8sRejectsBrokenCopies(t *testing.T) {
 	const (
-		dep  = "deployment.yaml"
-		conf = "config.env"
-		job  = "job-setup.yaml"
+		dep      = "deployment.yaml"
+		conf     = "config.env"
+		job      = "job-setup.yaml"
+		seedArgs = `args: ["seed", "--if-empty", "--products", "5000", "--stock", "1"]`
 	)
 	svc := service(t)
 	files := k8sFiles(t)
-	cases := []struct {
-		name  string
-		edits []edit
-		want  string
-	}{
+	cases := []brokenCase{
 		{"kustomization typo", []edit{{"kustomization.yaml", "\nimages:\n", "\nimage:\n"}}, `invalid Kustomization: json: unknown field "image"`},
 		{"unknown field", []edit{{dep, "  replicas: 3\n", "  replicas: 3\n  replica: 3\n"}}, `unknown field "replica"`},
 		{"pod field in a container", []edit{{dep, "          imagePullPolicy: IfNotPresent\n", "          imagePullPolicy: IfNotPresent\n          hostNetwork: true\n"}}, `unknown field "hostNetwork"`},
@@ -180,7 +185,7 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		{"setting shop does not read", []edit{{conf, "SHOP_LOCK_MODE=redis\n", "SHOP_LOCK_MODE=redis\nSHOP_LOCKMODE=redlock\n"}}, "SHOP_LOCKMODE: not a setting shop reads"},
 		{"password in the ConfigMap", []edit{
 			{conf, "SHOP_LOCK_MODE=redis\n", "SHOP_LOCK_MODE=redis\nSHOP_MYSQL_DSN=shop:pw@tcp(mysql:3306)/shop\n"},
-			{"secret.yaml", `  SHOP_MYSQL_DSN: "shop:CHANGE-ME@tcp(mysql:3306)/shop?parseTime=true"` + "\n", ""},
+			{"secret.env", "SHOP_MYSQL_DSN=shop:CHANGE-ME@tcp(mysql:3306)/shop?parseTime=true\n", ""},
 		}, "SHOP_MYSQL_DSN comes from ConfigMap"},
 		{"no Redis address", []edit{{conf, "SHOP_REDIS_ADDR=redis:6379\n", ""}}, "SHOP_REDIS_ADDR is not set"},
 		{"in-process lock on three replicas", []edit{{conf, "SHOP_LOCK_MODE=redis", "SHOP_LOCK_MODE=local"}}, "SHOP_LOCK_MODE=local on several replicas oversells"},
@@ -191,12 +196,19 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		{"root", []edit{{dep, "runAsUser: 10001", "runAsUser: 0"}}, "want runAsUser 10001"},
 		{"no CPU limit", []edit{{dep, "              cpu: \"2\"\n", ""}}, "container shop: no cpu limit"},
 		{"GOMEMLIMIT above the limit", []edit{{dep, "value: 460MiB", "value: 600MiB"}}, "GOMEMLIMIT 600MiB is not below the memory limit 512Mi"},
-		{"job does not seed", []edit{{job, `args: ["seed", "--products", "5000", "--stock", "1"]`, `args: ["verify"]`}}, "no Job runs shop migrate and then shop seed"},
+		{"job does not seed", []edit{{job, seedArgs, `args: ["verify"]`}}, "no Job runs shop migrate and then shop seed"},
 		{"job seeds before migrating", []edit{
 			{job, `args: ["migrate"]`, `args: ["swap"]`},
-			{job, `args: ["seed", "--products", "5000", "--stock", "1"]`, `args: ["migrate"]`},
-			{job, `args: ["swap"]`, `args: ["seed", "--products", "5000", "--stock", "1"]`},
+			{job, seedArgs, `args: ["migrate"]`},
+			{job, `args: ["swap"]`, seedArgs},
 		}, "no Job runs shop migrate and then shop seed"},
+		{"job resets the catalog", []edit{{job, `"--if-empty", `, ""}}, "Job shop-setup: runs shop seed without --if-empty"},
+		{"job turns --if-empty off", []edit{{job, `"--if-empty", `, `"--if-empty", "--if-empty=false", `}}, "Job shop-setup: runs shop seed without --if-empty"},
+		{"secret named without its hash", []edit{{"kustomization.yaml", "    envs:\n      - secret.env\n", "    envs:\n      - secret.env\n    options:\n      disableNameSuffixHash: true\n"}},
+			"Secret shop-secrets: the name does not end in the hash of its content, as a kustomize generator names it (shop-secrets-"},
+		{"settings named without their hash", []edit{{"kustomization.yaml", "\nconfigMapGenerator:\n", "\ngeneratorOptions:\n  disableNameSuffixHash: true\nconfigMapGenerator:\n"}},
+			"ConfigMap shop-config: the name does not end in the hash of its content"},
+		{"deployment reads another secret", []edit{{dep, "name: shop-secrets", "name: shop-secret"}}, "Deployment shop: container shop: envFrom: no Secret shop-secret in the manifests"},
 		{"job migrates beside the seed", []edit{{job, "      containers:\n", ""}, {job, "      initContainers:\n", "      containers:\n"}},
 			"Job shop-setup: 2 containers; want one"},
 		{"job on another image", []edit{{job, "          image: shop\n          imagePullPolicy: IfNotPresent\n          args: [\"migrate\"]",
@@ -251,11 +263,7 @@ func TestCompose(t *testing.T) {
 func TestComposeRejectsBrokenCopies(t *testing.T) {
 	const dc = "docker-compose.yml"
 	svc := service(t)
-	cases := []struct {
-		name  string
-		edits []edit
-		want  string
-	}{
+	cases := []brokenCase{
 		{"unknown key", []edit{{dc, "stop_grace_period: 40s", "stop_grace_perod: 40s"}}, "stop_grace_perod"},
 		{"wrong type", []edit{{dc, "      retries: 60\n", "      retries: sixty\n"}}, "retries"},
 		{"undefined dependency", []edit{{dc, "      shop3: {condition: service_healthy}", "      shop4: {condition: service_healthy}"}}, "shop4"},
@@ -275,6 +283,12 @@ func TestComposeRejectsBrokenCopies(t *testing.T) {
 		{"template variable added", []edit{{"deploy/nginx.conf", "worker_processes auto;", "worker_processes ${NGINX_WORKERS};"}}, "NGINX_WORKERS is not set"},
 		{"listen port not published", []edit{{dc, `NGINX_LISTEN: "8080"`, `NGINX_LISTEN: "9090"`}}, "no published port targets 9090"},
 		{"seed runs after a failed migrate", []edit{{dc, "shop migrate && shop seed", "shop migrate; shop seed"}}, "no setup service"},
+		{"setup resets the catalog", []edit{{dc, "shop seed --if-empty", "shop seed"}}, "service setup: runs shop seed without --if-empty"},
+		{"replica's health check off", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    healthcheck:\n      disable: true\n"}},
+			"service shop3: its healthcheck is disabled"},
+		{"replica's health check on a fixed port", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    healthcheck:\n      test: [\"CMD\", \"wget\", \"-q\", \"-O\", \"/dev/null\", \"http://127.0.0.1:8080/readyz\"]\n"}},
+			"service shop3: healthcheck"},
+		{"nginx's health check on another port", []edit{{dc, `"http://127.0.0.1:8080/readyz"]`, `"http://127.0.0.1:8081/readyz"]`}}, "the healthcheck asks port 8081; nginx listens on 8080"},
 		{"replicas do not wait for the setup", []edit{{dc, "      condition: service_completed_successfully\n", "      condition: service_started\n"}}, "service shop1: does not wait for the setup"},
 	}
 	for _, tc := range cases {

@@ -241,7 +241,7 @@ func TestMySQLFailuresCounted(t *testing.T) {
 	proxy := testenv.StartProxy(t, cfg.Addr)
 	cfg.Addr = proxy.Addr
 	viaProxy, reg := watchedDB(t, cfg.FormatDSN())
-	cut := proxy.CutReply([]byte("COMMIT"))
+	cut := proxy.CutReply(testenv.MySQLQuery("COMMIT"))
 	err = viaProxy.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		return tx.Exec("INSERT INTO products (id, name, price_cents, initial_stock, stock) VALUES (4, 'p', 100, 5, 5)").Error
 	})

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"mime"
 	"net/http"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"time"
@@ -17,8 +18,9 @@ import (
 // smaller.
 const maxBodyBytes = 4 << 10
 
-// recovery turns a panic into a logged 500 with the JSON error shape; the
-// client never sees the panic or a stack.
+// recovery turns a panic into a 500 with the JSON error shape, logged with
+// the panic's value and the stack of the goroutine that panicked; the client
+// never sees either.
 func recovery(log *slog.Logger) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		defer func() {
@@ -26,7 +28,7 @@ func recovery(log *slog.Logger) gin.HandlerFunc {
 				if v == http.ErrAbortHandler {
 					panic(v)
 				}
-				log.ErrorContext(c.Request.Context(), "panic", "method", c.Request.Method, "path", c.Request.URL.Path, "panic", fmt.Sprint(v))
+				log.ErrorContext(c.Request.Context(), "panic", "method", c.Request.Method, "path", c.Request.URL.Path, "panic", fmt.Sprint(v), "stack", string(debug.Stack()))
 				writeError(c, errInternal)
 			}
 		}()

@@ -23,18 +23,21 @@ type orderResponse struct {
 }
 
 const (
-	// orderTimeout bounds one order, lock wait included, up to its COMMIT.
-	orderTimeout = 15 * time.Second
-	// postCommitBound is what the order path may still spend after COMMIT
-	// and before the answer: the cache invalidation (at most 1 s) and the
-	// lock's release (at most 2 s), the bounds package stock puts on them
-	// (its invalidateTimeout and releaseTimeout).
-	postCommitBound = 3 * time.Second
+	// orderTimeout bounds one order, lock wait included, up to the moment
+	// its COMMIT is sent: its transaction ends, at the latest, then.
+	orderTimeout = stock.TurnTimeout
+	// commitBound is the longest a COMMIT, once sent, waits for MySQL's
+	// answer: the orders' pool's read timeout.
+	commitBound = stock.OrdersIOTimeout
+	// answerBound is what the order path may still spend after COMMIT
+	// and before the answer: the cache invalidation. The lock is released
+	// after the answer.
+	answerBound = stock.InvalidateTimeout
 	// OrderBudget is the longest POST /api/v1/orders takes to be answered.
 	// A proxy in front of the service must wait longer for an answer
 	// (deploy/nginx.conf's proxy_read_timeout), or it answers 504 for an
 	// order that was placed.
-	OrderBudget = orderTimeout + postCommitBound
+	OrderBudget = orderTimeout + commitBound + answerBound
 )
 
 // handlePlaceOrder answers 201 only after the order has been committed. The

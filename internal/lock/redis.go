@@ -404,18 +404,43 @@ func releaseLost(ctx context.Context, release func(context.Context) (int64, erro
 // retryTries bounds the tries of a script that retryLost retries.
 const retryTries = 3
 
+// movedPause is how long retryLost lets a client that was told its key's
+// slot has moved (MOVED, READONLY…) learn where it went before trying
+// again: the answer itself has the client reload the slots, at once.
+const movedPause = 50 * time.Millisecond
+
 // retryLost runs script — one whose second run, after a first that
 // succeeded, changes nothing: a release, a raise — until it gets Redis's
-// answer: again while its reply was lost on the way (see replyLost), at
-// most retryTries times in all and while ctx lasts. It reports whether a
-// try's reply was lost, after which the answer may be the answer to a
-// script that had already run.
+// answer: again while its reply was lost on the way (see replyLost), and,
+// after a pause, while the answer says that the key's slot is moving to
+// another node and the script did not run (see slotMoving); at most
+// retryTries times in all and while ctx lasts. It reports whether a try's
+// reply was lost, after which the answer may be the answer to a script
+// that had already run.
 func retryLost(ctx context.Context, script func(context.Context) (int64, error)) (n int64, lost bool, err error) {
 	for try := 1; ; try++ {
 		n, err = script(ctx)
-		if try == retryTries || !replyLost(ctx, err) {
-			return n, try > 1, err
+		switch {
+		case try == retryTries:
+		case replyLost(ctx, err):
+			lost = true
+			continue
+		case slotMoving(err) && sleep(ctx, time.Duration(try)*movedPause):
+			continue
 		}
+		return n, lost, err
+	}
+}
+
+// sleep waits d, or until ctx ends; it reports whether d passed.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 

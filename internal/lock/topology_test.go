@@ -362,3 +362,32 @@ func TestWaitOutlastsMoved(t *testing.T) {
 		t.Errorf("%d of %d nodes answered MOVED, want all but the key's own", moved, len(topo.Addrs))
 	}
 }
+
+// A release, and a fence raised, that a Redis Cluster answers MOVED — the
+// key's master handed its slots to its replica in between — go to the new
+// master and do their work there, instead of leaving the key held until
+// its TTL.
+func TestReleaseFollowsAClusterFailover(t *testing.T) {
+	ctx := context.Background()
+	cluster := testenv.StartRedisCluster(t, 3, 1)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1, MaxRedirects: -1, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { c.Close() })
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: "failover:", TTL: time.Minute, Wait: time.Second})
+	lease := obtain(t, l, "k")
+	shard := cluster.Shard(t, l.Key("k"))
+	cluster.Failover(t, shard.Replicas[0])
+
+	if err := l.RaiseFence(ctx, "k", lease.Fence()+1000); err != nil {
+		t.Errorf("RaiseFence after the failover: %v", err)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Errorf("Release after the failover: %v", err)
+	}
+	newMaster := testenv.RedisAt(t, shard.Replicas[0].Addr)
+	if n, err := newMaster.Exists(ctx, l.Key("k")).Result(); err != nil || n != 0 {
+		t.Errorf("the key on the new master after Release: %d, %v; want it gone", n, err)
+	}
+	if next := obtain(t, l, "k"); next.Fence() <= lease.Fence()+1000 {
+		t.Errorf("next token %d, want above the raised fence %d", next.Fence(), lease.Fence()+1000)
+	}
+}

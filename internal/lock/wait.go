@@ -244,14 +244,20 @@ func (w *waiter) poll(ctx, waitCtx context.Context, key string, attempt attemptF
 // wait before it fails, with the error in the wait's, instead of failing at
 // once. Any other Redis error ends the wait at once, a Redis that refuses
 // connections among them.
-func failingOver(err error) bool {
+func failingOver(err error) bool { return slotMoving(err) || connectionDropped(err) }
+
+// slotMoving reports whether err is Redis's answer that a command did not
+// run because its key's slot is not served there now: the slot moved to
+// another node of a Cluster (MOVED, ASK), is moving (TRYAGAIN), is served
+// by no one for a moment (CLUSTERDOWN), or the node was demoted to a
+// replica (READONLY).
+func slotMoving(err error) bool {
 	if err == nil {
 		return false
 	}
 	_, moved := redis.IsMovedError(err)
 	_, ask := redis.IsAskError(err)
-	return moved || ask || redis.IsReadOnlyError(err) || redis.IsTryAgainError(err) || redis.IsClusterDownError(err) ||
-		connectionDropped(err)
+	return moved || ask || redis.IsReadOnlyError(err) || redis.IsTryAgainError(err) || redis.IsClusterDownError(err)
 }
 
 // connectionDropped reports whether err is the connection a command went on

@@ -124,7 +124,7 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 	}
 	if err != nil {
 		s.repairFence(ctx, err)
-		return Product{}, s.classifyLease(ctx, lease, err)
+		return Product{}, classifyTx(lease.Context(), err)
 	}
 	return p, nil
 }

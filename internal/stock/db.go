@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"database/sql"
 	"database/sql/driver"
 	"errors"
 	"fmt"
@@ -19,6 +20,58 @@ import (
 // most maxConns connections. It does not wait for the server to answer.
 // Times are read as time.Time whatever the DSN says.
 func Open(dsn string, maxConns int) (*gorm.DB, error) {
+	cfg, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("stock: open mysql: %w", err)
+	}
+	return openPool(connector, maxConns)
+}
+
+const (
+	// OrdersIOTimeout bounds every read and write on a connection of the
+	// orders' pool (OpenOrders): a COMMIT, which no context can cut short
+	// once it is sent, is answered or given up on within it.
+	OrdersIOTimeout = 5 * time.Second
+	// ordersLockWait is how long a statement of an order transaction waits
+	// for a row lock (innodb_lock_wait_timeout, whole seconds) before MySQL
+	// refuses it with 1205: below OrdersIOTimeout, so that the server gives
+	// up first and the connection survives.
+	ordersLockWait = OrdersIOTimeout - time.Second
+)
+
+// OpenOrders is Open for the pool that order transactions and restocks run
+// on. Each of its connections reads at READ COMMITTED, so that every read
+// of an order transaction sees what is committed now: there is no snapshot
+// for MariaDB's innodb_snapshot_isolation (ON by default from 11.6.2) to
+// refuse a locking read against (1020, "Record has changed since last
+// read"), and the seeds' read-then-write reads the row as it is. Its reads
+// and writes time out after OrdersIOTimeout, and its row-lock waits after
+// ordersLockWait; the pools of seeds and verify keep the DSN's.
+//
+// READ COMMITTED needs binlog_format ROW or MIXED (the servers' defaults)
+// where the binary log is on.
+func OpenOrders(dsn string, maxConns int) (*gorm.DB, error) {
+	cfg, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ReadTimeout, cfg.WriteTimeout = OrdersIOTimeout, OrdersIOTimeout
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("stock: open mysql: %w", err)
+	}
+	return openPool(session{connector, []string{
+		"SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
+		fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", int(ordersLockWait.Seconds())),
+	}}, maxConns)
+}
+
+// parseDSN reads dsn as every pool of the service uses it.
+func parseDSN(dsn string) (*mysql.Config, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("stock: open mysql: %w", err)
@@ -27,8 +80,14 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 	// preparing, executing and closing it in three.
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
+	return cfg, nil
+}
+
+// openPool is a gorm pool of at most maxConns connections from connector.
+func openPool(connector driver.Connector, maxConns int) (*gorm.DB, error) {
+	sqlDB := sql.OpenDB(connector)
 	db, err := gorm.Open(gormmysql.New(gormmysql.Config{
-		DSN: cfg.FormatDSN(),
+		Conn: sqlDB,
 		// Do not ask the server for its version: a replica starts while
 		// MySQL is down and says so on /readyz.
 		SkipInitializeWithVersion: true,
@@ -38,16 +97,39 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 		DisableAutomaticPing:   true,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("stock: open mysql: %w", err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
+		sqlDB.Close()
 		return nil, fmt.Errorf("stock: open mysql: %w", err)
 	}
 	sqlDB.SetMaxOpenConns(maxConns)
 	sqlDB.SetMaxIdleConns(maxConns)
 	sqlDB.SetConnMaxIdleTime(time.Minute)
 	return db, nil
+}
+
+// session is a connector whose connections run statements before their
+// first use: the session's settings.
+type session struct {
+	driver.Connector
+	statements []string
+}
+
+func (c session) Connect(ctx context.Context) (driver.Conn, error) {
+	conn, err := c.Connector.Connect(ctx)
+	if err != nil {
+		return nil, err
+	}
+	exec, ok := conn.(driver.ExecerContext)
+	if !ok {
+		conn.Close()
+		return nil, fmt.Errorf("stock: a MySQL connection of type %T cannot execute statements", conn)
+	}
+	for _, q := range c.statements {
+		if _, err := exec.ExecContext(ctx, q, nil); err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("stock: %s: %w", q, err)
+		}
+	}
+	return conn, nil
 }
 
 // Ping checks that MySQL answers.
@@ -61,6 +143,7 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 
 // MySQL error numbers this package reacts to.
 const (
+	errCheckRead       = 1020 // a locking read of a row changed since the snapshot (innodb_snapshot_isolation)
 	errTooManyConns    = 1040
 	errServerShutdown  = 1053 // also what MySQL sends a connection it KILLs
 	errDupEntry        = 1062
@@ -76,12 +159,13 @@ const (
 
 // outage reports whether MySQL error n says that the server could not do
 // the work now — it is shutting down, read-only, out of connections, or it
-// gave up on a lock or the statement, or killed the connection — rather than
-// that the work was wrong. After any of them the transaction has not
+// gave up on a lock or the statement, refused a read made stale by another
+// transaction, or killed the connection — rather than that the work was
+// wrong. After any of them the transaction has not
 // committed, and the work may be retried.
 func outage(n uint16) bool {
 	switch n {
-	case errTooManyConns, errServerShutdown, errLockWaitTimeout, errDeadlock, errReadOnly,
+	case errCheckRead, errTooManyConns, errServerShutdown, errLockWaitTimeout, errDeadlock, errReadOnly,
 		errInterrupted, errConnKilled, errMaxStmtTime, errMaxExecTime, errIdleDisconnect:
 		return true
 	}

@@ -25,6 +25,7 @@ func TestClassifyFaults(t *testing.T) {
 		{"1053 server shutdown (MySQL: connection killed)", &mysql.MySQLError{Number: 1053}, true},
 		{"1205 lock wait timeout", &mysql.MySQLError{Number: 1205}, true},
 		{"1213 deadlock", &mysql.MySQLError{Number: 1213}, true},
+		{"1020 record changed since last read (snapshot isolation)", &mysql.MySQLError{Number: 1020}, true},
 		{"1290 read-only", &mysql.MySQLError{Number: 1290, Message: "The MariaDB server is running with the --read-only option so it cannot execute this statement"}, true},
 		{"1317 query interrupted", &mysql.MySQLError{Number: 1317}, true},
 		{"1927 connection killed", &mysql.MySQLError{Number: 1927, Message: "Connection was killed"}, true},

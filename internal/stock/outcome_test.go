@@ -51,10 +51,15 @@ func throughProxy(t *testing.T, db *testenv.DB) (*gorm.DB, *testenv.Proxy) {
 }
 
 // cutReply arms p to lose the reply to the next statement that contains
-// match, and returns a func that fails the test unless that has happened.
+// match (that is, for "COMMIT", the next COMMIT), and returns a func that
+// fails the test unless that has happened.
 func cutReply(t *testing.T, p *testenv.Proxy, match string) func() {
 	t.Helper()
-	cut := p.CutReply([]byte(match))
+	m := []byte(match)
+	if match == "COMMIT" {
+		m = testenv.MySQLQuery(match)
+	}
+	cut := p.CutReply(m)
 	return func() {
 		t.Helper()
 		select {

@@ -12,7 +12,6 @@ import (
 
 	"golang.org/x/sync/semaphore"
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"shop/internal/lock"
 )
@@ -51,12 +50,19 @@ type Options struct {
 	// no effect with a lock that gives no tokens (lock.Local, lock.None).
 	Fencing bool
 	// Batch is the most orders of one SKU that one lock holder places in
-	// one transaction; zero means DefaultBatch. With 1, every order takes
-	// the lock itself and places itself alone: the seeds' path. Above 1,
-	// the orders of a SKU that reach this Service while an order of that
-	// SKU waits for or holds the lock queue up, and whoever holds the lock
-	// next places up to Batch of them at once (see PlaceOrder).
+	// one transaction; zero means DefaultBatch. The orders of a SKU that
+	// reach this Service while one of its turns waits for or holds the lock
+	// queue up, and the next turn places up to Batch of them at once (see
+	// queue.go). With 1, every order is placed alone under a lock hold of
+	// its own: the seeds' path.
 	Batch int
+	// Lanes is how many turns of one SKU's queue may run at once on this
+	// Service; zero means 1. With a lock that excludes, a second turn would
+	// only wait for the first one's lock: keep 1. The lock-free baseline
+	// (lock.None) runs one per transaction slot (Concurrency), so that its
+	// orders are placed side by side, each in a transaction of its own with
+	// Batch 1.
+	Lanes int
 	// SoldOutTTL is how long a product found sold out is refused from
 	// memory, without a query, unless ForgetSoldOut clears it first; zero
 	// means DefaultSoldOutTTL, negative turns the memory off.
@@ -68,8 +74,8 @@ type Options struct {
 	// it neither checks nor counts.
 	UserLimit int
 	// BeforeWrite, when set, runs inside the lease and the order
-	// transaction, after the product is read and before its stock is
-	// written; ctx is the lease's. If it returns a func, that func runs
+	// transaction, before its stock is written (after the product is read,
+	// when the transaction reads it); ctx is the transaction's. If it returns a func, that func runs
 	// once the transaction has ended (committed or rolled back), still
 	// before the lease is released. Tests pause there to make races
 	// deterministic; the demo stops a holder between its read and its write
@@ -79,9 +85,8 @@ type Options struct {
 	// once. A slot is taken before the SKU lock, so that a lock holder
 	// never queues for a connection: keep it at or below the size of the
 	// pool the Service writes through, and give reads a pool of their own
-	// (Reads). With Batch above 1, a SKU's queued orders hold one slot
-	// between them, so a hot SKU leaves the others to the rest. Zero means
-	// no bound.
+	// (Reads). A SKU's turn holds one slot, so a hot SKU leaves the others
+	// to the rest. Zero means no bound.
 	Concurrency int
 	// Reads, when set, is the pool for reads outside the order transaction
 	// (looking up an idempotent replay after a failure), so that they never
@@ -119,6 +124,9 @@ func NewService(db *gorm.DB, locks Locker, opt Options) *Service {
 	}
 	if opt.Batch <= 0 {
 		opt.Batch = DefaultBatch
+	}
+	if opt.Lanes <= 0 {
+		opt.Lanes = 1
 	}
 	if opt.SoldOutTTL == 0 {
 		opt.SoldOutTTL = DefaultSoldOutTTL
@@ -166,8 +174,9 @@ func (s *Service) ForgetSoldOut(sku int64) { s.soldOut.forget(sku) }
 const (
 	// releaseTimeout bounds the release of a SKU lock after the transaction.
 	releaseTimeout = 2 * time.Second
-	// invalidateTimeout bounds telling the cache about a committed order.
-	invalidateTimeout = time.Second
+	// InvalidateTimeout bounds telling the cache about a committed order,
+	// which happens before the order is answered.
+	InvalidateTimeout = time.Second
 	// raiseFenceTimeout bounds telling the lock about a row fenced above
 	// its counter.
 	raiseFenceTimeout = time.Second
@@ -176,30 +185,27 @@ const (
 // PlaceOrder sells one unit of product sku to user.
 //
 // A product this Service found sold out is refused at once, from memory
-// (see ForgetSoldOut). Otherwise the order is placed under the SKU's lock in
-// one transaction that decrements the stock and inserts the order; the lock
-// is released only after COMMIT has returned. A returned Order has been
-// committed.
+// (see ForgetSoldOut). Otherwise the order joins its SKU's queue (queue.go):
+// whoever holds the SKU's lock next places it with the orders queued beside
+// it, up to Options.Batch, in one transaction that decrements the stock and
+// inserts the orders (place.go), and answers each only after COMMIT and
+// after the cache has been told; the lock is released after that. A
+// returned Order has been committed. An order still queued when its context
+// ends, or when a step of its turn fails, leaves the queue with the error.
 //
-// With Options.Batch above 1, orders of one SKU that arrive while another
-// waits for or holds its lock queue up behind it, and the next holder places
-// the queue, up to Batch orders, in one transaction: one locking read, one
-// UPDATE of stock − n, one multi-row INSERT, in arrival order. An order is
-// answered only after that COMMIT; if the transaction fails, every order in
-// it gets the failure and nothing was written. An order whose context ends
-// before a holder takes it, or that waited through a whole try for the lock
-// that failed, leaves the queue as ErrBusy.
+// With a non-empty idempotencyKey, a repeated call of the same user returns
+// the order the first call created (Replayed set) and creates nothing. A key
+// belongs to its user: another user's orders under the same key are theirs.
 //
-// With a non-empty idempotencyKey, a repeated call returns the order the
-// first call created (Replayed set) and creates nothing.
-//
-// Errors: ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered,
-// ErrUserLimit, ErrIdempotencyMismatch, ErrBusy (joined with ErrStaleFence
+// Errors, in the order the rules are applied (place.go): ErrInvalid,
+// ErrIdempotencyMismatch, ErrNotFound, ErrSaleNotStarted, ErrSaleEnded,
+// ErrSoldOut, ErrAlreadyOrdered, ErrUserLimit; and ErrBusy whenever the order
+// could not be placed now and nothing was written (joined with ErrStaleFence
 // when MySQL refused a stale holder's write, with lock.ErrNotObtained when
-// the lock was not obtained in time, with lock.ErrNotHeld when the lease
-// was lost), ErrOutcomeUnknown (the connection was lost after COMMIT was
-// sent; with an idempotency key the order is looked up first, and a
-// committed one returned).
+// the lock was not obtained in time, with lock.ErrNotHeld when the lease was
+// lost), ErrOutcomeUnknown (the connection was lost after COMMIT was sent;
+// with an idempotency key the order is looked up first, and a committed one
+// returned).
 func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
 	if err := validateOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
@@ -215,15 +221,12 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 		}
 		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
 	}
-	var (
-		o   Order
-		err error
-	)
-	if s.opt.Batch == 1 {
-		o, err = s.placeAlone(ctx, sku, user, idempotencyKey, arrived)
-	} else {
-		o, err = s.enqueue(ctx, sku, user, idempotencyKey, arrived)
+	// Queued only once the buyer's counter exists: the transaction only
+	// locks counters, it never makes them.
+	if err := s.ensureCounter(ctx, user); err != nil {
+		return Order{}, err
 	}
+	o, err := s.enqueue(ctx, sku, user, idempotencyKey, arrived)
 	if err != nil && idempotencyKey != "" && !errors.Is(err, ErrIdempotencyMismatch) {
 		// A call with the same key may have committed meanwhile: then its
 		// order is the answer, whatever this attempt ran into.
@@ -237,67 +240,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 	return o, err
 }
 
-// placeAlone is the seeds' path: this order takes the lock itself and is
-// the only one in its transaction. arrived is when the order came, which
-// its sale window judges.
-func (s *Service) placeAlone(ctx context.Context, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
-	release, err := s.slot(ctx, sku)
-	if err != nil {
-		return Order{}, err
-	}
-	defer release()
-	db := s.reads.WithContext(ctx)
-	if idempotencyKey != "" {
-		// A replay needs no lock.
-		if o, ok, err := s.replay(db, sku, user, idempotencyKey); err != nil || ok {
-			return o, classify(ctx, "place order", err)
-		}
-	}
-	if err := s.stockedAt(db, sku, arrived); err != nil {
-		return Order{}, classify(ctx, "place order", err)
-	}
-	if err := s.ensureCounter(ctx, user); err != nil {
-		return Order{}, err
-	}
-	lease, err := s.locks.Obtain(ctx, LockKey(sku))
-	if err != nil {
-		return Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
-	}
-	defer s.release(ctx, lease)
-	if s.soldOut.has(sku) {
-		// Sold out by another order of this replica while this one waited.
-		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
-	}
-	o, err := s.placeOne(ctx, lease, sku, user, idempotencyKey, arrived)
-	if mayHaveCommitted(err) {
-		s.invalidate(ctx, sku)
-	}
-	return o, err
-}
-
-// placeOne places one order, which arrived at arrived, under lease in a
-// transaction of its own.
-func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
-	gen := s.soldOut.generation()
-	var o Order
-	err := s.orderTx(lease, func(tx *gorm.DB, after *func()) error {
-		var err error
-		o, err = s.placeOrder(lease.Context(), tx, after, lease.Fence(), sku, user, idempotencyKey, arrived)
-		return err
-	})
-	s.count(1)
-	switch {
-	case err == nil:
-		return o, nil
-	case duplicate(err):
-		return s.conflict(ctx, sku, user, idempotencyKey)
-	}
-	s.repairFence(ctx, err)
-	s.learn(sku, gen, err)
-	return Order{}, s.classifyLease(ctx, lease, err)
-}
-
-// orderTx runs fn as one order transaction under lease. fn calls
+// orderTx runs fn as one order transaction on ctx under lease. fn calls
 // beforeWrite with after; what the hook returned runs once the transaction
 // has ended, whatever its outcome, and before the caller releases the lease.
 //
@@ -305,9 +248,9 @@ func (s *Service) placeOne(ctx context.Context, lease *lock.Lease, sku, user int
 // have committed or not, and no answer of this connection can tell:
 // orderTx returns ErrOutcomeUnknown. A COMMIT that MySQL answered with an
 // error, and any failure before it, is a rollback.
-func (s *Service) orderTx(lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
+func (s *Service) orderTx(ctx context.Context, lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
 	var after func()
-	err := s.transaction(lease.Context(), ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
+	err := s.transaction(ctx, ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
 		return fn(tx, &after)
 	})
 	if after != nil {
@@ -399,122 +342,6 @@ func inStock(db *gorm.DB, sku int64) (Product, error) {
 	return p, nil
 }
 
-// placeOrder is PlaceOrder's transaction. One order per user and SKU, and
-// one per idempotency key, are left to the unique indexes: a second INSERT
-// fails and the transaction, stock write included, rolls back. The sale
-// window is judged, against arrived, by the naive read or by the guarded
-// UPDATE itself (see writeStock).
-func (s *Service) placeOrder(ctx context.Context, tx *gorm.DB, after *func(), fence, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
-	var read Product
-	windowAt := arrived
-	if s.opt.Update == Naive {
-		// The seeds' read-modify-write needs the value it will write back.
-		if err := tx.Select(append([]string{"id", "stock", "fence"}, windowColumns...)).Take(&read, sku).Error; err != nil {
-			return Order{}, notFound(err, sku)
-		}
-		if err := read.window().admits(sku, arrived); err != nil {
-			return Order{}, err
-		}
-		windowAt = time.Time{} // judged
-		if read.Stock <= 0 {
-			return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
-		}
-	}
-	s.beforeWrite(ctx, sku, after)
-	fenced := s.opt.Fencing && fence > 0
-	if err := s.writeStock(tx, sku, read, fenced, fence, 1, windowAt); err != nil {
-		return Order{}, err
-	}
-	o := Order{SKUID: sku, UserID: user, Fence: fence, CreatedAt: s.opt.Now().UTC().Truncate(time.Microsecond)}
-	if idempotencyKey != "" {
-		o.IdempotencyKey = &idempotencyKey
-	}
-	if err := tx.Create(&o).Error; err != nil {
-		return Order{}, err
-	}
-	// Counted after the INSERT, so that an order the user already holds
-	// is answered as such (the INSERT's duplicate) before the limit.
-	if s.opt.UserLimit > 0 {
-		if err := s.countOrder(tx, user); err != nil {
-			return Order{}, err
-		}
-	}
-	return o, nil
-}
-
-// writeStock takes n units off product sku. read is the row a naive write
-// read earlier in the transaction. Unless arrived is zero, a guarded write
-// also refuses an order that arrived then outside the product's window, as
-// MySQL has it when the UPDATE runs (openWindow): ErrSaleNotStarted or
-// ErrSaleEnded.
-//
-// A fenced naive write is a compare-and-set on the fence it read, not only a
-// check that its token is the newest: a holder whose lease ran out while its
-// write sat uncommitted in MySQL can still commit after the next holder has
-// read the old stock, and that next holder's token is newer than the row's,
-// yet the stock it read is stale. Any fenced write moves the fence, so an
-// unchanged fence means an unchanged row.
-func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64, n int, arrived time.Time) error {
-	window, windowArgs := "", []any{}
-	if !arrived.IsZero() {
-		window, windowArgs = openWindow, []any{arrived, arrived}
-	}
-	var res *gorm.DB
-	switch {
-	case s.opt.Update == Guarded && fenced:
-		res = tx.Exec("UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?"+window,
-			append([]any{n, fence, sku, n, fence}, windowArgs...)...)
-	case s.opt.Update == Guarded:
-		res = tx.Exec("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?"+window, append([]any{n, sku, n}, windowArgs...)...)
-	case fenced:
-		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?",
-			read.Stock-n, fence, sku, read.Fence, fence)
-	default:
-		// The seeds' read-modify-write. Its row count proves nothing (a row
-		// already at the written value counts as unchanged), so it is not
-		// checked: this write never refuses.
-		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read.Stock-n, sku).Error
-	}
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 1 {
-		return nil
-	}
-	// Refused: the product is gone, its stock ran out, a newer holder wrote
-	// the row, or (naive) an older one wrote it after it was read. A locking
-	// read sees the row as committed now, not as the transaction's snapshot
-	// had it.
-	var now Product
-	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select(append([]string{"stock", "fence"}, windowColumns...)).Take(&now, sku).Error; err != nil {
-		return notFound(err, sku)
-	}
-	if fenced && now.Fence >= fence {
-		return &staleFence{sku: sku, token: fence, row: now.Fence}
-	}
-	if !arrived.IsZero() {
-		if err := now.window().admits(sku, arrived); err != nil {
-			return err
-		}
-	}
-	if now.Stock >= n {
-		return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d)", ErrBusy, sku, read.Fence, now.Fence)
-	}
-	return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
-}
-
-// staleFence is a fenced write that MySQL refused because the row's fence
-// was at or above the holder's token: ErrBusy and ErrStaleFence.
-type staleFence struct {
-	sku, token, row int64
-}
-
-func (e *staleFence) Error() string {
-	return fmt.Sprintf("%v: %v: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, e.sku, e.token, e.row)
-}
-
-func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
-
 // repairFence tells the lock, when err is a write refused for a stale fence,
 // how far the row's fence has gone, so that a counter that fell behind the
 // rows is raised and the next holder's token is above the fence (see
@@ -535,10 +362,10 @@ func (s *Service) repairFence(ctx context.Context, err error) {
 	}
 }
 
-// replay finds the order created earlier under key. ok is false when there is
-// none.
+// replay finds the order user created earlier under key. ok is false when
+// there is none.
 func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok bool, err error) {
-	res := db.Where("idempotency_key = ?", key).Limit(1).Find(&o)
+	res := db.Where("user_id = ? AND idempotency_key = ?", user, key).Limit(1).Find(&o)
 	if res.Error != nil || res.RowsAffected == 0 {
 		return Order{}, false, res.Error
 	}
@@ -546,35 +373,15 @@ func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok 
 	return o, err == nil, err
 }
 
-// replayOf answers an order under idempotency key with o, the order made
-// under the key before: o itself, Replayed, or ErrIdempotencyMismatch when
-// o is another user's or another SKU's.
+// replayOf answers an order of user under idempotency key with o, the
+// order the user made under the key before: o itself, Replayed, or
+// ErrIdempotencyMismatch when o is of another SKU.
 func replayOf(o Order, sku, user int64, key string) (Order, error) {
 	if o.SKUID != sku || o.UserID != user {
 		return Order{}, fmt.Errorf("%w: key %q", ErrIdempotencyMismatch, key)
 	}
 	o.Replayed = true
 	return o, nil
-}
-
-// conflict answers an order whose INSERT ran into a unique index of orders
-// (its transaction has rolled back), by asking MySQL which order stands in
-// its way: one under its idempotency key answers it (a replay, or
-// ErrIdempotencyMismatch), one of the user for the SKU is ErrAlreadyOrdered.
-// If neither is there any more (a reseed deleted it), the order is ErrBusy:
-// a retry may pass.
-func (s *Service) conflict(ctx context.Context, sku, user int64, key string) (Order, error) {
-	h, err := heldOrders(s.reads.WithContext(ctx), sku, []*ticket{{user: user, key: key}})
-	if err != nil {
-		return Order{}, classify(ctx, "place order", err)
-	}
-	if o, ok := h.byKey[key]; ok && key != "" {
-		return replayOf(o, sku, user, key)
-	}
-	if _, ok := h.byUser[user]; ok {
-		return Order{}, fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, user, sku)
-	}
-	return Order{}, fmt.Errorf("%w: sku %d, user %d: a duplicate order that is gone now", ErrBusy, sku, user)
 }
 
 // invalidate tells the cache that sku's stock changed. It runs after COMMIT,
@@ -585,7 +392,7 @@ func (s *Service) invalidate(ctx context.Context, sku int64) {
 	if s.opt.Cache == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), invalidateTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
 	if err := s.opt.Cache.Invalidate(ctx, sku); err != nil {
 		s.opt.Logger.WarnContext(ctx, "invalidate cached product", "sku", sku, "err", err)
@@ -600,30 +407,13 @@ func (s *Service) release(ctx context.Context, lease *lock.Lease) {
 	}
 }
 
-// classifyLease is classify for errors met under a lease: work cut short
-// because the lease was lost or its context ended is ErrBusy.
-func (s *Service) classifyLease(ctx context.Context, lease *lock.Lease, err error) error {
-	if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrStaleFence) {
-		// MySQL's own verdict: a stale write refused says more than the
-		// lease lost that a watchdog may report a moment later.
-		return err
-	}
-	if cause := context.Cause(lease.Context()); cause != nil && ctx.Err() == nil {
-		// The lease was lost, or a batch ran out of time.
-		return fmt.Errorf("%w: %w", ErrBusy, cause)
-	}
-	return classify(ctx, "place order", err)
-}
-
 // classify wraps database failures that may pass with ErrBusy and leaves
 // domain errors as they are.
 func classify(ctx context.Context, op string, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, ErrBusy), errors.Is(err, ErrInvalid), errors.Is(err, ErrNotFound),
-		errors.Is(err, ErrSoldOut), errors.Is(err, ErrAlreadyOrdered), errors.Is(err, ErrIdempotencyMismatch),
-		errors.Is(err, ErrOutcomeUnknown), errors.Is(err, ErrUserLimit), errors.Is(err, ErrSaleNotStarted), errors.Is(err, ErrSaleEnded):
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrOutcomeUnknown), isDomain(err):
 		return err
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))
@@ -631,6 +421,18 @@ func classify(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%w: %w", ErrBusy, err)
 	}
 	return fmt.Errorf("stock: %s: %w", op, err)
+}
+
+// isDomain reports whether err is one of the domain's answers to a request
+// (input, product, buyer), not a failure.
+func isDomain(err error) bool {
+	for _, target := range []error{ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered, ErrIdempotencyMismatch,
+		ErrUserLimit, ErrSaleNotStarted, ErrSaleEnded} {
+		if errors.Is(err, target) {
+			return true
+		}
+	}
+	return false
 }
 
 func validateOrder(sku, user int64, idempotencyKey string) error {

@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 )
 
 // ErrUserLimit means the user already holds as many orders, over all
@@ -78,8 +77,12 @@ func lockCounters(tx *gorm.DB, users []int64) (map[int64]int, error) {
 		UserID int64 `gorm:"column:user_id"`
 		Orders int   `gorm:"column:orders"`
 	}
-	err := tx.Table("user_orders").Select("user_id", "orders").Where("user_id IN ?", users).
-		Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Find(&rows).Error
+	// FORCE INDEX: on a small table the optimizer may scan it whole, and
+	// a locking scan waits for, and locks, the counters of other users
+	// too — other transactions' buyers, whose own scans then wait for
+	// these: a deadlock. Through the primary key only the buyers' rows are
+	// locked, in key order.
+	err := tx.Raw("SELECT user_id, orders FROM user_orders FORCE INDEX (PRIMARY) WHERE user_id IN ? FOR UPDATE", users).Scan(&rows).Error
 	if err != nil {
 		return nil, err
 	}
@@ -106,48 +109,36 @@ func (s *Service) limitReached(counts map[int64]int, user int64) error {
 	return nil
 }
 
-// countOrders adds one order to the counter of each of users, which the
-// transaction has locked (lockCounters) and found under the limit.
-func countOrders(tx *gorm.DB, users []int64) error {
-	res := tx.Exec("UPDATE user_orders SET orders = orders + 1 WHERE user_id IN ?", users)
-	if res.Error != nil {
+// countOrders adds one order to the counter of each of users, in one
+// conditional UPDATE that raises only counters under the limit (through the
+// primary key: see lockCounters). When fewer
+// are raised than there are users — one of them is at the limit, or has no
+// counter (a reseed deleted it) — it returns short: errCareful for the fast
+// attempt, which did not look; nil for the careful one, which locked and
+// checked every counter (lockCounters), where it is a failure.
+func (s *Service) countOrders(tx *gorm.DB, users []int64, short error) error {
+	res := tx.Exec("UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders + 1 WHERE user_id IN ? AND orders < ?", users, s.opt.UserLimit)
+	switch {
+	case res.Error != nil:
 		return res.Error
+	case res.RowsAffected == int64(len(users)):
+		return nil
+	case short != nil:
+		return short
 	}
-	if res.RowsAffected != int64(len(users)) {
-		return fmt.Errorf("stock: %d order counters raised for %d buyers", res.RowsAffected, len(users))
-	}
-	return nil
-}
-
-// countOrder adds the one order of a transaction to user's counter if the
-// user is under the limit: the conditional UPDATE locks the row, checks
-// and raises it in one statement. Refused, a locking read tells the limit
-// from a counter a reseed deleted.
-func (s *Service) countOrder(tx *gorm.DB, user int64) error {
-	res := tx.Exec("UPDATE user_orders SET orders = orders + 1 WHERE user_id = ? AND orders < ?", user, s.opt.UserLimit)
-	if res.Error != nil || res.RowsAffected == 1 {
-		return res.Error
-	}
-	counts, err := lockCounters(tx, []int64{user})
-	if err != nil {
-		return err
-	}
-	if err := s.limitReached(counts, user); err != nil {
-		return err
-	}
-	return fmt.Errorf("stock: order counter of user %d under the limit, yet not raised", user)
+	return fmt.Errorf("stock: %d order counters raised for %d buyers", res.RowsAffected, len(users))
 }
 
 // limitCandidates are the users of batch whose counters the transaction
 // must lock: those who may still buy, once replays (by key) and users who
 // hold an order of the SKU are set aside. Sorted and without repeats.
-func limitCandidates(batch []*ticket, h held) []int64 {
+func limitCandidates(batch []*ticket, h *held) []int64 {
 	var users []int64
 	for _, t := range batch {
-		if _, replay := h.byKey[t.key]; (t.key != "" && replay) || t.ctx.Err() != nil {
+		if _, replay := h.byKey(heldKey{t.user, t.key}); (t.key != "" && replay) || t.ctx.Err() != nil {
 			continue
 		}
-		if _, before := h.byUser[t.user]; !before {
+		if !h.byUser(t.user) {
 			users = append(users, t.user)
 		}
 	}
@@ -155,8 +146,8 @@ func limitCandidates(batch []*ticket, h held) []int64 {
 	return slices.Compact(users)
 }
 
-// sellers are the users of orders.
-func sellers(orders []Order) []int64 {
+// sellersOf are the users of orders.
+func sellersOf(orders []Order) []int64 {
 	users := make([]int64, len(orders))
 	for i, o := range orders {
 		users[i] = o.UserID

@@ -2,6 +2,7 @@ package stock_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"strings"
@@ -349,8 +350,8 @@ func TestUserCounterMadeDuringReseed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The reseed, as Catalog.Seed does it, held open.
-	reseed := db.Open(t).Begin()
+	// The reseed, as Catalog.Seed does it (at REPEATABLE READ), held open.
+	reseed := db.Open(t).Begin(&sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	for _, q := range []string{"DELETE FROM orders", "DELETE FROM user_orders", "UPDATE products SET stock = initial_stock"} {
 		if err := reseed.Exec(q).Error; err != nil {
 			reseed.Rollback()

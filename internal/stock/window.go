@@ -3,8 +3,6 @@ package stock
 import (
 	"fmt"
 	"time"
-
-	"gorm.io/gorm"
 )
 
 // Window is a product's sale window: an order that arrives at or after
@@ -73,38 +71,16 @@ func (s *Service) arrival() time.Time { return s.opt.Now().UTC().Truncate(time.M
 // the window costs no statement of its own.
 var windowColumns = []string{"sale_starts_at", "sale_ends_at"}
 
-// openWindow is the condition a guarded stock write adds when the
-// transaction read no window, so that the UPDATE itself — which sees the row
-// as committed now, and locks it — refuses an order that arrived outside
-// it: its arguments are the arrival twice.
+// openWindow is the condition the fast attempt's stock write adds, as it
+// reads no window, so that the UPDATE itself — which sees the row as
+// committed now, and locks it — refuses orders that arrived outside it: its
+// arguments are the earliest and the latest arrival of the orders it sells.
 const openWindow = " AND (sale_starts_at IS NULL OR sale_starts_at <= ?) AND (sale_ends_at IS NULL OR sale_ends_at > ?)"
 
 // refuseOutside answers with its window's error every order queued for sku
 // that arrived outside w, the window a pre-lock read found, and reports
 // whether any order is left. Orders that arrive after the read are judged
-// in the transaction, against the row as its locking read sees it.
+// in the transaction, against the row as MySQL has it then.
 func (s *Service) refuseOutside(sku int64, q *queue, w Window) (left bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	kept := q.waiting[:0]
-	for _, t := range q.waiting {
-		if err := w.admits(sku, t.arrived); err != nil {
-			t.answer(Order{}, err)
-			continue
-		}
-		kept = append(kept, t)
-	}
-	clear(q.waiting[len(kept):])
-	q.waiting = kept
-	return len(kept) > 0
-}
-
-// stockedAt is stocked for an order that arrived at at: it also refuses the
-// order outside the product's window, read by the same query.
-func (s *Service) stockedAt(db *gorm.DB, sku int64, at time.Time) error {
-	p, err := s.stocked(db, sku)
-	if err != nil {
-		return err
-	}
-	return p.window().admits(sku, at)
+	return s.refuse(q, func(t *ticket) error { return w.admits(sku, t.arrived) })
 }

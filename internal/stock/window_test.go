@@ -37,9 +37,9 @@ func (l *countingLocker) Obtain(ctx context.Context, key string) (*lock.Lease, e
 	return l.Locker.Obtain(ctx, key)
 }
 
-// orderPaths are the ways an order is placed: alone (Batch 1, the seeds'
-// path) or queued into batches, each with the guarded and the naive
-// update.
+// orderPaths are the settings an order is placed with: one order per lock
+// hold (Batch 1, the seeds') or batches, each with the guarded and the
+// naive update.
 var orderPaths = []struct {
 	name string
 	opt  stock.Options
@@ -157,9 +157,10 @@ func TestSaleWindowJudgesArrivalInABatch(t *testing.T) {
 }
 
 // A window closed (by ChangeProduct, which needs no lock) while orders wait
-// for the SKU's lock — after their pre-lock read found the sale open — is
-// honoured in their transaction for the orders that arrived after its new
-// end, on every path; the order that arrived before it is sold.
+// for the SKU's lock — after their turn's pre-lock read found the sale open
+// — is honoured for the orders that arrived after its new end, on every
+// path: in their transaction when they are placed together, by the next
+// turn's read with Batch 1; the order that arrived before it is sold.
 func TestSaleWindowClosedWhileOrdersWait(t *testing.T) {
 	base := time.Date(2030, 1, 2, 12, 0, 0, 0, time.UTC)
 	for _, path := range orderPaths {
@@ -176,14 +177,10 @@ func TestSaleWindowClosedWhileOrdersWait(t *testing.T) {
 			for i, user := range []int64{21, 22} {
 				clk.set(base.Add(time.Duration(i) * 10 * time.Second)) // 21 at +0s, 22 at +10s
 				answers = append(answers, place(ctx, svc, 1, user, ""))
-				// Each order alone, or the queue's drain, has read the
-				// stock and the open window, and waits for the lock.
-				if path.opt.Batch == 1 {
-					waitWaiting(t, l, i+1)
-				} else {
-					waitQueued(t, svc, i+1)
-					waitWaiting(t, l, 1)
-				}
+				// The queue's drain has read the stock and the open
+				// window, and waits for the lock.
+				waitQueued(t, svc, i+1)
+				waitWaiting(t, l, 1)
 			}
 			end := base.Add(5 * time.Second)
 			if _, err := svc.ChangeProduct(ctx, 1, stock.Change{SaleEndsAt: stock.Bound{Set: true, At: &end}}); err != nil {

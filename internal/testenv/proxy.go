@@ -22,14 +22,24 @@ type Proxy struct {
 	ln     net.Listener
 	mu     sync.Mutex
 	cuts   []*cut
+	held   []*cut // every HoldReply, to lose what is still held at the end
 	conns  map[net.Conn]struct{}
 	wg     sync.WaitGroup
 }
 
-// cut is an armed CutReply.
+// cut is an armed CutReply or HoldReply.
 type cut struct {
 	match []byte
 	done  chan struct{}
+	// deliver, for a HoldReply, says what to do with the reply it holds:
+	// true delivers it, false loses it. Nil for a CutReply.
+	deliver chan bool
+	once    sync.Once
+}
+
+// decide tells a held reply what to do with it, once.
+func (c *cut) decide(deliver bool) {
+	c.once.Do(func() { c.deliver <- deliver })
 }
 
 // StartProxy starts a proxy to target (host:port); it stops when the test
@@ -59,6 +69,30 @@ func (p *Proxy) CutReply(match []byte) <-chan struct{} {
 	return c.done
 }
 
+// HoldReply arms the proxy as CutReply does, but holds the reply — the
+// server has done the work, the client waits on an open connection, as
+// behind a stalled network or an fsync that does not return — until
+// release is called: release(true) delivers it, release(false) loses it
+// with the connection. held is closed once the reply has arrived and is
+// held. A reply still held when the test ends is lost.
+func (p *Proxy) HoldReply(match []byte) (held <-chan struct{}, release func(deliver bool)) {
+	c := &cut{match: bytes.Clone(match), done: make(chan struct{}), deliver: make(chan bool, 1)}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cuts = append(p.cuts, c)
+	p.held = append(p.held, c)
+	return c.done, c.decide
+}
+
+// MySQLQuery is query as a MySQL client sends it alone: one COM_QUERY
+// packet. CutReply(MySQLQuery("COMMIT")) loses the reply to a COMMIT and to
+// no statement that only contains the word, such as a session's SET …
+// READ COMMITTED.
+func MySQLQuery(query string) []byte {
+	n := 1 + len(query)
+	return append([]byte{byte(n), byte(n >> 8), byte(n >> 16), 0, 0x03}, query...)
+}
+
 // Disarm drops the cuts armed and not yet carried out: a test that armed
 // a cut on several proxies, for a command that goes to one of them, disarms
 // the others.
@@ -80,6 +114,11 @@ func (p *Proxy) CloseAll() {
 
 func (p *Proxy) close() {
 	p.ln.Close()
+	p.mu.Lock()
+	for _, c := range p.held {
+		c.decide(false)
+	}
+	p.mu.Unlock()
 	p.CloseAll()
 	p.wg.Wait()
 }
@@ -116,7 +155,7 @@ func (p *Proxy) take(chunk []byte) *cut {
 }
 
 // pipe copies both ways between client and server until either side
-// closes, carrying out cuts.
+// closes, carrying out cuts and holds.
 func (p *Proxy) pipe(client, server net.Conn) {
 	defer func() {
 		p.mu.Lock()
@@ -157,7 +196,9 @@ func (p *Proxy) pipe(client, server net.Conn) {
 				select {
 				case c := <-armed:
 					close(c.done)
-					return // the reply is lost with the connection
+					if c.deliver == nil || !<-c.deliver {
+						return // the reply is lost with the connection
+					}
 				default:
 				}
 				if _, werr := client.Write(buf[:n]); werr != nil {

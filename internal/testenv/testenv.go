@@ -116,10 +116,11 @@ func MySQLFrom(tb testing.TB, env string) *DB {
 	return db
 }
 
-// Open returns a new pool on the database, closed when the test ends.
+// Open returns a new pool on the database as a replica's orders' pool is
+// (stock.OpenOrders), closed when the test ends.
 func (d *DB) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	g, err := stock.Open(d.DSN, 20)
+	g, err := stock.OpenOrders(d.DSN, 20)
 	if err != nil {
 		tb.Fatal(err)
 	}

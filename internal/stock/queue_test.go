@@ -184,16 +184,20 @@ func TestBatchRefusesRepeatBuyersAndReplaysKeys(t *testing.T) {
 	if first.order.Replayed || !again.order.Replayed || again.order.ID != first.order.ID {
 		t.Errorf("key-9 twice in one batch: %+v then %+v, want one order, then its replay", first.order, again.order)
 	}
-	if !errors.Is(got[5].err, stock.ErrIdempotencyMismatch) {
-		t.Errorf("key-9 for another user: %v, want ErrIdempotencyMismatch", got[5].err)
+	// A key belongs to its buyer: user 11's key-9 is not user 9's.
+	if got[5].err != nil || got[5].order.Replayed {
+		t.Errorf("key-9 of another user: %+v, %v; want an order of its own", got[5].order, got[5].err)
+	} else {
+		checkOrder(t, db, got[5].order, 1, 11)
 	}
 	if st := svc.Stats(); st.Batches != 2 {
 		t.Errorf("stats %+v: want the earlier order's transaction and the batch's", st)
 	}
 
-	// Across batches: the key replays, whatever else is in the batch.
+	// Across batches: the key replays, whatever else is in the batch; and
+	// a key that one buyer's refused order carried is free for another's.
 	holder = hold(t, l, 1)
-	answers = queue(t, ctx, svc, 1, []int64{12, 9}, []string{"", "key-9"})
+	answers = queue(t, ctx, svc, 1, []int64{12, 9, 7, 13}, []string{"", "key-9", "shared", "shared"})
 	letGo(t, holder)
 	if r := <-answers[0]; r.err != nil {
 		t.Errorf("user 12: %v", r.err)
@@ -201,8 +205,16 @@ func TestBatchRefusesRepeatBuyersAndReplaysKeys(t *testing.T) {
 	if r := <-answers[1]; r.err != nil || !r.order.Replayed || r.order.ID != first.order.ID {
 		t.Errorf("key-9 in a later batch: %+v, %v; want the replay of order %d", r.order, r.err, first.order.ID)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 4 || r.Stock != 6 || earlier.ID == first.order.ID {
-		t.Errorf("want the orders of users 7, 8, 9 and 12 only:\n%s", r)
+	if r := <-answers[2]; !errors.Is(r.err, stock.ErrAlreadyOrdered) {
+		t.Errorf("user 7 again, under a key: %v, want ErrAlreadyOrdered", r.err)
+	}
+	if r := <-answers[3]; r.err != nil || r.order.Replayed {
+		t.Errorf("user 13 under the key of user 7's refused order: %+v, %v; want an order of its own", r.order, r.err)
+	} else {
+		checkOrder(t, db, r.order, 1, 13)
+	}
+	if r := verify(t, db); !r.OK() || r.Orders != 6 || r.Stock != 4 || earlier.ID == first.order.ID {
+		t.Errorf("want the orders of users 7, 8, 9, 11, 12 and 13 only:\n%s", r)
 	}
 }
 

@@ -1,0 +1,563 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/clause"
+
+	"shop/internal/lock"
+)
+
+// A batch — the orders of one SKU a lock holder took from the queue, in
+// arrival order, one or many — is placed in one transaction, which first
+// tries the common case and falls back to judging each order against what
+// MySQL holds:
+//
+//   - fast: every buyer may buy. One guarded UPDATE takes the batch's units
+//     (and refuses unless the stock, the fence and the sale window allow
+//     them all), one INSERT records the orders, one UPDATE counts them on
+//     the buyers' counters when the user limit is on. That is the seeds'
+//     UPDATE, INSERT, COMMIT for a batch of one.
+//   - careful: when the UPDATE refuses, the same transaction reads the
+//     product (a locking read; the naive update's plain read, which always
+//     goes this way), the orders its buyers hold already and their
+//     counters, and judges each order. When the INSERT runs into an order
+//     the buyers hold (a retry of an order that committed, a second order of
+//     the same buyer, the same key on another SKU) or a counter refuses, the
+//     transaction rolls back and the careful one runs in its place.
+//
+// Whichever runs, every order is judged by the same rules, in this order,
+// after the HTTP layer's (input, then identity and rate limits):
+//
+//  1. a key the buyer used before is a replay of that order (or
+//     ErrIdempotencyMismatch for another SKU);
+//  2. no such product: ErrNotFound;
+//  3. outside the sale window, judged at the order's arrival:
+//     ErrSaleNotStarted, ErrSaleEnded;
+//  4. no unit left: ErrSoldOut;
+//  5. the buyer holds an order of the product already: ErrAlreadyOrdered;
+//  6. the buyer holds Options.UserLimit orders: ErrUserLimit.
+//
+// A replay comes first, so that a retry of an order that committed gets its
+// order whatever has happened since. Then the product's rules come before
+// the buyer's, so that a product known to be gone, closed or sold out is
+// refused without asking who the buyer is: from one stock read, or from
+// memory. A buyer whose request has ended is not placed (ErrBusy); one who
+// sends its key again in the same batch gets the first one's order, when
+// that one bought, and is judged as any other order otherwise.
+
+// maxCareful bounds the careful attempts of one batch. Each one that fails
+// on a unique index has read the orders that were in the way of the one
+// before, so another runs only if yet another order came in between: a
+// buyer sending the same key to several products at once.
+const maxCareful = 3
+
+// errCareful is a fast attempt that met what it cannot judge: its
+// transaction rolls back and the careful attempt runs.
+var errCareful = errors.New("stock: the batch needs a careful attempt")
+
+// errBuyersDeadline ends a batch's transaction when its earliest buyer's
+// deadline comes.
+var errBuyersDeadline = errors.New("the earliest deadline of the batch's orders came")
+
+// verdict is what a batch decided for one of its orders.
+type verdict struct {
+	order *Order // sold now, or replayed
+	err   error
+	// follows is the earlier order of the batch, of the same buyer under
+	// the same key, that this one replays; -1 for none.
+	follows int
+}
+
+// sale is what a batch's transaction decided.
+type sale struct {
+	verdicts []verdict
+	// sold are the orders sold, in arrival order; sellers their places in
+	// the batch.
+	sold    []Order
+	sellers []int
+	// soldOut says that the batch left no unit: the product is sold out.
+	soldOut bool
+}
+
+// facts is what a batch's transaction knows when it judges its orders. A
+// nil field is unknown: the fast attempt knows none, and assumes every
+// buyer may buy, which its statements then check.
+type facts struct {
+	product *Product
+	// stock is the stock before the batch, when known without the row:
+	// what the fast attempt's UPDATE took and left.
+	stock *int
+	held  *held
+	// counts are the buyers' order counters (userlimit.go).
+	counts map[int64]int
+}
+
+// place places batch, orders of sku in arrival order, under lease, and
+// answers each once the transaction has ended and the cache has been told.
+// The transaction ends, at the latest, at the earliest deadline of the
+// batch's orders: no statement runs for a buyer who has been answered, and
+// the COMMIT is bounded by the pool's read timeout (OpenOrders). ctx is for
+// what is logged.
+func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) {
+	txCtx, cancel := earliest(lease.Context(), batch)
+	defer cancel()
+	gen := s.soldOut.generation()
+	sale, err := s.sell(txCtx, lease, sku, batch)
+	s.count(len(batch))
+	if err != nil {
+		s.repairFence(ctx, err)
+		s.learn(sku, gen, err)
+		err = classifyTx(txCtx, err)
+		if mayHaveCommitted(err) {
+			s.invalidate(ctx, sku)
+		}
+		for _, t := range batch {
+			t.answer(Order{}, err)
+		}
+		return
+	}
+	if sale.soldOut {
+		s.soldOut.mark(sku, gen)
+	}
+	if len(sale.sold) > 0 {
+		s.invalidate(ctx, sku)
+	}
+	for i, t := range batch {
+		v := sale.verdicts[i]
+		if v.follows >= 0 {
+			o := *sale.verdicts[v.follows].order
+			o.Replayed = true
+			v.order = &o
+		}
+		if v.order != nil {
+			t.answer(*v.order, nil)
+		} else {
+			t.answer(Order{}, v.err)
+		}
+	}
+}
+
+// earliest returns a context of parent that ends at the earliest deadline of
+// batch's orders, with errBuyersDeadline as its cause.
+func earliest(parent context.Context, batch []*ticket) (context.Context, context.CancelFunc) {
+	var first time.Time
+	for _, t := range batch {
+		if d, ok := t.ctx.Deadline(); ok && (first.IsZero() || d.Before(first)) {
+			first = d
+		}
+	}
+	if first.IsZero() {
+		return context.WithCancel(parent)
+	}
+	return context.WithDeadlineCause(parent, first, errBuyersDeadline)
+}
+
+// sell runs batch's transaction: fast first (but for the naive update),
+// then careful, as many times as maxCareful allows.
+func (s *Service) sell(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) (sale, error) {
+	careful := s.opt.Update == Naive
+	for attempt := 0; ; attempt++ {
+		var sl sale
+		err := s.orderTx(ctx, lease, func(tx *gorm.DB, after *func()) error {
+			var err error
+			sl, err = s.sellIn(ctx, tx, after, lease.Fence(), sku, batch, careful)
+			return err
+		})
+		retry := errors.Is(err, errCareful) || duplicate(err)
+		switch {
+		case retry && attempt < maxCareful:
+			careful = true
+			continue
+		case retry:
+			return sale{}, fmt.Errorf("%w: sku %d: orders of the same buyers came in during each of %d attempts: %w", ErrBusy, sku, attempt+1, err)
+		}
+		return sl, err
+	}
+}
+
+// sellIn is one attempt at batch's transaction, on tx.
+func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence, sku int64, batch []*ticket, careful bool) (sale, error) {
+	fenced := s.opt.Fencing && fence > 0
+	hooked := false
+	if !careful {
+		sl := s.judge(sku, fence, batch, facts{})
+		if len(sl.sold) == 0 {
+			return sl, nil
+		}
+		s.beforeWrite(ctx, sku, after)
+		hooked = true
+		first, last := arrivals(batch)
+		left, ok, err := s.takeUnits(ctx, tx, sku, fenced, fence, len(sl.sold), first, last)
+		if err != nil {
+			return sale{}, err
+		}
+		if ok {
+			if left == 0 && len(sl.sold) < len(batch) {
+				// The batch took the last units: an order after them is
+				// sold out, whatever else would refuse it.
+				before := len(sl.sold)
+				sl = s.judge(sku, fence, batch, facts{stock: &before})
+			}
+			sl.soldOut = left == 0
+			return sl, s.record(tx, sku, &sl, errCareful)
+		}
+		// Refused, and nothing written: judge each order.
+	}
+
+	read, err := s.readProduct(tx, sku)
+	if err != nil {
+		return sale{}, err
+	}
+	f := facts{product: &read}
+	if read.Stock > 0 || hasKeys(batch) {
+		h, err := heldOrders(tx, sku, batch)
+		if err != nil {
+			return sale{}, err
+		}
+		f.held = &h
+	}
+	if s.opt.UserLimit > 0 && read.Stock > 0 {
+		if users := limitCandidates(batch, f.held); len(users) > 0 {
+			if f.counts, err = lockCounters(tx, users); err != nil {
+				return sale{}, err
+			}
+		}
+	}
+	sl := s.judge(sku, fence, batch, f)
+	sl.soldOut = read.Stock-len(sl.sold) <= 0
+	if len(sl.sold) == 0 {
+		return sl, nil
+	}
+	if !hooked {
+		s.beforeWrite(ctx, sku, after)
+	}
+	if err := s.writeStock(tx, sku, read, fenced, fence, len(sl.sold)); err != nil {
+		return sale{}, err
+	}
+	return sl, s.record(tx, sku, &sl, nil)
+}
+
+// judge decides each order of batch from what is known (see facts), by the
+// rules at the top of this file, selling in arrival order to a holder whose
+// fencing token is fence.
+func (s *Service) judge(sku, fence int64, batch []*ticket, f facts) sale {
+	sl := sale{verdicts: make([]verdict, len(batch))}
+	left := math.MaxInt
+	switch {
+	case f.product != nil:
+		left = f.product.Stock
+	case f.stock != nil:
+		left = *f.stock
+	}
+	buying := map[int64]bool{}    // users this batch sells to
+	underKey := map[heldKey]int{} // (user, key) → the order of this batch that buys under it
+	for i, t := range batch {
+		v := &sl.verdicts[i]
+		v.follows = -1
+		k := heldKey{t.user, t.key}
+		if t.key != "" {
+			if o, ok := f.held.byKey(k); ok {
+				if o, v.err = replayOf(o, sku, t.user, t.key); v.err == nil {
+					v.order = &o
+				}
+				continue
+			}
+			if j, ok := underKey[k]; ok {
+				v.follows = j
+				continue
+			}
+		}
+		switch {
+		case t.ctx.Err() != nil:
+			v.err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(t.ctx))
+		case f.product != nil && f.product.window().admits(sku, t.arrived) != nil:
+			v.err = f.product.window().admits(sku, t.arrived)
+		case left <= 0:
+			v.err = fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		case f.held.byUser(t.user) || buying[t.user]:
+			v.err = fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, t.user, sku)
+		case f.counts != nil && s.limitReached(f.counts, t.user) != nil:
+			v.err = s.limitReached(f.counts, t.user)
+		default:
+			left--
+			buying[t.user] = true
+			if t.key != "" {
+				underKey[k] = i
+			}
+			o := Order{SKUID: sku, UserID: t.user, Fence: fence, CreatedAt: s.opt.Now().UTC().Truncate(time.Microsecond)}
+			if t.key != "" {
+				o.IdempotencyKey = &t.key
+			}
+			sl.sold = append(sl.sold, o)
+			sl.sellers = append(sl.sellers, i)
+		}
+	}
+	return sl
+}
+
+// hasKeys reports whether any order of batch carries an idempotency key.
+func hasKeys(batch []*ticket) bool {
+	for _, t := range batch {
+		if t.key != "" {
+			return true
+		}
+	}
+	return false
+}
+
+// readProduct reads sku's row for the careful attempt: with a lock for the
+// guarded update, so that nothing changes it until COMMIT; as the seeds read
+// it for the naive one.
+func (s *Service) readProduct(tx *gorm.DB, sku int64) (Product, error) {
+	var p Product
+	q := tx.Select(append([]string{"id", "stock", "fence"}, windowColumns...))
+	if s.opt.Update == Guarded {
+		q = q.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate})
+	}
+	if err := q.Take(&p, sku).Error; err != nil {
+		return Product{}, notFound(err, sku)
+	}
+	return p, nil
+}
+
+// takeUnits is the fast attempt's stock write: one guarded UPDATE that
+// takes len(sold) units of sku if the stock has them, the fence is older
+// than the holder's token (when fenced) and the sale window admits every
+// order sold. ok is false when the row refused, and then nothing changed.
+// left is the stock left, which the UPDATE hands back through
+// LAST_INSERT_ID(expr): MySQL's and MariaDB's way for a statement to return
+// a value of the row it wrote, in the same round trip.
+func (s *Service) takeUnits(ctx context.Context, tx *gorm.DB, sku int64, fenced bool, fence int64, n int, first, last time.Time) (left int, ok bool, err error) {
+	set, args := "stock = LAST_INSERT_ID(stock - ?)", []any{n}
+	if fenced {
+		set, args = set+", fence = ?", append(args, fence)
+	}
+	where := " WHERE id = ? AND stock >= ?" + openWindow
+	args = append(args, sku, n, first, last)
+	if fenced {
+		where, args = where+" AND fence < ?", append(args, fence)
+	}
+	res, err := tx.Statement.ConnPool.ExecContext(ctx, "UPDATE products SET "+set+where, args...)
+	if err != nil {
+		return 0, false, err
+	}
+	rows, err := res.RowsAffected()
+	if err != nil || rows != 1 {
+		return 0, false, err
+	}
+	id, err := res.LastInsertId()
+	return int(id), true, err
+}
+
+// arrivals returns the earliest and the latest arrival of the orders of
+// batch: openWindow's arguments, so that the window admits every order
+// between them — those the fast attempt refuses by another rule too, which
+// the window's comes before.
+func arrivals(batch []*ticket) (first, last time.Time) {
+	first, last = batch[0].arrived, batch[0].arrived
+	for _, t := range batch[1:] {
+		if t.arrived.Before(first) {
+			first = t.arrived
+		} else if t.arrived.After(last) {
+			last = t.arrived
+		}
+	}
+	return first, last
+}
+
+// record inserts the orders sl sold and, with the limit on, counts them on
+// their buyers' counters. A counter that refuses (the user is at the limit,
+// or has no counter) is short: record returns it, errCareful for the fast
+// attempt, whose judgement assumed it would not.
+func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
+	ids, err := insertOrders(tx, sku, sl.sold)
+	if err != nil {
+		return err
+	}
+	for i, o := range sl.sold {
+		if o.ID = ids[o.UserID]; o.ID == 0 {
+			return fmt.Errorf("stock: order of user %d for sku %d not found after insert", o.UserID, sku)
+		}
+		sl.sold[i] = o
+		sl.verdicts[sl.sellers[i]].order = &sl.sold[i]
+	}
+	if s.opt.UserLimit > 0 {
+		return s.countOrders(tx, sellersOf(sl.sold), short)
+	}
+	return nil
+}
+
+// writeStock takes n units off product sku in the careful attempt. read is
+// the row the transaction read.
+//
+// A fenced naive write is a compare-and-set on the fence it read, not only a
+// check that its token is the newest: a holder whose lease ran out while its
+// write sat uncommitted in MySQL can still commit after the next holder has
+// read the old stock, and that next holder's token is newer than the row's,
+// yet the stock it read is stale. Any fenced write moves the fence, so an
+// unchanged fence means an unchanged row.
+func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64, n int) error {
+	var res *gorm.DB
+	switch {
+	case s.opt.Update == Guarded && fenced:
+		res = tx.Exec("UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?", n, fence, sku, n, fence)
+	case s.opt.Update == Guarded:
+		res = tx.Exec("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?", n, sku, n)
+	case fenced:
+		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?",
+			read.Stock-n, fence, sku, read.Fence, fence)
+	default:
+		// The seeds' read-modify-write. Its row count proves nothing (a row
+		// already at the written value counts as unchanged), so it is not
+		// checked: this write never refuses.
+		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read.Stock-n, sku).Error
+	}
+	if res.Error != nil {
+		return res.Error
+	}
+	if res.RowsAffected == 1 {
+		return nil
+	}
+	// Refused: a newer holder wrote the row, or (naive) an older one wrote
+	// it after it was read. A locking read sees the row as committed now.
+	var now Product
+	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
+		return notFound(err, sku)
+	}
+	switch {
+	case fenced && now.Fence >= fence:
+		return &staleFence{sku: sku, token: fence, row: now.Fence}
+	case now.Stock <= 0:
+		// Sold out means no unit left, nothing else: a stock above zero
+		// but below n is a batch to place again, not a sold-out product.
+		return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+	}
+	return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d; stock %d, now %d)",
+		ErrBusy, sku, read.Fence, now.Fence, read.Stock, now.Stock)
+}
+
+// staleFence is a fenced write that MySQL refused because the row's fence
+// was at or above the holder's token: ErrBusy and ErrStaleFence.
+type staleFence struct {
+	sku, token, row int64
+}
+
+func (e *staleFence) Error() string {
+	return fmt.Sprintf("%v: %v: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, e.sku, e.token, e.row)
+}
+
+func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
+
+// heldKey is a buyer's idempotency key: keys belong to their buyer.
+type heldKey struct {
+	user int64
+	key  string
+}
+
+// held is what a batch's buyers already hold. A nil *held knows nothing.
+type held struct {
+	users map[int64]bool    // buyers with an order of this SKU
+	keys  map[heldKey]Order // orders under the batch's buyers' keys, of any SKU
+}
+
+func (h *held) byUser(user int64) bool { return h != nil && h.users[user] }
+
+func (h *held) byKey(k heldKey) (Order, bool) {
+	if h == nil {
+		return Order{}, false
+	}
+	o, ok := h.keys[k]
+	return o, ok
+}
+
+// heldOrders looks up, in one query, the batch's buyers' orders of sku and
+// their orders under the batch's idempotency keys (of any SKU).
+func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
+	users := make([]int64, 0, len(batch))
+	var keys []string
+	for _, t := range batch {
+		users = append(users, t.user)
+		if t.key != "" {
+			keys = append(keys, t.key)
+		}
+	}
+	q := tx.Where("user_id IN ? AND sku_id = ?", users, sku)
+	if len(keys) > 0 {
+		q = tx.Where("user_id IN ? AND (sku_id = ? OR idempotency_key IN ?)", users, sku, keys)
+	}
+	var found []Order
+	if err := q.Find(&found).Error; err != nil {
+		return held{}, err
+	}
+	h := held{users: map[int64]bool{}, keys: map[heldKey]Order{}}
+	for _, o := range found {
+		if o.SKUID == sku {
+			h.users[o.UserID] = true
+		}
+		if o.IdempotencyKey != nil {
+			h.keys[heldKey{o.UserID, *o.IdempotencyKey}] = o
+		}
+	}
+	return h, nil
+}
+
+// insertOrders inserts orders of sku and returns their ids by user. One
+// order is one INSERT whose id comes back with it; several are one INSERT
+// whose ids are read back through the (user, sku) unique index: a
+// multi-row INSERT's ids need not be consecutive (innodb_autoinc_lock_mode=2,
+// auto_increment_increment).
+func insertOrders(tx *gorm.DB, sku int64, orders []Order) (map[int64]int64, error) {
+	if len(orders) == 1 {
+		o := orders[0]
+		if err := tx.Create(&o).Error; err != nil {
+			return nil, err
+		}
+		return map[int64]int64{o.UserID: o.ID}, nil
+	}
+	var b strings.Builder
+	b.WriteString("INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at) VALUES ")
+	args := make([]any, 0, 5*len(orders))
+	users := make([]int64, 0, len(orders))
+	for i, o := range orders {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString("(?, ?, ?, ?, ?)")
+		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt)
+		users = append(users, o.UserID)
+	}
+	if err := tx.Exec(b.String(), args...).Error; err != nil {
+		return nil, err
+	}
+	var rows []Order
+	if err := tx.Select("id", "user_id").Where("sku_id = ? AND user_id IN ?", sku, users).Find(&rows).Error; err != nil {
+		return nil, err
+	}
+	ids := make(map[int64]int64, len(rows))
+	for _, o := range rows {
+		ids[o.UserID] = o.ID
+	}
+	return ids, nil
+}
+
+// classifyTx is classify for the error of a batch's transaction, on ctx,
+// the transaction's: work cut short because the lease was lost or the
+// batch's earliest deadline came is ErrBusy with that cause.
+func classifyTx(ctx context.Context, err error) error {
+	if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrStaleFence) || errors.Is(err, ErrBusy) {
+		// MySQL's own verdict: a stale write refused says more than the
+		// lease lost that a watchdog may report a moment later.
+		return err
+	}
+	if cause := context.Cause(ctx); cause != nil && !isDomain(err) {
+		return fmt.Errorf("%w: %w", ErrBusy, cause)
+	}
+	return classify(ctx, "place order", err)
+}

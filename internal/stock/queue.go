@@ -1,0 +1,293 @@
+package stock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"shop/internal/lock"
+)
+
+// Every order takes one path. It joins its SKU's queue on this Service, and
+// a goroutine per SKU (its drain) places the queue turn by turn: it takes an
+// order slot, reads the stock, takes the SKU's lock, takes whoever is queued
+// — up to Options.Batch, never waiting for more — and places them in one
+// transaction (place.go), then answers each. A batch of one is a batch: the
+// seeds' one order per lock hold is Batch 1, nothing else. MySQL stays the
+// only truth; nothing is decremented anywhere else.
+//
+// A hot SKU sells one batch per lock hold instead of one order: the hold —
+// obtain, BEGIN, UPDATE, INSERT, COMMIT with its fsync, release — is the
+// SKU's whole throughput.
+
+// queue holds the orders of one SKU waiting to be placed; Service.mu guards
+// it.
+type queue struct {
+	waiting []*ticket
+	next    uint64 // the seq of the last ticket queued; seqs start at 1
+	drains  int    // the drains running on it (Options.Lanes at most)
+}
+
+// ticket is one queued order and where its answer goes.
+type ticket struct {
+	ctx  context.Context
+	user int64
+	key  string
+	seq  uint64      // its place in the queue's arrivals
+	done chan answer // buffered: the drain never blocks on a buyer
+	// arrived is when the order came: its sale window judges that time.
+	arrived time.Time
+}
+
+type answer struct {
+	order Order
+	err   error
+}
+
+func (t *ticket) answer(o Order, err error) { t.done <- answer{o, err} }
+
+const (
+	// MinTimeLeft is the least time an order must have left before its
+	// context's deadline to be taken into a transaction. An order nearer its
+	// end is answered ErrBusy instead: a transaction ends at the earliest
+	// deadline of its orders, so one buyer about to give up would cut it
+	// short for every other buyer in it.
+	MinTimeLeft = time.Second
+	// TurnTimeout bounds one turn of a drain — slot, stock read, lock wait,
+	// transaction — so that a MySQL or Redis that stops answering fails the
+	// turn's orders instead of keeping them forever. It is the order budget
+	// up to COMMIT that the HTTP API gives a buyer.
+	TurnTimeout = 15 * time.Second
+	// MaxLockWait is the longest the Locker of a Service may wait for a lock:
+	// a turn must keep time for its transaction after the wait.
+	MaxLockWait = TurnTimeout - 5*time.Second
+)
+
+// drainCourtesy is how long a drain that released a lock another process
+// was waiting for lets that process take it before trying again itself.
+// Without it the releasing replica, whose next try costs no wake-up, would
+// win the lock back every time while other replicas' buyers wait.
+const drainCourtesy = 3 * time.Millisecond
+
+// errTooLate is why an order with less than MinTimeLeft is not placed.
+var errTooLate = errors.New("too little time left before the order's deadline to place it")
+
+// enqueue queues the order and waits for its answer. An order still queued
+// when its context ends leaves the queue as ErrBusy; one already taken into
+// a batch waits for the batch's answer, which its transaction bounds.
+func (s *Service) enqueue(ctx context.Context, sku, user int64, idempotencyKey string, arrived time.Time) (Order, error) {
+	t := &ticket{ctx: ctx, user: user, key: idempotencyKey, done: make(chan answer, 1), arrived: arrived}
+	s.mu.Lock()
+	q := s.queues[sku]
+	if q == nil {
+		q = &queue{}
+		s.queues[sku] = q
+	}
+	q.next++
+	t.seq = q.next
+	q.waiting = append(q.waiting, t)
+	start := q.drains < s.opt.Lanes
+	if start {
+		q.drains++
+	}
+	s.mu.Unlock()
+	if start {
+		go s.drain(sku, q)
+	}
+
+	select {
+	case a := <-t.done:
+		return a.order, a.err
+	case <-ctx.Done():
+	}
+	if s.leave(q, t) {
+		return Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(ctx))
+	}
+	// Taken into a batch already: its transaction decides.
+	a := <-t.done
+	return a.order, a.err
+}
+
+// leave takes t out of q if no batch has taken it yet.
+func (s *Service) leave(q *queue, t *ticket) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	i := slices.Index(q.waiting, t)
+	if i < 0 {
+		return false
+	}
+	q.waiting = slices.Delete(q.waiting, i, i+1)
+	return true
+}
+
+// take removes up to n orders from the head of q. An order whose buyer has
+// gone, or whose deadline is less than MinTimeLeft away, is answered
+// ErrBusy instead.
+func (s *Service) take(sku int64, q *queue, n int) []*ticket {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var batch []*ticket
+	for len(q.waiting) > 0 && len(batch) < n {
+		t := q.waiting[0]
+		q.waiting = q.waiting[1:]
+		if err := t.ctx.Err(); err != nil {
+			t.answer(Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, context.Cause(t.ctx)))
+			continue
+		}
+		if d, ok := t.ctx.Deadline(); ok && time.Until(d) < MinTimeLeft {
+			t.answer(Order{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, errTooLate))
+			continue
+		}
+		batch = append(batch, t)
+	}
+	return batch
+}
+
+// pending reports whether q still has orders. If not, the calling drain
+// ends, and the last one to end removes q: the next order of the SKU starts
+// a new queue.
+func (s *Service) pending(sku int64, q *queue) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(q.waiting) > 0 {
+		return true
+	}
+	if q.drains--; q.drains == 0 {
+		delete(s.queues, sku)
+	}
+	return false
+}
+
+// fail answers orders queued for sku with err. When err is final for the
+// product — it is sold out, or there is no such product — that is every
+// order queued; otherwise only those that were queued before the arrival
+// numbered began, when the step that failed began: the orders that came
+// during it get a turn of their own.
+func (s *Service) fail(q *queue, began uint64, err error) {
+	if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
+		began = 0
+	}
+	s.refuse(q, func(t *ticket) error {
+		if began != 0 && t.seq >= began {
+			return nil
+		}
+		return err
+	})
+}
+
+// refuse answers each order queued in q for which refusal returns an
+// error with that error, and reports whether any order is left.
+func (s *Service) refuse(q *queue, refusal func(*ticket) error) (left bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	kept := q.waiting[:0]
+	for _, t := range q.waiting {
+		if err := refusal(t); err != nil {
+			t.answer(Order{}, err)
+			continue
+		}
+		kept = append(kept, t)
+	}
+	clear(q.waiting[len(kept):])
+	q.waiting = kept
+	return len(kept) > 0
+}
+
+// arrivals returns the seq the next order queued for q will get.
+func (s *Service) arrivals(q *queue) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return q.next + 1
+}
+
+// drain places the orders queued for sku, turn by turn, until none is left.
+func (s *Service) drain(sku int64, q *queue) {
+	for s.pending(sku, q) {
+		if s.soldOut.has(sku) {
+			s.fail(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), TurnTimeout)
+		contended := s.turn(ctx, sku, q)
+		cancel()
+		if contended {
+			time.Sleep(drainCourtesy)
+		}
+	}
+}
+
+// turn takes a slot, reads the stock, takes the SKU's lock and places the
+// next batch. It reports whether another process was waiting for the lock
+// when it was released. A step that fails answers the queued orders with
+// its error (see fail).
+//
+// The slot is taken before the lock, so that a holder never waits for a
+// connection; a SKU's drain holds one slot at most, so a hot SKU's buyers
+// do not keep other SKUs' orders from the slots.
+func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool) {
+	began := s.arrivals(q)
+	release, err := s.slot(ctx, sku)
+	if err != nil {
+		s.fail(q, began, err)
+		return false
+	}
+	defer release()
+	// A product another replica sold out is refused without the lock.
+	began = s.arrivals(q)
+	p, err := s.stocked(s.reads.WithContext(ctx), sku)
+	if err != nil {
+		s.fail(q, began, classify(ctx, "place order", err))
+		return false
+	}
+	// So is each order that came outside the product's sale window.
+	if !s.refuseOutside(sku, q, p.window()) {
+		return false
+	}
+	began = s.arrivals(q)
+	lease, err := s.obtain(ctx, sku)
+	if err != nil {
+		if !errors.Is(err, ErrSoldOut) && !errors.Is(err, ErrNotFound) {
+			err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
+		}
+		s.fail(q, began, err)
+		return false
+	}
+	batch := s.take(sku, q, s.opt.Batch)
+	// What is logged for a batch of one buyer carries the buyer's request
+	// id; a batch of several is logged on the drain's context.
+	logCtx := ctx
+	if len(batch) == 1 {
+		logCtx = context.WithoutCancel(batch[0].ctx)
+	}
+	if len(batch) > 0 {
+		s.place(logCtx, lease, sku, batch)
+	}
+	s.release(logCtx, lease)
+	return lease.Contended()
+}
+
+// stillWanted is what a Locker can do beyond Obtain: give up waiting when
+// the reason to wait has gone (lock.Redis, lock.Redlock).
+type stillWanted interface {
+	ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*lock.Lease, error)
+}
+
+// obtain takes sku's lock for a drain. While another process holds it —
+// most likely selling the SKU's last units — the stock is read again before
+// each retry, so that a SKU sold out meanwhile is refused without the lock:
+// in a sell-out, three buyers in four never take it.
+func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
+	l, ok := s.locks.(stillWanted)
+	if !ok {
+		return s.locks.Obtain(ctx, LockKey(sku))
+	}
+	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
+		_, err := s.stocked(s.reads.WithContext(ctx), sku)
+		if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
+			return err
+		}
+		return nil // a failed read is no reason to stop waiting
+	})
+}
