@@ -45,8 +45,8 @@ func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (redis.Universa
 	t.Helper()
 	rdb := newRedis(cfg)
 	t.Cleanup(func() { rdb.Close() })
-	products := newCache(cfg, rdb, catalog, nil, nil)
-	t.Cleanup(products.Close)
+	products, closeProducts := newCache(cfg, rdb, catalog, nil, nil, nil)
+	t.Cleanup(closeProducts)
 	return rdb, products
 }
 
@@ -171,6 +171,54 @@ func TestLockReleaseWithLostReplyIsNotReportedNotHeld(t *testing.T) {
 		t.Errorf("lock key after the release: exists=%d, %v; want released", n, err)
 	}
 	t.Logf("release with its reply lost: %v", err)
+}
+
+// The product cache's load mutex must leave a lost reply to the lock as
+// the order lock does: a client that retries a SET NX whose reply was lost
+// finds the key held, by its own token, and the mutex stays taken for a
+// whole TTL by a try nobody knows of — every replica's read of the product
+// waits for it and falls back to MySQL meanwhile. With the reply to the
+// mutex's SET lost, the failed try gives the key back at once, and another
+// replica loads the product into the cache at once.
+func TestCacheMutexWithLostReplyIsGivenBack(t *testing.T) {
+	db := testenv.MySQL(t)
+	catalog := stock.NewCatalog(db.Gorm)
+	ctx := context.Background()
+	if err := catalog.Seed(ctx, 3, 1); err != nil {
+		t.Fatal(err)
+	}
+	proxy := testenv.StartProxy(t, testenv.RedisAddr(t))
+	prefix := redisPrefix(t)
+	_, products := testCache(t, testConfig(t, map[string]string{"SHOP_REDIS_ADDR": proxy.Addr, "SHOP_REDIS_PREFIX": prefix}), catalog)
+	if _, err := products.Reset(ctx); err != nil { // the Bloom filter: the read below goes straight to its load
+		t.Fatal(err)
+	}
+	mutexKey := prefix + "cache:mutex:{product:1}"
+	cut := proxy.CutReply([]byte(mutexKey))
+	if p, err := products.Product(ctx, 1); err != nil || p.ID != 1 {
+		t.Fatalf("product 1 with the mutex's reply lost: %+v, %v; want it from MySQL", p, err)
+	}
+	select {
+	case <-cut:
+	default:
+		t.Fatal("the read took no mutex through the proxy")
+	}
+	direct := testenv.RedisAt(t, testenv.RedisAddr(t))
+	if ttl := direct.PTTL(ctx, mutexKey).Val(); ttl > 0 {
+		t.Errorf("the try whose reply was lost left the mutex held for %v more: nobody holds its token", ttl)
+	}
+
+	_, other := testCache(t, testConfig(t, map[string]string{"SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": prefix}), catalog)
+	start := time.Now()
+	if p, err := other.Product(ctx, 1); err != nil || p.ID != 1 {
+		t.Fatalf("product 1 on another replica: %+v, %v", p, err)
+	}
+	took := time.Since(start)
+	if n := direct.Exists(ctx, prefix+"cache:product:{1}").Val(); n != 1 {
+		t.Errorf("another replica's read (%s) did not cache product 1: it found the mutex held and fell back", took.Round(time.Millisecond))
+	} else {
+		t.Logf("another replica loaded product 1 in %s", took.Round(time.Millisecond))
+	}
 }
 
 // /readyz's Redis check passes on every topology the service runs on.

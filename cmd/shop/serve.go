@@ -108,8 +108,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		registerLockStats(reg, l.Stats)
 	}
 	catalog := stock.NewCatalog(db)
-	products := newCache(cfg, rdb, catalog, reg, log)
-	defer products.Close()
+	products, closeProducts := newCache(cfg, rdb, catalog, reg, log, depErrors.RedisHook())
+	defer closeProducts()
 	lanes := 1
 	if cfg.LockMode == "none" {
 		// The lock-free baseline places a SKU's orders side by side.
@@ -272,10 +272,12 @@ func redisOptions(cfg config) *redis.UniversalOptions {
 	}
 }
 
-// newLockRedis is the order lock's own client of the Redis, for a lock
-// whose leases last ttl. It does not retry: the lock retries a release
-// itself and must see a lost reply as an error, where a retry by the client
-// would find the key gone and report a lock it did release as not held.
+// newLockRedis is a lock's own client of the Redis (the order lock's, the
+// product cache's load mutexes'), for a lock whose leases last ttl. It does
+// not retry: the lock retries a release itself and must see a lost reply as
+// an error, where a retry by the client would find the key gone and report
+// a lock it did release as not held, and a retry of an obtain would find the
+// key held by its own token and leave it held for a whole TTL.
 // Each command times out after ttl/3 (at most redisTimeout), so that a
 // renewal that gets no answer leaves time for a second one in the lease.
 func newLockRedis(cfg config, ttl time.Duration) redis.UniversalClient {
@@ -374,15 +376,29 @@ func newRedlockNode(addr string) redis.UniversalClient {
 	return redis.NewUniversalClient(o)
 }
 
-// newCache is the product cache on rdb in front of catalog. Its metrics go to
-// reg when it is not nil.
-func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger) *cache.Products {
-	mutex := lock.NewRedis(rdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "cache:mutex:", NoFencing: true})
+// cacheMutexTTL is the lease of a product cache's load mutex: far longer
+// than a load (its watchdog renews it meanwhile).
+const cacheMutexTTL = 5 * time.Second
+
+// newCache is the product cache on rdb in front of catalog, and what closes
+// it: its background work, then the client of its load mutexes. Its metrics
+// go to reg when it is not nil; hook, when not nil, is added to the mutexes'
+// client (the dependency errors' count).
+//
+// The mutexes have a client of their own, which never retries, as the order
+// lock's (lockRedisOptions): a retry of a SET NX whose reply was lost finds
+// the key held by its own token, and the mutex would stay taken for a whole
+// TTL by a try nobody knows of, every replica's read of that product
+// waiting for it and then falling back to MySQL. Seen as an error, the lost
+// reply makes the lock give the key back at once.
+func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger, hook redis.Hook) (*cache.Products, func()) {
+	mutexRdb := withHook(newLockRedis(cfg, cacheMutexTTL), hook)
+	mutex := lock.NewRedis(mutexRdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "cache:mutex:", TTL: cacheMutexTTL, NoFencing: true})
 	jitter := cfg.CacheJitter
 	if jitter == 0 {
 		jitter = -1 // none; zero would mean the default
 	}
-	return cache.New(rdb, catalog, mutex, cache.Options{
+	products := cache.New(rdb, catalog, mutex, cache.Options{
 		Prefix:     cfg.RedisPrefix + "cache:",
 		TTL:        cfg.CacheTTL,
 		Jitter:     jitter,
@@ -391,6 +407,10 @@ func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg
 		Registerer: reg,
 		Logger:     log,
 	})
+	return products, func() {
+		products.Close()
+		mutexRdb.Close()
+	}
 }
 
 // catalogSeeder resets the catalog in MySQL; *stock.Catalog is one.
@@ -457,7 +477,8 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 	dropped, err := products.Reset(ctx)
 	if err != nil {
 		warn("the product cache was not reset: product pages may show old stock until their cache entries expire (SHOP_CACHE_TTL), "+
-			"and new product ids may answer 404 until the Bloom filter is rebuilt (a replica rebuilds it when it is missing)", err)
+			"and ids read as absent before the seed may answer 404 until theirs do (SHOP_CACHE_NULL_TTL); "+
+			"the replicas rebuild the Bloom filter for the new catalog within seconds", err)
 	}
 	s.dropped = dropped
 	return s, nil

@@ -109,8 +109,8 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	rdb := newRedis(cfg)
 	defer rdb.Close()
 	catalog := stock.NewCatalog(db)
-	cached := newCache(cfg, rdb, catalog, nil, nil)
-	defer cached.Close()
+	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil)
+	defer closeCache()
 	var seeder catalogSeeder = catalog
 	if *ifEmpty {
 		seeder = emptyCatalog{catalog}

@@ -160,3 +160,48 @@ func evalshaCalls(b *testing.B, cluster *redis.ClusterClient) map[string]int64 {
 	}
 	return calls
 }
+
+// BenchmarkReset measures Products.Reset, which follows every seed within
+// its 15 s budget, on a cache holding b.N products — an entry and its
+// generation each, as a load leaves them — on one Redis server and on the
+// test Cluster. ns/op is the reset's time per cached product; s/reset is
+// its whole time, the Bloom filter's rebuild from b.N product ids included.
+//
+//	go test -run '^$' -bench Reset -benchtime 100000x ./internal/cache
+func BenchmarkReset(b *testing.B) {
+	addrs := os.Getenv(testenv.RedisClusterEnv)
+	if addrs == "" {
+		b.Fatalf("%s is not set: this benchmark resets a cache on a Redis Cluster too; `make bench` starts one", testenv.RedisClusterEnv)
+	}
+	for _, topo := range []testenv.Topology{
+		{Name: "single", Addrs: []string{testenv.RedisAddr(b)}},
+		{Name: "cluster", Addrs: strings.Split(addrs, ",")},
+	} {
+		b.Run(topo.Name, func(b *testing.B) {
+			ctx := context.Background()
+			catalog := stock.NewCatalog(testenv.MySQL(b).Gorm)
+			if err := catalog.Seed(ctx, b.N, 1); err != nil {
+				b.Fatal(err)
+			}
+			rdb, prefix := testenv.RedisOn(b, topo)
+			c := cache.New(rdb, catalog, lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "mutex:", NoFencing: true}),
+				cache.Options{Prefix: prefix + "cache:", Bloom: true})
+			b.Cleanup(c.Close)
+			fillEntries(b, rdb, prefix+"cache:", b.N)
+
+			b.ResetTimer()
+			start := time.Now()
+			dropped, err := c.Reset(ctx)
+			took := time.Since(start)
+			b.StopTimer()
+			if err != nil {
+				b.Fatal(err)
+			}
+			if dropped != b.N {
+				b.Fatalf("Reset dropped %d entries, want %d", dropped, b.N)
+			}
+			b.Logf("%s: Reset of %d cached products took %v", topo.Name, b.N, took.Round(time.Millisecond))
+			b.ReportMetric(took.Seconds(), "s/reset")
+		})
+	}
+}

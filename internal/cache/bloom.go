@@ -89,6 +89,17 @@ func (p bloomParams) positions(id int64) []uint64 {
 // Cluster master of the shard's slot, restarted empty), a rebuild reads
 // none and swaps unless a reset has taken one since. A shard missing while
 // others exist lets every id of its own through, and is rebuilt alone.
+//
+// The epochs above order the builders; they cannot tell a reader that the
+// catalog changed and no reset followed (Redis failed right after a seed
+// committed): the old shards would stand, and turn away the new products,
+// for good. So each shard also records the catalog's epoch (a count of the
+// catalog's resets, which MySQL keeps and each seed raises in its own
+// transaction) that its ids were read at, in the same snapshot as the ids.
+// A shard whose catalog epoch is not the catalog's current one is no
+// filter to its readers — the ids it turns away go on to the cache and
+// MySQL, as with no filter — and is rebuilt. Readers learn the catalog's
+// epoch from MySQL at most once a second (see Products.trusted).
 type bloomFilter struct {
 	rdb    redis.Cmdable
 	shards []*bloomShard
@@ -101,6 +112,7 @@ type bloomFilter struct {
 type bloomShard struct {
 	bits, meta string // the bitmap and its parameters
 	epoch      string // bumped by every reset, see bloomFilter
+	catalog    string // the catalog epoch the bitmap was built from
 	nextPrefix string // where a build writes before the swap
 	params     atomic.Pointer[bloomParams]
 }
@@ -111,7 +123,8 @@ func newBloomFilter(rdb redis.Cmdable, prefix string, fp float64, n int) *bloomF
 	f := &bloomFilter{rdb: rdb, fp: fp}
 	for i := range n {
 		tag := prefix + "{" + shardTag(i, n) + "}"
-		f.shards = append(f.shards, &bloomShard{bits: tag, meta: tag + ":params", epoch: tag + ":epoch", nextPrefix: tag + ":next:"})
+		f.shards = append(f.shards, &bloomShard{bits: tag, meta: tag + ":params", epoch: tag + ":epoch", catalog: tag + ":catalog",
+			nextPrefix: tag + ":next:"})
 	}
 	return f
 }
@@ -172,17 +185,28 @@ func (f *bloomFilter) shardOf(id int64) *bloomShard {
 // lost its shard).
 var errNoFilter = errors.New("cache: no bloom filter")
 
-// mayContain reports whether id may be a product: false means certainly
-// not. It returns errNoFilter when there is no filter to ask.
-func (f *bloomFilter) mayContain(ctx context.Context, id int64) (bool, error) {
+// bloomVerdict is a shard's answer about an id.
+type bloomVerdict struct {
+	// maybe is false when the id is certainly not among the ids the shard
+	// was built from.
+	maybe bool
+	// catalog is, when maybe is false, the catalog epoch those ids are of;
+	// -1 when the shard's builder recorded none (a replica of an older
+	// version).
+	catalog int64
+}
+
+// mayContain asks id's shard whether id may be a product. It returns
+// errNoFilter when there is no filter to ask.
+func (f *bloomFilter) mayContain(ctx context.Context, id int64) (bloomVerdict, error) {
 	s := f.shardOf(id)
 	for range 2 {
 		res, err := bloomCheckScript.Run(ctx, f.rdb, s.keys(), s.args(id)...).Result()
-		if ok, retry, err := s.verdict(res, err); !retry {
-			return ok, err
+		if v, retry, err := s.verdict(res, err); !retry {
+			return v, err
 		}
 	}
-	return false, errors.New("cache: bloom filter parameters keep changing")
+	return bloomVerdict{}, errors.New("cache: bloom filter parameters keep changing")
 }
 
 // check queues the question of mayContain on pipe, so that it travels with
@@ -195,19 +219,19 @@ func (f *bloomFilter) check(ctx context.Context, pipe redis.Pipeliner, id int64)
 // answer is mayContain's result from the reply of a check. A script the
 // server does not know yet, or a shard rebuilt with other parameters, is
 // asked again on its own.
-func (f *bloomFilter) answer(ctx context.Context, cmd *redis.Cmd, id int64) (bool, error) {
+func (f *bloomFilter) answer(ctx context.Context, cmd *redis.Cmd, id int64) (bloomVerdict, error) {
 	res, err := cmd.Result()
 	if redis.HasErrorPrefix(err, "NOSCRIPT") {
 		return f.mayContain(ctx, id)
 	}
-	ok, retry, err := f.shardOf(id).verdict(res, err)
+	v, retry, err := f.shardOf(id).verdict(res, err)
 	if retry {
 		return f.mayContain(ctx, id)
 	}
-	return ok, err
+	return v, err
 }
 
-func (s *bloomShard) keys() []string { return []string{s.bits, s.meta} }
+func (s *bloomShard) keys() []string { return []string{s.bits, s.meta, s.catalog} }
 
 // args are the check script's arguments: the parameters last seen, and id's
 // positions under them.
@@ -225,25 +249,40 @@ func (s *bloomShard) args(id int64) []any {
 
 // verdict reads the check script's reply. retry means the shard has other
 // parameters than the positions were computed for; they are stored now.
-func (s *bloomShard) verdict(res any, err error) (ok, retry bool, _ error) {
+func (s *bloomShard) verdict(res any, err error) (_ bloomVerdict, retry bool, _ error) {
 	if err != nil {
-		return false, false, fmt.Errorf("%w: bloom filter: %w", errRedis, err)
+		return bloomVerdict{}, false, fmt.Errorf("%w: bloom filter: %w", errRedis, err)
 	}
 	switch v := res.(type) {
 	case int64:
 		if v < 0 {
-			return false, false, errNoFilter
+			return bloomVerdict{}, false, errNoFilter
 		}
-		return v == 1, false, nil
+		return bloomVerdict{maybe: true}, false, nil
+	case []any: // {0, the catalog epoch}
+		if len(v) == 2 {
+			epoch, _ := v[1].(string)
+			return bloomVerdict{catalog: parseCatalogEpoch(epoch)}, false, nil
+		}
 	case string:
 		p, err := parseBloomParams(v)
 		if err != nil {
-			return false, false, err
+			return bloomVerdict{}, false, err
 		}
 		s.params.Store(&p)
-		return false, true, nil
+		return bloomVerdict{}, true, nil
 	}
-	return false, false, fmt.Errorf("cache: bloom filter: unexpected reply %v", res)
+	return bloomVerdict{}, false, fmt.Errorf("cache: bloom filter: unexpected reply %v", res)
+}
+
+// parseCatalogEpoch reads a shard's catalog epoch: -1 for none, or for one
+// that is not a number, which no reader's catalog has.
+func parseCatalogEpoch(s string) int64 {
+	epoch, err := strconv.ParseInt(s, 10, 64)
+	if err != nil {
+		return -1
+	}
+	return epoch
 }
 
 // epochs is one epoch per shard, as a builder took or read them.
@@ -286,24 +325,28 @@ func (f *bloomFilter) currentEpochs(ctx context.Context) (epochs, error) {
 	return e, nil
 }
 
-// missing returns the shards Redis holds no whole filter of: no bitmap or
-// no parameters.
-func (f *bloomFilter) missing(ctx context.Context) ([]int, error) {
+// outdated returns the shards that are no filter of the catalog at epoch
+// catalog: those Redis holds no whole filter of (no bitmap or no
+// parameters), and those built from another catalog epoch.
+func (f *bloomFilter) outdated(ctx context.Context, catalog int64) ([]int, error) {
 	pipe := f.rdb.Pipeline()
 	exists := make([]*redis.IntCmd, len(f.shards))
+	built := make([]*redis.StringCmd, len(f.shards))
 	for i, s := range f.shards {
 		exists[i] = pipe.Exists(ctx, s.bits, s.meta)
+		built[i] = pipe.Get(ctx, s.catalog)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, fmt.Errorf("cache: bloom filter: %w", err)
-	}
-	var missing []int
-	for i, c := range exists {
-		if c.Val() < 2 {
-			missing = append(missing, i)
+	_, _ = pipe.Exec(ctx) // each command keeps its own error
+	var outdated []int
+	for i := range f.shards {
+		if !replied(exists[i]) || !replied(built[i]) {
+			return nil, fmt.Errorf("cache: bloom filter: %w", errors.Join(exists[i].Err(), built[i].Err()))
+		}
+		if exists[i].Val() < 2 || parseCatalogEpoch(built[i].Val()) != catalog {
+			outdated = append(outdated, i)
 		}
 	}
-	return missing, nil
+	return outdated, nil
 }
 
 // all is the index of every shard.
@@ -316,13 +359,14 @@ func (f *bloomFilter) all() []int {
 }
 
 // build replaces the given shards with filters over their share of ids,
-// each sized so that an id not among them passes with probability fp — each
-// if its epoch, which the caller took or read before reading ids, is still
-// the current one. It returns how many it swapped in; a shard is not when a
-// reset has taken a newer epoch of it meanwhile: that reset's filter, from
-// ids read later, stands. A shard that fails does not stop the others: each
-// one swapped in is fresher than the one it replaces.
-func (f *bloomFilter) build(ctx context.Context, ids []int64, e epochs, shards []int) (swapped int, _ error) {
+// which are the catalog's at epoch catalog, each sized so that an id not
+// among them passes with probability fp — each if its epoch, which the
+// caller took or read before reading ids, is still the current one. It
+// returns how many it swapped in; a shard is not when a reset has taken a
+// newer epoch of it meanwhile: that reset's filter, from ids read later,
+// stands. A shard that fails does not stop the others: each one swapped in
+// is fresher than the one it replaces.
+func (f *bloomFilter) build(ctx context.Context, ids []int64, catalog int64, e epochs, shards []int) (swapped int, _ error) {
 	own := make(map[*bloomShard][]int64, len(f.shards))
 	for _, id := range ids {
 		s := f.shardOf(id)
@@ -331,7 +375,7 @@ func (f *bloomFilter) build(ctx context.Context, ids []int64, e epochs, shards [
 	var errs []error
 	for _, i := range shards {
 		s := f.shards[i]
-		ok, err := f.buildShard(ctx, s, own[s], e[i])
+		ok, err := f.buildShard(ctx, s, own[s], catalog, e[i])
 		if err != nil {
 			errs = append(errs, fmt.Errorf("cache: build bloom filter shard %s: %w", s.bits, err))
 		}
@@ -342,16 +386,16 @@ func (f *bloomFilter) build(ctx context.Context, ids []int64, e epochs, shards [
 	return swapped, errors.Join(errs...)
 }
 
-// buildShard swaps a filter over ids in for shard s if epoch is still its
-// epoch, and reports whether it did.
-func (f *bloomFilter) buildShard(ctx context.Context, s *bloomShard, ids []int64, epoch string) (bool, error) {
+// buildShard swaps a filter over ids, of the catalog at epoch catalog, in
+// for shard s if epoch is still its epoch, and reports whether it did.
+func (f *bloomFilter) buildShard(ctx context.Context, s *bloomShard, ids []int64, catalog int64, epoch string) (bool, error) {
 	p, bitmap := bitmapOf(ids, f.fp)
 	next := s.nextPrefix + rand.Text()
 	// The new bitmap expires if this build dies before the swap.
 	if err := f.rdb.Set(ctx, next, bitmap, time.Minute).Err(); err != nil {
 		return false, err
 	}
-	n, err := bloomSwapScript.Run(ctx, f.rdb, []string{next, s.bits, s.meta, s.epoch}, p.String(), epoch).Int64()
+	n, err := bloomSwapScript.Run(ctx, f.rdb, []string{next, s.bits, s.meta, s.epoch, s.catalog}, p.String(), epoch, catalog).Int64()
 	if err != nil {
 		return false, err
 	}

@@ -45,8 +45,6 @@ var (
 	beginLua string
 	//go:embed fill.lua
 	fillLua string
-	//go:embed invalidate.lua
-	invalidateLua string
 	//go:embed bloomcheck.lua
 	bloomCheckLua string
 	//go:embed bloomswap.lua
@@ -54,7 +52,6 @@ var (
 
 	beginScript      = redis.NewScript(beginLua)
 	fillScript       = redis.NewScript(fillLua)
-	invalidateScript = redis.NewScript(invalidateLua)
 	bloomCheckScript = redis.NewScript(bloomCheckLua)
 	bloomSwapScript  = redis.NewScript(bloomSwapLua)
 )
@@ -63,8 +60,12 @@ var (
 type Source interface {
 	// Product returns the product, or an error wrapping stock.ErrNotFound.
 	Product(ctx context.Context, id int64) (stock.Product, error)
-	// ProductIDs returns the id of every product.
-	ProductIDs(ctx context.Context) ([]int64, error)
+	// ProductIDsWithEpoch returns the id of every product and the
+	// catalog's epoch they are of, read in one snapshot.
+	ProductIDsWithEpoch(ctx context.Context) ([]int64, int64, error)
+	// Epoch returns the catalog's epoch, which every reset of the catalog
+	// raises (see stock.Catalog.Epoch).
+	Epoch(ctx context.Context) (int64, error)
 }
 
 // Mutex gives a lease on a key if nobody holds it; *lock.Redis implements
@@ -224,6 +225,7 @@ type Products struct {
 	background *semaphore.Weighted
 	underway   sync.Map // name → struct{}: background work running here
 	running    sync.WaitGroup
+	epoch      catalogEpoch
 }
 
 // New returns a cache of src's products in rdb. mutex serialises loads of
@@ -236,7 +238,7 @@ type Products struct {
 // hung Redis falls back only then.
 func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
 	opt.defaults()
-	return &Products{
+	p := &Products{
 		rdb:        rdb,
 		src:        src,
 		mutex:      mutex,
@@ -246,6 +248,8 @@ func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
 		fallback:   semaphore.NewWeighted(int64(opt.Fallback)),
 		background: semaphore.NewWeighted(backgroundSlots),
 	}
+	p.epoch.known.Store(-1)
+	return p
 }
 
 // entry is what the cache holds for an id, as JSON.
@@ -335,27 +339,32 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 // filter on, it asks the filter first and returns errRejected for an id the
 // filter rules out. The question and the read of the entry travel in one
 // pipeline, one round trip: the filter's answer decides, and neither writes
-// anything. With no filter in Redis, every id passes and one is built.
+// anything. With no filter in Redis, every id passes and one is built; so
+// too with a filter built from another catalog than MySQL's (see trusted).
 func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err error) {
 	if !p.opt.Bloom {
 		return p.get(ctx, id)
 	}
-	ctx, cancel := p.redisCtx(ctx)
+	redisCtx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	pipe := p.rdb.Pipeline()
-	check := p.bloom.check(ctx, pipe, id)
-	get := pipe.Get(ctx, p.entryKey(id))
-	_, _ = pipe.Exec(ctx) // each command keeps its own error
+	check := p.bloom.check(redisCtx, pipe, id)
+	get := pipe.Get(redisCtx, p.entryKey(id))
+	_, _ = pipe.Exec(redisCtx) // each command keeps its own error
 	if replied(get) {
 		p.heard() // even if the filter must be asked again below
 	}
-	switch maybe, err := p.bloom.answer(ctx, check, id); {
+	switch v, err := p.bloom.answer(redisCtx, check, id); {
 	case errors.Is(err, errNoFilter):
 		p.goBackground("bloom", p.rebuildBloom)
 	case err != nil:
 		return entry{}, false, err
-	case !maybe:
+	case v.maybe:
+	case p.trusted(ctx, v.catalog):
 		return entry{}, false, errRejected
+	default:
+		p.m.bloomStale.Inc()
+		p.goBackground("bloom", p.rebuildBloom)
 	}
 	return entryFrom(get)
 }
@@ -562,10 +571,11 @@ func (p *Products) goBackground(name string, fn func(context.Context) error) {
 	})
 }
 
-// rebuildBloom builds the missing shards of the Bloom filter from the
-// source, once across replicas; the shards Redis holds stay as they are. It
-// reads the shards' epochs before the ids, so that its swap of a shard is
-// refused if a reset (which reads the ids later) has run meanwhile.
+// rebuildBloom builds the shards of the Bloom filter that are missing, or
+// were built from another catalog epoch than MySQL's current one, from the
+// source, once across replicas; the other shards stay as they are. It reads
+// the shards' epochs before the ids, so that its swap of a shard is refused
+// if a reset (which reads the ids later) has run meanwhile.
 func (p *Products) rebuildBloom(ctx context.Context) error {
 	lease, err := p.mutex.TryObtain(ctx, "bloom")
 	if errors.Is(err, lock.ErrNotObtained) {
@@ -580,17 +590,22 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	missing, err := p.bloom.missing(ctx)
-	if err != nil || len(missing) == 0 {
-		return err // none missing: built meanwhile
-	}
-	ids, err := p.src.ProductIDs(ctx)
+	current, err := p.src.Epoch(ctx)
 	if err != nil {
 		return err
 	}
-	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids), "shards", len(missing), "of", len(p.bloom.shards))
-	swapped, err := p.bloom.build(ctx, ids, epochs, missing)
-	if dropped := len(missing) - swapped; err == nil && dropped > 0 {
+	outdated, err := p.bloom.outdated(ctx, current)
+	if err != nil || len(outdated) == 0 {
+		return err // none outdated: built meanwhile
+	}
+	ids, catalog, err := p.src.ProductIDsWithEpoch(ctx)
+	if err != nil {
+		return err
+	}
+	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids), "catalog_epoch", catalog,
+		"shards", len(outdated), "of", len(p.bloom.shards))
+	swapped, err := p.bloom.build(ctx, ids, catalog, epochs, outdated)
+	if dropped := len(outdated) - swapped; err == nil && dropped > 0 {
 		p.opt.Logger.Info("cache: bloom filter rebuild dropped: a reset built newer shards", "shards", dropped)
 	}
 	return err
@@ -685,16 +700,87 @@ func (p *Products) heard() {
 // so a load that read MySQL before the commit cannot write its older copy
 // back afterwards. The next read loads the product once, as any miss does.
 func (p *Products) Invalidate(ctx context.Context, id int64) error {
-	err := invalidateScript.Run(ctx, p.rdb, []string{p.entryKey(id), p.generationKey(id)}, generationTTL.Milliseconds()).Err()
-	if err != nil {
+	if _, err := p.invalidate(ctx, []int64{id}); err != nil {
 		return fmt.Errorf("cache: invalidate %d: %w", id, err)
 	}
 	return nil
 }
 
+// invalidate drops the entries of ids and bumps their generations (see
+// Invalidate) in one pipeline: on a Redis Cluster go-redis splits it by
+// master, one round trip to each at once. It returns how many of the ids
+// had an entry.
+//
+// An id's generation is bumped before its entry is dropped, on the one
+// connection to its master, so the two need no script: a load that read
+// MySQL before the change and writes after the bump is refused (fill.lua),
+// and one that wrote before the bump is dropped with the entry.
+func (p *Products) invalidate(ctx context.Context, ids []int64) (int, error) {
+	pipe := p.rdb.Pipeline()
+	dels := make([]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		pipe.Incr(ctx, p.generationKey(id))
+		pipe.PExpire(ctx, p.generationKey(id), generationTTL)
+		dels[i] = pipe.Del(ctx, p.entryKey(id))
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return 0, err
+	}
+	dropped := 0
+	for _, del := range dels {
+		dropped += int(del.Val())
+	}
+	return dropped, nil
+}
+
+// resetBatch is how many entries a reset drops in one pipeline.
+const resetBatch = 1000
+
+// dropAll invalidates every cached entry, on every master of a Redis
+// Cluster (a SCAN of one node sees only its own), as it scans them:
+// resetBatch ids per pipeline. An id whose generation alone is there is
+// invalidated too: a load of it is under way, and what it read may be older
+// than the reset. It returns how many entries it dropped.
+func (p *Products) dropAll(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	seen := map[int64]bool{} // an entry and its generation are two keys
+	batch := make([]int64, 0, resetBatch)
+	dropped := 0
+	var failed error
+	flush := func() {
+		n, err := p.invalidate(ctx, batch)
+		dropped += n
+		batch = batch[:0]
+		if err != nil {
+			failed = err
+			cancel(err) // the scans stop
+		}
+	}
+	// Scan calls its function from one master at a time.
+	err := keyspace.Scan(ctx, p.rdb, p.opt.Prefix+"product:*", func(key string) {
+		id, ok := p.idOf(key)
+		if !ok || seen[id] || failed != nil {
+			return
+		}
+		seen[id] = true
+		if batch = append(batch, id); len(batch) == resetBatch {
+			flush()
+		}
+	})
+	if err == nil && failed == nil && len(batch) > 0 {
+		flush()
+	}
+	if failed != nil {
+		return dropped, failed
+	}
+	return dropped, err
+}
+
 // Reset follows a reset of the catalog: it rebuilds the Bloom filter from
-// the source's ids and invalidates every cached entry. It returns how many
-// entries it dropped.
+// the source's ids, recording the catalog epoch they are of, and invalidates
+// every cached entry, a pipeline of them at a time (see dropAll). It
+// returns how many entries it dropped.
 //
 // It takes a new epoch of every shard of the filter before it reads the
 // ids. If another reset takes a newer one of a shard before this one swaps
@@ -708,35 +794,23 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	ids, err := p.src.ProductIDs(ctx)
+	ids, catalog, err := p.src.ProductIDsWithEpoch(ctx)
 	if err != nil {
 		return 0, err
 	}
 	shards := p.bloom.all()
-	swapped, err := p.bloom.build(ctx, ids, epochs, shards)
+	swapped, err := p.bloom.build(ctx, ids, catalog, epochs, shards)
 	if err != nil {
 		return 0, err
 	}
 	if dropped := len(shards) - swapped; dropped > 0 {
 		p.opt.Logger.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
 	}
-	// On a Redis Cluster the entries are spread over the masters: every
-	// one is scanned.
-	cached := map[int64]bool{}
-	err = keyspace.Scan(ctx, p.rdb, p.opt.Prefix+"product:*", func(key string) {
-		if id, ok := p.idOf(key); ok {
-			cached[id] = true
-		}
-	})
+	dropped, err := p.dropAll(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("cache: reset: %w", err)
 	}
-	for id := range cached {
-		if err := p.Invalidate(ctx, id); err != nil {
-			return 0, fmt.Errorf("cache: reset: %w", err)
-		}
-	}
-	return len(cached), nil
+	return dropped, nil
 }
 
 // Close waits for background work to end: refreshes, a rebuild of the Bloom

@@ -38,9 +38,10 @@ type quiet struct{}
 func (quiet) Printf(context.Context, string, ...any) {}
 
 // queries counts what MySQL's products table is asked, across every replica
-// of a test.
+// of a test; epochs counts the questions for the catalog's epoch.
 type queries struct {
 	total, inFlight, peak atomic.Int64
+	epochs                atomic.Int64
 	// delay, when set, is how long each product query takes at least, so
 	// that concurrent readers really overlap a load.
 	delay time.Duration
@@ -115,6 +116,9 @@ func (f *fixture) catalog(t *testing.T) *stock.Catalog {
 	g := f.db.Open(t)
 	products := func(tx *gorm.DB) bool { return tx.Statement.Table == "products" }
 	err := g.Callback().Query().Before("gorm:query").Register("test:before", func(tx *gorm.DB) {
+		if tx.Statement.Table == "catalog_epoch" {
+			f.q.epochs.Add(1)
+		}
 		if !products(tx) {
 			return
 		}

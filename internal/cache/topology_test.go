@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 
 	"shop/internal/cache"
 	"shop/internal/keyspace"
+	"shop/internal/lock"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -205,4 +208,98 @@ func entriesPerMaster(t *testing.T, f *fixture) map[string]int {
 		t.Fatal(fmt.Errorf("count entries per master: %w", err))
 	}
 	return counts
+}
+
+// Reset drops the entries it finds a pipeline at a time, not one per round
+// trip: with 20 000 products cached, it sends Redis a few dozen commands
+// and pipelines (the Bloom filter's shards, the SCANs, the drops), where
+// one invalidation per round trip took 20 000. And every entry is dropped,
+// on every master, and every generation bumped, so that a load under way
+// cannot write back what it read before.
+func TestResetPipelined(t *testing.T) {
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		const cached = 20_000
+		f := newFixtureOn(t, topo, cached, 1)
+		ctx := context.Background()
+		rdb := f.topo.Client(t, nil)
+		var sent sends
+		rdb.AddHook(&sent)
+		r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true}, lock.RedisOptions{})
+		fillEntries(t, f.rdb, f.prefix+"cache:", cached)
+		if topo.Name == "cluster" {
+			if spread := entriesPerMaster(t, f); len(spread) < 3 {
+				t.Fatalf("the entries are on %d masters: %v; the test needs them spread", len(spread), spread)
+			}
+		}
+
+		start := time.Now()
+		dropped, err := r.Reset(ctx)
+		took := time.Since(start)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: Reset of %d cached products in %s, %d commands or pipelines sent", topo.Name, cached, took.Round(time.Millisecond), sent.n.Load())
+		if dropped != cached {
+			t.Errorf("Reset dropped %d entries, want %d", dropped, cached)
+		}
+		if left := entries(t, f); left != 0 {
+			t.Errorf("%d entries left after Reset: %v per master", left, entriesPerMaster(t, f))
+		}
+		if n := sent.n.Load(); n > cached/100 {
+			t.Errorf("Reset sent %d commands or pipelines for %d cached products, want at most %d", n, cached, cached/100)
+		}
+		pipe := f.rdb.Pipeline()
+		gens := make([]*redis.StringCmd, cached)
+		for i := range gens {
+			gens[i] = pipe.Get(ctx, f.prefix+"cache:product:{"+strconv.Itoa(i+1)+"}:gen")
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for i, g := range gens {
+			if g.Val() != "1" {
+				t.Fatalf("product %d's generation is %q after Reset, want 1: a load under way could write back what it read before", i+1, g.Val())
+			}
+		}
+	})
+}
+
+// sends counts what a client sends Redis: commands sent alone, and
+// pipelines, each once (on a Cluster a pipeline goes to each master at once).
+type sends struct{ n atomic.Int64 }
+
+func (s *sends) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *sends) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		s.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+func (s *sends) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		s.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// fillEntries caches products 1..n under prefix as loads leave them: a
+// placeholder entry (a real product's JSON is as good to a reset) and its
+// generation, written in pipelines.
+func fillEntries(tb testing.TB, rdb redis.UniversalClient, prefix string, n int) {
+	tb.Helper()
+	ctx := context.Background()
+	const batch = 1000
+	for from := 1; from <= n; from += batch {
+		pipe := rdb.Pipeline()
+		for id := from; id < from+batch && id <= n; id++ {
+			key := prefix + "product:{" + strconv.Itoa(id) + "}"
+			pipe.Set(ctx, key, `{"product":null}`, 10*time.Minute)
+			pipe.Set(ctx, key+":gen", "0", time.Minute)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			tb.Fatalf("cache %d products: %v", n, err)
+		}
+	}
 }

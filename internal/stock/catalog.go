@@ -45,11 +45,60 @@ func (c *Catalog) Stock(ctx context.Context, id int64) (int, error) {
 
 // ProductIDs returns the id of every product, in ascending order.
 func (c *Catalog) ProductIDs(ctx context.Context) ([]int64, error) {
-	ids := []int64{}
-	if err := c.db.WithContext(ctx).Model(&Product{}).Order("id").Pluck("id", &ids).Error; err != nil {
+	ids, err := productIDs(c.db.WithContext(ctx))
+	if err != nil {
 		return nil, classify(ctx, "product ids", err)
 	}
 	return ids, nil
+}
+
+// Epoch returns the catalog's epoch: how many times it was reset. Every
+// seed raises it in its own transaction, so that what is built from the
+// catalog's ids elsewhere (the product cache's Bloom filter) can record the
+// epoch it was built from and be told stale when the catalog has moved on.
+func (c *Catalog) Epoch(ctx context.Context) (int64, error) {
+	epoch, err := catalogEpoch(c.db.WithContext(ctx))
+	if err != nil {
+		return 0, classify(ctx, "catalog epoch", err)
+	}
+	return epoch, nil
+}
+
+// ProductIDsWithEpoch returns the id of every product, in ascending order,
+// and the catalog's epoch they are of: both are read in one snapshot, so a
+// seed that commits meanwhile is in both or in neither.
+func (c *Catalog) ProductIDsWithEpoch(ctx context.Context) (ids []int64, epoch int64, err error) {
+	err = c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		// The snapshot of a REPEATABLE READ transaction is taken at its
+		// first read and serves both.
+		if epoch, err = catalogEpoch(tx); err != nil {
+			return err
+		}
+		ids, err = productIDs(tx)
+		return err
+	}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead, ReadOnly: true})
+	if err != nil {
+		return nil, 0, classify(ctx, "product ids", err)
+	}
+	return ids, epoch, nil
+}
+
+func productIDs(db *gorm.DB) ([]int64, error) {
+	ids := []int64{}
+	err := db.Model(&Product{}).Order("id").Pluck("id", &ids).Error
+	return ids, err
+}
+
+// catalogEpoch reads the one row of catalog_epoch; none is epoch 0.
+func catalogEpoch(db *gorm.DB) (int64, error) {
+	var epochs []int64
+	if err := db.Table("catalog_epoch").Where("id = 1").Pluck("epoch", &epochs).Error; err != nil {
+		return 0, err
+	}
+	if len(epochs) == 0 {
+		return 0, nil
+	}
+	return epochs[0], nil
 }
 
 // seedBatch is how many products one INSERT carries.
@@ -75,8 +124,9 @@ func (e *NotEmptyError) Error() string {
 	return fmt.Sprintf("stock: the catalog has %d products: not seeded", e.Products)
 }
 
-// Seed replaces the catalog with products 1..n, each with stock units, and
-// deletes every order and every user's order counter, in one transaction.
+// Seed replaces the catalog with products 1..n, each with stock units,
+// deletes every order and every user's order counter, and raises the
+// catalog's epoch (see Epoch), in one transaction.
 // Errors: ErrInvalid, ErrBusy (MySQL down or refusing work for now, or
 // another seed of the database still running after seedLockWait; a seed is
 // a reset, so it may be repeated whether or not the failed one committed).
@@ -166,8 +216,8 @@ func unlockSeeds(ctx context.Context, conn *gorm.DB) {
 }
 
 // resetCatalog deletes every order, every user's order counter and every
-// product in tx, and inserts products 1..n with stock units each, on sale
-// within w.
+// product in tx, inserts products 1..n with stock units each, on sale
+// within w, and raises the catalog's epoch.
 func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
 	if err := tx.Exec("DELETE FROM orders").Error; err != nil {
 		return err
@@ -177,6 +227,9 @@ func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
 		return err
 	}
 	if err := tx.Exec("DELETE FROM products").Error; err != nil {
+		return err
+	}
+	if err := tx.Exec("INSERT INTO catalog_epoch (id, epoch) VALUES (1, 1) ON DUPLICATE KEY UPDATE epoch = epoch + 1").Error; err != nil {
 		return err
 	}
 	batch := make([]Product, 0, min(n, seedBatch))
