@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -222,7 +221,7 @@ func TestResetPipelined(t *testing.T) {
 		f := newFixtureOn(t, topo, cached, 1)
 		ctx := context.Background()
 		rdb := f.topo.Client(t, nil)
-		var sent sends
+		var sent testenv.RoundTrips
 		rdb.AddHook(&sent)
 		r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true}, lock.RedisOptions{})
 		fillEntries(t, f.rdb, f.prefix+"cache:", cached)
@@ -238,14 +237,14 @@ func TestResetPipelined(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Logf("%s: Reset of %d cached products in %s, %d commands or pipelines sent", topo.Name, cached, took.Round(time.Millisecond), sent.n.Load())
+		t.Logf("%s: Reset of %d cached products in %s, %d commands or pipelines sent", topo.Name, cached, took.Round(time.Millisecond), sent.N())
 		if dropped != cached {
 			t.Errorf("Reset dropped %d entries, want %d", dropped, cached)
 		}
 		if left := entries(t, f); left != 0 {
 			t.Errorf("%d entries left after Reset: %v per master", left, entriesPerMaster(t, f))
 		}
-		if n := sent.n.Load(); n > cached/100 {
+		if n := sent.N(); n > cached/100 {
 			t.Errorf("Reset sent %d commands or pipelines for %d cached products, want at most %d", n, cached, cached/100)
 		}
 		pipe := f.rdb.Pipeline()
@@ -262,26 +261,6 @@ func TestResetPipelined(t *testing.T) {
 			}
 		}
 	})
-}
-
-// sends counts what a client sends Redis: commands sent alone, and
-// pipelines, each once (on a Cluster a pipeline goes to each master at once).
-type sends struct{ n atomic.Int64 }
-
-func (s *sends) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (s *sends) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		s.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (s *sends) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		s.n.Add(1)
-		return next(ctx, cmds)
-	}
 }
 
 // fillEntries caches products 1..n under prefix as loads leave them: a

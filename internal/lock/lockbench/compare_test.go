@@ -207,26 +207,6 @@ func (l bsmLocker) obtain(ctx context.Context, key string) (func(context.Context
 	return lk.Release, nil
 }
 
-// tripCounter is a go-redis hook that counts client round trips: one per
-// command sent on its own, one per pipeline.
-type tripCounter struct{ trips atomic.Int64 }
-
-func (h *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.trips.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (h *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		h.trips.Add(1)
-		return next(ctx, cmds)
-	}
-}
-
 // row is one line of the table. Fields that do not apply are NaN.
 type row struct {
 	scenario, name string
@@ -261,7 +241,7 @@ type bench struct {
 // client is a contender's own client with its round-trip counter.
 type client struct {
 	c    *redis.Client
-	hook *tripCounter
+	hook *testenv.RoundTrips
 }
 
 func (e *bench) newClient() client {
@@ -278,7 +258,7 @@ func (e *bench) newClient() client {
 	for _, cn := range conns {
 		cn.Close()
 	}
-	h := &tripCounter{}
+	h := &testenv.RoundTrips{}
 	c.AddHook(h)
 	return client{c, h}
 }
@@ -291,12 +271,12 @@ func (e *bench) measure(cl client, r *row, body func() run) run {
 	if err := e.admin.ConfigResetStat(e.ctx).Err(); err != nil {
 		e.b.Fatalf("CONFIG RESETSTAT: %v", err)
 	}
-	trips0 := cl.hook.trips.Load()
+	trips0 := cl.hook.N()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	res := body()
 	runtime.ReadMemStats(&m1)
-	trips := cl.hook.trips.Load() - trips0
+	trips := cl.hook.N() - trips0
 	stats := commandStats(e.b, e.ctx, e.admin)
 
 	var cmds int64
