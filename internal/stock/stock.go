@@ -50,6 +50,27 @@ var (
 	// ErrSaleEnded means the order arrived once the product's sale window
 	// had closed.
 	ErrSaleEnded = errors.New("stock: sale ended")
+	// ErrOrderNotFound means the buyer has no order with that id: none
+	// exists, or it is another buyer's, which is not told apart.
+	ErrOrderNotFound = errors.New("stock: no such order")
+	// ErrOrderExpired means the order's payment window had ended: its unit
+	// goes back to the sale, or has gone.
+	ErrOrderExpired = errors.New("stock: order expired")
+	// ErrOrderCancelled means the buyer cancelled the order.
+	ErrOrderCancelled = errors.New("stock: order cancelled")
+	// ErrOrderPaid means the order is paid: it can no longer be cancelled.
+	ErrOrderPaid = errors.New("stock: order paid")
+	// ErrPaymentMismatch means the order was paid by another payment.
+	ErrPaymentMismatch = errors.New("stock: order paid by another payment")
+)
+
+// The statuses of an order. An order is active while it is reserved or
+// paid; a cancelled or expired one has given its unit back to the sale.
+const (
+	StatusReserved  = "reserved"
+	StatusPaid      = "paid"
+	StatusCancelled = "cancelled"
+	StatusExpired   = "expired"
 )
 
 // Product is an item on sale.
@@ -75,6 +96,18 @@ type Order struct {
 	IdempotencyKey *string   `gorm:"column:idempotency_key"`
 	Fence          int64     `gorm:"column:fence"`
 	CreatedAt      time.Time `gorm:"column:created_at;autoCreateTime:false"`
+	// Status is one of the Status constants.
+	Status string `gorm:"column:status"`
+	// PayBy is when a reservation expires unless paid, by MySQL's clock;
+	// nil for an order paid when placed.
+	PayBy *time.Time `gorm:"column:pay_by"`
+	// PaidAt and PaymentID say when and by which payment /pay paid the
+	// order; nil for an order paid when placed.
+	PaidAt    *time.Time `gorm:"column:paid_at"`
+	PaymentID *string    `gorm:"column:payment_id"`
+	// ReturnedAt is when the order's unit went back to the sale: set on
+	// cancelled and expired orders, and only on them.
+	ReturnedAt *time.Time `gorm:"column:returned_at"`
 
 	// Replayed is true when the order was placed earlier under the same
 	// idempotency key and this call created nothing.
