@@ -21,7 +21,8 @@
 // round of buyers who have not bought before.
 //
 // With -retry, every buyer sends an Idempotency-Key of its own
-// (lt-<sku>-<user>) and retries a 502, 503, 504 or a transport error with
+// (lt-<sku>-<user>-<run>, where run is drawn anew by each run, so that no
+// run replays an earlier one's orders) and retries a 502, 503, 504 or a transport error with
 // the same key, waiting a random time up to what Retry-After says (at least
 // 50 ms, at most 5 s, longer the more it has failed), within -retries
 // attempts and -retry-for: the retries happen in the tap, before hey is
@@ -30,6 +31,24 @@
 // (still 5xx or a transport error when the bound is reached). -rate R caps
 // the buyers started per second over all workers (hey gives each worker
 // R/c), so that a sale lasts long enough for a fault to land mid-sale.
+//
+// The order lifecycle: a 201 whose status is "reserved" must be paid by
+// its pay_by. With -pay-frac F, the winners of a share F of the orders
+// (picked by order id, see payShare) pay at once, with payment_id
+// pay-<order_id>; with -late-frac L, another share L pays -late-by after
+// pay_by, too late on purpose: the service must refuse each such payment
+// (409 order_expired) and owe it back. Payers retry 502, 503, 504 and
+// transport errors with the same payment_id, within -retries and
+// -retry-for. -payments writes one line per payment; the JSON result
+// counts them by their last answer. Once every order is placed and every
+// payment in time made, the load test says so on stderr ("loadtest: orders
+// done"), then waits for the late payments.
+//
+// With -until K, a buyer answered 409 sold_out buys again after a backoff
+// (100 ms doubling up to 1 s, jittered), each purchase attempt under a key
+// of its own, until the run has won K orders or -until-for has passed: a
+// second wave of new buyers (-first-user) waiting for the units that lapsed
+// reservations give back.
 package main
 
 import (
@@ -43,6 +62,7 @@ import (
 	"io"
 	"maps"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/url"
 	"os"
@@ -85,6 +105,16 @@ type options struct {
 	retries     int
 	retryFor    time.Duration
 	rate        float64
+	// run makes this run's Idempotency-Keys its own: a second wave, or the
+	// same buyers sent again, never replays an earlier run's key.
+	run string
+
+	payFrac      float64
+	lateFrac     float64
+	lateBy       time.Duration
+	paymentsPath string
+	until        int
+	untilFor     time.Duration
 }
 
 // Result is what -json writes.
@@ -111,6 +141,16 @@ type Result struct {
 	Unanswered    int            `json:"unanswered"` // last answer 5xx or a transport error
 	Retries       int            `json:"retries"`    // attempts after the first, in all
 	FinalStatuses map[string]int `json:"final_statuses"`
+
+	// Reserved counts the acks whose order was reserved (awaiting
+	// payment); Payments, with -pay-frac or -late-frac, what became of the
+	// payments.
+	Reserved int        `json:"reserved"`
+	Payments *PayResult `json:"payments,omitempty"`
+	// Until is -until; Rebuys counts the purchase attempts made after a
+	// sold_out.
+	Until  int `json:"until,omitempty"`
+	Rebuys int `json:"rebuys"`
 }
 
 func parse(args []string) (options, error) {
@@ -133,6 +173,12 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.retries, "retries", 30, "-retry: the most attempts per buyer")
 	fs.DurationVar(&o.retryFor, "retry-for", 90*time.Second, "-retry: no attempt starts later than this after a buyer's first")
 	fs.Float64Var(&o.rate, "rate", 0, "the most buyers started per second, over all workers (0: no limit)")
+	fs.Float64Var(&o.payFrac, "pay-frac", 0, "the share of the reserved orders whose winner pays at once (picked by order id)")
+	fs.Float64Var(&o.lateFrac, "late-frac", 0, "the share of the reserved orders whose winner pays -late-by after its pay_by: too late, owed back")
+	fs.DurationVar(&o.lateBy, "late-by", time.Second, "how long after its order's pay_by a late payment is made")
+	fs.StringVar(&o.paymentsPath, "payments", "", "write the payments to this file, one \"order_id user_id payment_id in_time|late last_answer\" line each")
+	fs.IntVar(&o.until, "until", 0, "buyers answered 409 sold_out buy again, after a backoff, until the run has won this many orders (0: never)")
+	fs.DurationVar(&o.untilFor, "until-for", 2*time.Minute, "-until: no purchase attempt starts later than this after the run began")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -164,6 +210,13 @@ func parse(args []string) (options, error) {
 	if o.rate < 0 {
 		return o, errors.New("-rate must not be negative")
 	}
+	if o.payFrac < 0 || o.lateFrac < 0 || o.payFrac+o.lateFrac > 1 {
+		return o, errors.New("-pay-frac and -late-frac must not be negative, nor add up to more than 1")
+	}
+	if o.lateBy < 0 || o.until < 0 || o.untilFor <= 0 {
+		return o, errors.New("-late-by and -until must not be negative, -until-for must be positive")
+	}
+	o.run = strconv.FormatUint(uint64(rand.Uint32()), 36)
 	o.concurrency = min(o.concurrency, o.n)
 	// hey gives each worker n/c requests and drops the remainder.
 	for o.n%o.concurrency != 0 {
@@ -196,7 +249,7 @@ func requests(o options) func() *http.Request {
 		req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		if o.keys || o.retry {
-			req.Header.Set("Idempotency-Key", fmt.Sprintf("lt-%d-%d", sku, user))
+			req.Header.Set("Idempotency-Key", fmt.Sprintf("lt-%d-%d-%s", sku, user, o.run))
 		}
 		return req
 	}
@@ -250,7 +303,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if o.payFrac > 0 || o.lateFrac > 0 {
+		// Payers retry whether or not buyers do: a payment is delivered
+		// until it is answered.
+		payPolicy := retryPolicy{attempts: o.retries, budget: o.retryFor, timeout: o.timeout}
+		tp.payer = newPayer(ctx, payPlan{frac: o.payFrac, lateFrac: o.lateFrac, lateBy: o.lateBy}, payPolicy, tp.transport)
+	}
+	if o.until > 0 {
+		tp.until, tp.untilEnd = int64(o.until), time.Now().Add(o.untilFor)
+	}
 	proxy, _ := url.Parse("http://" + tp.addr)
+	wait := policy.wait()
+	if o.until > 0 {
+		wait += o.untilFor
+	}
 
 	var report bytes.Buffer
 	w := &requester.Work{
@@ -261,7 +327,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		QPS:         o.rate / float64(o.concurrency),
 		// Longer than the tap takes for a buyer, so that the tap's
 		// timeout, not hey's, ends an attempt and is counted.
-		Timeout:   int(math.Ceil((policy.wait() + 5*time.Second).Seconds())),
+		Timeout:   int(math.Ceil((wait + 5*time.Second).Seconds())),
 		ProxyAddr: proxy,
 		Output:    summary,
 		Writer:    &report,
@@ -274,11 +340,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	w.Run()
 	close(finished)
 	tp.close(10 * time.Second) // buyers whose hey request gave up are still counted
+	var pays PayResult
+	var payLines []string
+	if tp.payer != nil {
+		tp.payer.inTime.Wait()
+		pays, _ = tp.payer.result()
+	}
+	// The demo starts its next wave on this line: every order of this one
+	// is placed and every payment in time made.
+	fmt.Fprintf(stderr, "loadtest: orders done: %d acknowledged, %d paid in time\n", tp.won.Load(), pays.InTime.Paid)
+	if tp.payer != nil {
+		if o.lateFrac > 0 {
+			fmt.Fprintf(stderr, "loadtest: waiting for the late payments (%s after their pay_by)\n", o.lateBy)
+		}
+		tp.payer.late.Wait()
+		pays, payLines = tp.payer.result()
+	}
 
-	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Rate: o.rate, Retry: o.retry}
+	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Rate: o.rate, Retry: o.retry,
+		Until: o.until}
 	printSummary(report.String(), stdout, &res)
 	tl := tp.snapshot()
 	tl.fill(&res)
+	if tp.payer != nil {
+		res.Payments = &pays
+		fmt.Fprintf(stdout, "payments in time: %d sent, %d paid, %d refused (owed back), %d unanswered; late: %d sent, %d paid, %d refused, %d unanswered; redeliveries %d\n",
+			pays.InTime.Sent, pays.InTime.Paid, pays.InTime.Refused, pays.InTime.Unanswered,
+			pays.Late.Sent, pays.Late.Paid, pays.Late.Refused, pays.Late.Unanswered, pays.Retries)
+	}
+	if o.until > 0 {
+		fmt.Fprintf(stdout, "bought %d of %d wanted; purchase attempts after a sold_out: %d\n", res.Acks, o.until, res.Rebuys)
+	}
 	for e, n := range res.Errors {
 		fmt.Fprintf(stdout, "tap error [%d]: %s\n", n, e)
 	}
@@ -292,6 +384,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintln(&b, a)
 		}
 		if err := os.WriteFile(o.acksPath, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	if o.paymentsPath != "" {
+		var b strings.Builder
+		for _, line := range payLines {
+			fmt.Fprintln(&b, line)
+		}
+		if err := os.WriteFile(o.paymentsPath, []byte(b.String()), 0o644); err != nil {
 			return err
 		}
 	}
@@ -314,6 +415,8 @@ func (tl tally) fill(res *Result) {
 		res.Errors = tl.errors
 	}
 	res.Acks = len(tl.acks)
+	res.Reserved = tl.reserved
+	res.Rebuys = tl.rebuys
 	res.Retries = tl.retries
 	res.FinalStatuses = tl.finals
 	for key, n := range tl.finals {

@@ -24,7 +24,8 @@ import (
 // file: the orders the buyers were told they have, with the SKU and user
 // each answer named. Each request hey sends is one buyer; with a retry
 // policy the tap retries the buyer's failures before it answers hey, so
-// that hey's latency is the buyer's whole wait.
+// that hey's latency is the buyer's whole wait. A winner's payment is made
+// beside it, by the tap's payer, and is not in hey's latency.
 type tap struct {
 	transport *http.Transport
 	server    *http.Server
@@ -39,6 +40,19 @@ type tap struct {
 	finals   map[string]int // each buyer's last answer: its status code, or "error"
 	acks     []ack
 	acked    map[string]bool // the buyers (Idempotency-Keys) in acks
+	reserved int             // acks whose order was reserved, awaiting payment
+
+	// payer pays the winners' reservations (-pay-frac, -late-frac); nil:
+	// nobody pays.
+	payer *payer
+	// until, when above zero, makes a buyer answered 409 sold_out buy
+	// again, after a backoff, until the run has won until orders or
+	// untilEnd has passed (-until, -until-for): a wave of buyers waiting
+	// for returned units.
+	until    int64
+	untilEnd time.Time
+	won      atomic.Int64 // acks
+	rebuys   atomic.Int64 // purchase attempts after a sold_out
 }
 
 // ack is one 201: the order, and the SKU and user its body named (zero if
@@ -101,7 +115,9 @@ type answer struct {
 }
 
 // ServeHTTP forwards a proxied request (absolute URL), retrying it by the
-// tap's policy, and copies the last answer back, recording every one.
+// tap's policy, and copies the last answer back, recording every one. A
+// buyer who wins a reservation that the payment plan picks has it paid
+// (payer); with until set, a buyer answered 409 sold_out buys again.
 func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer t.done.Add(1)
 	body, err := io.ReadAll(r.Body)
@@ -109,17 +125,23 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	buyer := r.Header.Get("Idempotency-Key")
-	start := time.Now()
+	key := r.Header.Get("Idempotency-Key")
 	var a answer
-	for n := 1; ; n++ {
-		a = t.send(r, body)
-		t.record(buyer, a)
-		if !retryable(a) || n >= t.policy.attempts {
+	for attempt := 1; ; attempt++ {
+		// Each purchase attempt is a purchase of its own, under a key of
+		// its own: the key of a sold-out attempt is not the next one's.
+		k := key
+		if key != "" && attempt > 1 {
+			k = fmt.Sprintf("%s-%d", key, attempt)
+		}
+		var won *created
+		a, won = t.buy(r, body, k)
+		if won != nil {
+			t.schedulePayment(r, won)
 			break
 		}
-		wait := t.policy.delay(n, a.header.Get("Retry-After"))
-		if time.Since(start)+wait > t.policy.budget {
+		wait := soldOutDelay(attempt)
+		if !t.buyAgain(a, wait) {
 			break
 		}
 		select {
@@ -129,7 +151,7 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if r.Context().Err() != nil {
 			break // hey gave up on this buyer
 		}
-		t.retries.Add(1)
+		t.rebuys.Add(1)
 	}
 	t.final(a)
 	if a.err != nil {
@@ -143,15 +165,87 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Write(a.body)
 }
 
-// send makes one attempt at the request with body, within the policy's
-// timeout. The body is given without GetBody, so the transport never sends
-// an order again by itself: every attempt is the tap's, and counted.
-func (t *tap) send(r *http.Request, body []byte) answer {
+// buy makes one purchase attempt under Idempotency-Key key (none if
+// empty): it sends the request, retrying it by the tap's policy with the
+// same key, and returns the last answer, and the order it won if that
+// answer is a 201 that made a new ack.
+func (t *tap) buy(r *http.Request, body []byte, key string) (answer, *created) {
+	start := time.Now()
+	for n := 1; ; n++ {
+		a := t.send(r, body, key)
+		won := t.record(key, a)
+		if !retryable(a) || n >= t.policy.attempts {
+			return a, won
+		}
+		wait := t.policy.delay(n, a.header.Get("Retry-After"))
+		if time.Since(start)+wait > t.policy.budget {
+			return a, won
+		}
+		select {
+		case <-r.Context().Done():
+		case <-time.After(wait):
+		}
+		if r.Context().Err() != nil {
+			return a, won // hey gave up on this buyer
+		}
+		t.retries.Add(1)
+	}
+}
+
+const (
+	// soldOutBase is the first wait of a buyer who buys again after a
+	// sold_out (-until); each further attempt doubles it.
+	soldOutBase = 100 * time.Millisecond
+	// soldOutCap is the most such a buyer waits between two attempts: a
+	// unit returned to the sale is bought within about this long.
+	soldOutCap = time.Second
+)
+
+// soldOutDelay is how long a buyer waits after its purchase attempt n
+// (from 1) was sold out: full jitter over an exponential window from
+// soldOutBase up to soldOutCap.
+func soldOutDelay(n int) time.Duration {
+	window := min(soldOutBase<<min(n-1, 16), soldOutCap)
+	return retryFloor + rand.N(window-retryFloor+1)
+}
+
+// buyAgain tells whether a buyer whose purchase attempt was answered a
+// buys again after wait: with until set, after a 409 sold_out, while the
+// run has won fewer than until orders and wait ends before untilEnd.
+func (t *tap) buyAgain(a answer, wait time.Duration) bool {
+	return t.until > 0 && a.err == nil && a.status == http.StatusConflict && errorCode(a.body) == "sold_out" &&
+		t.won.Load() < t.until && time.Now().Add(wait).Before(t.untilEnd)
+}
+
+// schedulePayment has the payer pay the reservation won, if the payment
+// plan picks it, at the service the order went to and with the buyer's
+// Authorization.
+func (t *tap) schedulePayment(r *http.Request, won *created) {
+	if t.payer == nil || won.Status != "reserved" {
+		return
+	}
+	when := t.payer.plan.when(won.OrderID)
+	if when == "" {
+		return
+	}
+	payBy, _ := time.Parse(time.RFC3339Nano, won.PayBy)
+	t.payer.schedule(payment{base: r.URL.Scheme + "://" + r.URL.Host, order: won.OrderID, user: won.UserID,
+		id: paymentID(won.OrderID), when: when, payBy: payBy, auth: r.Header.Get("Authorization")})
+}
+
+// send makes one attempt at the request with body, under Idempotency-Key
+// key (none if empty), within the policy's timeout. The body is given
+// without GetBody, so the transport never sends an order again by itself:
+// every attempt is the tap's, and counted.
+func (t *tap) send(r *http.Request, body []byte, key string) answer {
 	ctx, cancel := context.WithTimeout(r.Context(), t.policy.timeout)
 	defer cancel()
 	out := r.Clone(ctx)
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Connection")
+	if key != "" {
+		out.Header.Set("Idempotency-Key", key)
+	}
 	out.Body, out.GetBody, out.ContentLength = nil, nil, int64(len(body))
 	if len(body) > 0 {
 		out.Body = io.NopCloser(bytes.NewReader(body))
@@ -180,35 +274,44 @@ func retryable(a answer) bool {
 	return false
 }
 
+// created is what a 201 says of the order.
+type created struct {
+	OrderID int64  `json:"order_id"`
+	SKUID   int64  `json:"sku_id"`
+	UserID  int64  `json:"user_id"`
+	Status  string `json:"status"` // reserved, or paid when the service has no payment step
+	PayBy   string `json:"pay_by"` // RFC 3339, MySQL's clock; empty without a payment step
+}
+
 // record counts one attempt's answer; a 201 becomes an ack, once per buyer
 // (a buyer is its Idempotency-Key; without one, every request is a buyer of
-// its own).
-func (t *tap) record(buyer string, a answer) {
-	var ak ack
+// its own). It returns the order of a 201 that made a new ack, else nil.
+func (t *tap) record(buyer string, a answer) *created {
+	var o created
 	if a.err == nil && a.status == http.StatusCreated {
-		var o struct {
-			OrderID int64 `json:"order_id"`
-			SKUID   int64 `json:"sku_id"`
-			UserID  int64 `json:"user_id"`
-		}
-		if json.NewDecoder(bytes.NewReader(a.body)).Decode(&o) == nil {
-			ak = ack{o.OrderID, o.SKUID, o.UserID}
+		if json.NewDecoder(bytes.NewReader(a.body)).Decode(&o) != nil {
+			o = created{}
 		}
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if a.err != nil {
 		t.errors[a.err.Error()]++
-		return
+		return nil
 	}
 	t.statuses[a.status]++
-	if ak.orderID <= 0 || (buyer != "" && t.acked[buyer]) {
-		return
+	if o.OrderID <= 0 || (buyer != "" && t.acked[buyer]) {
+		return nil
 	}
 	if buyer != "" {
 		t.acked[buyer] = true
 	}
-	t.acks = append(t.acks, ak)
+	t.acks = append(t.acks, ack{o.OrderID, o.SKUID, o.UserID})
+	if o.Status == "reserved" {
+		t.reserved++
+	}
+	t.won.Add(1)
+	return &o
 }
 
 // final counts a buyer's last answer.
@@ -229,6 +332,8 @@ type tally struct {
 	finals   map[string]int
 	acks     []ack
 	retries  int
+	reserved int
+	rebuys   int
 }
 
 // snapshot returns a copy of what the tap has seen.
@@ -241,6 +346,8 @@ func (t *tap) snapshot() tally {
 		finals:   maps.Clone(t.finals),
 		acks:     slices.Clone(t.acks),
 		retries:  int(t.retries.Load()),
+		reserved: t.reserved,
+		rebuys:   int(t.rebuys.Load()),
 	}
 }
 
