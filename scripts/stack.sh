@@ -20,6 +20,8 @@
 # Faults, for a load running through nginx; each returns once done and
 # leaves the stack serving:
 #   scripts/stack.sh kill-replica I      SIGKILL replica I; it stays down
+#   scripts/stack.sh start-replica I     start replica I again, if it is down, with
+#                                        the replicas' settings; returns once ready
 #   scripts/stack.sh rolling-restart     restart the running replicas one by one;
 #                                        each drains while nginx still sends to it
 #   scripts/stack.sh restart-redis       SIGKILL Redis master 0 (cache and lock on
@@ -590,6 +592,20 @@ kill_replica() {
   log "replica $1 (pid $pid) killed"
 }
 
+# start_one_replica I starts replica I, with the settings the replicas were
+# last given, unless it runs, and waits until it is ready; nginx, which
+# already lists it, sends to it again once its fail_timeout is over.
+start_one_replica() {
+  [ "$1" -le "$(cat "$state/replicas")" ] || die "replica $1 is not one of the stack's $(cat "$state/replicas")"
+  if serving "$state/replica$1" "$(replica_port "$1")"; then
+    log "replica $1 is running"
+    return 0
+  fi
+  start_replica "$1"
+  wait_replica "$1"
+  log "replica $1 (pid $(cat "$state/replica$1/pid")) started"
+}
+
 # restart_redis kills Redis master 0, the cache's and the lock's (SIGKILL),
 # and starts it again on its port, empty, as after a crash without
 # persistence.
@@ -717,7 +733,7 @@ kill_redis_master() {
 }
 
 case ${1:-} in
-  kill-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | shop) need_stack ;;
+  kill-replica | start-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | shop) need_stack ;;
 esac
 case ${1:-} in
   up) repick=1; up ;;
@@ -738,6 +754,11 @@ case ${1:-} in
     load_ports
     kill_replica "$2"
     ;;
+  start-replica)
+    [ $# -eq 2 ] && [ "$2" -ge 1 ] && [ "$2" -le $max_replicas ] || die "usage: $0 start-replica 1..$max_replicas"
+    load_ports
+    start_one_replica "$2"
+    ;;
   rolling-restart) load_ports; rolling_restart ;;
   restart-redis) load_ports; restart_redis ;;
   restart-mariadb) load_ports; restart_mariadb ;;
@@ -745,5 +766,5 @@ case ${1:-} in
   kill-redis-master) load_ports; kill_redis_master ;;
   redis-up) repick=1; set_topology; load_ports; start_masters; start_topology; redis_env ;;
   shop) load_ports; run_shop "${@:2}" ;;
-  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|shop ARGS..." ;;
+  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|shop ARGS..." ;;
 esac

@@ -77,6 +77,17 @@ type options struct {
 	hotWorkers int // concurrent buyers of the hot SKU
 
 	rows []int // the row numbers to run; none: every row
+
+	life         bool          // run the lifecycle rows
+	lifeUnits    int           // units of the lifecycle rows' SKU
+	lifeBuyers   int           // the first wave's buyers
+	resaleBuyers int           // the second wave's buyers, who wait for returned units
+	lifeWorkers  int           // concurrent buyers of either wave
+	payWindow    time.Duration // SHOP_PAY_WINDOW of the lifecycle rows
+	payFrac      float64       // the share of the first wave's winners who pay at once
+	lateFrac     float64       // the share who pay a second after their pay_by
+	stall        time.Duration // how long the sweep-kill row's failpoint stops a sweep before its COMMIT
+	jwtSecret    string        // SHOP_JWT_SECRET of the jwt row, drawn anew by each run
 }
 
 func parse(args []string) (options, error) {
@@ -108,10 +119,26 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.hotUnits, "hot-units", 5000, "units of the hot SKU (0 skips the hot rows)")
 	fs.IntVar(&o.hotBuyers, "hot-buyers", 6000, "buyers of the hot SKU, each a different user")
 	fs.IntVar(&o.hotWorkers, "hot-c", 200, "concurrent buyers of the hot SKU")
+	fs.BoolVar(&o.life, "life", true, "run the lifecycle rows (reservations paid or lapsing, units returned and resold)")
+	fs.IntVar(&o.lifeUnits, "life-units", 1000, "lifecycle rows: units of the one SKU")
+	fs.IntVar(&o.lifeBuyers, "life-buyers", 2000, "lifecycle rows: the first wave's buyers, each a different user")
+	fs.IntVar(&o.resaleBuyers, "resale-buyers", 1500, "lifecycle rows: the second wave's new buyers, who wait for the returned units")
+	fs.IntVar(&o.lifeWorkers, "life-c", 200, "lifecycle rows: concurrent buyers of either wave")
+	fs.DurationVar(&o.payWindow, "pay-window", 20*time.Second, "lifecycle rows: SHOP_PAY_WINDOW, long enough for retrying payers to outlast the sweep-kill row's restarts")
+	fs.Float64Var(&o.payFrac, "pay-frac", 0.5, "lifecycle rows: the share of the first wave's winners who pay at once")
+	fs.Float64Var(&o.lateFrac, "late-frac", 0.1, "lifecycle rows: the share of the first wave's winners who pay a second after their pay_by, and must be owed back")
+	fs.DurationVar(&o.stall, "stall", 5*time.Second, "lifecycle rows: how long the sweep-kill row's failpoint stops a sweep before its COMMIT")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
+	o.jwtSecret = newJWTSecret()
 	switch {
+	case o.life && (o.lifeUnits <= 0 || o.lifeBuyers <= o.lifeUnits || o.resaleBuyers <= 0 || o.lifeWorkers <= 0):
+		return o, errors.New("-life-units, -resale-buyers and -life-c must be positive, and -life-buyers above -life-units")
+	case o.life && (o.payFrac < 0 || o.lateFrac < 0 || o.payFrac+o.lateFrac >= 1):
+		return o, errors.New("-pay-frac and -late-frac must not be negative, and leave some winners who never pay")
+	case o.life && (o.payWindow < time.Second || o.stall <= 0):
+		return o, errors.New("-pay-window must be at least 1s and -stall positive")
 	case o.skus <= 0 || o.buyers <= 1 || o.workers <= 0:
 		return o, errors.New("-skus and -c must be positive and -buyers above 1")
 	case o.hotUnits < 0 || o.hotUnits > 0 && (o.hotBuyers <= 0 || o.hotWorkers <= 0):
@@ -161,11 +188,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cores := runtime.NumCPU()
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, table(results))
+	if life := lifeTable(results); life != "" {
+		fmt.Fprintln(stdout)
+		fmt.Fprint(stdout, life)
+	}
 	fmt.Fprintf(stdout, "\n%d products × %d buyers through nginx (%s), %d at once; %d CPU cores.\n",
 		o.skus, o.buyers, url, min(o.workers, o.skus*o.buyers), cores)
 	if o.hotUnits > 0 {
 		fmt.Fprintf(stdout, "Hot SKU: one product with %d units, %d buyers, %d at once.\n",
 			o.hotUnits, o.hotBuyers, min(o.hotWorkers, o.hotBuyers))
+	}
+	if o.life {
+		fmt.Fprintf(stdout, "Lifecycle: one product with %d units, %d buyers (%d at once), SHOP_PAY_WINDOW=%s; %.0f%% of the winners pay, %.0f%% pay late; then %d new buyers wait for the returned units.\n",
+			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)
 	}
 	if err := writeReport(o, results, cores); err != nil {
 		return err
@@ -184,6 +219,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 // (killing a Redlock master or running the row's fault partway, if the row
 // says so) and verifies.
 func runRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
+	if r.Life != "" {
+		return runLifeRow(ctx, o, url, replicaPorts, n, r, stderr)
+	}
 	res := result{Row: r}
 	if r.Pause {
 		res.Paused = o.pause
@@ -253,6 +291,9 @@ func replicaArgs(o options, r row) []string {
 	args := append([]string{"replicas", strconv.Itoa(r.Replicas)}, r.env()...)
 	if r.Pause {
 		args = append(args, stopFor(o.pause)...)
+	}
+	if r.Stall > 0 {
+		args = append(args, stallFor(r.Stall)...)
 	}
 	return args
 }

@@ -34,6 +34,14 @@ type row struct {
 	MustRace bool  // the row must oversell: its race is made to happen on every run
 	WantSold int64 // orders the row must sell, when above zero
 	Shows    string
+
+	// Life is the lifecycle rows' variant (lifeAsIs, lifeSweepKill,
+	// lifeJWT; see life.go); empty for the other rows.
+	Life      string
+	PayWindow time.Duration // SHOP_PAY_WINDOW
+	Stall     time.Duration // the shopSweepStall failpoint's stop; zero: no failpoint
+	Auth      string        // SHOP_AUTH; empty leaves the default
+	JWTSecret string        // SHOP_JWT_SECRET with Auth jwt
 }
 
 // The fault rows' faults: scripts/stack.sh commands.
@@ -54,7 +62,8 @@ const topologySentinel = "sentinel"
 // lock alone does not survive, then the hot SKU (unless -hot-units is 0):
 // one product, more buyers than units, with and without the lock and the
 // coalescing of orders; then (unless -faults=false) the service's default
-// under faults, with buyers who retry.
+// under faults, with buyers who retry; then (unless -life=false) the order
+// lifecycle: reservations paid or lapsing, their units returned and resold.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -81,6 +90,9 @@ func experiment(o options) []row {
 	}
 	if o.faults {
 		rows = append(rows, faultRows(o)...)
+	}
+	if o.life {
+		rows = append(rows, lifeRows(o)...)
 	}
 	return rows
 }
@@ -169,6 +181,9 @@ func (r row) batch() string {
 
 func (r row) label() string {
 	s := fmt.Sprintf("%s/%s ×%d", r.Lock, r.Update, r.Replicas)
+	if r.Life != "" {
+		s = "lifecycle, " + s
+	}
 	if r.Hot {
 		s = "hot SKU, " + s
 	}
@@ -192,6 +207,15 @@ func (r row) label() string {
 	}
 	if r.Topology != "" {
 		s += ", Redis via " + r.Topology
+	}
+	if r.Life != "" {
+		s += ", SHOP_PAY_WINDOW=" + r.PayWindow.String()
+	}
+	if r.Life == lifeSweepKill {
+		s += ", a replica killed in its sweep, MariaDB restarted, buyers and payers retry"
+	}
+	if r.Auth != "" {
+		s += ", SHOP_AUTH=" + r.Auth
 	}
 	return s
 }
@@ -255,6 +279,9 @@ func (r row) slug() string {
 	if r.Fault != "" {
 		s += "-" + r.Fault
 	}
+	if r.Life != "" {
+		s += "-life-" + r.Life
+	}
 	return s
 }
 
@@ -269,6 +296,15 @@ func (r row) env() []string {
 	}
 	if r.Batch > 0 {
 		env = append(env, "SHOP_ORDER_BATCH="+strconv.Itoa(r.Batch))
+	}
+	if r.Life != "" {
+		env = append(env, "SHOP_PAY_WINDOW="+r.PayWindow.String(), "SHOP_SWEEP_INTERVAL=1s")
+	}
+	if r.Auth != "" {
+		env = append(env, "SHOP_AUTH="+r.Auth)
+	}
+	if r.Auth == "jwt" {
+		env = append(env, "SHOP_JWT_SECRET="+r.JWTSecret)
 	}
 	return env
 }
@@ -299,6 +335,11 @@ type loadResult struct {
 	Unanswered    int            `json:"unanswered"` // still 5xx or a transport error at the end
 	Retries       int            `json:"retries"`
 	FinalStatuses map[string]int `json:"final_statuses"`
+
+	Reserved int        `json:"reserved"` // acks whose order was reserved
+	Payments *payResult `json:"payments"` // the payers' counts, in the lifecycle rows
+	Until    int        `json:"until"`    // the units a second wave set out to buy
+	Rebuys   int        `json:"rebuys"`   // purchase attempts after a sold_out
 }
 
 // verifyReport is what `shop verify --json` prints.
@@ -331,6 +372,7 @@ type result struct {
 	Paused time.Duration  // how long a holder was stopped (the failpoint's setting)
 	Killed time.Duration  // how far into the load the master was killed, or the fault began
 	Busy   map[string]int // the replicas' 503 busy answers by cause
+	Life   *lifeResult    // a lifecycle row's figures
 }
 
 // staleHolders renders how many holders lost their lease during the order
@@ -380,6 +422,8 @@ func (r result) verdict() string {
 // user.
 func (r result) failed() bool {
 	switch {
+	case r.Row.Life != "":
+		return !r.Verify.OK || r.Verify.Orders == 0 || len(r.lifeProblems()) > 0
 	case r.Row.MustHold:
 		return !r.Verify.OK || r.Verify.Orders == 0 || r.soldShort() || r.unanswered() || r.lostOnRestart()
 	case r.Row.MustRace && r.Verify.OK:
@@ -404,6 +448,10 @@ func (r result) soldShort() bool {
 
 func (r result) outcome() string {
 	switch {
+	case r.Row.Life != "" && r.failed() && !r.Verify.OK:
+		return "FAILED: " + strings.Join(append(r.broken(false), r.lifeProblems()...), ", ")
+	case r.Row.Life != "" && r.failed():
+		return "FAILED: " + strings.Join(r.lifeProblems(), ", ")
 	case r.failed() && r.Verify.Orders == 0:
 		return "FAILED: nothing sold"
 	case r.failed() && r.Verify.OK && r.soldShort():
@@ -472,26 +520,89 @@ func (r result) number(i int) int {
 	return i + 1
 }
 
-// table renders the results for a terminal.
+// table renders the results of the rows other than the lifecycle rows for
+// a terminal.
 func table(results []result) string {
+	return terminalTable(results, false, columns, result.cells)
+}
+
+// lifeTable renders the lifecycle rows' results for a terminal, or "" when
+// there are none.
+func lifeTable(results []result) string {
+	return terminalTable(results, true, lifeColumns, result.lifeCells)
+}
+
+// terminalTable renders the results of the lifecycle rows (life) or of the
+// others with the columns and cells given; "" when there are none.
+func terminalTable(results []result, life bool, cols []string, cells func(result, int) []string) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(w, strings.Join(columns, "\t"))
+	n := 0
 	for i, r := range results {
-		fmt.Fprintln(w, strings.Join(r.cells(r.number(i)), "\t"))
+		if (r.Row.Life != "") != life {
+			continue
+		}
+		if n == 0 {
+			fmt.Fprintln(w, strings.Join(cols, "\t"))
+		}
+		n++
+		fmt.Fprintln(w, strings.Join(cells(r, r.number(i)), "\t"))
 	}
 	w.Flush()
 	return b.String()
 }
 
-// markdownTable renders the results as a Markdown table.
+// markdownTable renders the results of the rows other than the lifecycle
+// rows as a Markdown table.
 func markdownTable(results []result) string {
+	return mdTable(results, false, columns, result.cells)
+}
+
+// mdTable renders the results of the lifecycle rows (life) or of the
+// others as a Markdown table; "" when there are none.
+func mdTable(results []result, life bool, cols []string, cells func(result, int) []string) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(columns, " | "), strings.Repeat("---|", len(columns)))
+	n := 0
 	for i, r := range results {
-		fmt.Fprintf(&b, "| %s |\n", strings.Join(r.cells(r.number(i)), " | "))
+		if (r.Row.Life != "") != life {
+			continue
+		}
+		if n == 0 {
+			fmt.Fprintf(&b, "| %s |\n|%s\n", strings.Join(cols, " | "), strings.Repeat("---|", len(cols)))
+		}
+		n++
+		fmt.Fprintf(&b, "| %s |\n", strings.Join(cells(r, r.number(i)), " | "))
 	}
 	return b.String()
+}
+
+// lifeColumns are the lifecycle table's headings; lifeCells gives a row's
+// values.
+var lifeColumns = []string{"#", "row", "buyers", "winners", "paid in time", "paid late (refused)", "expired",
+	"units returned", "resold to wave 2", "paid", "refunds owed", "pay_by → returned p50 / max", "pay_by → resold p50 / max",
+	"retries (buy / pay)", "verify", "outcome"}
+
+func (r result) lifeCells(n int) []string {
+	l := r.Life
+	if l == nil {
+		l = &lifeResult{}
+	}
+	w1, w2 := l.Wave1.Payments, l.Wave2.Payments
+	if w1 == nil {
+		w1 = &payResult{}
+	}
+	if w2 == nil {
+		w2 = &payResult{}
+	}
+	name := map[string]string{lifeAsIs: "as is", lifeSweepKill: "sweep killed", lifeJWT: "SHOP_AUTH=jwt"}[r.Row.Life]
+	if r.Row.Life == lifeSweepKill && l.Fault != "" {
+		name += ": " + l.Fault
+	}
+	return []string{strconv.Itoa(n), name, fmt.Sprintf("%d + %d", l.Wave1.Buyers, l.Wave2.Buyers), strconv.Itoa(l.Wave1.Acks),
+		strconv.Itoa(w1.InTime.Paid), fmt.Sprintf("%d (%d)", w1.Late.Sent, w1.Late.Refused), strconv.FormatInt(l.Orders["expired"], 10),
+		strconv.FormatInt(l.Back["expired"]+l.Back["cancelled"], 10), fmt.Sprintf("%d of %d", l.Wave2.Acks, l.Resold),
+		strconv.FormatInt(l.Orders["paid"], 10), strconv.Itoa(len(l.Refunds)), l.ReturnLag.String(), l.ResaleLag.String(),
+		fmt.Sprintf("%d / %d", l.Wave1.Retries+l.Wave2.Retries, w1.Retries+w2.Retries), r.verdict(), r.outcome()}
 }
 
 // disruption says what was done to the fleet during the load.
@@ -503,6 +614,8 @@ func (r result) disruption() string {
 		return fmt.Sprintf("master %d killed at %s", r.Row.KilledMaster(), r.Killed.Round(100*time.Millisecond))
 	case r.Row.Fault != "":
 		return fmt.Sprintf("%s at %s", r.Row.faultName(), r.Killed.Round(100*time.Millisecond))
+	case r.Life != nil && r.Life.Fault != "":
+		return r.Life.Fault
 	}
 	return "-"
 }
@@ -524,6 +637,18 @@ func writeReport(o options, results []result, cores int) error {
 	}
 	b.WriteString("![oversold units and orders per second per row](report.png)\n\n")
 	b.WriteString(markdownTable(results))
+	if life := mdTable(results, true, lifeColumns, result.lifeCells); life != "" {
+		fmt.Fprintf(&b, "\n### The order lifecycle\n\nOne product with %d units and %d buyers, each a different user (%d at once), "+
+			"every order a reservation to be paid within SHOP_PAY_WINDOW=%s. The winners of %.0f%% of the orders pay at once, "+
+			"those of another %.0f%% a second after their pay_by (too late on purpose: each must be refused and owed back), "+
+			"the rest never pay. Once the first wave's orders and payments in time are done, %d new buyers wait for the "+
+			"returned units (retrying sold_out with a backoff of up to 1 s), buy exactly as many as were not paid, and pay "+
+			"them all. \"pay_by → returned\" spreads each lapsed order's returned_at − pay_by; \"pay_by → resold\" pairs "+
+			"the k-th lapsed order by pay_by with the second wave's k-th order by created_at and spreads created_at − pay_by "+
+			"(MySQL's clock and the replicas', one machine). Nothing in the tests asserts a time.\n\n",
+			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)
+		b.WriteString(life)
+	}
 	b.WriteString("\n## Rows\n\n")
 	for i, r := range results {
 		fmt.Fprintf(&b, "%d. **%s**: %s. ", r.number(i), r.Row.label(), r.Row.Shows)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"image/png"
 	"os"
 	"path/filepath"
@@ -104,9 +105,10 @@ func TestReport(t *testing.T) {
 	rows := experiment(o)
 	hot := slices.IndexFunc(rows, func(r row) bool { return r.Hot })
 	faults := slices.IndexFunc(rows, func(r row) bool { return r.Fault != "" })
-	if hot != 9 || faults != 12 || len(rows) != 18 {
-		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d; want 9 sell-out rows, 3 hot ones, 6 fault rows",
-			len(rows), hot, faults)
+	life := slices.IndexFunc(rows, func(r row) bool { return r.Life != "" })
+	if hot != 9 || faults != 12 || life != 18 || len(rows) != 21 {
+		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d, the first lifecycle row at %d; "+
+			"want 9 sell-out rows, 3 hot ones, 6 fault rows, 3 lifecycle rows", len(rows), hot, faults, life)
 	}
 	var results []result
 	for i, r := range rows {
@@ -128,12 +130,26 @@ func TestReport(t *testing.T) {
 			res.Killed = 2 * time.Second
 			res.Load.Buyers, res.Load.Answered, res.Load.Retries = 800, 800, 42
 		}
+		if r.Life != "" {
+			res = fakeLife(r, nil)
+		}
 		results = append(results, res)
 	}
 
 	tbl := table(results)
-	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)+1 {
-		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)+1, tbl)
+	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)-3+1 {
+		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)-3+1, tbl)
+	}
+	lt := lifeTable(results)
+	if lines := strings.Split(strings.TrimSpace(lt), "\n"); len(lines) != 4 {
+		t.Fatalf("lifecycle table has %d lines, want 4:\n%s", len(lines), lt)
+	}
+	for _, want := range []string{"19  as is", "20  sweep killed: replica 2 killed in its sweep at 21s", "21  SHOP_AUTH=jwt",
+		"2000 + 1500  1000     500           100 (100)", "500      500             500 of 500        1000  100 ",
+		"1.2s / 1.8s", "correct  holds, as it must"} {
+		if !strings.Contains(lt, want) {
+			t.Errorf("lifecycle table lacks %q:\n%s", want, lt)
+		}
 	}
 	for _, want := range []string{"redis    guarded", "holder stopped 2s > TTL 500ms", "3 / 1", "oversold, as expected", "oversold, as it must",
 		"holds, as it must", "replica 2 killed at 2s", "rolling restart at 2s", "Redis restarted empty at 2s", "MariaDB restarted at 2s",
@@ -153,8 +169,12 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(md), "\n| "); n != len(rows)+1 {
-		t.Errorf("report.md has %d table lines, want %d:\n%s", n, len(rows)+1, md)
+	if n := strings.Count(string(md), "\n| "); n != len(rows)+2 {
+		t.Errorf("report.md has %d table lines, want %d (two tables):\n%s", n, len(rows)+2, md)
+	}
+	if !strings.Contains(string(md), "19. **lifecycle, redis/guarded ×3, fencing on, SHOP_PAY_WINDOW=20s**") ||
+		!strings.Contains(string(md), "One product with 1000 units and 2000 buyers") {
+		t.Errorf("report.md lacks the lifecycle rows:\n%s", md)
 	}
 	data, err := os.ReadFile(filepath.Join(o.out, "report.png"))
 	if err != nil {
@@ -308,4 +328,118 @@ func TestParseRows(t *testing.T) {
 	if tbl := table(res); !strings.Contains(tbl, "\n17 ") {
 		t.Errorf("a row run alone keeps its number:\n%s", tbl)
 	}
+}
+
+// fakeLife returns a lifecycle row's result: 1000 units, 500 paid in time,
+// 100 paid late and refused, 400 lapsing unpaid, all 500 resold and paid;
+// change, if given, alters its figures first.
+func fakeLife(r row, change func(*result)) result {
+	res := fake(r, 1500, 0)
+	pays1 := &payResult{InTime: payTally{Sent: 500, Paid: 500}, Late: payTally{Sent: 100, Refused: 100}, Retries: 3}
+	pays2 := &payResult{InTime: payTally{Sent: 500, Paid: 500}}
+	l := &lifeResult{Units: 1000, Buyers: 2000, Resold: 500,
+		Wave1:  loadResult{Buyers: 2000, Answered: 2000, Acks: 1000, Payments: pays1, Retries: 7},
+		Wave2:  loadResult{Buyers: 1500, Answered: 1500, Acks: 500, Payments: pays2, Until: 500, Rebuys: 9000},
+		Orders: map[string]int64{"paid": 1000, "expired": 500}, Back: map[string]int64{"paid": 0, "expired": 500},
+		ReturnLag: lag{N: 500, P50: 300 * time.Millisecond, Max: 900 * time.Millisecond},
+		ResaleLag: lag{N: 500, P50: 1200 * time.Millisecond, Max: 1800 * time.Millisecond}}
+	for i := range 100 {
+		l.Refused = append(l.Refused, fmt.Sprintf("%d pay-%d", i, i))
+	}
+	slices.Sort(l.Refused)
+	l.Refunds = slices.Clone(l.Refused)
+	if r.Life == lifeSweepKill {
+		l.Killed, l.Fault = true, "replica 2 killed in its sweep at 21s, MariaDB restarted, replica back at 28s"
+	}
+	res.Life, res.Load = l, l.Wave1
+	res.Verify.Stock = 0
+	if change != nil {
+		change(&res)
+	}
+	return res
+}
+
+func TestLifeRows(t *testing.T) {
+	o, err := parse([]string{"-pay-window", "20s", "-stall", "4s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var life []row
+	for _, r := range experiment(o) {
+		if r.Life != "" {
+			life = append(life, r)
+		}
+	}
+	if len(life) != 3 || life[0].Life != lifeAsIs || life[1].Life != lifeSweepKill || life[2].Life != lifeJWT {
+		t.Fatalf("lifecycle rows %v", life)
+	}
+	for _, r := range life {
+		args := replicaArgs(o, r)
+		if !slices.Contains(args, "SHOP_PAY_WINDOW=20s") || !slices.Contains(args, "SHOP_LOCK_MODE=redis") || !r.MustHold {
+			t.Errorf("%s: replicas %q", r.label(), args)
+		}
+		stall := slices.Contains(args, "GOFAIL_FAILPOINTS=shopSweepStall=1*return(4000)") && slices.Contains(args, "SHOP_BINARY="+failpointBinary)
+		if stall != (r.Life == lifeSweepKill) || r.Retry != (r.Life == lifeSweepKill) {
+			t.Errorf("%s: the sweep's failpoint %v, buyers retry %v", r.label(), stall, r.Retry)
+		}
+		jwt := slices.Contains(args, "SHOP_AUTH=jwt") && slices.Contains(args, "SHOP_JWT_SECRET="+o.jwtSecret) && len(o.jwtSecret) >= 32
+		if jwt != (r.Life == lifeJWT) {
+			t.Errorf("%s: SHOP_AUTH=jwt with a secret %v", r.label(), jwt)
+		}
+	}
+	if o, _ := parse([]string{"-life=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Life != "" }) {
+		t.Error("-life=false kept the lifecycle rows")
+	}
+	for _, bad := range [][]string{{"-life-units", "0"}, {"-life-buyers", "1000"}, {"-pay-frac", "0.6", "-late-frac", "0.4"},
+		{"-pay-window", "500ms"}} {
+		if _, err := parse(bad); err == nil {
+			t.Errorf("parse(%v) accepted", bad)
+		}
+	}
+}
+
+func TestLifeOutcome(t *testing.T) {
+	as, kill := row{Life: lifeAsIs, MustHold: true}, row{Life: lifeSweepKill, Retry: true, MustHold: true}
+	for _, tt := range []struct {
+		name    string
+		res     result
+		outcome string
+	}{
+		{"held", fakeLife(as, nil), "holds, as it must"},
+		{"killed in the sweep, held", fakeLife(kill, nil), "holds, as it must"},
+		{"the failpoint never fired", fakeLife(kill, func(r *result) { r.Life.Killed = false }), "FAILED: no sweep reached the failpoint"},
+		{"a unit paid short", fakeLife(as, func(r *result) { r.Life.Orders["paid"] = 999 }), "FAILED: paid 999, must be 1000"},
+		{"an active order returned", fakeLife(as, func(r *result) { r.Life.Back["paid"] = 1 }),
+			"FAILED: returned_at on map[expired:500 paid:1] of the orders map[expired:500 paid:1000]"},
+		{"resold short", fakeLife(as, func(r *result) { r.Life.Wave2.Acks = 499 }),
+			"FAILED: 500 units lapsed, 500 to resell, the second wave bought 499"},
+		{"a late payment not owed back", fakeLife(as, func(r *result) { r.Life.Refunds = r.Life.Refunds[1:] }),
+			"FAILED: 99 refunds owed, 100 payments refused as late"},
+		{"a late payment paid", fakeLife(as, func(r *result) { r.Life.Wave1.Payments.Late.Refused = 99 }),
+			"FAILED: 99 of 100 late payments refused"},
+		{"a payment unanswered", fakeLife(as, func(r *result) { r.Life.Wave2.Payments.InTime.Unanswered = 2 }),
+			"FAILED: 2 payments unanswered"},
+		{"a retrying buyer unanswered", fakeLife(kill, func(r *result) { r.Life.Wave2.Unanswered = 1 }),
+			"FAILED: 1 buyers unanswered"},
+		{"verify broken", fakeLife(as, func(r *result) { *r = withBroken(*r, "initial_stock == stock + orders") }),
+			"FAILED: initial_stock == stock + orders"},
+	} {
+		if got := tt.res.outcome(); got != tt.outcome {
+			t.Errorf("%s: outcome %q, want %q", tt.name, got, tt.outcome)
+		}
+		if got, want := tt.res.failed(), tt.outcome != "holds, as it must"; got != want {
+			t.Errorf("%s: failed %v, want %v", tt.name, got, want)
+		}
+	}
+}
+
+// withBroken marks the named check of res's verify report broken.
+func withBroken(res result, name string) result {
+	res.Verify.OK = false
+	for i := range res.Verify.Checks {
+		if res.Verify.Checks[i].Name == name {
+			res.Verify.Checks[i].Violations = 1
+		}
+	}
+	return res
 }

@@ -1,0 +1,570 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+)
+
+// The lifecycle rows: a sale does not end at the order. One SKU with
+// -life-units units and -life-buyers buyers; every order is a reservation
+// that must be paid within -pay-window (SHOP_PAY_WINDOW). A share of the
+// winners (-pay-frac) pays at once, another (-late-frac) pays a second after
+// its pay_by, too late on purpose, and the rest never pay. Once the first
+// wave's orders and payments in time are done, a second wave of new buyers
+// (-resale-buyers, bin/loadtest -first-user -until K) waits for the units the
+// lapsed reservations give back, buys exactly those K, and pays every one.
+// The sale must end with every unit paid, every lapsed unit returned once
+// and resold, every late payment owed back, and `shop verify` correct.
+
+// The lifecycle rows' variants.
+const (
+	lifeAsIs      = "as-is"
+	lifeSweepKill = "sweep-kill" // a replica killed inside its sweep's transaction, MariaDB restarted
+	lifeJWT       = "jwt"        // SHOP_AUTH=jwt
+)
+
+// lifeRows are the lifecycle rows: as is, a replica killed in the middle of
+// its sweep with MariaDB restarted after it (buyers and payers retrying),
+// and with the buyers' identity from a JWT.
+func lifeRows(o options) []row {
+	life := func(v, shows string) row {
+		return row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Life: v, PayWindow: o.payWindow,
+			MustHold: true, WantSold: int64(o.lifeUnits), Shows: shows}
+	}
+	kill := life(lifeSweepKill, "the same sale; the first sweep to return the lapsed units is stopped before its COMMIT "+
+		"(the shopSweepStall failpoint), its replica is killed there (SIGKILL) and MariaDB restarted: the transaction "+
+		"rolls back whole, another replica returns the units, and buyers and payers retry through it")
+	kill.Retry, kill.Stall = true, o.stall
+	jwt := life(lifeJWT, "the same sale with SHOP_AUTH=jwt: each buyer and payer is the sub of an HS256 token")
+	jwt.Auth, jwt.JWTSecret = "jwt", o.jwtSecret
+	return []row{
+		life(lifeAsIs, "reservations that must be paid: half the winners pay, some pay late and are owed back, "+
+			"the rest lapse; their units return once and a second wave of new buyers buys and pays them"),
+		kill,
+		jwt,
+	}
+}
+
+// newJWTSecret returns a random HS256 secret for the jwt row: 32 bytes, hex.
+func newJWTSecret() string {
+	b := make([]byte, 32)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// stallFor is the failpoint that stops a replica's first sweep transaction
+// that returns units, after its writes and before its COMMIT, for d, and the
+// binary built with it.
+func stallFor(d time.Duration) []string {
+	return []string{"SHOP_BINARY=" + failpointBinary, fmt.Sprintf("GOFAIL_FAILPOINTS=shopSweepStall=1*return(%d)", d.Milliseconds())}
+}
+
+// stallLine is what the shopSweepStall failpoint prints on the replica's
+// standard error (its shop.log) when it stops a sweep.
+const stallLine = "failpoint shopSweepStall"
+
+// ordersDoneLine is what bin/loadtest prints on its standard error once
+// every order of its wave is placed and every payment in time made.
+const ordersDoneLine = "loadtest: orders done"
+
+// lag is a spread of delays.
+type lag struct {
+	N   int           `json:"n"`
+	P50 time.Duration `json:"p50"`
+	Max time.Duration `json:"max"`
+}
+
+// lagOf returns the nearest-rank median and the maximum of ds.
+func lagOf(ds []time.Duration) lag {
+	if len(ds) == 0 {
+		return lag{}
+	}
+	ds = slices.Clone(ds)
+	slices.Sort(ds)
+	return lag{N: len(ds), P50: ds[(len(ds)+1)/2-1], Max: ds[len(ds)-1]}
+}
+
+func (l lag) String() string {
+	if l.N == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%s / %s", l.P50.Round(10*time.Millisecond), l.Max.Round(10*time.Millisecond))
+}
+
+// lifeResult is what a lifecycle row measured: the two waves as the load
+// test saw them, and the orders and refunds as MySQL has them.
+type lifeResult struct {
+	Units   int
+	Buyers  int // the first wave's
+	Resold  int // units the second wave set out to buy: those not paid once the first wave's payments in time were done
+	Wave1   loadResult
+	Wave2   loadResult
+	Orders  map[string]int64 // the SKU's orders by status
+	Back    map[string]int64 // by status, the orders whose unit was returned (returned_at set)
+	Refunds []string         // "order_id payment_id" owed back, from MySQL
+	Refused []string         // "order_id payment_id" refused as late, as the payers were told
+	// ReturnLag spreads returned_at − pay_by over the lapsed orders;
+	// ResaleLag pairs the k-th lapsed order by pay_by with the second
+	// wave's k-th order by created_at and spreads created_at − pay_by.
+	ReturnLag lag
+	ResaleLag lag
+	Fault     string // what was done to the fleet, and when
+	Killed    bool   // the failpoint fired and its replica was killed
+}
+
+// lapsed counts the orders whose unit went back to the sale.
+func (l *lifeResult) lapsed() int64 { return l.Orders["expired"] + l.Orders["cancelled"] }
+
+// problems lists what a lifecycle row did not do that it must.
+func (r result) lifeProblems() []string {
+	l := r.Life
+	if l == nil {
+		return []string{"no figures"}
+	}
+	var p []string
+	if paid := l.Orders["paid"]; paid != int64(l.Units) {
+		p = append(p, fmt.Sprintf("paid %d, must be %d", paid, l.Units))
+	}
+	if l.Back["expired"]+l.Back["cancelled"] != l.lapsed() || l.Back["reserved"]+l.Back["paid"] > 0 {
+		p = append(p, fmt.Sprintf("returned_at on %v of the orders %v", l.Back, l.Orders))
+	}
+	if int64(l.Wave2.Acks) != l.lapsed() || l.Wave2.Acks != l.Resold {
+		p = append(p, fmt.Sprintf("%d units lapsed, %d to resell, the second wave bought %d", l.lapsed(), l.Resold, l.Wave2.Acks))
+	}
+	if r.Verify.Stock != 0 {
+		p = append(p, fmt.Sprintf("%d units left unsold", r.Verify.Stock))
+	}
+	if !slices.Equal(l.Refunds, l.Refused) {
+		p = append(p, fmt.Sprintf("%d refunds owed, %d payments refused as late", len(l.Refunds), len(l.Refused)))
+	}
+	if pays := l.Wave1.Payments; pays != nil && pays.Late.Refused != pays.Late.Sent {
+		p = append(p, fmt.Sprintf("%d of %d late payments refused", pays.Late.Refused, pays.Late.Sent))
+	}
+	if n := l.Wave1.Payments.unanswered() + l.Wave2.Payments.unanswered(); n > 0 {
+		p = append(p, fmt.Sprintf("%d payments unanswered", n))
+	}
+	if n := l.Wave1.Unanswered + l.Wave2.Unanswered; r.Row.Retry && n > 0 {
+		p = append(p, fmt.Sprintf("%d buyers unanswered", n))
+	}
+	if r.Row.Life == lifeSweepKill && !l.Killed {
+		p = append(p, "no sweep reached the failpoint")
+	}
+	return p
+}
+
+// payResult is what bin/loadtest -json says of the payments.
+type payResult struct {
+	InTime  payTally `json:"in_time"`
+	Late    payTally `json:"late"`
+	Retries int      `json:"retries"`
+}
+
+type payTally struct {
+	Sent       int `json:"sent"`
+	Paid       int `json:"paid"`
+	Refused    int `json:"refused"`
+	Unanswered int `json:"unanswered"`
+}
+
+func (p *payResult) unanswered() int {
+	if p == nil {
+		return 0
+	}
+	return p.InTime.Unanswered + p.Late.Unanswered
+}
+
+// lineWatch is an io.Writer that closes seen the first time a line written
+// to it contains want.
+type lineWatch struct {
+	want string
+	seen chan struct{}
+	once sync.Once
+	mu   sync.Mutex
+	part []byte
+}
+
+func newLineWatch(want string) *lineWatch { return &lineWatch{want: want, seen: make(chan struct{})} }
+
+func (w *lineWatch) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.part = append(w.part, p...)
+	for {
+		i := bytes.IndexByte(w.part, '\n')
+		if i < 0 {
+			break
+		}
+		if bytes.Contains(w.part[:i], []byte(w.want)) {
+			w.once.Do(func() { close(w.seen) })
+		}
+		w.part = w.part[i+1:]
+	}
+	return len(p), nil
+}
+
+// wave is one bin/loadtest run of a lifecycle row.
+type wave struct {
+	base   string // its files' path, without the extension
+	done   *lineWatch
+	exited chan error
+}
+
+// startWave starts bin/loadtest with args, writing its files next to base
+// (.json, .acks, .payments, .log).
+func startWave(ctx context.Context, o options, base string, args []string, stderr io.Writer) (*wave, error) {
+	w := &wave{base: base, done: newLineWatch(ordersDoneLine), exited: make(chan error, 1)}
+	args = append(args, "-json", base+".json", "-acks", base+".acks", "-payments", base+".payments")
+	logFile, err := os.Create(base + ".log")
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.CommandContext(ctx, o.loadtest, args...)
+	cmd.Stdout, cmd.Stderr = logFile, io.MultiWriter(logFile, stderr, w.done)
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, err
+	}
+	go func() {
+		err := cmd.Wait()
+		logFile.Close()
+		if err != nil {
+			err = fmt.Errorf("loadtest: %w (see %s.log)", err, base)
+		}
+		w.exited <- err
+	}()
+	return w, nil
+}
+
+// ordersDone waits until the wave's orders and payments in time are done,
+// or it ended (an error if it failed).
+func (w *wave) ordersDone(ctx context.Context) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-w.done.seen:
+		return nil
+	case err := <-w.exited:
+		w.exited <- err
+		if err == nil {
+			err = fmt.Errorf("loadtest ended without %q (see %s.log)", ordersDoneLine, w.base)
+		}
+		return err
+	}
+}
+
+// wait waits for the wave to end and reads its result.
+func (w *wave) wait(ctx context.Context) (loadResult, error) {
+	var res loadResult
+	select {
+	case <-ctx.Done():
+		return res, ctx.Err()
+	case err := <-w.exited:
+		if err != nil {
+			return res, err
+		}
+	}
+	return res, readJSON(w.base+".json", &res)
+}
+
+// runLifeRow runs a lifecycle row: the replicas in its settings, one SKU
+// with o.lifeUnits units, the first wave, and the second once the first's
+// orders and payments in time are done; in the sweep-kill row the fault
+// beside them; then verify and MySQL's figures.
+func runLifeRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
+	res := result{Row: r, Life: &lifeResult{Units: o.lifeUnits, Buyers: o.lifeBuyers}}
+	l := res.Life
+	if _, err := commandEnv(ctx, topologyEnv(r), stderr, o.stack, replicaArgs(o, r)...); err != nil {
+		return res, err
+	}
+	if _, err := command(ctx, stderr, o.stack, "shop", "seed", "--products", "1", "--stock", strconv.Itoa(o.lifeUnits)); err != nil {
+		return res, err
+	}
+	db, err := openStackDB(o.state)
+	if err != nil {
+		return res, err
+	}
+	defer db.Close()
+	logs := replicaLogSizes(o.state, r.Replicas)
+
+	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
+	common := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers)}
+	if r.Retry {
+		common = append(common, "-retry")
+	}
+	if r.Auth == "jwt" {
+		common = append(common, "-jwt-secret", r.JWTSecret)
+	}
+	start := time.Now()
+	w1, err := startWave(ctx, o, base+".wave1", append(slices.Clone(common), "-n", strconv.Itoa(o.lifeBuyers),
+		"-pay-frac", strconv.FormatFloat(o.payFrac, 'f', -1, 64), "-late-frac", strconv.FormatFloat(o.lateFrac, 'f', -1, 64),
+		"-late-by", "1s"), stderr)
+	if err != nil {
+		return res, err
+	}
+	// The fault waits for the first sweep that returns units, whenever
+	// it comes, beside both waves.
+	faultCtx, stopFault := context.WithCancel(ctx)
+	defer stopFault()
+	faultDone := make(chan error, 1)
+	if r.Life == lifeSweepKill {
+		go func() { faultDone <- killInSweep(faultCtx, o, l, logs, start, stderr) }()
+	} else {
+		faultDone <- nil
+	}
+
+	if err := w1.ordersDone(ctx); err != nil {
+		return res, err
+	}
+	var paid int64
+	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders WHERE sku_id = 1 AND status = 'paid'").Scan(&paid); err != nil {
+		return res, fmt.Errorf("paid orders: %w", err)
+	}
+	l.Resold = o.lifeUnits - int(paid)
+	fmt.Fprintf(stderr, "demo: the first wave's orders are placed and %d paid; the second wave waits for the other %d units\n", paid, l.Resold)
+	var w2 *wave
+	if l.Resold > 0 {
+		w2, err = startWave(ctx, o, base+".wave2", append(slices.Clone(common), "-n", strconv.Itoa(o.resaleBuyers),
+			"-first-user", strconv.Itoa(o.lifeBuyers+1), "-until", strconv.Itoa(l.Resold),
+			"-until-for", (r.PayWindow+2*time.Minute).String(), "-pay-frac", "1"), stderr)
+		if err != nil {
+			return res, err
+		}
+	}
+	if l.Wave1, err = w1.wait(ctx); err != nil {
+		return res, err
+	}
+	res.Load = l.Wave1
+	if w2 != nil {
+		if l.Wave2, err = w2.wait(ctx); err != nil {
+			return res, err
+		}
+	}
+	stopFault() // no sweep stopped by now: the row says so
+	if err := <-faultDone; err != nil {
+		return res, err
+	}
+	if res.Busy, err = busyCauses(ctx, replicaPorts); err != nil {
+		return res, err
+	}
+
+	acks, waves := base+".acks", []string{base + ".wave1.acks"}
+	if w2 != nil {
+		waves = append(waves, base+".wave2.acks")
+	}
+	if err := concatFiles(acks, waves...); err != nil {
+		return res, err
+	}
+	if l.Refused, err = refusedPayments(base+".wave1.payments", base+".wave2.payments"); err != nil {
+		return res, err
+	}
+	if err := lifeFigures(ctx, db, o.lifeBuyers, l); err != nil {
+		return res, err
+	}
+	res.Verify, err = verifySale(ctx, o.stack, acks, base+".verify.json", stderr)
+	return res, err
+}
+
+// openStackDB opens the stack's MariaDB, database shop.
+func openStackDB(state string) (*sql.DB, error) {
+	ports, err := readEnvFile(filepath.Join(state, "ports.env"))
+	if err != nil {
+		return nil, err
+	}
+	cfg := mysql.NewConfig()
+	cfg.User, cfg.Net, cfg.Addr, cfg.DBName, cfg.ParseTime = "root", "tcp", "127.0.0.1:"+ports["MYSQL_PORT"], "shop", true
+	return sql.Open("mysql", cfg.FormatDSN())
+}
+
+// replicaLogSizes returns the size of each replica's shop.log now: the
+// stack appends to them, and a row reads only what comes after.
+func replicaLogSizes(state string, n int) []int64 {
+	sizes := make([]int64, n)
+	for i := range sizes {
+		if fi, err := os.Stat(filepath.Join(state, fmt.Sprintf("replica%d", i+1), "shop.log")); err == nil {
+			sizes[i] = fi.Size()
+		}
+	}
+	return sizes
+}
+
+// stalledReplica returns the replica (from 1) whose shop.log, past its
+// offset, has the failpoint's line, or 0.
+func stalledReplica(state string, offsets []int64) int {
+	for i, off := range offsets {
+		f, err := os.Open(filepath.Join(state, fmt.Sprintf("replica%d", i+1), "shop.log"))
+		if err != nil {
+			continue
+		}
+		data, err := io.ReadAll(io.NewSectionReader(f, off, 1<<40))
+		f.Close()
+		if err == nil && bytes.Contains(data, []byte(stallLine)) {
+			return i + 1
+		}
+	}
+	return 0
+}
+
+// killInSweep waits for a replica's sweep to stop at the shopSweepStall
+// failpoint (its transaction open, its writes made, its COMMIT not sent),
+// kills that replica (SIGKILL), restarts MariaDB and starts the replica
+// again, and says in l what it did and when (from start). It returns nil
+// when ctx ends first: the row then says the failpoint never fired.
+func killInSweep(ctx context.Context, o options, l *lifeResult, offsets []int64, start time.Time, stderr io.Writer) error {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	i := 0
+	for i == 0 {
+		select {
+		case <-ctx.Done():
+			l.Fault = "no sweep stopped at the failpoint"
+			return nil
+		case <-tick.C:
+		}
+		i = stalledReplica(o.state, offsets)
+	}
+	at := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
+	stalled := at()
+	// The fault runs to its end even if the waves end first: the stack
+	// must be whole for the verify and the next row.
+	for _, step := range [][]string{{"kill-replica", strconv.Itoa(i)}, {"restart-mariadb"}, {"start-replica", strconv.Itoa(i)}} {
+		if _, err := command(context.WithoutCancel(ctx), stderr, o.stack, step...); err != nil {
+			return fmt.Errorf("%s: %w", strings.Join(step, " "), err)
+		}
+		if step[0] == "kill-replica" {
+			l.Killed = true
+			fmt.Fprintf(stderr, "demo: replica %d killed in its sweep's transaction (stopped at %s)\n", i, stalled)
+		}
+	}
+	l.Fault = fmt.Sprintf("replica %d killed in its sweep at %s, MariaDB restarted, replica back at %s", i, stalled, at())
+	return nil
+}
+
+// refusedPayments reads the payments files ("order_id user_id payment_id
+// when last_answer") and returns the payments refused as late, sorted, as
+// "order_id payment_id".
+func refusedPayments(files ...string) ([]string, error) {
+	var refused []string
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
+			fs := strings.Fields(line)
+			if len(fs) >= 6 && fs[4] == "409" && (fs[5] == "order_expired" || fs[5] == "order_cancelled") {
+				refused = append(refused, fs[0]+" "+fs[2])
+			}
+		}
+	}
+	slices.Sort(refused)
+	return refused, nil
+}
+
+// lifeFigures reads SKU 1's orders and refunds from MySQL into l: the
+// counts by status, the returned units, the refunds owed, and the delays
+// from pay_by to the return and to the resale (the second wave's buyers are
+// the users after firstWave).
+func lifeFigures(ctx context.Context, db *sql.DB, firstWave int, l *lifeResult) error {
+	l.Orders, l.Back = map[string]int64{}, map[string]int64{}
+	rows, err := db.QueryContext(ctx, "SELECT status, COUNT(*), COUNT(returned_at) FROM orders WHERE sku_id = 1 GROUP BY status")
+	if err != nil {
+		return fmt.Errorf("orders by status: %w", err)
+	}
+	for rows.Next() {
+		var status string
+		var n, back int64
+		if err := rows.Scan(&status, &n, &back); err != nil {
+			rows.Close()
+			return err
+		}
+		l.Orders[status], l.Back[status] = n, back
+	}
+	if err := closeRows(rows); err != nil {
+		return fmt.Errorf("orders by status: %w", err)
+	}
+
+	var returns, resales []time.Duration
+	var lapsedPayBy []time.Time
+	rows, err = db.QueryContext(ctx, `SELECT pay_by, returned_at FROM orders
+		WHERE sku_id = 1 AND status IN ('expired', 'cancelled') AND pay_by IS NOT NULL AND returned_at IS NOT NULL ORDER BY pay_by`)
+	if err != nil {
+		return fmt.Errorf("lapsed orders: %w", err)
+	}
+	for rows.Next() {
+		var by, back time.Time
+		if err := rows.Scan(&by, &back); err != nil {
+			rows.Close()
+			return err
+		}
+		lapsedPayBy = append(lapsedPayBy, by)
+		returns = append(returns, back.Sub(by))
+	}
+	if err := closeRows(rows); err != nil {
+		return fmt.Errorf("lapsed orders: %w", err)
+	}
+	rows, err = db.QueryContext(ctx, "SELECT created_at FROM orders WHERE sku_id = 1 AND user_id > ? ORDER BY created_at", firstWave)
+	if err != nil {
+		return fmt.Errorf("second wave's orders: %w", err)
+	}
+	for k := 0; rows.Next(); k++ {
+		var created time.Time
+		if err := rows.Scan(&created); err != nil {
+			rows.Close()
+			return err
+		}
+		if k < len(lapsedPayBy) {
+			resales = append(resales, created.Sub(lapsedPayBy[k]))
+		}
+	}
+	if err := closeRows(rows); err != nil {
+		return fmt.Errorf("second wave's orders: %w", err)
+	}
+	l.ReturnLag, l.ResaleLag = lagOf(returns), lagOf(resales)
+
+	l.Refunds = nil
+	rows, err = db.QueryContext(ctx, "SELECT order_id, payment_id FROM refunds WHERE sku_id = 1")
+	if err != nil {
+		return fmt.Errorf("refunds: %w", err)
+	}
+	for rows.Next() {
+		var order int64
+		var payment string
+		if err := rows.Scan(&order, &payment); err != nil {
+			rows.Close()
+			return err
+		}
+		l.Refunds = append(l.Refunds, fmt.Sprintf("%d %s", order, payment))
+	}
+	if err := closeRows(rows); err != nil {
+		return fmt.Errorf("refunds: %w", err)
+	}
+	slices.Sort(l.Refunds)
+	return nil
+}
+
+func closeRows(rows *sql.Rows) error {
+	err := rows.Err()
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
