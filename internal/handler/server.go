@@ -77,6 +77,8 @@ type Deps struct {
 	// loggers, so that each line carries the request's id.
 	Logger   *slog.Logger
 	Orders   Orders
+	// Lifecycle pays, cancels and reads orders.
+	Lifecycle Lifecycle
 	Products Products
 	Stock    Stock
 	Seeder   Seeder
