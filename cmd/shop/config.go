@@ -49,12 +49,12 @@ type config struct {
 	// units of lapsed reservations.
 	PayWindow     time.Duration
 	SweepInterval time.Duration
-	CacheTTL    time.Duration
-	CacheJitter float64
-	NullTTL     time.Duration
-	Bloom       bool
-	AdminToken  string
-	LogLevel    slog.Level
+	CacheTTL      time.Duration
+	CacheJitter   float64
+	NullTTL       time.Duration
+	Bloom         bool
+	AdminToken    string
+	LogLevel      slog.Level
 	// Drain is how long a stopping replica, which accepts no new
 	// connection, keeps serving those it has, every response closing its
 	// connection, before Shutdown.
