@@ -21,6 +21,9 @@ func addRoutes(r *gin.Engine, d Deps) {
 
 	api := r.Group("/api/v1")
 	api.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
+	api.GET("/orders/:id", handleGetOrder(d.Lifecycle))
+	api.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
+	api.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
 	api.GET("/products/:id", handleProduct(d.Products))
 	api.GET("/products/:id/stock", handleStock(d.Stock))
 	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))
