@@ -41,20 +41,11 @@ import (
 // cancelled. Cancelling again is safe, and tells.
 var ErrCancelOutcomeUnknown = fmt.Errorf("%w: a cancellation", ErrOutcomeUnknown)
 
-// activeStatuses are the statuses of orders that hold their unit.
-var activeStatuses = []string{StatusReserved, StatusPaid}
-
 const (
 	// lapsed selects the reservations whose payment window has ended.
 	lapsed = "status = 'reserved' AND pay_by <= UTC_TIMESTAMP(6)"
 	// payable selects the reservations that may still be paid or cancelled.
 	payable = "status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)"
-)
-
-// The reasons a payment is owed back.
-const (
-	RefundOrderExpired   = "order_expired"
-	RefundOrderCancelled = "order_cancelled"
 )
 
 const (
