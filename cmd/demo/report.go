@@ -362,7 +362,7 @@ type check struct {
 
 // oversellChecks are the invariants an oversold sale breaks. A row that is
 // expected to race may break these and no other.
-var oversellChecks = []string{"stock >= 0", "initial_stock == stock + orders"}
+var oversellChecks = []string{"stock >= 0", "initial_stock == stock + active orders"}
 
 type result struct {
 	Row    row

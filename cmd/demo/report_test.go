@@ -16,7 +16,7 @@ import (
 func fake(r row, orders, oversold int64, broken ...string) result {
 	res := result{Row: r, Load: loadResult{Requests: 800, Seconds: 2, Statuses: map[string]int{"201": int(orders)}}}
 	res.Verify.Orders, res.Verify.Oversold = orders, oversold
-	for _, name := range append(oversellChecks, "one order per (user, sku)", "every acknowledged order exists",
+	for _, name := range append(oversellChecks, "one active order per (user, sku)", "every acknowledged order exists",
 		"every acknowledged order has its sku and user") {
 		c := check{Name: name}
 		for _, b := range broken {
@@ -49,7 +49,7 @@ func TestOutcome(t *testing.T) {
 		}
 		return r
 	}
-	const oversell = "initial_stock == stock + orders"
+	const oversell = "initial_stock == stock + active orders"
 	tests := []struct {
 		name    string
 		res     result
@@ -117,7 +117,7 @@ func TestReport(t *testing.T) {
 			res = fake(r, r.WantSold, 0)
 		}
 		if !r.MustHold {
-			res = fake(r, 200+int64(i), int64(i), "initial_stock == stock + orders")
+			res = fake(r, 200+int64(i), int64(i), "initial_stock == stock + active orders")
 		}
 		if r.Pause {
 			res.Paused = 2 * time.Second

@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -50,6 +52,12 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_BLOOM", "maybe"},
 		{"SHOP_REDLOCK_ADDRS", "localhost"},
 		{"SHOP_ORDER_BATCH", "0"},
+		{"SHOP_PAY_WINDOW", "-1m"},
+		{"SHOP_PAY_WINDOW", "15"},
+		{"SHOP_PAY_WINDOW", "169h"},
+		{"SHOP_SWEEP_INTERVAL", "0s"},
+		{"SHOP_SWEEP_INTERVAL", "99ms"},
+		{"SHOP_SWEEP_INTERVAL", "11m"},
 		{"SHOP_ORDER_BATCH", "lots"},
 		{"SHOP_ORDER_BATCH", "10001"},
 		{"SHOP_LOCK_TTL", "299ms"},
@@ -227,18 +235,47 @@ func TestVerifyDetectsEachViolation(t *testing.T) {
 		{check: "stock >= 0", sql: []string{
 			"UPDATE products SET stock = -1, initial_stock = -1 WHERE id = 1",
 		}},
-		{check: "initial_stock == stock + orders", sql: []string{
+		{check: "initial_stock == stock + active orders", sql: []string{
 			"INSERT INTO orders (sku_id, user_id) VALUES (2, 7)",
 		}},
-		{check: "one order per (user, sku)", sql: []string{
-			"ALTER TABLE orders DROP INDEX uq_orders_user_sku",
+		{check: "initial_stock == stock + active orders", sql: []string{
+			// An expired order whose unit did not go back.
+			"UPDATE products SET stock = 0 WHERE id = 2",
+			"INSERT INTO orders (sku_id, user_id, status, returned_at) VALUES (2, 7, 'expired', NOW(6))",
+		}},
+		{check: "one active order per (user, sku)", sql: []string{
+			"ALTER TABLE orders DROP INDEX uq_orders_user_active_sku",
 			"UPDATE products SET initial_stock = 3 WHERE id = 3",
-			"INSERT INTO orders (sku_id, user_id) VALUES (3, 7), (3, 7)",
+			"INSERT INTO orders (sku_id, user_id, status) VALUES (3, 7, 'paid'), (3, 7, 'reserved')",
 		}},
 		{check: "every order names a product", sql: []string{
-			"INSERT INTO orders (sku_id, user_id) VALUES (999, 7)",
+			"INSERT INTO orders (sku_id, user_id, status, returned_at) VALUES (999, 7, 'cancelled', NOW(6))",
+		}},
+		{check: "no order both paid and cancelled or expired", sql: []string{
+			"INSERT INTO orders (sku_id, user_id, status, paid_at, payment_id, returned_at) VALUES (2, 7, 'cancelled', NOW(6), 'p1', NOW(6))",
+		}},
+		{check: "returned_at set exactly on cancelled and expired orders", sql: []string{
+			"INSERT INTO orders (sku_id, user_id, status) VALUES (2, 7, 'expired')",
+		}},
+		{check: "every order paid through /pay has its payment id", sql: []string{
+			"UPDATE products SET stock = 0 WHERE id = 2",
+			"INSERT INTO orders (sku_id, user_id, status, paid_at) VALUES (2, 7, 'paid', NOW(6))",
+		}},
+		{check: "every refund owed is for a cancelled or expired order of its user and sku", sql: []string{
+			"UPDATE products SET stock = 0 WHERE id = 2",
+			"INSERT INTO orders (id, sku_id, user_id, status, pay_by) VALUES (50, 2, 7, 'reserved', NOW(6))",
+			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (50, 'p1', 7, 2, 'order_expired', NOW(6))",
+		}},
+		{check: "no payment both paid an order and is owed back", sql: []string{
+			"UPDATE products SET stock = 0 WHERE id = 2",
+			"INSERT INTO orders (id, sku_id, user_id, status, pay_by, paid_at, payment_id) VALUES (50, 2, 7, 'paid', NOW(6), NOW(6), 'p1')",
+			"INSERT INTO orders (id, sku_id, user_id, status, pay_by, returned_at) VALUES (51, 3, 7, 'expired', NOW(6), NOW(6))",
+			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (51, 'p1', 7, 3, 'order_expired', NOW(6))",
 		}},
 		{check: "every acknowledged order exists", acks: "12345\n"},
+		{check: "every acknowledged order exists", sql: []string{
+			"INSERT INTO orders (id, sku_id, user_id, status, returned_at) VALUES (60, 2, 7, 'cancelled', NOW(6))",
+		}, acks: "60 2 7\n12345\n"},
 		{check: "every acknowledged order has its sku and user", sql: []string{
 			"UPDATE products SET stock = 0 WHERE id = 4",
 			"INSERT INTO orders (id, sku_id, user_id) VALUES (77, 4, 7)",
@@ -283,6 +320,60 @@ func TestVerifyJSON(t *testing.T) {
 	code, out := shop(t, db, "verify", "--json")
 	if code != 0 || !strings.Contains(out, `"ok": true`) || !strings.Contains(out, `"oversold_units": 0`) {
 		t.Errorf("verify --json: %d\n%s", code, out)
+	}
+}
+
+// A sale with orders in every status and refunds owed: the report counts
+// them, in text and in JSON, and every invariant holds.
+func TestVerifyLifecycle(t *testing.T) {
+	db := testenv.MySQL(t)
+	if code, out := shop(t, db, "seed", "--products", "3", "--stock", "2"); code != 0 {
+		t.Fatal(out)
+	}
+	for _, q := range []string{
+		"UPDATE products SET stock = 0 WHERE id = 1",
+		"UPDATE products SET stock = 1 WHERE id = 2",
+		`INSERT INTO orders (id, sku_id, user_id, status, pay_by, paid_at, payment_id, returned_at) VALUES
+			(1, 1, 7, 'reserved', NOW(6), NULL, NULL, NULL),
+			(2, 1, 8, 'paid', NOW(6), NOW(6), 'pay-2', NULL),
+			(3, 2, 7, 'paid', NULL, NULL, NULL, NULL),
+			(4, 2, 8, 'cancelled', NOW(6), NULL, NULL, NOW(6)),
+			(5, 3, 7, 'expired', NOW(6), NULL, NULL, NOW(6))`,
+		`INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
+			(5, 'pay-5', 7, 3, 'order_expired', NOW(6))`,
+	} {
+		if err := db.Gorm.Exec(q).Error; err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	path := filepath.Join(t.TempDir(), "acks")
+	os.WriteFile(path, []byte("1\n2\n3\n4 2 8\n5 3 7\n"), 0o600)
+	code, out := shop(t, db, "verify", "--acks", path)
+	for _, line := range []string{
+		"products 3, initial stock 6, stock 3, orders 5, oversold units 0\n",
+		"orders by status: reserved 1, paid 2, cancelled 1, expired 1; refunds owed 1\n",
+		"info  1 paid orders carry no payment id (paid when placed, or by the migration)\n",
+		"ok    every acknowledged order exists\n",
+		"verdict: all invariants hold\n",
+	} {
+		if code != 0 || !strings.Contains(out, line) {
+			t.Errorf("verify: exit %d, want 0 and %q\n%s", code, line, out)
+		}
+	}
+	code, out = shop(t, db, "verify", "--json")
+	var r struct {
+		OK       bool             `json:"ok"`
+		Orders   int64            `json:"orders"`
+		ByStatus map[string]int64 `json:"orders_by_status"`
+		Refunds  int64            `json:"refunds_owed"`
+		NoPay    int64            `json:"paid_without_payment_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &r); err != nil {
+		t.Fatalf("verify --json: %v\n%s", err, out)
+	}
+	want := map[string]int64{"reserved": 1, "paid": 2, "cancelled": 1, "expired": 1}
+	if code != 0 || !r.OK || r.Orders != 5 || !maps.Equal(r.ByStatus, want) || r.Refunds != 1 || r.NoPay != 1 {
+		t.Errorf("verify --json: exit %d, %+v; want ok, 5 orders %v, 1 refund owed, 1 paid without payment id\n%s", code, r, want, out)
 	}
 }
 

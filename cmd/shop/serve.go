@@ -144,6 +144,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Stock:      catalog,
 		Seeder:     newSeeder(catalog, products, restocks, log),
 		Admin:      newProductAdmin(orders, products, restocks, log),
+		Refunds:    catalog,
 		AdminToken: cfg.AdminToken,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },

@@ -45,6 +45,9 @@ func status(err error) (int, string, string) {
 		// units twice.
 		return http.StatusServiceUnavailable, "outcome_unknown",
 			"the change may or may not have been made; read the product before sending it again"
+	case errors.Is(err, stock.ErrCancelOutcomeUnknown):
+		return http.StatusServiceUnavailable, "outcome_unknown",
+			"the cancellation may or may not have been made; send it again"
 	case errors.Is(err, stock.ErrOutcomeUnknown):
 		// First: it may come wrapped with ErrBusy, and only a retry with
 		// the same key is safe.

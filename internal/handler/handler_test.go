@@ -76,6 +76,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 			}
 			return p, nil, products.Invalidate(ctx, id)
 		}),
+		Refunds:    catalog,
 		AdminToken: adminToken,
 		Ready: map[string]handler.Check{
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },

@@ -28,4 +28,5 @@ func addRoutes(r *gin.Engine, d Deps) {
 	api.GET("/products/:id/stock", handleStock(d.Stock))
 	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))
 	api.PATCH("/admin/products/:id", requireAdmin(d.AdminToken), jsonBody(), handleChangeProduct(d.Admin))
+	api.GET("/admin/refunds", requireAdmin(d.AdminToken), handleRefunds(d.Refunds))
 }

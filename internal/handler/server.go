@@ -67,6 +67,12 @@ func (f ChangeProductFunc) ChangeProduct(ctx context.Context, id int64, c stock.
 	return f(ctx, id, c)
 }
 
+// Refunds lists the refunds owed: payments that came after their order had
+// expired or been cancelled, oldest first; *stock.Catalog implements it.
+type Refunds interface {
+	Refunds(ctx context.Context) ([]stock.Refund, error)
+}
+
 // Check reports whether a dependency answers; /readyz runs them all.
 type Check func(ctx context.Context) error
 
@@ -84,6 +90,8 @@ type Deps struct {
 	Seeder    Seeder
 	// Admin changes products: PATCH /api/v1/admin/products/{id}.
 	Admin ProductAdmin
+	// Refunds lists the refunds owed: GET /api/v1/admin/refunds.
+	Refunds Refunds
 	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
 	// admin API off.
 	AdminToken string

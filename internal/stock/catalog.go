@@ -125,8 +125,8 @@ func (e *NotEmptyError) Error() string {
 }
 
 // Seed replaces the catalog with products 1..n, each with stock units,
-// deletes every order and every user's order counter, and raises the
-// catalog's epoch (see Epoch), in one transaction.
+// deletes every order, every refund owed and every user's order counter,
+// and raises the catalog's epoch (see Epoch), in one transaction.
 // Errors: ErrInvalid, ErrBusy (MySQL down or refusing work for now, or
 // another seed of the database still running after seedLockWait; a seed is
 // a reset, so it may be repeated whether or not the failed one committed).
@@ -215,11 +215,15 @@ func unlockSeeds(ctx context.Context, conn *gorm.DB) {
 	conn.WithContext(ctx).Exec("DO RELEASE_LOCK(" + seedLock + ")")
 }
 
-// resetCatalog deletes every order, every user's order counter and every
-// product in tx, inserts products 1..n with stock units each, on sale
-// within w, and raises the catalog's epoch.
+// resetCatalog deletes every order, every refund owed, every user's order
+// counter and every product in tx, inserts products 1..n with stock units
+// each, on sale within w, and raises the catalog's epoch.
 func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
 	if err := tx.Exec("DELETE FROM orders").Error; err != nil {
+		return err
+	}
+	// The refunds owed are of those orders.
+	if err := tx.Exec("DELETE FROM refunds").Error; err != nil {
 		return err
 	}
 	// The per-user order counters go with the orders they count.

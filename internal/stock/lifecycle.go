@@ -36,20 +36,16 @@ import (
 // process is killed when: two replicas that find the same lapsed
 // reservations take the lock in turn, and the second finds none left.
 
-// activeStatuses are the statuses of orders that hold their unit.
-var activeStatuses = []string{StatusReserved, StatusPaid}
+// ErrCancelOutcomeUnknown means the connection to MySQL was lost after a
+// cancellation's COMMIT was sent: the order may or may not have been
+// cancelled. Cancelling again is safe, and tells.
+var ErrCancelOutcomeUnknown = fmt.Errorf("%w: a cancellation", ErrOutcomeUnknown)
 
 const (
 	// lapsed selects the reservations whose payment window has ended.
 	lapsed = "status = 'reserved' AND pay_by <= UTC_TIMESTAMP(6)"
 	// payable selects the reservations that may still be paid or cancelled.
 	payable = "status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)"
-)
-
-// The reasons a payment is owed back.
-const (
-	RefundOrderExpired   = "order_expired"
-	RefundOrderCancelled = "order_cancelled"
 )
 
 const (
@@ -116,7 +112,8 @@ func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
 // Errors: ErrInvalid, ErrOrderNotFound (also for another user's order),
 // ErrOrderExpired and ErrOrderCancelled (a refund is owed),
 // ErrPaymentMismatch (another payment paid the order, or it was paid when
-// placed), ErrBusy (nothing is known to have changed: send it again).
+// placed), ErrBusy (MySQL did not answer, and the payment may or may not
+// have been applied: the same payment again is safe, and tells).
 func (s *Service) Pay(ctx context.Context, user, id int64, paymentID string) (Order, error) {
 	if err := validateOrderOf(user, id); err != nil {
 		return Order{}, err
@@ -187,8 +184,8 @@ func (s *Service) oweRefund(db *gorm.DB, o Order, paymentID, reason string, refu
 // Errors: ErrInvalid, ErrOrderNotFound (also for another user's order),
 // ErrOrderPaid, ErrOrderExpired (its window ended first: the sweep gives
 // its unit back), ErrBusy (the lock was not obtained, MySQL did not
-// answer; nothing changed) and ErrOutcomeUnknown (the COMMIT's answer was
-// lost: Order tells).
+// answer; nothing changed) and ErrCancelOutcomeUnknown (the COMMIT's
+// answer was lost: cancelling again tells).
 func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
 	if err := validateOrderOf(user, id); err != nil {
 		return Order{}, err
@@ -204,7 +201,10 @@ func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
 	flipped, err := s.withSKU(ctx, sku, func(ctx context.Context, lease *lock.Lease) (int, error) {
 		return s.giveBack(ctx, lease, sku, StatusCancelled, "id = ? AND user_id = ? AND "+payable, id, user)
 	})
-	if err != nil {
+	switch {
+	case errors.Is(err, ErrOutcomeUnknown):
+		return Order{}, fmt.Errorf("%w: order %d: %w", ErrCancelOutcomeUnknown, id, err)
+	case err != nil:
 		return Order{}, err
 	}
 	if f, err = lookUp(s.reads.WithContext(ctx), user, id); err != nil {

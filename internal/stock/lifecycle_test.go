@@ -95,9 +95,9 @@ func refundsOf(t *testing.T, db *testenv.DB, id int64) map[string]string {
 	return m
 }
 
-// checkReturned fails unless order id has status and its unit was given
+// wantStatus fails unless order id has status and its unit was given
 // back (returned_at set) exactly when the status says so.
-func checkStatus(t *testing.T, db *testenv.DB, id int64, status string) {
+func wantStatus(t *testing.T, db *testenv.DB, id int64, status string) {
 	t.Helper()
 	o := orderRow(t, db, id)
 	back := o.Status == stock.StatusCancelled || o.Status == stock.StatusExpired
@@ -172,7 +172,7 @@ func TestPayReservation(t *testing.T) {
 		if len(refundsOf(t, db, o.ID)) != 0 {
 			t.Errorf("refunds owed for a paid order: %v", refundsOf(t, db, o.ID))
 		}
-		checkStatus(t, db, o.ID, stock.StatusPaid)
+		wantStatus(t, db, o.ID, stock.StatusPaid)
 		verified(t, db)
 	})
 }
@@ -198,14 +198,14 @@ func TestLatePaymentAndReorder(t *testing.T) {
 		if r := refundsOf(t, db, o.ID); len(r) != 1 || r["pay-late"] != stock.RefundOrderExpired {
 			t.Errorf("refunds owed = %v, want pay-late: order_expired once", r)
 		}
-		checkStatus(t, db, o.ID, stock.StatusReserved) // no sweep yet
+		wantStatus(t, db, o.ID, stock.StatusReserved) // no sweep yet
 		if n, err := svc.Sweep(ctx); err != nil || n != 1 {
 			t.Fatalf("sweep = %d, %v; want 1 unit back", n, err)
 		}
 		if n, err := svc.Sweep(ctx); err != nil || n != 0 {
 			t.Errorf("second sweep = %d, %v; want nothing left to return", n, err)
 		}
-		checkStatus(t, db, o.ID, stock.StatusExpired)
+		wantStatus(t, db, o.ID, stock.StatusExpired)
 		if n := stockOf(t, db, 1); n != 2 {
 			t.Errorf("stock = %d, want 2: the unit back", n)
 		}
@@ -264,7 +264,7 @@ func TestPayRacesExpiry(t *testing.T) {
 		if r := refundsOf(t, db, o.ID); r["pay-1"] != stock.RefundOrderExpired {
 			t.Errorf("refunds owed = %v", r)
 		}
-		checkStatus(t, db, o.ID, stock.StatusExpired)
+		wantStatus(t, db, o.ID, stock.StatusExpired)
 
 		// The payment first.
 		p, err := svc.PlaceOrder(ctx, 2, 7, "")
@@ -297,7 +297,7 @@ func TestPayRacesExpiry(t *testing.T) {
 		if err := <-swept; err != nil {
 			t.Errorf("sweep after the payment: %v", err)
 		}
-		checkStatus(t, db, p.ID, stock.StatusPaid)
+		wantStatus(t, db, p.ID, stock.StatusPaid)
 		if n := stockOf(t, db, 2); n != 1 {
 			t.Errorf("stock of the paid product = %d, want 1", n)
 		}
@@ -351,7 +351,7 @@ func TestPayRacesCancel(t *testing.T) {
 		if again, err := svc.Cancel(ctx, 7, o.ID); err != nil || again.Status != stock.StatusCancelled {
 			t.Errorf("cancel again = %+v, %v; want the cancelled order", again, err)
 		}
-		checkStatus(t, db, o.ID, stock.StatusCancelled)
+		wantStatus(t, db, o.ID, stock.StatusCancelled)
 		if n := stockOf(t, db, 1); n != 2 {
 			t.Errorf("stock = %d, want 2: the unit back once", n)
 		}
@@ -377,7 +377,7 @@ func TestPayRacesCancel(t *testing.T) {
 		if _, err := svc.Cancel(ctx, 7, q.ID); !errors.Is(err, stock.ErrOrderExpired) {
 			t.Errorf("cancel after pay_by: %v, want ErrOrderExpired", err)
 		}
-		checkStatus(t, db, p.ID, stock.StatusPaid)
+		wantStatus(t, db, p.ID, stock.StatusPaid)
 		if n := stockOf(t, db, 2); n != 1 {
 			t.Errorf("stock of the paid product = %d, want 1", n)
 		}
@@ -442,7 +442,7 @@ func TestTwoReplicasSweep(t *testing.T) {
 				t.Errorf("stock = %d, want 50: every unit back once", n)
 			}
 			for _, id := range ids {
-				checkStatus(t, db, id, stock.StatusExpired)
+				wantStatus(t, db, id, stock.StatusExpired)
 			}
 			verified(t, db)
 		})
@@ -508,7 +508,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 		t.Error("the killed sweep reported no error")
 	}
 	for _, id := range ids {
-		checkStatus(t, db, id, stock.StatusReserved)
+		wantStatus(t, db, id, stock.StatusReserved)
 	}
 	sweeper := stock.NewService(db.Gorm, l, stock.Options{PayWindow: payWindow, Fencing: true})
 	if n, err := sweeper.Sweep(ctx); err != nil || n != 3 {
@@ -518,7 +518,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 		t.Errorf("stock = %d, want 5", n)
 	}
 	for _, id := range ids {
-		checkStatus(t, db, id, stock.StatusExpired)
+		wantStatus(t, db, id, stock.StatusExpired)
 	}
 	verified(t, db)
 }

@@ -76,15 +76,35 @@ type Check struct {
 	Examples   []string `json:"examples,omitempty"` // the first offenders
 }
 
+// StatusCounts counts orders by status.
+type StatusCounts struct {
+	Reserved  int64 `json:"reserved"`
+	Paid      int64 `json:"paid"`
+	Cancelled int64 `json:"cancelled"`
+	Expired   int64 `json:"expired"`
+}
+
+// Active is how many orders hold a unit: reserved and paid ones.
+func (s StatusCounts) Active() int64 { return s.Reserved + s.Paid }
+
 // Report is what Verify found.
 type Report struct {
-	Products     int64   `json:"products"`
-	InitialStock int64   `json:"initial_stock"`
-	Stock        int64   `json:"stock"`
-	Orders       int64   `json:"orders"`
-	Acks         int     `json:"acks"`
-	Oversold     int64   `json:"oversold_units"` // orders beyond a SKU's initial stock, summed
-	Checks       []Check `json:"checks"`
+	Products     int64 `json:"products"`
+	InitialStock int64 `json:"initial_stock"`
+	Stock        int64 `json:"stock"`
+	// Orders counts every order, whatever its status; ByStatus splits them.
+	Orders   int64        `json:"orders"`
+	ByStatus StatusCounts `json:"orders_by_status"`
+	// Refunds counts the refunds owed: payments that came after their
+	// order had expired or been cancelled.
+	Refunds int64 `json:"refunds_owed"`
+	// PaidWithoutPayment counts the paid orders that carry no payment id:
+	// those paid when placed (no payment step) or by the migration that
+	// gave orders a status. Not a violation; the report says so.
+	PaidWithoutPayment int64   `json:"paid_without_payment_id"`
+	Acks               int     `json:"acks"`
+	Oversold           int64   `json:"oversold_units"` // active orders beyond a SKU's initial stock, summed
+	Checks             []Check `json:"checks"`
 }
 
 // OK reports whether every invariant holds.
@@ -102,6 +122,10 @@ func (r Report) String() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "products %d, initial stock %d, stock %d, orders %d, oversold units %d\n",
 		r.Products, r.InitialStock, r.Stock, r.Orders, r.Oversold)
+	s := r.ByStatus
+	fmt.Fprintf(&b, "orders by status: reserved %d, paid %d, cancelled %d, expired %d; refunds owed %d\n",
+		s.Reserved, s.Paid, s.Cancelled, s.Expired, r.Refunds)
+	fmt.Fprintf(&b, "info  %d paid orders carry no payment id (paid when placed, or by the migration)\n", r.PaidWithoutPayment)
 	for _, c := range r.Checks {
 		if c.Violations == 0 {
 			fmt.Fprintf(&b, "ok    %s\n", c.Name)
@@ -120,13 +144,61 @@ func (r Report) String() string {
 // exampleLimit is how many offenders a Check lists.
 const exampleLimit = 10
 
-// Verify checks the invariants of the sale against MySQL:
+// The checks Verify makes, by name. An offender is counted by one check
+// only: a paid order with returned_at set is an order both paid and
+// returned, not also one whose returned_at is out of place.
+const (
+	checkStock         = "stock >= 0"
+	checkUnits         = "initial_stock == stock + active orders"
+	checkOneActive     = "one active order per (user, sku)"
+	checkProduct       = "every order names a product"
+	checkStatus        = "every order is reserved, paid, cancelled or expired"
+	checkPaidAndGone   = "no order both paid and cancelled or expired"
+	checkReturned      = "returned_at set exactly on cancelled and expired orders"
+	checkPaymentID     = "every order paid through /pay has its payment id"
+	checkRefundOrder   = "every refund owed is for a cancelled or expired order of its user and sku"
+	checkRefundNotPaid = "no payment both paid an order and is owed back"
+	checkAckExists     = "every acknowledged order exists"
+	checkAckMatches    = "every acknowledged order has its sku and user"
+)
+
+// SQL of the checks.
+const (
+	activeStatuses   = "('" + StatusReserved + "', '" + StatusPaid + "')"
+	returnedStatuses = "('" + StatusCancelled + "', '" + StatusExpired + "')"
+	allStatuses      = "('" + StatusReserved + "', '" + StatusPaid + "', '" + StatusCancelled + "', '" + StatusExpired + "')"
+	// activeOrdersBySKU is a table of sku_id and n, its active orders.
+	activeOrdersBySKU = "(SELECT sku_id, COUNT(*) n FROM orders WHERE status IN " + activeStatuses + " GROUP BY sku_id)"
+	// refundOrderMismatch holds for a refund r whose order o (LEFT JOINed)
+	// is missing, of another user or SKU, active, or of the other reason.
+	refundOrderMismatch = `(o.id IS NULL OR o.user_id <> r.user_id OR o.sku_id <> r.sku_id
+		OR o.status NOT IN ` + returnedStatuses + ` OR r.reason <> CONCAT('order_', o.status))`
+)
+
+// Verify checks the invariants of the sale against MySQL. Active orders are
+// the reserved and paid ones, which hold a unit.
 //
 //   - every SKU has stock >= 0;
-//   - every SKU has initial_stock == stock + its orders;
-//   - no user holds two orders of one SKU;
+//   - every SKU has initial_stock == stock + its active orders;
+//   - no user holds two active orders of one SKU (the unique key on
+//     (user_id, active_sku) makes it so; checked all the same, as on a
+//     database whose schema was changed);
 //   - no order names a SKU that does not exist;
-//   - every acknowledged order in acks exists;
+//   - every order has one of the four statuses (a server not in strict
+//     mode stores ” for any other);
+//   - no order is both paid and cancelled or expired: a cancelled or
+//     expired order with paid_at or payment_id, a paid one with
+//     returned_at;
+//   - returned_at is set on every cancelled and expired order, and on no
+//     reserved one (a paid one is the check above);
+//   - paid_at and payment_id come together, on paid orders only: every
+//     order paid through /pay has its payment id. Paid orders with neither
+//     were paid when placed or by the migration: counted, not violations;
+//   - every refund owed is for an order of its user and SKU that is
+//     cancelled or expired, with the reason of that status;
+//   - no refund owed is of the payment that paid a paid order: a payment
+//     is either applied or owed back, never both;
+//   - every acknowledged order in acks exists, in any status;
 //   - every acknowledged order that names its SKU and user is that user's
 //     order of that SKU in MySQL (checked only when some ack names them).
 //
@@ -135,43 +207,99 @@ const exampleLimit = 10
 func Verify(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 	db = db.WithContext(ctx)
 	var r Report
-	err := db.Raw(`SELECT COUNT(*), COALESCE(SUM(initial_stock), 0), COALESCE(SUM(stock), 0),
-		(SELECT COUNT(*) FROM orders) FROM products`).Row().Scan(&r.Products, &r.InitialStock, &r.Stock, &r.Orders)
+	err := db.Raw(`SELECT COUNT(*), COALESCE(SUM(initial_stock), 0), COALESCE(SUM(stock), 0) FROM products`).
+		Row().Scan(&r.Products, &r.InitialStock, &r.Stock)
 	if err != nil {
 		return r, fmt.Errorf("stock: verify: %w", err)
 	}
-	err = db.Raw(`SELECT COALESCE(SUM(GREATEST(n - initial_stock, 0)), 0) FROM
-		(SELECT p.initial_stock, COUNT(o.id) AS n FROM products p JOIN orders o ON o.sku_id = p.id GROUP BY p.id) t`).
-		Row().Scan(&r.Oversold)
+	s := &r.ByStatus
+	err = db.Raw(`SELECT COUNT(*),
+		COALESCE(SUM(status = ?), 0), COALESCE(SUM(status = ?), 0), COALESCE(SUM(status = ?), 0), COALESCE(SUM(status = ?), 0),
+		COALESCE(SUM(status = ? AND paid_at IS NULL AND payment_id IS NULL), 0),
+		(SELECT COUNT(*) FROM refunds) FROM orders`,
+		StatusReserved, StatusPaid, StatusCancelled, StatusExpired, StatusPaid).
+		Row().Scan(&r.Orders, &s.Reserved, &s.Paid, &s.Cancelled, &s.Expired, &r.PaidWithoutPayment, &r.Refunds)
+	if err != nil {
+		return r, fmt.Errorf("stock: verify: %w", err)
+	}
+	err = db.Raw(`SELECT COALESCE(SUM(GREATEST(o.n - p.initial_stock, 0)), 0) FROM products p JOIN ` +
+		activeOrdersBySKU + ` o ON o.sku_id = p.id`).Row().Scan(&r.Oversold)
 	if err != nil {
 		return r, fmt.Errorf("stock: verify: %w", err)
 	}
 
 	queries := []struct{ name, count, examples string }{
 		{
-			"stock >= 0",
+			checkStock,
 			`SELECT COUNT(*) FROM products WHERE stock < 0`,
 			`SELECT CONCAT('sku ', id, ' stock ', stock) FROM products WHERE stock < 0 ORDER BY id`,
 		},
 		{
-			"initial_stock == stock + orders",
-			`SELECT COUNT(*) FROM products p LEFT JOIN (SELECT sku_id, COUNT(*) n FROM orders GROUP BY sku_id) o
+			checkUnits,
+			`SELECT COUNT(*) FROM products p LEFT JOIN ` + activeOrdersBySKU + ` o
 				ON o.sku_id = p.id WHERE p.initial_stock <> p.stock + COALESCE(o.n, 0)`,
-			`SELECT CONCAT('sku ', p.id, ' initial ', p.initial_stock, ' stock ', p.stock, ' orders ', COALESCE(o.n, 0))
-				FROM products p LEFT JOIN (SELECT sku_id, COUNT(*) n FROM orders GROUP BY sku_id) o
+			`SELECT CONCAT('sku ', p.id, ' initial ', p.initial_stock, ' stock ', p.stock, ' active orders ', COALESCE(o.n, 0))
+				FROM products p LEFT JOIN ` + activeOrdersBySKU + ` o
 				ON o.sku_id = p.id WHERE p.initial_stock <> p.stock + COALESCE(o.n, 0) ORDER BY p.id`,
 		},
 		{
-			"one order per (user, sku)",
-			`SELECT COUNT(*) FROM (SELECT 1 FROM orders GROUP BY user_id, sku_id HAVING COUNT(*) > 1) d`,
-			`SELECT CONCAT('user ', user_id, ' sku ', sku_id, ' orders ', COUNT(*)) FROM orders
+			checkOneActive,
+			`SELECT COUNT(*) FROM (SELECT 1 FROM orders WHERE status IN ` + activeStatuses + `
+				GROUP BY user_id, sku_id HAVING COUNT(*) > 1) d`,
+			`SELECT CONCAT('user ', user_id, ' sku ', sku_id, ' active orders ', COUNT(*), ' (', GROUP_CONCAT(id ORDER BY id), ')')
+				FROM orders WHERE status IN ` + activeStatuses + `
 				GROUP BY user_id, sku_id HAVING COUNT(*) > 1 ORDER BY sku_id, user_id`,
 		},
 		{
-			"every order names a product",
+			checkProduct,
 			`SELECT COUNT(*) FROM orders o LEFT JOIN products p ON p.id = o.sku_id WHERE p.id IS NULL`,
 			`SELECT CONCAT('order ', o.id, ' sku ', o.sku_id) FROM orders o LEFT JOIN products p ON p.id = o.sku_id
 				WHERE p.id IS NULL ORDER BY o.id`,
+		},
+		{
+			checkStatus,
+			`SELECT COUNT(*) FROM orders WHERE status IS NULL OR status NOT IN ` + allStatuses,
+			`SELECT CONCAT('order ', id, ' status ', COALESCE(QUOTE(status), 'NULL')) FROM orders
+				WHERE status IS NULL OR status NOT IN ` + allStatuses + ` ORDER BY id`,
+		},
+		{
+			checkPaidAndGone,
+			`SELECT COUNT(*) FROM orders WHERE status IN ` + returnedStatuses + ` AND (paid_at IS NOT NULL OR payment_id IS NOT NULL)
+				OR status = 'paid' AND returned_at IS NOT NULL`,
+			`SELECT CONCAT('order ', id, ' ', status, IF(status = 'paid', CONCAT(' returned_at ', returned_at),
+					CONCAT(' paid_at ', COALESCE(paid_at, 'NULL'), ' payment_id ', COALESCE(payment_id, 'NULL'))))
+				FROM orders WHERE status IN ` + returnedStatuses + ` AND (paid_at IS NOT NULL OR payment_id IS NOT NULL)
+				OR status = 'paid' AND returned_at IS NOT NULL ORDER BY id`,
+		},
+		{
+			checkReturned,
+			`SELECT COUNT(*) FROM orders WHERE status IN ` + returnedStatuses + ` AND returned_at IS NULL
+				OR status = 'reserved' AND returned_at IS NOT NULL`,
+			`SELECT CONCAT('order ', id, ' ', status, ' returned_at ', COALESCE(returned_at, 'NULL')) FROM orders
+				WHERE status IN ` + returnedStatuses + ` AND returned_at IS NULL
+				OR status = 'reserved' AND returned_at IS NOT NULL ORDER BY id`,
+		},
+		{
+			checkPaymentID,
+			`SELECT COUNT(*) FROM orders WHERE status = 'paid' AND (paid_at IS NULL) <> (payment_id IS NULL)
+				OR status = 'reserved' AND (paid_at IS NOT NULL OR payment_id IS NOT NULL)`,
+			`SELECT CONCAT('order ', id, ' ', status, ' paid_at ', COALESCE(paid_at, 'NULL'), ' payment_id ', COALESCE(payment_id, 'NULL'))
+				FROM orders WHERE status = 'paid' AND (paid_at IS NULL) <> (payment_id IS NULL)
+				OR status = 'reserved' AND (paid_at IS NOT NULL OR payment_id IS NOT NULL) ORDER BY id`,
+		},
+		{
+			checkRefundOrder,
+			`SELECT COUNT(*) FROM refunds r LEFT JOIN orders o ON o.id = r.order_id WHERE ` + refundOrderMismatch,
+			`SELECT CONCAT('refund of order ', r.order_id, ' payment ', r.payment_id, ' (user ', r.user_id, ' sku ', r.sku_id,
+					' ', r.reason, '): ', IF(o.id IS NULL, 'no such order', CONCAT('the order is user ', o.user_id, ' sku ', o.sku_id, ' ', o.status)))
+				FROM refunds r LEFT JOIN orders o ON o.id = r.order_id WHERE ` + refundOrderMismatch + `
+				ORDER BY r.order_id, r.payment_id`,
+		},
+		{
+			checkRefundNotPaid,
+			`SELECT COUNT(*) FROM refunds r WHERE EXISTS (SELECT 1 FROM orders o WHERE o.status = 'paid' AND o.payment_id = r.payment_id)`,
+			`SELECT CONCAT('payment ', r.payment_id, ' paid order ', o.id, ' and is owed back for order ', r.order_id)
+				FROM refunds r JOIN orders o ON o.status = 'paid' AND o.payment_id = r.payment_id ORDER BY r.order_id, r.payment_id, o.id`,
 		},
 	}
 	for _, q := range queries {
@@ -209,24 +337,24 @@ func runCheck(db *gorm.DB, name, count, examples string, args ...any) (Check, er
 	return c, nil
 }
 
-// VerifyUserLimit checks that no user holds more than limit orders over all
-// products: the invariant of Options.UserLimit, for a report of Verify when
-// the limit is on. It returns an error only when it could not check.
+// VerifyUserLimit checks that no user holds more than limit active
+// (reserved or paid) orders over all products: the invariant of
+// Options.UserLimit, for a report of Verify when the limit is on. Cancelled
+// and expired orders do not count. It returns an error only when it could
+// not check.
 func VerifyUserLimit(ctx context.Context, db *gorm.DB, limit int) (Check, error) {
 	return runCheck(db.WithContext(ctx), fmt.Sprintf("orders per user <= %d", limit),
-		`SELECT COUNT(*) FROM (SELECT user_id FROM orders GROUP BY user_id HAVING COUNT(*) > ?) u`,
-		`SELECT CONCAT('user ', user_id, ' orders ', COUNT(*)) FROM orders GROUP BY user_id HAVING COUNT(*) > ? ORDER BY user_id`,
+		`SELECT COUNT(*) FROM (SELECT user_id FROM orders WHERE status IN `+activeStatuses+`
+			GROUP BY user_id HAVING COUNT(*) > ?) u`,
+		`SELECT CONCAT('user ', user_id, ' orders ', COUNT(*)) FROM orders WHERE status IN `+activeStatuses+`
+			GROUP BY user_id HAVING COUNT(*) > ? ORDER BY user_id`,
 		limit)
 }
 
-// The checks of acknowledged orders.
-const (
-	checkAckExists  = "every acknowledged order exists"
-	checkAckMatches = "every acknowledged order has its sku and user"
-)
-
-// verifyAcks checks that every acknowledged order exists and, for the acks
-// that name them, that it has the SKU and user the buyer was told.
+// verifyAcks checks that every acknowledged order exists, in any status
+// (an order that expired or was cancelled was acknowledged all the same),
+// and, for the acks that name them, that it has the SKU and user the buyer
+// was told.
 func verifyAcks(db *gorm.DB, acks []Ack) ([]Check, error) {
 	exists, matches := Check{Name: checkAckExists}, Check{Name: checkAckMatches}
 	withIDs := false

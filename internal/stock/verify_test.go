@@ -2,9 +2,13 @@ package stock_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"gorm.io/gorm"
 
 	"shop/internal/stock"
 	"shop/internal/testenv"
@@ -134,6 +138,303 @@ func TestVerifyReadAcks(t *testing.T) {
 	} {
 		if _, err := stock.ReadAcks(strings.NewReader(bad.text)); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("ReadAcks(%q) = %v, want an error with %q", bad.text, err, bad.want)
+		}
+	}
+}
+
+// The times of the lifecycle fixture, as verify's examples print them.
+const (
+	placedAt   = "2025-01-01 10:00:00"
+	paidAt     = "2025-01-01 10:05:00"
+	returnedAt = "2025-01-01 10:20:00"
+	payBy      = "2025-01-01 10:15:00"
+)
+
+// lifecycle is a catalog of four products with three units each and orders
+// in every status, with the refunds owed that go with them: a sale that
+// holds. Counting every order rather than the active ones, SKUs 2 and 3
+// would be short of units.
+//
+//	order 1: sku 1, user 10, reserved
+//	order 2: sku 1, user 11, paid through /pay (payment pay-2)
+//	order 3: sku 2, user 10, paid when placed (no payment id)
+//	order 4: sku 2, user 11, cancelled; its late payment pay-4 is owed back
+//	order 5: sku 3, user 10, expired; its late payment pay-5 is owed back
+//	order 6: sku 3, user 10, reserved again after order 5 expired
+func lifecycle(t *testing.T) *testenv.DB {
+	t.Helper()
+	db := testenv.MySQL(t)
+	ctx := context.Background()
+	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 4, 3); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"UPDATE products SET stock = stock - 2 WHERE id = 1",
+		"UPDATE products SET stock = stock - 1 WHERE id IN (2, 3)",
+		`INSERT INTO orders (id, sku_id, user_id, created_at, status, pay_by, paid_at, payment_id, returned_at) VALUES
+			(1, 1, 10, '` + placedAt + `', 'reserved', '` + payBy + `', NULL, NULL, NULL),
+			(2, 1, 11, '` + placedAt + `', 'paid', '` + payBy + `', '` + paidAt + `', 'pay-2', NULL),
+			(3, 2, 10, '` + placedAt + `', 'paid', NULL, NULL, NULL, NULL),
+			(4, 2, 11, '` + placedAt + `', 'cancelled', '` + payBy + `', NULL, NULL, '` + returnedAt + `'),
+			(5, 3, 10, '` + placedAt + `', 'expired', '` + payBy + `', NULL, NULL, '` + returnedAt + `'),
+			(6, 3, 10, '` + returnedAt + `', 'reserved', '2025-01-01 10:35:00', NULL, NULL, NULL)`,
+		`INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
+			(4, 'pay-4', 11, 2, 'order_cancelled', '2025-01-01 10:30:00'),
+			(5, 'pay-5', 10, 3, 'order_expired', '2025-01-01 10:25:00')`,
+	} {
+		if err := db.Gorm.WithContext(ctx).Exec(q).Error; err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	return db
+}
+
+// failing returns the checks of r that found violations.
+func failing(r stock.Report) []stock.Check {
+	var out []stock.Check
+	for _, c := range r.Checks {
+		if c.Violations > 0 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// The lifecycle checks that Verify makes.
+const (
+	checkUnits         = "initial_stock == stock + active orders"
+	checkOneActive     = "one active order per (user, sku)"
+	checkStatus        = "every order is reserved, paid, cancelled or expired"
+	checkPaidAndGone   = "no order both paid and cancelled or expired"
+	checkReturned      = "returned_at set exactly on cancelled and expired orders"
+	checkPaymentID     = "every order paid through /pay has its payment id"
+	checkRefundOrder   = "every refund owed is for a cancelled or expired order of its user and sku"
+	checkRefundNotPaid = "no payment both paid an order and is owed back"
+)
+
+func TestVerifyLifecycleHolds(t *testing.T) {
+	db := lifecycle(t)
+	acks, err := stock.ReadAcks(strings.NewReader("1 1 10\n2 1 11\n3 2 10\n4 2 11\n5 3 10\n6 3 10\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := stock.Verify(context.Background(), db.Gorm, acks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := failing(r); len(f) > 0 {
+		t.Errorf("a sale that holds, with orders in every status: %+v\n%s", f, r)
+	}
+	want := stock.StatusCounts{Reserved: 2, Paid: 2, Cancelled: 1, Expired: 1}
+	if r.Orders != 6 || r.ByStatus != want || r.ByStatus.Active() != 4 || r.Refunds != 2 || r.PaidWithoutPayment != 1 ||
+		r.Stock != 8 || r.InitialStock != 12 || r.Oversold != 0 || r.Acks != 6 {
+		t.Errorf("report %+v; want 6 orders %+v, 2 refunds, 1 paid without payment id, stock 8 of 12", r, want)
+	}
+	for _, name := range []string{checkUnits, checkOneActive, checkStatus, checkPaidAndGone, checkReturned, checkPaymentID,
+		checkRefundOrder, checkRefundNotPaid, ackExists, ackMatches} {
+		checkOf(t, r, name)
+	}
+	text := r.String()
+	for _, line := range []string{
+		"products 4, initial stock 12, stock 8, orders 6, oversold units 0\n",
+		"orders by status: reserved 2, paid 2, cancelled 1, expired 1; refunds owed 2\n",
+		"info  1 paid orders carry no payment id (paid when placed, or by the migration)\n",
+		"ok    " + checkRefundNotPaid + "\n",
+		"verdict: all invariants hold\n",
+	} {
+		if !strings.Contains(text, line) {
+			t.Errorf("the text report lacks %q:\n%s", line, text)
+		}
+	}
+}
+
+// TestVerifyLifecycleViolations breaks the lifecycle fixture in each way
+// verify checks, with direct SQL, and expects that check to fail with
+// exactly those offenders, and no other check to fail.
+func TestVerifyLifecycleViolations(t *testing.T) {
+	tests := []struct {
+		name     string
+		sql      []string // run on one connection, in order
+		check    string
+		examples []string
+	}{
+		{"negative stock", []string{"UPDATE products SET stock = -1, initial_stock = -1 WHERE id = 4"},
+			"stock >= 0", []string{"sku 4 stock -1"}},
+		{"a reservation that took no unit", []string{
+			"INSERT INTO orders (id, sku_id, user_id, status, pay_by) VALUES (7, 4, 12, 'reserved', '" + payBy + "')",
+		}, checkUnits, []string{"sku 4 initial 3 stock 3 active orders 1"}},
+		{"a unit returned twice", []string{"UPDATE products SET stock = stock + 1 WHERE id = 3"},
+			checkUnits, []string{"sku 3 initial 3 stock 3 active orders 1"}},
+		{"an expiry that returned no unit", []string{"UPDATE products SET stock = stock - 1 WHERE id = 2"},
+			checkUnits, []string{"sku 2 initial 3 stock 1 active orders 1"}},
+		{"two active orders of one user and sku", []string{
+			"ALTER TABLE orders DROP INDEX uq_orders_user_active_sku",
+			"UPDATE products SET stock = stock - 1 WHERE id = 1",
+			"INSERT INTO orders (id, sku_id, user_id) VALUES (7, 1, 10)",
+		}, checkOneActive, []string{"user 10 sku 1 active orders 2 (1,7)"}},
+		{"an order of no product", []string{
+			"INSERT INTO orders (id, sku_id, user_id, status, returned_at) VALUES (7, 999, 10, 'cancelled', '" + returnedAt + "')",
+		}, "every order names a product", []string{"order 7 sku 999"}},
+		{"an order of no status", []string{
+			"SET SESSION sql_mode = ''",
+			"INSERT INTO orders (id, sku_id, user_id, status) VALUES (7, 4, 12, 'refunded')",
+			"SET SESSION sql_mode = DEFAULT",
+		}, checkStatus, []string{"order 7 status ''"}},
+		{"cancelled, then paid", []string{"UPDATE orders SET paid_at = '" + paidAt + "' WHERE id = 4"},
+			checkPaidAndGone, []string{"order 4 cancelled paid_at " + paidAt + ".000000 payment_id NULL"}},
+		{"expired, with a payment applied", []string{"UPDATE orders SET payment_id = 'pay-x' WHERE id = 5"},
+			checkPaidAndGone, []string{"order 5 expired paid_at NULL payment_id pay-x"}},
+		{"paid, its unit returned", []string{"UPDATE orders SET returned_at = '" + returnedAt + "' WHERE id = 2"},
+			checkPaidAndGone, []string{"order 2 paid returned_at " + returnedAt + ".000000"}},
+		{"expired, its unit not returned", []string{"UPDATE orders SET returned_at = NULL WHERE id = 5"},
+			checkReturned, []string{"order 5 expired returned_at NULL"}},
+		{"cancelled and reserved, their units not returned and returned", []string{
+			"UPDATE orders SET returned_at = NULL WHERE id = 4",
+			"UPDATE orders SET returned_at = '" + returnedAt + "' WHERE id = 1",
+		}, checkReturned, []string{"order 1 reserved returned_at " + returnedAt + ".000000", "order 4 cancelled returned_at NULL"}},
+		{"paid through /pay without its payment id", []string{"UPDATE orders SET payment_id = NULL WHERE id = 2"},
+			checkPaymentID, []string{"order 2 paid paid_at " + paidAt + ".000000 payment_id NULL"}},
+		{"a payment id without paid_at", []string{"UPDATE orders SET payment_id = 'pay-3' WHERE id = 3"},
+			checkPaymentID, []string{"order 3 paid paid_at NULL payment_id pay-3"}},
+		{"a reservation with a payment", []string{"UPDATE orders SET payment_id = 'pay-1' WHERE id = 1"},
+			checkPaymentID, []string{"order 1 reserved paid_at NULL payment_id pay-1"}},
+		{"a refund of no order", []string{
+			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (99, 'pay-99', 10, 1, 'order_expired', NOW())",
+		}, checkRefundOrder, []string{"refund of order 99 payment pay-99 (user 10 sku 1 order_expired): no such order"}},
+		{"a refund of a paid order", []string{
+			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (2, 'pay-late', 11, 1, 'order_expired', NOW())",
+		}, checkRefundOrder, []string{"refund of order 2 payment pay-late (user 11 sku 1 order_expired): the order is user 11 sku 1 paid"}},
+		{"a refund of a reserved order", []string{
+			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (6, 'pay-6', 10, 3, 'order_expired', NOW())",
+		}, checkRefundOrder, []string{"refund of order 6 payment pay-6 (user 10 sku 3 order_expired): the order is user 10 sku 3 reserved"}},
+		{"a refund of another reason", []string{"UPDATE refunds SET reason = 'order_cancelled' WHERE order_id = 5"},
+			checkRefundOrder, []string{"refund of order 5 payment pay-5 (user 10 sku 3 order_cancelled): the order is user 10 sku 3 expired"}},
+		{"a refund to another user and sku", []string{"UPDATE refunds SET user_id = 12, sku_id = 1 WHERE order_id = 4"},
+			checkRefundOrder, []string{"refund of order 4 payment pay-4 (user 12 sku 1 order_cancelled): the order is user 11 sku 2 cancelled"}},
+		{"a payment applied and owed back", []string{
+			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (4, 'pay-2', 11, 2, 'order_cancelled', NOW())",
+		}, checkRefundNotPaid, []string{"payment pay-2 paid order 2 and is owed back for order 4"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			db := lifecycle(t)
+			ctx := context.Background()
+			err := db.Gorm.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+				for _, q := range tt.sql {
+					if err := conn.Exec(q).Error; err != nil {
+						return fmt.Errorf("%s: %w", q, err)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := stock.Verify(ctx, db.Gorm, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []stock.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}}
+			if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("failing checks %+v, want only %+v\n%s", got, want, r)
+			}
+			if r.OK() {
+				t.Error("OK() with a violation")
+			}
+			if line := "FAIL  " + tt.check + ": " + fmt.Sprint(len(tt.examples)) + " violations, first: " + strings.Join(tt.examples, "; ") + "\n"; !strings.Contains(r.String(), line) {
+				t.Errorf("the text report lacks %q:\n%s", line, r)
+			}
+		})
+	}
+}
+
+// Orders that expired or were cancelled still exist for --acks: nothing
+// filters acknowledged orders on their status.
+func TestVerifyAcksInAnyStatus(t *testing.T) {
+	db := lifecycle(t)
+	acks, err := stock.ReadAcks(strings.NewReader("4 2 11\n5\n99\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := stock.Verify(context.Background(), db.Gorm, acks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []stock.Check{{Name: ackExists, Violations: 1, Examples: []string{"order 99"}}}
+	if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("failing checks %+v, want only %+v", got, want)
+	}
+}
+
+// The user limit counts active orders: user 10 holds three (orders 1, 3
+// and 6) and an expired one (5).
+func TestVerifyUserLimitCountsActiveOrders(t *testing.T) {
+	db := lifecycle(t)
+	ctx := context.Background()
+	for limit, want := range map[int]stock.Check{
+		3: {Name: "orders per user <= 3"},
+		2: {Name: "orders per user <= 2", Violations: 1, Examples: []string{"user 10 orders 3"}},
+		1: {Name: "orders per user <= 1", Violations: 1, Examples: []string{"user 10 orders 3"}},
+	} {
+		c, err := stock.VerifyUserLimit(ctx, db.Gorm, limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(c) != fmt.Sprint(want) {
+			t.Errorf("limit %d: %+v, want %+v", limit, c, want)
+		}
+	}
+}
+
+// A seed deletes the refunds owed with the orders they are of.
+func TestSeedDeletesRefunds(t *testing.T) {
+	db := lifecycle(t)
+	ctx := context.Background()
+	catalog := stock.NewCatalog(db.Gorm)
+	if err := catalog.Seed(ctx, 2, 1); err != nil {
+		t.Fatal(err)
+	}
+	refunds, err := catalog.Refunds(ctx)
+	if err != nil || refunds == nil || len(refunds) != 0 {
+		t.Errorf("refunds after a seed: %v, %v; want none (an empty slice)", refunds, err)
+	}
+	r, err := stock.Verify(ctx, db.Gorm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK() || r.Orders != 0 || r.Refunds != 0 || r.ByStatus != (stock.StatusCounts{}) {
+		t.Errorf("after a seed:\n%s", r)
+	}
+}
+
+// Refunds lists every refund owed, oldest first, then by order.
+func TestRefunds(t *testing.T) {
+	db := lifecycle(t)
+	ctx := context.Background()
+	if err := db.Gorm.Exec(`INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
+		(4, 'pay-4b', 11, 2, 'order_cancelled', '2025-01-01 10:25:00.123456')`).Error; err != nil {
+		t.Fatal(err)
+	}
+	got, err := stock.NewCatalog(db.Gorm).Refunds(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(min, micro int) time.Time { return time.Date(2025, 1, 1, 10, min, 0, micro*1000, time.UTC) }
+	want := []stock.Refund{
+		{OrderID: 5, UserID: 10, SKUID: 3, PaymentID: "pay-5", ReceivedAt: at(25, 0), Reason: stock.RefundOrderExpired},
+		{OrderID: 4, UserID: 11, SKUID: 2, PaymentID: "pay-4b", ReceivedAt: at(25, 123456), Reason: stock.RefundOrderCancelled},
+		{OrderID: 4, UserID: 11, SKUID: 2, PaymentID: "pay-4", ReceivedAt: at(30, 0), Reason: stock.RefundOrderCancelled},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Refunds = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i].ReceivedAt.Location() != time.UTC || !got[i].ReceivedAt.Equal(want[i].ReceivedAt) {
+			t.Errorf("refund %d received at %v, want %v (UTC)", i, got[i].ReceivedAt, want[i].ReceivedAt)
+		}
+		got[i].ReceivedAt = want[i].ReceivedAt
+		if got[i] != want[i] {
+			t.Errorf("refund %d: %+v, want %+v", i, got[i], want[i])
 		}
 	}
 }
