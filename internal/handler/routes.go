@@ -20,7 +20,10 @@ func addRoutes(r *gin.Engine, d Deps) {
 	r.GET("/openapi.json", handleOpenAPI())
 
 	api := r.Group("/api/v1")
-	api.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
+	// The buyer routes: authenticate comes first, before the body is
+	// read, and handlers learn who the buyer is from buyer.
+	buyers := api.Group("", authenticate(d.Auth))
+	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
 	api.GET("/products/:id", handleProduct(d.Products))
 	api.GET("/products/:id/stock", handleStock(d.Stock))
 	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))
