@@ -45,12 +45,17 @@ type config struct {
 	OrderBatch int
 	// UserLimit is the most orders one user may hold over all products;
 	// 0 is off.
-	UserLimit   int
-	CacheTTL    time.Duration
-	CacheJitter float64
-	NullTTL     time.Duration
-	Bloom       bool
-	AdminToken  string
+	UserLimit int
+	// PayWindow is how long a reservation waits for its payment; 0 places
+	// orders paid. SweepInterval is how often each replica gives back the
+	// units of lapsed reservations.
+	PayWindow     time.Duration
+	SweepInterval time.Duration
+	CacheTTL      time.Duration
+	CacheJitter   float64
+	NullTTL       time.Duration
+	Bloom         bool
+	AdminToken    string
 	// Auth is SHOP_AUTH: "none", the request's user_id is the buyer, or
 	// "jwt", the buyer routes need a bearer token verified by JWT and the
 	// buyer is its subject.
@@ -86,6 +91,14 @@ const (
 	// maxUserLimit bounds SHOP_USER_LIMIT, well inside the INT counter of
 	// user_orders.
 	maxUserLimit = 1_000_000
+	// maxPayWindow bounds SHOP_PAY_WINDOW: a unit held longer than a week
+	// is not a flash sale's.
+	maxPayWindow = 7 * 24 * time.Hour
+	// minSweepInterval and maxSweepInterval bound SHOP_SWEEP_INTERVAL:
+	// every replica's sweep asks MySQL for lapsed reservations once per
+	// interval.
+	minSweepInterval = 100 * time.Millisecond
+	maxSweepInterval = 10 * time.Minute
 	// jwtLeeway is the clock skew allowed on a buyer token's exp and nbf:
 	// the clocks of whoever issues tokens and of the replicas differ a
 	// little.
@@ -169,6 +182,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Bloom:           oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
 		AdminToken:      getenv("SHOP_ADMIN_TOKEN"),
 		Drain:           between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
+		PayWindow:       between("SHOP_PAY_WINDOW", "15m", 0, maxPayWindow),
+		SweepInterval:   between("SHOP_SWEEP_INTERVAL", "1s", minSweepInterval, maxSweepInterval),
 	}
 	c.OrderBatch = stock.DefaultBatch
 	if v := getenv("SHOP_ORDER_BATCH"); v != "" {

@@ -125,21 +125,31 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		// The lock-free baseline places a SKU's orders side by side.
 		lanes = ordersPoolSize
 	}
+	restocks := notify.New(rdb, cfg.RedisPrefix)
+	transitions := registerTransitions(reg)
 	orders := stock.NewService(ordersDB, locker, stock.Options{
 		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
-		Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
-		BeforeWrite: hooks.BeforeWrite,
+		PayWindow: cfg.PayWindow, Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
+		BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn,
+		Returned:    announceReturn(restocks, log),
+		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },
 	})
 	registerOrderStats(reg, orders.Stats)
-	restocks := notify.New(rdb, cfg.RedisPrefix)
 	_, stopRestocks := restocks.Listen(orders.ForgetSoldOut)
 	defer stopRestocks()
+	// Every replica sweeps lapsed reservations; the SKU lock and MySQL's
+	// conditional updates make one sweep of each unit count.
+	sweepCtx, stopSweeping := context.WithCancel(context.WithoutCancel(ctx))
+	swept := make(chan struct{})
+	go func() { defer close(swept); orders.RunSweeper(sweepCtx, cfg.SweepInterval) }()
+	defer func() { stopSweeping(); <-swept }()
 
 	gin.SetMode(gin.ReleaseMode)
 	drain := newDrainer()
 	h := handler.New(handler.Deps{
 		Logger:     log,
 		Orders:     orders,
+		Lifecycle:  orders,
 		Products:   products,
 		Stock:      catalog,
 		Seeder:     newSeeder(catalog, products, restocks, log),
@@ -170,7 +180,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "redis", cfg.redisTopology(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom,
-		"user_limit", cfg.UserLimit, "auth", cfg.Auth)
+		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth)
 
 	if cfg.DebugAddr != "" {
 		dbg, addr, err := serveDebug(cfg.DebugAddr)
@@ -637,3 +647,30 @@ var (
 	_ stock.FenceRaiser = (*lock.Redis)(nil)
 	_ stock.FenceRaiser = (*lock.Redlock)(nil)
 )
+
+// registerTransitions registers the counter of orders by the status they
+// reached, and of refunds owed, exported at 0 from the start.
+func registerTransitions(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shop_order_status_total",
+		Help: "Orders as they reach a status: reserved or paid when placed, paid by a payment, cancelled, expired (their units back in the sale); refund_owed counts payments that came too late and are owed back.",
+	}, []string{"status"})
+	reg.MustRegister(c)
+	for _, s := range []string{stock.StatusReserved, stock.StatusPaid, stock.StatusCancelled, stock.StatusExpired, "refund_owed"} {
+		c.WithLabelValues(s)
+	}
+	return c
+}
+
+// announceReturn tells every replica that units of a SKU went back to the
+// sale, so that none refuses it from its sold-out memory. A failure is
+// logged: the memory lapses on its own (stock.DefaultSoldOutTTL).
+func announceReturn(restocks *notify.Restocks, log *slog.Logger) func(ctx context.Context, sku int64) {
+	return func(ctx context.Context, sku int64) {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		if err := restocks.Announce(ctx, sku); err != nil {
+			log.WarnContext(ctx, "announce units returned to the sale", "sku", sku, "err", err)
+		}
+	}
+}

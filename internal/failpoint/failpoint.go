@@ -21,6 +21,11 @@
 //	    ended, so its lease runs out in Redis and its write reaches MySQL
 //	    before it can learn so. This is the one interleaving fencing tokens
 //	    exist for (docs/experiment.md, "Failpoints", rows 6 and 7).
+//	shopSweepStall=1*return(5000)
+//	    the first transaction to reach it that gives units back (a sweep of
+//	    lapsed reservations, or a cancellation), after its writes and before
+//	    its COMMIT, prints a line to stderr and stops for 5000 ms, so that the
+//	    demo can kill the process with the transaction open.
 package failpoint
 
 import (
@@ -35,6 +40,9 @@ type Hooks struct {
 	// lease between the read of the product and the write of its stock; the
 	// function it returns runs when the order transaction has ended.
 	BeforeWrite func(ctx context.Context, sku int64) (after func())
+	// BeforeReturn is stock.Options.BeforeReturn: it runs in the
+	// transaction that gives units back, before its COMMIT.
+	BeforeReturn func(ctx context.Context, sku int64)
 	// After is lock.RedisOptions.After, the timer lease watchdogs sleep on.
 	After func(time.Duration) <-chan time.Time
 }

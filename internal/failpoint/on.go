@@ -17,13 +17,32 @@ import (
 var (
 	register   sync.Once
 	staleWrite *gofail.Failpoint
+	sweepStall *gofail.Failpoint
 	stopped    = &world{}
 )
 
 // New returns the hooks of this binary: gofail's failpoints.
 func New() Hooks {
-	register.Do(func() { staleWrite = gofail.NewFailpoint("shopStaleWrite") })
-	return Hooks{BeforeWrite: beforeWrite, After: stopped.after}
+	register.Do(func() {
+		staleWrite = gofail.NewFailpoint("shopStaleWrite")
+		sweepStall = gofail.NewFailpoint("shopSweepStall")
+	})
+	return Hooks{BeforeWrite: beforeWrite, BeforeReturn: beforeReturn, After: stopped.after}
+}
+
+// beforeReturn is the shopSweepStall failpoint.
+func beforeReturn(ctx context.Context, sku int64) {
+	v, err := sweepStall.Acquire()
+	if err != nil {
+		return
+	}
+	d, err := duration(v)
+	if err != nil {
+		sweepStall.BadType(v, "milliseconds (int) or a duration (string)")
+		return
+	}
+	fmt.Fprintf(os.Stderr, "failpoint shopSweepStall: the sweep of sku %d stops for %s before its COMMIT\n", sku, d)
+	time.Sleep(d)
 }
 
 // beforeWrite is the shopStaleWrite failpoint: while it is off it costs

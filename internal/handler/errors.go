@@ -67,6 +67,16 @@ func status(err error) (int, string, string) {
 		return http.StatusBadRequest, "invalid_argument", err.Error()
 	case errors.Is(err, stock.ErrNotFound):
 		return http.StatusNotFound, "not_found", "no such product"
+	case errors.Is(err, stock.ErrOrderNotFound):
+		return http.StatusNotFound, "not_found", "no such order"
+	case errors.Is(err, stock.ErrOrderExpired):
+		return http.StatusConflict, "order_expired", "the order's payment window ended; a payment for it is owed back"
+	case errors.Is(err, stock.ErrOrderCancelled):
+		return http.StatusConflict, "order_cancelled", "the order was cancelled; a payment for it is owed back"
+	case errors.Is(err, stock.ErrOrderPaid):
+		return http.StatusConflict, "order_paid", "the order is paid"
+	case errors.Is(err, stock.ErrPaymentMismatch):
+		return http.StatusConflict, "payment_mismatch", "the order was paid by another payment"
 	case errors.Is(err, errRouteNotFound), errors.Is(err, errAdminDisabled):
 		return http.StatusNotFound, "not_found", err.Error()
 	case errors.Is(err, errMethodNotAllowed):

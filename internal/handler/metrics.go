@@ -15,6 +15,9 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	orders   *prometheus.CounterVec
 	busy     *prometheus.CounterVec
+	// payments and cancellations count /pay and /cancel by outcome.
+	payments      *prometheus.CounterVec
+	cancellations *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -39,7 +42,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"stale_fence (MySQL refused the write of a holder whose token was no longer the newest), other.",
 		}, []string{"cause"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.orders, m.busy)
+	m.payments = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shop_payments_total",
+		Help: "Payments (POST /api/v1/orders/{id}/pay) by outcome: paid, or the error code (order_expired and order_cancelled: owed back).",
+	}, []string{"result"})
+	m.cancellations = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shop_cancellations_total",
+		Help: "Cancellations (POST /api/v1/orders/{id}/cancel) by outcome: cancelled, or the error code.",
+	}, []string{"result"})
+	reg.MustRegister(m.requests, m.duration, m.orders, m.busy, m.payments, m.cancellations)
 	// Every cause is exported from the start, at 0, so that a dashboard's
 	// rate of busy orders reads 0 rather than "no data" before the first.
 	for _, cause := range busyCauses {

@@ -3,7 +3,6 @@ package handler
 import (
 	"context"
 	"net/http"
-	"time"
 
 	"github.com/gin-gonic/gin"
 
@@ -20,6 +19,14 @@ type orderResponse struct {
 	SKUID     int64  `json:"sku_id"`
 	UserID    int64  `json:"user_id"`
 	CreatedAt string `json:"created_at"`
+	// Status is reserved (until paid or PayBy), paid, cancelled or
+	// expired.
+	Status string `json:"status"`
+	// PayBy is when a reservation expires unless paid (RFC 3339, UTC),
+	// null for an order paid when placed.
+	PayBy *string `json:"pay_by"`
+	// PaymentID is the payment that paid the order, absent when none did.
+	PaymentID *string `json:"payment_id,omitempty"`
 }
 
 const (
@@ -73,12 +80,7 @@ func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 		} else {
 			m.orders.WithLabelValues("created").Inc()
 		}
-		c.JSON(http.StatusCreated, orderResponse{
-			OrderID:   o.ID,
-			SKUID:     o.SKUID,
-			UserID:    o.UserID,
-			CreatedAt: o.CreatedAt.UTC().Format(time.RFC3339Nano),
-		})
+		c.JSON(http.StatusCreated, newOrderResponse(o))
 	}
 }
 

@@ -43,7 +43,7 @@ func tracedAPI(t *testing.T) (url string, log *testenv.Log, reg *prometheus.Regi
 		case 5:
 			panic("fake order panics")
 		}
-		return stock.Order{ID: 1, SKUID: sku, UserID: user}, nil
+		return stock.Order{ID: 1, SKUID: sku, UserID: user, Status: stock.StatusPaid}, nil
 	})
 	srv := serve(t, handler.New(handler.Deps{Logger: logger, Orders: orders, Registry: reg}))
 	t.Cleanup(srv.Close)

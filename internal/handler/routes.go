@@ -24,6 +24,9 @@ func addRoutes(r *gin.Engine, d Deps) {
 	// read, and handlers learn who the buyer is from buyer.
 	buyers := api.Group("", authenticate(d.Auth))
 	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
+	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
+	buyers.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
+	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
 	api.GET("/products/:id", handleProduct(d.Products))
 	api.GET("/products/:id/stock", handleStock(d.Stock))
 	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))

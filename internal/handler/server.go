@@ -75,11 +75,13 @@ type Deps struct {
 	// Logger receives the access log and the failures. Its handler should
 	// be wrapped in requestid.LogHandler, as the other dependencies'
 	// loggers, so that each line carries the request's id.
-	Logger   *slog.Logger
-	Orders   Orders
-	Products Products
-	Stock    Stock
-	Seeder   Seeder
+	Logger *slog.Logger
+	Orders Orders
+	// Lifecycle pays, cancels and reads orders.
+	Lifecycle Lifecycle
+	Products  Products
+	Stock     Stock
+	Seeder    Seeder
 	// Admin changes products: PATCH /api/v1/admin/products/{id}.
 	Admin ProductAdmin
 	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the

@@ -128,6 +128,7 @@ func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch
 	}
 	if len(sale.sold) > 0 {
 		s.invalidate(ctx, sku)
+		s.transitions(sale.sold[0].Status, len(sale.sold))
 	}
 	for i, t := range batch {
 		v := sale.verdicts[i]
@@ -377,12 +378,13 @@ func arrivals(batch []*ticket) (first, last time.Time) {
 // or has no counter) is short: record returns it, errCareful for the fast
 // attempt, whose judgement assumed it would not.
 func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
-	ids, err := insertOrders(tx, sku, sl.sold)
+	placed, err := insertOrders(tx, sku, sl.sold, s.opt.PayWindow)
 	if err != nil {
 		return err
 	}
 	for i, o := range sl.sold {
-		if o.ID = ids[o.UserID]; o.ID == 0 {
+		o, ok := placed[o.UserID]
+		if !ok {
 			return fmt.Errorf("stock: order of user %d for sku %d not found after insert", o.UserID, sku)
 		}
 		sl.sold[i] = o
@@ -477,8 +479,9 @@ func (h *held) byKey(k heldKey) (Order, bool) {
 	return o, ok
 }
 
-// heldOrders looks up, in one query, the batch's buyers' orders of sku and
-// their orders under the batch's idempotency keys (of any SKU).
+// heldOrders looks up, in one query, the batch's buyers' active orders of
+// sku and their orders under the batch's idempotency keys (of any SKU, in
+// any status).
 func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
 	users := make([]int64, 0, len(batch))
 	var keys []string
@@ -488,9 +491,9 @@ func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
 			keys = append(keys, t.key)
 		}
 	}
-	q := tx.Where("user_id IN ? AND sku_id = ?", users, sku)
+	q := tx.Where("user_id IN ? AND active_sku = ?", users, sku)
 	if len(keys) > 0 {
-		q = tx.Where("user_id IN ? AND (sku_id = ? OR idempotency_key IN ?)", users, sku, keys)
+		q = tx.Where("user_id IN ? AND (active_sku = ? OR idempotency_key IN ?)", users, sku, keys)
 	}
 	var found []Order
 	if err := q.Find(&found).Error; err != nil {
@@ -498,7 +501,7 @@ func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
 	}
 	h := held{users: map[int64]bool{}, keys: map[heldKey]Order{}}
 	for _, o := range found {
-		if o.SKUID == sku {
+		if o.SKUID == sku && o.active() {
 			h.users[o.UserID] = true
 		}
 		if o.IdempotencyKey != nil {
@@ -508,43 +511,51 @@ func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
 	return h, nil
 }
 
-// insertOrders inserts orders of sku and returns their ids by user. One
-// order is one INSERT whose id comes back with it; several are one INSERT
-// whose ids are read back through the (user, sku) unique index: a
-// multi-row INSERT's ids need not be consecutive (innodb_autoinc_lock_mode=2,
-// auto_increment_increment).
-func insertOrders(tx *gorm.DB, sku int64, orders []Order) (map[int64]int64, error) {
-	if len(orders) == 1 {
-		o := orders[0]
-		if err := tx.Create(&o).Error; err != nil {
-			return nil, err
-		}
-		return map[int64]int64{o.UserID: o.ID}, nil
+// insertOrders inserts orders of sku, reserved until now plus payWindow by
+// MySQL's clock (paid when payWindow is 0), and returns them as MySQL has
+// them, by user. The orders are one INSERT, read back through the (user,
+// active SKU) unique index: a multi-row INSERT's ids need not be
+// consecutive (innodb_autoinc_lock_mode=2, auto_increment_increment), and
+// pay_by is MySQL's to set. A single paid order needs no read: its id comes
+// back with the INSERT, and it has no pay_by.
+func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duration) (map[int64]Order, error) {
+	status, payBy := StatusPaid, "NULL"
+	if payWindow > 0 {
+		status, payBy = StatusReserved, fmt.Sprintf("UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND", payWindow.Microseconds())
 	}
 	var b strings.Builder
-	b.WriteString("INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at) VALUES ")
-	args := make([]any, 0, 5*len(orders))
+	b.WriteString("INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by) VALUES ")
+	args := make([]any, 0, 6*len(orders))
 	users := make([]int64, 0, len(orders))
 	for i, o := range orders {
 		if i > 0 {
 			b.WriteString(", ")
 		}
-		b.WriteString("(?, ?, ?, ?, ?)")
-		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt)
+		b.WriteString("(?, ?, ?, ?, ?, ?, " + payBy + ")")
+		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt, status)
 		users = append(users, o.UserID)
 	}
-	if err := tx.Exec(b.String(), args...).Error; err != nil {
+	res, err := tx.Statement.ConnPool.ExecContext(tx.Statement.Context, b.String(), args...)
+	if err != nil {
 		return nil, err
+	}
+	if len(orders) == 1 && payWindow <= 0 {
+		o := orders[0]
+		if o.ID, err = res.LastInsertId(); err != nil {
+			return nil, err
+		}
+		o.Status = status
+		return map[int64]Order{o.UserID: o}, nil
 	}
 	var rows []Order
-	if err := tx.Select("id", "user_id").Where("sku_id = ? AND user_id IN ?", sku, users).Find(&rows).Error; err != nil {
+	if err := tx.Where("user_id IN ? AND active_sku = ?", users, sku).Find(&rows).Error; err != nil {
 		return nil, err
 	}
-	ids := make(map[int64]int64, len(rows))
+	placed := make(map[int64]Order, len(rows))
 	for _, o := range rows {
-		ids[o.UserID] = o.ID
+		placed[o.UserID] = o
 	}
-	return ids, nil
+	return placed, nil
 }
 
 // classifyTx is classify for the error of a batch's transaction, on ctx,

@@ -88,6 +88,23 @@ type Options struct {
 	// (Reads). A SKU's turn holds one slot, so a hot SKU leaves the others
 	// to the rest. Zero means no bound.
 	Concurrency int
+	// PayWindow is how long a new order is reserved for its buyer to pay
+	// (lifecycle.go) before it expires and its unit returns to the sale;
+	// zero places orders paid, with no payment step.
+	PayWindow time.Duration
+	// Returned, when set, is told after a cancellation or the sweep gave
+	// units of sku back (or may have): the other replicas must forget that
+	// it was sold out, as after a restock.
+	Returned func(ctx context.Context, sku int64)
+	// Transitions, when set, counts orders as they reach a status: n orders
+	// placed reserved or paid, paid by Pay, cancelled, expired; and
+	// "refund_owed" for a payment recorded as owed back.
+	Transitions func(status string, n int)
+	// BeforeReturn, when set, runs in the transaction that gives units
+	// back (lifecycle.go), after its writes and before its COMMIT. The
+	// demo stops a sweep there to kill its process with the transaction
+	// open.
+	BeforeReturn func(ctx context.Context, sku int64)
 	// Reads, when set, is the pool for reads outside the order transaction
 	// (looking up an idempotent replay after a failure), so that they never
 	// take a connection a lock holder needs. Default: the Service's own.
@@ -427,7 +444,8 @@ func classify(ctx context.Context, op string, err error) error {
 // (input, product, buyer), not a failure.
 func isDomain(err error) bool {
 	for _, target := range []error{ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered, ErrIdempotencyMismatch,
-		ErrUserLimit, ErrSaleNotStarted, ErrSaleEnded} {
+		ErrUserLimit, ErrSaleNotStarted, ErrSaleEnded, ErrOrderNotFound, ErrOrderExpired, ErrOrderCancelled, ErrOrderPaid,
+		ErrPaymentMismatch} {
 		if errors.Is(err, target) {
 			return true
 		}

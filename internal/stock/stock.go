@@ -97,7 +97,7 @@ type Order struct {
 	Fence          int64     `gorm:"column:fence"`
 	CreatedAt      time.Time `gorm:"column:created_at;autoCreateTime:false"`
 	// Status is one of the Status constants.
-	Status string `gorm:"column:status"`
+	Status string `gorm:"column:status;default:paid"`
 	// PayBy is when a reservation expires unless paid, by MySQL's clock;
 	// nil for an order paid when placed.
 	PayBy *time.Time `gorm:"column:pay_by"`
@@ -113,6 +113,9 @@ type Order struct {
 	// idempotency key and this call created nothing.
 	Replayed bool `gorm:"-"`
 }
+
+// active reports whether o holds its unit: reserved or paid.
+func (o Order) active() bool { return o.Status == StatusReserved || o.Status == StatusPaid }
 
 // Locker gives exclusive leases on keys; internal/lock implements it.
 type Locker interface {

@@ -61,7 +61,7 @@ func (s *Service) ensureCounter(ctx context.Context, user int64) error {
 			return res.Error
 		}
 		var orders int64
-		if err := tx.Raw("SELECT COUNT(*) FROM orders WHERE user_id = ?", user).Scan(&orders).Error; err != nil || orders == 0 {
+		if err := tx.Raw("SELECT COUNT(*) FROM orders WHERE user_id = ? AND status IN ?", user, activeStatuses).Scan(&orders).Error; err != nil || orders == 0 {
 			return err
 		}
 		return tx.Exec("UPDATE user_orders SET orders = ? WHERE user_id = ?", orders, user).Error

@@ -1,0 +1,156 @@
+package handler
+
+import (
+	"context"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"shop/internal/stock"
+)
+
+// Lifecycle is what happens to an order after it was placed: payment,
+// cancellation, and reading it back; *stock.Service implements it.
+type Lifecycle interface {
+	Order(ctx context.Context, user, id int64) (stock.Order, error)
+	Pay(ctx context.Context, user, id int64, paymentID string) (stock.Order, error)
+	Cancel(ctx context.Context, user, id int64) (stock.Order, error)
+}
+
+type payRequest struct {
+	UserID    *int64  `json:"user_id"`
+	PaymentID *string `json:"payment_id"`
+}
+
+type cancelRequest struct {
+	UserID *int64 `json:"user_id"`
+}
+
+// lifecycleTimeout bounds a payment or a cancellation, lock wait included.
+const lifecycleTimeout = stock.TurnTimeout
+
+// newOrderResponse is o as its buyer sees it.
+func newOrderResponse(o stock.Order) orderResponse {
+	r := orderResponse{
+		OrderID:   o.ID,
+		SKUID:     o.SKUID,
+		UserID:    o.UserID,
+		CreatedAt: o.CreatedAt.UTC().Format(time.RFC3339Nano),
+		Status:    o.Status,
+		PaymentID: o.PaymentID,
+	}
+	if o.PayBy != nil {
+		t := o.PayBy.UTC().Format(time.RFC3339Nano)
+		r.PayBy = &t
+	}
+	return r
+}
+
+// handleGetOrder answers the buyer's order with its status; another
+// buyer's is 404, as one that does not exist.
+func handleGetOrder(orders Lifecycle) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id, err := pathID(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		var claimed *int64
+		if v, ok := c.GetQuery("user_id"); ok {
+			u, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				writeError(c, invalid("user_id must be a positive integer"))
+				return
+			}
+			claimed = &u
+		}
+		user, err := buyer(c, claimed)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		o, err := orders.Order(c.Request.Context(), user, id)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, newOrderResponse(o))
+	}
+}
+
+// handlePay pays a reservation. A payment that comes too late is refused
+// with 409 only once it has been recorded as a refund owed.
+func handlePay(orders Lifecycle, m *metrics) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id, err := pathID(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		var req payRequest
+		if err := decode(c, &req); err != nil {
+			writeError(c, err)
+			return
+		}
+		if req.PaymentID == nil {
+			writeError(c, invalid("payment_id is required"))
+			return
+		}
+		user, err := buyer(c, req.UserID)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(c.Request.Context(), lifecycleTimeout)
+		defer cancel()
+		o, err := orders.Pay(ctx, user, id, *req.PaymentID)
+		m.payments.WithLabelValues(outcome(err, "paid")).Inc()
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, newOrderResponse(o))
+	}
+}
+
+// handleCancel cancels a reservation; its unit goes back to the sale.
+func handleCancel(orders Lifecycle, m *metrics) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		id, err := pathID(c)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		var req cancelRequest
+		if err := decode(c, &req); err != nil {
+			writeError(c, err)
+			return
+		}
+		user, err := buyer(c, req.UserID)
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		ctx, cancel := context.WithTimeout(c.Request.Context(), lifecycleTimeout)
+		defer cancel()
+		o, err := orders.Cancel(ctx, user, id)
+		m.cancellations.WithLabelValues(outcome(err, "cancelled")).Inc()
+		if err != nil {
+			writeError(c, err)
+			return
+		}
+		c.JSON(http.StatusOK, newOrderResponse(o))
+	}
+}
+
+// outcome is the metrics label of a request that ended with err: its error
+// code, or ok when it succeeded.
+func outcome(err error, ok string) string {
+	if err == nil {
+		return ok
+	}
+	_, code, _ := status(err)
+	return code
+}
