@@ -47,9 +47,23 @@ type placed struct {
 func (p *placed) PlaceOrder(_ context.Context, sku, user int64, key string) (stock.Order, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	o := stock.Order{ID: int64(len(p.orders) + 1), SKUID: sku, UserID: user, CreatedAt: time.Now()}
+	o := stock.Order{ID: int64(len(p.orders) + 1), SKUID: sku, UserID: user, CreatedAt: time.Now(), Status: "paid"}
 	p.orders = append(p.orders, o)
 	return o, nil
+}
+
+// Order, Pay and Cancel make p a Lifecycle, whose every order the buyer
+// asking for it holds: what it records is who asked.
+func (p *placed) Order(_ context.Context, user, id int64) (stock.Order, error) {
+	return p.PlaceOrder(context.Background(), id, user, "")
+}
+
+func (p *placed) Pay(_ context.Context, user, id int64, _ string) (stock.Order, error) {
+	return p.PlaceOrder(context.Background(), id, user, "")
+}
+
+func (p *placed) Cancel(_ context.Context, user, id int64) (stock.Order, error) {
+	return p.PlaceOrder(context.Background(), id, user, "")
 }
 
 func (p *placed) count() int {
@@ -74,7 +88,7 @@ func authAPI(t *testing.T, v handler.Authenticator) (*api, *placed) {
 	t.Helper()
 	gin.SetMode(gin.ReleaseMode)
 	p := &placed{}
-	d := handler.Deps{Orders: p, Products: productFunc{}, Stock: productFunc{}, Registry: prometheus.NewRegistry()}
+	d := handler.Deps{Orders: p, Lifecycle: p, Products: productFunc{}, Stock: productFunc{}, Registry: prometheus.NewRegistry()}
 	if v != nil {
 		d.Auth = v
 	}
@@ -243,5 +257,52 @@ func TestAuthOffNeedsUserID(t *testing.T) {
 	}
 	if n := p.count(); n != 1 {
 		t.Errorf("%d orders placed, want 1", n)
+	}
+}
+
+// Paying, cancelling and reading an order are buyer routes too: 401
+// without a token, 403 for another user_id (in the body, or the query of
+// GET), and otherwise the token's sub is the buyer, user_id or not.
+func TestAuthLifecycleRoutes(t *testing.T) {
+	a, p := authAPI(t, hsVerifier(t))
+	token := mint(t, jwt.SigningMethodHS256, jwtSecret, "7", time.Now().Add(time.Hour))
+	routes := []struct {
+		method, path, body, mismatch string
+	}{
+		{"GET", "/api/v1/orders/5", "", "/api/v1/orders/5?user_id=8"},
+		{"POST", "/api/v1/orders/5/pay", `{"payment_id":"pi_1"}`, `{"payment_id":"pi_1","user_id":8}`},
+		{"POST", "/api/v1/orders/5/cancel", `{}`, `{"user_id":8}`},
+	}
+	send := func(method, path, body string, header map[string][]string) response {
+		if method == "GET" {
+			return a.do(t, method, path, "", nil, header)
+		}
+		return a.do(t, method, path, "application/json", strings.NewReader(body), header)
+	}
+	for _, rt := range routes {
+		if r := send(rt.method, rt.path, rt.body, nil); r.status != 401 || r.header.Get("WWW-Authenticate") != `Bearer realm="shop"` {
+			t.Errorf("%s %s without a token: %d %s, WWW-Authenticate %q", rt.method, rt.path, r.status, r.raw, r.header.Get("WWW-Authenticate"))
+		}
+		mismatchPath, mismatchBody := rt.path, rt.mismatch
+		if rt.method == "GET" {
+			mismatchPath, mismatchBody = rt.mismatch, ""
+		}
+		if r := send(rt.method, mismatchPath, mismatchBody, bearer(token)); r.status != 403 || errorCode(t, r) != "forbidden" {
+			t.Errorf("%s %s naming user 8 with sub 7: %d %s, want 403 forbidden", rt.method, mismatchPath, r.status, r.raw)
+		}
+		if r := send(rt.method, rt.path, rt.body, bearer(token)); r.status != 200 || r.body["user_id"] != 7.0 {
+			t.Errorf("%s %s with sub 7: %d %s, want 200 for user 7", rt.method, rt.path, r.status, r.raw)
+		}
+	}
+	if n := p.count(); n != len(routes) {
+		t.Errorf("%d calls reached the lifecycle, want %d", n, len(routes))
+	}
+
+	off, _ := authAPI(t, nil)
+	if r := off.do(t, "POST", "/api/v1/orders/5/cancel", "application/json", strings.NewReader(`{}`), nil); r.status != 400 {
+		t.Errorf("cancel without user_id, auth off: %d %s, want 400", r.status, r.raw)
+	}
+	if r := off.do(t, "GET", "/api/v1/orders/5?user_id=9", "", nil, nil); r.status != 200 || r.body["user_id"] != 9.0 {
+		t.Errorf("GET with user_id 9, auth off: %d %s, want 200 for user 9", r.status, r.raw)
 	}
 }
