@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/pem"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -304,5 +305,68 @@ func TestAuthLifecycleRoutes(t *testing.T) {
 	}
 	if r := off.do(t, "GET", "/api/v1/orders/5?user_id=9", "", nil, nil); r.status != 200 || r.body["user_id"] != 9.0 {
 		t.Errorf("GET with user_id 9, auth off: %d %s, want 200 for user 9", r.status, r.raw)
+	}
+}
+
+// fixedOrder is an Orders that places every order at once, the same one:
+// what is left of POST /api/v1/orders is the HTTP layer.
+type fixedOrder struct{}
+
+func (fixedOrder) PlaceOrder(_ context.Context, sku, user int64, _ string) (stock.Order, error) {
+	return stock.Order{ID: 1, SKUID: sku, UserID: user, CreatedAt: time.Unix(0, 0), Status: "reserved"}, nil
+}
+
+// BenchmarkAuth is POST /api/v1/orders through the whole gin engine, in
+// process, against an Orders that places nothing, with SHOP_AUTH=none and
+// with jwt (an HS256 secret, and a gateway's Ed25519 key): what verifying
+// adds to an order in time and allocations. internal/auth's BenchmarkBuyer
+// is the verify alone.
+//
+//	go test -run '^$' -bench Auth -benchmem ./internal/handler
+func BenchmarkAuth(b *testing.B) {
+	gin.SetMode(gin.ReleaseMode)
+	pub, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		b.Fatal(err)
+	}
+	exp := time.Now().Add(time.Hour)
+	hs, err := auth.New(auth.Options{Secret: jwtSecret})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ed, err := auth.New(auth.Options{PublicKeys: []crypto.PublicKey{pub}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bb := range []struct {
+		name  string
+		auth  handler.Authenticator
+		token string
+		body  string
+	}{
+		{"off", nil, "", `{"sku_id":1,"user_id":7}`},
+		{"jwt-HS256", hs, mint(b, jwt.SigningMethodHS256, jwtSecret, "7", exp), `{"sku_id":1}`},
+		{"jwt-EdDSA", ed, mint(b, jwt.SigningMethodEdDSA, priv, "7", exp), `{"sku_id":1}`},
+	} {
+		b.Run(bb.name, func(b *testing.B) {
+			d := handler.Deps{Orders: fixedOrder{}, Registry: prometheus.NewRegistry()}
+			if bb.auth != nil {
+				d.Auth = bb.auth
+			}
+			h := handler.New(d)
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest("POST", "/api/v1/orders", strings.NewReader(bb.body))
+				req.Header.Set("Content-Type", "application/json")
+				if bb.token != "" {
+					req.Header.Set("Authorization", "Bearer "+bb.token)
+				}
+				rec := httptest.NewRecorder()
+				h.ServeHTTP(rec, req)
+				if rec.Code != 201 {
+					b.Fatalf("%d %s", rec.Code, rec.Body)
+				}
+			}
+		})
 	}
 }
