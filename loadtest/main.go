@@ -49,6 +49,13 @@
 // of its own, until the run has won K orders or -until-for has passed: a
 // second wave of new buyers (-first-user) waiting for the units that lapsed
 // reservations give back.
+//
+// With -jwt-secret S, for a shop with SHOP_AUTH=jwt and SHOP_JWT_SECRET=S,
+// every buyer sends Authorization: Bearer <JWT>, HS256 with S, its user id
+// as sub, expiring an hour after it was minted (and -jwt-issuer,
+// -jwt-audience as iss and aud when given). A buyer's token is minted once,
+// the first time its request is built, and kept: a retry, or the same user
+// in another request, sends the same token.
 package main
 
 import (
@@ -70,10 +77,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/rakyll/hey/requester"
 )
 
@@ -115,6 +124,49 @@ type options struct {
 	paymentsPath string
 	until        int
 	untilFor     time.Duration
+	// tokens mints the buyers' JWTs with -jwt-secret; nil without it.
+	tokens *tokens
+}
+
+// minJWTSecret is the shortest secret shop takes for SHOP_JWT_SECRET.
+const minJWTSecret = 32
+
+// tokenLife is how long a buyer's token is good for: longer than any run.
+const tokenLife = time.Hour
+
+// tokens are the buyers' JWTs, each minted the first time it is asked for
+// and kept, so that what a request costs the load test stays what it cost
+// before: one map lookup, not an HMAC.
+type tokens struct {
+	secret           []byte
+	issuer, audience string
+	mu               sync.Mutex
+	byUser           map[int]string
+}
+
+func newTokens(secret, issuer, audience string) *tokens {
+	return &tokens{secret: []byte(secret), issuer: issuer, audience: audience, byUser: map[int]string{}}
+}
+
+// of returns user's token.
+func (t *tokens) of(user int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.byUser[user]; ok {
+		return s
+	}
+	now := time.Now()
+	claims := jwt.MapClaims{"sub": strconv.Itoa(user), "iat": now.Unix(), "exp": now.Add(tokenLife).Unix()}
+	if t.issuer != "" {
+		claims["iss"] = t.issuer
+	}
+	if t.audience != "" {
+		claims["aud"] = t.audience
+	}
+	// HS256 with a []byte key does not fail.
+	s, _ := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(t.secret)
+	t.byUser[user] = s
+	return s
 }
 
 // Result is what -json writes.
@@ -179,8 +231,19 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.paymentsPath, "payments", "", "write the payments to this file, one \"order_id user_id payment_id in_time|late last_answer\" line each")
 	fs.IntVar(&o.until, "until", 0, "buyers answered 409 sold_out buy again, after a backoff, until the run has won this many orders (0: never)")
 	fs.DurationVar(&o.untilFor, "until-for", 2*time.Minute, "-until: no purchase attempt starts later than this after the run began")
+	jwtSecret := fs.String("jwt-secret", "", "send each buyer's order with a JWT (HS256, sub = its user id) signed with this secret: shop's SHOP_JWT_SECRET")
+	jwtIssuer := fs.String("jwt-issuer", "", "-jwt-secret: the tokens' iss (shop's SHOP_JWT_ISSUER)")
+	jwtAudience := fs.String("jwt-audience", "", "-jwt-secret: the tokens' aud (shop's SHOP_JWT_AUDIENCE)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	switch {
+	case *jwtSecret != "" && len(*jwtSecret) < minJWTSecret:
+		return o, fmt.Errorf("-jwt-secret: %d bytes; shop's SHOP_JWT_SECRET has at least %d", len(*jwtSecret), minJWTSecret)
+	case *jwtSecret != "":
+		o.tokens = newTokens(*jwtSecret, *jwtIssuer, *jwtAudience)
+	case *jwtIssuer != "" || *jwtAudience != "":
+		return o, errors.New("-jwt-issuer and -jwt-audience need -jwt-secret")
 	}
 	for _, u := range strings.Split(*urls, ",") {
 		if _, err := url.ParseRequestURI(u); err != nil {
@@ -248,6 +311,9 @@ func requests(o options) func() *http.Request {
 		body := fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)
 		req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		if o.tokens != nil {
+			req.Header.Set("Authorization", "Bearer "+o.tokens.of(user))
+		}
 		if o.keys || o.retry {
 			req.Header.Set("Idempotency-Key", fmt.Sprintf("lt-%d-%d-%s", sku, user, o.run))
 		}

@@ -421,8 +421,8 @@ func TestLifeOutcome(t *testing.T) {
 			"FAILED: 2 payments unanswered"},
 		{"a retrying buyer unanswered", fakeLife(kill, func(r *result) { r.Life.Wave2.Unanswered = 1 }),
 			"FAILED: 1 buyers unanswered"},
-		{"verify broken", fakeLife(as, func(r *result) { *r = withBroken(*r, "initial_stock == stock + orders") }),
-			"FAILED: initial_stock == stock + orders"},
+		{"verify broken", fakeLife(as, func(r *result) { *r = withBroken(*r, "initial_stock == stock + active orders") }),
+			"FAILED: initial_stock == stock + active orders"},
 	} {
 		if got := tt.res.outcome(); got != tt.outcome {
 			t.Errorf("%s: outcome %q, want %q", tt.name, got, tt.outcome)
