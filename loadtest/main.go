@@ -30,6 +30,13 @@
 // (still 5xx or a transport error when the bound is reached). -rate R caps
 // the buyers started per second over all workers (hey gives each worker
 // R/c), so that a sale lasts long enough for a fault to land mid-sale.
+//
+// With -jwt-secret S, for a shop with SHOP_AUTH=jwt and SHOP_JWT_SECRET=S,
+// every buyer sends Authorization: Bearer <JWT>, HS256 with S, its user id
+// as sub, expiring an hour after it was minted (and -jwt-issuer,
+// -jwt-audience as iss and aud when given). A buyer's token is minted once,
+// the first time its request is built, and kept: a retry, or the same user
+// in another request, sends the same token.
 package main
 
 import (
@@ -50,10 +57,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
 
+	"github.com/golang-jwt/jwt/v5"
 	"github.com/rakyll/hey/requester"
 )
 
@@ -85,6 +94,49 @@ type options struct {
 	retries     int
 	retryFor    time.Duration
 	rate        float64
+	// tokens mints the buyers' JWTs with -jwt-secret; nil without it.
+	tokens *tokens
+}
+
+// minJWTSecret is the shortest secret shop takes for SHOP_JWT_SECRET.
+const minJWTSecret = 32
+
+// tokenLife is how long a buyer's token is good for: longer than any run.
+const tokenLife = time.Hour
+
+// tokens are the buyers' JWTs, each minted the first time it is asked for
+// and kept, so that what a request costs the load test stays what it cost
+// before: one map lookup, not an HMAC.
+type tokens struct {
+	secret           []byte
+	issuer, audience string
+	mu               sync.Mutex
+	byUser           map[int]string
+}
+
+func newTokens(secret, issuer, audience string) *tokens {
+	return &tokens{secret: []byte(secret), issuer: issuer, audience: audience, byUser: map[int]string{}}
+}
+
+// of returns user's token.
+func (t *tokens) of(user int) string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if s, ok := t.byUser[user]; ok {
+		return s
+	}
+	now := time.Now()
+	claims := jwt.MapClaims{"sub": strconv.Itoa(user), "iat": now.Unix(), "exp": now.Add(tokenLife).Unix()}
+	if t.issuer != "" {
+		claims["iss"] = t.issuer
+	}
+	if t.audience != "" {
+		claims["aud"] = t.audience
+	}
+	// HS256 with a []byte key does not fail.
+	s, _ := jwt.NewWithClaims(jwt.SigningMethodHS256, claims).SignedString(t.secret)
+	t.byUser[user] = s
+	return s
 }
 
 // Result is what -json writes.
@@ -133,8 +185,19 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.retries, "retries", 30, "-retry: the most attempts per buyer")
 	fs.DurationVar(&o.retryFor, "retry-for", 90*time.Second, "-retry: no attempt starts later than this after a buyer's first")
 	fs.Float64Var(&o.rate, "rate", 0, "the most buyers started per second, over all workers (0: no limit)")
+	jwtSecret := fs.String("jwt-secret", "", "send each buyer's order with a JWT (HS256, sub = its user id) signed with this secret: shop's SHOP_JWT_SECRET")
+	jwtIssuer := fs.String("jwt-issuer", "", "-jwt-secret: the tokens' iss (shop's SHOP_JWT_ISSUER)")
+	jwtAudience := fs.String("jwt-audience", "", "-jwt-secret: the tokens' aud (shop's SHOP_JWT_AUDIENCE)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	switch {
+	case *jwtSecret != "" && len(*jwtSecret) < minJWTSecret:
+		return o, fmt.Errorf("-jwt-secret: %d bytes; shop's SHOP_JWT_SECRET has at least %d", len(*jwtSecret), minJWTSecret)
+	case *jwtSecret != "":
+		o.tokens = newTokens(*jwtSecret, *jwtIssuer, *jwtAudience)
+	case *jwtIssuer != "" || *jwtAudience != "":
+		return o, errors.New("-jwt-issuer and -jwt-audience need -jwt-secret")
 	}
 	for _, u := range strings.Split(*urls, ",") {
 		if _, err := url.ParseRequestURI(u); err != nil {
@@ -195,6 +258,9 @@ func requests(o options) func() *http.Request {
 		body := fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)
 		req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
+		if o.tokens != nil {
+			req.Header.Set("Authorization", "Bearer "+o.tokens.of(user))
+		}
 		if o.keys || o.retry {
 			req.Header.Set("Idempotency-Key", fmt.Sprintf("lt-%d-%d", sku, user))
 		}

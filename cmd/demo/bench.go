@@ -74,18 +74,30 @@ func parseBench(args []string) (benchOptions, error) {
 type benchConfig struct {
 	Name     string
 	Env      []string // the replicas' settings
+	Load     []string // the load test's flags beyond the phase's own
 	Baseline bool     // the configuration the others are divided by
+	// Beside names the configuration this one differs from by one
+	// setting: the two are also compared on their own (benchPairs).
+	Beside string
 }
 
+// benchJWTSecret is the HS256 secret of the configuration with
+// SHOP_AUTH=jwt, which the load test signs its buyers' tokens with.
+const benchJWTSecret = "bench-orders-jwt-secret-of-32-bytes"
+
 // benchConfigs are the lock-free baseline (the guarded UPDATE alone, one
-// order per transaction), the Redis lock with one order per hold, and the
+// order per transaction), the Redis lock with one order per hold, the
 // service's default (the Redis lock, a SKU's queued orders in one
-// transaction).
+// transaction), and the default with buyers authenticated by JWT (each
+// order carries an HS256 token the replica verifies), beside the default:
+// what verifying costs an order.
 func benchConfigs() []benchConfig {
 	return []benchConfig{
 		{Name: "none, batch 1 (baseline)", Env: []string{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, Baseline: true},
 		{Name: "redis, batch 1", Env: []string{"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}},
 		{Name: "redis, default batch", Env: []string{"SHOP_LOCK_MODE=redis"}},
+		{Name: "redis, default batch, jwt", Env: []string{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret},
+			Load: []string{"-jwt-secret", benchJWTSecret}, Beside: "redis, default batch"},
 	}
 }
 
@@ -183,11 +195,13 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	cores := runtime.NumCPU()
 	tbl := benchTable(phases, o.rounds)
 	notes := benchNotes(o, phases)
+	pairs := benchPairs(phases)
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, tbl)
 	fmt.Fprint(stdout, notes)
+	fmt.Fprint(stdout, pairs)
 	fmt.Fprintf(stdout, "\n%d CPU cores (runtime.NumCPU). Command: %s\n", cores, command)
-	if err := writeBenchReport(o, tbl, notes, cores, command); err != nil {
+	if err := writeBenchReport(o, tbl, notes+pairs, cores, command); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(o.out, "report.md"))
@@ -270,7 +284,7 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	if err != nil {
 		return p, err
 	}
-	args = append(args, "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-json", base+".json", "-acks", base+".acks")
+	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-json", base+".json", "-acks", base+".acks")
 	if err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
 		return p, err
 	}
@@ -593,6 +607,38 @@ func benchNotes(o benchOptions, phases []benchPhase) string {
 	return b.String()
 }
 
+// benchPairs sets each configuration with a Beside beside that one, phase
+// by phase and run by run: the rates, their ratio and the latencies, in a
+// table of their own. Empty when no such pair ran.
+func benchPairs(phases []benchPhase) string {
+	var b strings.Builder
+	line := func(cells ...string) { fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | ")) }
+	for _, p := range benchOrder(phases) {
+		if p.Config.Beside == "" {
+			continue
+		}
+		i := slices.IndexFunc(phases, func(q benchPhase) bool {
+			return q.Config.Name == p.Config.Beside && q.Phase == p.Phase && q.Round == p.Round
+		})
+		if i < 0 {
+			continue
+		}
+		off := phases[i]
+		if b.Len() == 0 {
+			b.WriteString("\n")
+			line("phase", "run", "compared", "rate off", "rate on", "on / off", "p50 off", "p50 on", "p99 off", "p99 on")
+			line("---", "---", "---", "---", "---", "---", "---", "---", "---", "---")
+		}
+		line(p.Phase, strconv.Itoa(p.Round), p.Config.Name+" vs "+off.Config.Name,
+			fmt.Sprintf("%.0f", off.rate()), fmt.Sprintf("%.0f", p.rate()), ratio(p.rate(), off.rate()),
+			ms(off.Load.P50Ms), ms(p.Load.P50Ms), ms(off.Load.P99Ms), ms(p.Load.P99Ms))
+	}
+	if b.Len() > 0 {
+		b.WriteString("\nRate: orders/s, after the sell-out requests/s; on / off below 1.00× is what the one setting costs.\n")
+	}
+	return b.String()
+}
+
 // writeBenchReport writes report.md to o.out.
 func writeBenchReport(o benchOptions, tbl, notes string, cores int, command string) error {
 	var b strings.Builder
@@ -616,6 +662,9 @@ func writeBenchReport(o benchOptions, tbl, notes string, cores int, command stri
 - **SELECT per refused order**: after the sell-out, the phase's SELECTs over its 409s.
 - **verify**: ` + "`shop verify --acks`" + ` right after the phase, with every order acknowledged since the reseed.
 - **× baseline**: orders/s over the baseline's in the same phase and run (after sell-out: requests/s).
+- **redis, default batch, jwt**: the default with ` + "`SHOP_AUTH=jwt`" + ` (HS256); every buyer sends a token minted once by
+  the load test (` + "`-jwt-secret`" + `), which the replica verifies before the order. The second table sets it beside the
+  default, phase by phase: what verifying costs.
 `)
 	fmt.Fprintf(&b, "\nCommand: `%s`\n", command)
 	return os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644)

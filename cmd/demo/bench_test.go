@@ -60,8 +60,8 @@ func TestBenchTable(t *testing.T) {
 	col := func(name string) int { return slices.Index(benchColumns, name) }
 	tbl := benchTable(phases, 2)
 
-	if n := strings.Count(tbl, "\n"); n != 2+2*3*3 {
-		t.Errorf("%d lines, want the heading, its rule and 2 runs and a median for 3 configurations in 2 phases:\n%s", n, tbl)
+	if n := strings.Count(tbl, "\n"); n != 2+2*3*len(configs) {
+		t.Errorf("%d lines, want the heading, its rule and 2 runs and a median for %d configurations in 2 phases:\n%s", n, len(configs), tbl)
 	}
 	if strings.Index(tbl, "| "+phaseHot+" | "+base.Name+" | 1 |") > strings.Index(tbl, "| "+phaseHot+" | "+lock.Name+" | 1 |") ||
 		strings.Index(tbl, "| "+phaseHot) > strings.Index(tbl, "| "+phaseAfter) {
@@ -111,12 +111,51 @@ func TestBenchNotesSaleShort(t *testing.T) {
 }
 
 func TestBenchConfigs(t *testing.T) {
-	want := [][]string{{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis"}}
+	want := [][]string{{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis"},
+		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret}}
 	configs := benchConfigs()
+	if len(configs) != len(want) {
+		t.Fatalf("%d configurations, want %d", len(configs), len(want))
+	}
 	for i, c := range configs {
 		if !slices.Equal(c.Env, want[i]) || c.Baseline != (i == 0) {
 			t.Errorf("configuration %d: %+v, want settings %q", i, c, want[i])
 		}
+	}
+	// The one with auth on signs with the secret its replicas check, and
+	// is set beside the default, which differs by that alone.
+	jwt, def := configs[3], configs[2]
+	if !slices.Equal(jwt.Load, []string{"-jwt-secret", benchJWTSecret}) || jwt.Beside != def.Name ||
+		!slices.Equal(slices.DeleteFunc(slices.Clone(jwt.Env), func(kv string) bool { return strings.HasPrefix(kv, "SHOP_AUTH=") || strings.HasPrefix(kv, "SHOP_JWT_") }), def.Env) {
+		t.Errorf("auth configuration %+v is not the default %+v with SHOP_AUTH=jwt", jwt, def)
+	}
+	if len(benchJWTSecret) < 32 {
+		t.Errorf("benchJWTSecret is %d bytes; SHOP_JWT_SECRET needs 32", len(benchJWTSecret))
+	}
+}
+
+// The pair table sets the configuration with auth beside the default, each
+// phase and run, with the ratio of their rates.
+func TestBenchPairs(t *testing.T) {
+	configs := benchConfigs()
+	def, jwt := configs[2], configs[3]
+	phases := []benchPhase{
+		fakePhase(1, phaseHot, def, map[string]int{"201": 1000}, [4]int64{}, true),
+		fakePhase(1, phaseHot, jwt, map[string]int{"201": 900}, [4]int64{}, true),
+		fakePhase(1, phaseAfter, def, map[string]int{"409": 400}, [4]int64{}, true),
+		fakePhase(1, phaseAfter, jwt, map[string]int{"409": 300}, [4]int64{}, true),
+	}
+	got := benchPairs(phases)
+	for _, want := range []string{
+		"| hot SKU | 1 | redis, default batch, jwt vs redis, default batch | 1000 | 900 | 0.90× |",
+		"| after sell-out | 1 | redis, default batch, jwt vs redis, default batch | 400 | 300 | 0.75× |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("pairs lack %q:\n%s", want, got)
+		}
+	}
+	if benchPairs(phases[:1]) != "" {
+		t.Error("a pair with one side missing is shown")
 	}
 }
 

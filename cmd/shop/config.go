@@ -6,12 +6,14 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"os"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
 
+	"shop/internal/auth"
 	"shop/internal/stock"
 )
 
@@ -54,7 +56,15 @@ type config struct {
 	NullTTL       time.Duration
 	Bloom         bool
 	AdminToken    string
-	LogLevel      slog.Level
+	// Auth is SHOP_AUTH: "none", the request's user_id is the buyer, or
+	// "jwt", the buyer routes need a bearer token verified by JWT and the
+	// buyer is its subject.
+	Auth string
+	// JWT is the verifier's settings with Auth "jwt": SHOP_JWT_SECRET, or
+	// the keys of the file SHOP_JWT_PUBLIC_KEYS names, and
+	// SHOP_JWT_ISSUER, SHOP_JWT_AUDIENCE.
+	JWT      auth.Options
+	LogLevel slog.Level
 	// Drain is how long a stopping replica, which accepts no new
 	// connection, keeps serving those it has, every response closing its
 	// connection, before Shutdown.
@@ -89,6 +99,10 @@ const (
 	// interval.
 	minSweepInterval = 100 * time.Millisecond
 	maxSweepInterval = 10 * time.Minute
+	// jwtLeeway is the clock skew allowed on a buyer token's exp and nbf:
+	// the clocks of whoever issues tokens and of the replicas differ a
+	// little.
+	jwtLeeway = 30 * time.Second
 )
 
 // configError is a bad setting; the process exits with status 2.
@@ -225,6 +239,8 @@ func loadConfig(getenv func(string) string) (config, error) {
 	if c.AdminToken != strings.TrimSpace(c.AdminToken) {
 		errs = append(errs, errors.New("SHOP_ADMIN_TOKEN: begins or ends with white space (a space, or the newline of a file it was read from): remove it"))
 	}
+	c.Auth = oneOf("SHOP_AUTH", "none", "none", "jwt")
+	errs = append(errs, c.loadJWT(getenv)...)
 	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
 		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))
 	}
@@ -232,6 +248,62 @@ func loadConfig(getenv func(string) string) (config, error) {
 		return c, configError{errors.Join(errs...)}
 	}
 	return c, nil
+}
+
+// jwtVars are the settings of SHOP_AUTH=jwt.
+var jwtVars = []string{"SHOP_JWT_SECRET", "SHOP_JWT_PUBLIC_KEYS", "SHOP_JWT_ISSUER", "SHOP_JWT_AUDIENCE"}
+
+// loadJWT reads the SHOP_JWT_* settings into c.JWT, reading and parsing the
+// public keys' file, and returns what is wrong with them. With SHOP_AUTH=jwt
+// exactly one of the secret and the keys' file is set; with SHOP_AUTH=none
+// none of them is: set, they say the operator meant buyers to be
+// authenticated, and serving without would let anyone buy as anyone.
+func (c *config) loadJWT(getenv func(string) string) []error {
+	if c.Auth != "jwt" {
+		var set []string
+		for _, name := range jwtVars {
+			if getenv(name) != "" {
+				set = append(set, name)
+			}
+		}
+		if len(set) > 0 && c.Auth == "none" {
+			return []error{fmt.Errorf("%s: set, but SHOP_AUTH is none, which authenticates no buyer: set SHOP_AUTH=jwt, or unset them", strings.Join(set, ", "))}
+		}
+		return nil
+	}
+	var errs []error
+	secret, keysFile := getenv("SHOP_JWT_SECRET"), getenv("SHOP_JWT_PUBLIC_KEYS")
+	c.JWT = auth.Options{Issuer: getenv("SHOP_JWT_ISSUER"), Audience: getenv("SHOP_JWT_AUDIENCE"), Leeway: jwtLeeway}
+	switch {
+	case secret != "" && keysFile != "":
+		errs = append(errs, errors.New("SHOP_JWT_SECRET and SHOP_JWT_PUBLIC_KEYS: both set; SHOP_AUTH=jwt takes exactly one, the HS256 secret or the file of a gateway's public keys"))
+	case secret == "" && keysFile == "":
+		errs = append(errs, errors.New("SHOP_JWT_SECRET or SHOP_JWT_PUBLIC_KEYS: SHOP_AUTH=jwt needs one, an HS256 secret of at least 32 bytes or a PEM file of Ed25519 or RSA public keys"))
+	case secret != "":
+		if n := len(secret); n < auth.MinSecret {
+			errs = append(errs, fmt.Errorf("SHOP_JWT_SECRET: %d bytes, must be at least %d", n, auth.MinSecret))
+		}
+		// Whoever mints the tokens most likely signs without it.
+		if secret != strings.TrimSpace(secret) {
+			errs = append(errs, errors.New("SHOP_JWT_SECRET: begins or ends with white space (a space, or the newline of a file it was read from): remove it"))
+		}
+		c.JWT.Secret = []byte(secret)
+	default:
+		data, err := os.ReadFile(keysFile)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("SHOP_JWT_PUBLIC_KEYS: %w", err))
+			break
+		}
+		if c.JWT.PublicKeys, err = auth.ParsePublicKeys(data); err != nil {
+			errs = append(errs, fmt.Errorf("SHOP_JWT_PUBLIC_KEYS=%q: %w", keysFile, err))
+		}
+	}
+	for _, name := range []string{"SHOP_JWT_ISSUER", "SHOP_JWT_AUDIENCE"} {
+		if v := getenv(name); v != strings.TrimSpace(v) {
+			errs = append(errs, fmt.Errorf("%s=%q: begins or ends with white space, which no token's claim would match", name, v))
+		}
+	}
+	return errs
 }
 
 // addrList splits a comma-separated list of addresses, dropping blanks.

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"shop/internal/auth"
 	"shop/internal/cache"
 	"shop/internal/depmetrics"
 	"shop/internal/failpoint"
@@ -58,6 +59,15 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
+	var buyers handler.Authenticator // nil: SHOP_AUTH=none
+	if cfg.Auth == "jwt" {
+		v, err := auth.New(cfg.JWT)
+		if err != nil {
+			return configError{fmt.Errorf("SHOP_AUTH=jwt: %w", err)}
+		}
+		buyers = v
+	}
+
 	// Every line logged for a request, with its context, carries the
 	// request's id (requestid.LogHandler).
 	log := slog.New(requestid.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel})))
@@ -146,6 +156,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Admin:      newProductAdmin(orders, products, restocks, log),
 		Refunds:    catalog,
 		AdminToken: cfg.AdminToken,
+		Auth:       buyers,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
 			"redis": redisReady(rdb),
@@ -170,7 +181,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "redis", cfg.redisTopology(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom,
-		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String())
+		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth)
 
 	if cfg.DebugAddr != "" {
 		dbg, addr, err := serveDebug(cfg.DebugAddr)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"shop/internal/auth"
 	"shop/internal/requestid"
 	"shop/internal/stock"
 )
@@ -23,6 +24,16 @@ var (
 	errStopping         = errors.New("the service is shutting down")
 	errClientClosed     = errors.New("the client closed the request")
 	errInternal         = errors.New("internal error")
+)
+
+// The buyer routes' refusals with SHOP_AUTH=jwt: errNoToken and errBadToken
+// are 401s, no bearer token or one that was refused (the verifier's error
+// wrapped in it says why, for the log); errForbidden is a user_id in the
+// request that is not the token's subject.
+var (
+	errNoToken   = errors.New("this route needs Authorization: Bearer <token>")
+	errBadToken  = errors.New("the bearer token is not valid")
+	errForbidden = errors.New("user_id is not the buyer the bearer token names")
 )
 
 const (
@@ -91,6 +102,17 @@ func status(err error) (int, string, string) {
 		return http.StatusUnsupportedMediaType, "unsupported_media_type", err.Error()
 	case errors.Is(err, errUnauthorized):
 		return http.StatusUnauthorized, "unauthorized", err.Error()
+	case errors.Is(err, errNoToken):
+		return http.StatusUnauthorized, "unauthorized", errNoToken.Error()
+	case errors.Is(err, errBadToken) && errors.Is(err, auth.ErrExpired):
+		return http.StatusUnauthorized, "unauthorized", "the bearer token has expired"
+	case errors.Is(err, errBadToken):
+		// Why the verifier refused it is for the log: a client learns
+		// nothing from it that a forger could use.
+		return http.StatusUnauthorized, "unauthorized",
+			"the bearer token is not valid: malformed, not signed by a trusted key, or not for this service"
+	case errors.Is(err, errForbidden):
+		return http.StatusForbidden, "forbidden", errForbidden.Error()
 	case errors.Is(err, stock.ErrBusy):
 		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
 	case errors.Is(err, errUnavailable):
@@ -125,6 +147,21 @@ func clientGone(c *gin.Context, err error) error {
 	return fmt.Errorf("%w: %w", errClientClosed, err)
 }
 
+// challenge is the WWW-Authenticate header of a buyer route's 401 (RFC
+// 6750 section 3): the scheme alone when no token came, with
+// error="invalid_token" and the message when one came and was refused.
+// Empty for every other error.
+func challenge(err error, msg string) string {
+	switch {
+	case errors.Is(err, errNoToken):
+		return `Bearer realm="shop"`
+	case errors.Is(err, errBadToken):
+		// The messages of status hold no quote or backslash.
+		return `Bearer realm="shop", error="invalid_token", error_description="` + msg + `"`
+	}
+	return ""
+}
+
 // writeError answers with err's status and the JSON error shape, and keeps
 // err on the context for the access log.
 func writeError(c *gin.Context, err error) {
@@ -132,6 +169,9 @@ func writeError(c *gin.Context, err error) {
 	code, name, msg := status(err)
 	if code == http.StatusServiceUnavailable {
 		c.Header("Retry-After", retryAfterSeconds)
+	}
+	if h := challenge(err, msg); h != "" {
+		c.Header("WWW-Authenticate", h)
 	}
 	detail := errorDetail{Code: name, Message: msg}
 	if code >= http.StatusInternalServerError {

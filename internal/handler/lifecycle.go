@@ -154,12 +154,3 @@ func outcome(err error, ok string) string {
 	_, code, _ := status(err)
 	return code
 }
-
-// buyer is the user a buyer route acts for: the body's or the query's
-// user_id, which is required.
-func buyer(_ *gin.Context, claimed *int64) (int64, error) {
-	if claimed == nil {
-		return 0, invalid("user_id is required")
-	}
-	return *claimed, nil
-}

@@ -48,7 +48,9 @@ const (
 )
 
 // handlePlaceOrder answers 201 only after the order has been committed. The
-// order rules (positive ids, the key's format) are the domain's to check.
+// buyer is the body's user_id, or the bearer token's subject with
+// authentication on (see buyer). The order rules (positive ids, the key's
+// format) are the domain's to check.
 func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		fail := func(err error) {
@@ -97,8 +99,13 @@ func readOrder(c *gin.Context) (sku, user int64, key string, err error) {
 	if err := decode(c, &req); err != nil {
 		return 0, 0, "", err
 	}
-	if req.SKUID == nil || req.UserID == nil {
-		return 0, 0, "", invalid("sku_id and user_id are required")
+	// Who buys before what: a body naming another buyer is refused
+	// whatever else it holds.
+	if user, err = buyer(c, req.UserID); err != nil {
+		return 0, 0, "", err
 	}
-	return *req.SKUID, *req.UserID, key, nil
+	if req.SKUID == nil {
+		return 0, 0, "", invalid("sku_id is required")
+	}
+	return *req.SKUID, user, key, nil
 }

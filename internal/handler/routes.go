@@ -20,10 +20,13 @@ func addRoutes(r *gin.Engine, d Deps) {
 	r.GET("/openapi.json", handleOpenAPI())
 
 	api := r.Group("/api/v1")
-	api.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
-	api.GET("/orders/:id", handleGetOrder(d.Lifecycle))
-	api.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
-	api.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
+	// The buyer routes: authenticate comes first, before the body is
+	// read, and handlers learn who the buyer is from buyer.
+	buyers := api.Group("", authenticate(d.Auth))
+	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
+	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
+	buyers.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
+	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
 	api.GET("/products/:id", handleProduct(d.Products))
 	api.GET("/products/:id/stock", handleStock(d.Stock))
 	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))

@@ -95,6 +95,10 @@ type Deps struct {
 	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
 	// admin API off.
 	AdminToken string
+	// Auth authenticates buyers: every buyer route needs a bearer token it
+	// accepts, and the buyer is the token's subject. Nil is SHOP_AUTH=none:
+	// the request's user_id is the buyer.
+	Auth Authenticator
 	// Ready lists the checks of /readyz by name.
 	Ready map[string]Check
 	// Stopping reports that the service is being taken out of service:
