@@ -21,7 +21,7 @@ bench:
 bench-lock:
 	scripts/test.sh bench-lock
 
-## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch) on a private stack; one table
+## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch, default with SHOP_AUTH=jwt) on a private stack; one table
 bench-orders:
 	scripts/bench-orders.sh
 

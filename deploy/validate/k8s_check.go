@@ -28,7 +28,7 @@ const (
 )
 
 // secretEnv are the settings that carry credentials: from a Secret only.
-var secretEnv = []string{"SHOP_MYSQL_DSN", "SHOP_ADMIN_TOKEN"}
+var secretEnv = []string{"SHOP_MYSQL_DSN", "SHOP_ADMIN_TOKEN", "SHOP_JWT_SECRET"}
 
 // requiredEnv are the settings whose defaults are loopback addresses, which
 // mean nothing in a pod.
