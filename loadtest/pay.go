@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"math"
 	"net/http"
@@ -185,16 +184,7 @@ func (p *payer) send(ctx context.Context, pm payment, body string) answer {
 	if pm.auth != "" {
 		req.Header.Set("Authorization", pm.auth)
 	}
-	res, err := p.transport.RoundTrip(req)
-	if err != nil {
-		return answer{err: err}
-	}
-	defer res.Body.Close()
-	data, err := io.ReadAll(res.Body)
-	if err != nil {
-		return answer{err: err}
-	}
-	return answer{status: res.StatusCode, header: res.Header, body: data}
+	return roundTrip(p.transport, req)
 }
 
 // final records a payment's last answer.

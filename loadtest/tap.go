@@ -250,7 +250,12 @@ func (t *tap) send(r *http.Request, body []byte, key string) answer {
 	if len(body) > 0 {
 		out.Body = io.NopCloser(bytes.NewReader(body))
 	}
-	res, err := t.transport.RoundTrip(out)
+	return roundTrip(t.transport, out)
+}
+
+// roundTrip sends req once through rt and reads the whole answer.
+func roundTrip(rt http.RoundTripper, req *http.Request) answer {
+	res, err := rt.RoundTrip(req)
 	if err != nil {
 		return answer{err: err}
 	}

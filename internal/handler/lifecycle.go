@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"shop/internal/stock"
 )
@@ -80,63 +81,73 @@ func handleGetOrder(orders Lifecycle) gin.HandlerFunc {
 	}
 }
 
+// actionRequest is the body of a buyer's action on an order.
+type actionRequest interface {
+	// claimed is the user_id the body names, nil when it names none.
+	claimed() *int64
+	// check refuses a body without a field the action needs.
+	check() error
+}
+
+func (r *payRequest) claimed() *int64 { return r.UserID }
+
+func (r *payRequest) check() error {
+	if r.PaymentID == nil {
+		return invalid("payment_id is required")
+	}
+	return nil
+}
+
+func (r *cancelRequest) claimed() *int64 { return r.UserID }
+func (r *cancelRequest) check() error    { return nil }
+
 // handlePay pays a reservation. A payment that comes too late is refused
 // with 409 only once it has been recorded as a refund owed.
 func handlePay(orders Lifecycle, m *metrics) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		id, err := pathID(c)
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		var req payRequest
-		if err := decode(c, &req); err != nil {
-			writeError(c, err)
-			return
-		}
-		if req.PaymentID == nil {
-			writeError(c, invalid("payment_id is required"))
-			return
-		}
-		user, err := buyer(c, req.UserID)
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		ctx, cancel := context.WithTimeout(c.Request.Context(), lifecycleTimeout)
-		defer cancel()
-		o, err := orders.Pay(ctx, user, id, *req.PaymentID)
-		m.payments.WithLabelValues(outcome(err, "paid")).Inc()
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		c.JSON(http.StatusOK, newOrderResponse(o))
-	}
+	return orderAction(m.payments, "paid", func(ctx context.Context, user, id int64, r *payRequest) (stock.Order, error) {
+		return orders.Pay(ctx, user, id, *r.PaymentID)
+	})
 }
 
 // handleCancel cancels a reservation; its unit goes back to the sale.
 func handleCancel(orders Lifecycle, m *metrics) gin.HandlerFunc {
+	return orderAction(m.cancellations, "cancelled", func(ctx context.Context, user, id int64, _ *cancelRequest) (stock.Order, error) {
+		return orders.Cancel(ctx, user, id)
+	})
+}
+
+// orderAction is the handler of a buyer's action on one of its orders: it
+// reads the order's id and a body R, finds the buyer, runs act within
+// lifecycleTimeout, counts its outcome in results (done when it succeeded),
+// and answers 200 with the order act returned.
+func orderAction[R any, P interface {
+	*R
+	actionRequest
+}](results *prometheus.CounterVec, done string, act func(ctx context.Context, user, id int64, req P) (stock.Order, error)) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id, err := pathID(c)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		var req cancelRequest
-		if err := decode(c, &req); err != nil {
+		req := P(new(R))
+		if err := decode(c, req); err != nil {
 			writeError(c, err)
 			return
 		}
-		user, err := buyer(c, req.UserID)
+		if err := req.check(); err != nil {
+			writeError(c, err)
+			return
+		}
+		user, err := buyer(c, req.claimed())
 		if err != nil {
 			writeError(c, err)
 			return
 		}
 		ctx, cancel := context.WithTimeout(c.Request.Context(), lifecycleTimeout)
 		defer cancel()
-		o, err := orders.Cancel(ctx, user, id)
-		m.cancellations.WithLabelValues(outcome(err, "cancelled")).Inc()
+		o, err := act(ctx, user, id, req)
+		results.WithLabelValues(outcome(err, done)).Inc()
 		if err != nil {
 			writeError(c, err)
 			return

@@ -68,6 +68,22 @@ func lapse(t *testing.T, db *testenv.DB, ids ...int64) {
 	}
 }
 
+// lapsedReservations places an order of sku for each of users 1..n through
+// svc, ends their payment windows (lapse), and returns their ids.
+func lapsedReservations(t *testing.T, svc *stock.Service, db *testenv.DB, sku int64, n int) []int64 {
+	t.Helper()
+	var ids []int64
+	for user := int64(1); user <= int64(n); user++ {
+		o, err := svc.PlaceOrder(context.Background(), sku, user, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, o.ID)
+	}
+	lapse(t, db, ids...)
+	return ids
+}
+
 // orderRow is order id as MySQL has it.
 func orderRow(t *testing.T, db *testenv.DB, id int64) stock.Order {
 	t.Helper()
@@ -407,15 +423,7 @@ func TestTwoReplicasSweep(t *testing.T) {
 			h := newHeld()
 			a := stock.NewService(db.Gorm, l, stock.Options{PayWindow: payWindow, Fencing: true, BeforeReturn: h.hook})
 			b := stock.NewService(db.Gorm, l, stock.Options{PayWindow: payWindow, Fencing: true})
-			var ids []int64
-			for user := int64(1); user <= 40; user++ {
-				o, err := a.PlaceOrder(ctx, 1, user, "")
-				if err != nil {
-					t.Fatal(err)
-				}
-				ids = append(ids, o.ID)
-			}
-			lapse(t, db, ids...)
+			ids := lapsedReservations(t, a, db, 1, 40)
 			first := make(chan int, 1)
 			go func() {
 				n, err := a.Sweep(ctx)
@@ -467,15 +475,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := stock.NewService(orders, l, stock.Options{PayWindow: payWindow, Fencing: true, BeforeReturn: h.hook})
-	var ids []int64
-	for user := int64(1); user <= 3; user++ {
-		o, err := svc.PlaceOrder(ctx, 1, user, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, o.ID)
-	}
-	lapse(t, db, ids...)
+	ids := lapsedReservations(t, svc, db, 1, 3)
 	killed := make(chan error, 1)
 	go func() { _, err := svc.Sweep(ctx); killed <- err }()
 	<-h.at
