@@ -258,7 +258,9 @@ func TestNoPaymentWhenPaid(t *testing.T) {
 // wave's unpaid reservations give back (-until), buys exactly those, under
 // keys of its own for each purchase attempt, and pays them all.
 func TestSecondWaveBuysReturnedUnits(t *testing.T) {
-	shop := newLifeShop(5, time.Second)
+	// The window outlasts the first wave and the start of the second on a
+	// loaded machine, so that the second meets the product sold out first.
+	shop := newLifeShop(5, 3*time.Second)
 	srv := httptest.NewServer(shop)
 	defer srv.Close()
 	first, acks1, _ := runPay(t, srv.URL, "-scenario", "hotsku", "-n", "10", "-c", "10", "-retry")

@@ -232,13 +232,7 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 	wg.Wait()
 	if tl.status[201] != skus || tl.status[409] != skus*(buyers-1) || tl.errs != 0 {
 		t.Errorf("responses %v, transport errors %d; want %d×201 and %d×409", tl.status, tl.errs, skus, skus*(buyers-1))
-		for _, r := range replicas {
-			for _, line := range strings.Split(r.log.String(), "\n") {
-				if strings.Contains(line, `"level":"ERROR"`) {
-					t.Log(line)
-				}
-			}
-		}
+		logErrors(t, replicas)
 	}
 	acks := filepath.Join(t.TempDir(), "acks")
 	os.WriteFile(acks, []byte(strings.Join(tl.acks, "\n")+"\n"), 0o600)
@@ -273,6 +267,18 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 	}
 	if attempts < 1 {
 		t.Errorf("shop_lock_attempts_total = %v on a replica that placed orders", attempts)
+	}
+}
+
+// logErrors logs the lines the replicas logged at error level: every 5xx.
+func logErrors(t *testing.T, replicas []*replica) {
+	t.Helper()
+	for _, r := range replicas {
+		for _, line := range strings.Split(r.log.String(), "\n") {
+			if strings.Contains(line, `"level":"ERROR"`) {
+				t.Log(line)
+			}
+		}
 	}
 }
 
