@@ -122,6 +122,19 @@ func wantStatus(t *testing.T, db *testenv.DB, id int64, status string) {
 	}
 }
 
+// wantSettled fails unless sku's stock is units, each order of ids has
+// status (wantStatus), and shop verify's checks hold.
+func wantSettled(t *testing.T, db *testenv.DB, sku int64, units int, ids []int64, status string) {
+	t.Helper()
+	if n := stockOf(t, db, sku); n != units {
+		t.Errorf("stock of %d = %d, want %d: every unit back once", sku, n, units)
+	}
+	for _, id := range ids {
+		wantStatus(t, db, id, status)
+	}
+	verified(t, db)
+}
+
 // verified fails unless shop verify's checks hold.
 func verified(t *testing.T, db *testenv.DB) {
 	t.Helper()
@@ -446,13 +459,7 @@ func TestTwoReplicasSweep(t *testing.T) {
 			if n, m := <-first, <-second; n+m != 40 || m != 0 {
 				t.Errorf("the sweeps returned %d and %d units, want 40 and 0", n, m)
 			}
-			if n := stockOf(t, db, 1); n != 50 {
-				t.Errorf("stock = %d, want 50: every unit back once", n)
-			}
-			for _, id := range ids {
-				wantStatus(t, db, id, stock.StatusExpired)
-			}
-			verified(t, db)
+			wantSettled(t, db, 1, 50, ids, stock.StatusExpired)
 		})
 	}
 }
@@ -514,13 +521,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 	if n, err := sweeper.Sweep(ctx); err != nil || n != 3 {
 		t.Errorf("the next sweep = %d, %v; want 3", n, err)
 	}
-	if n := stockOf(t, db, 1); n != 5 {
-		t.Errorf("stock = %d, want 5", n)
-	}
-	for _, id := range ids {
-		wantStatus(t, db, id, stock.StatusExpired)
-	}
-	verified(t, db)
+	wantSettled(t, db, 1, 5, ids, stock.StatusExpired)
 }
 
 // SHOP_USER_LIMIT counts active orders: a reservation that expired or was
