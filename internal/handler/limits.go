@@ -44,7 +44,9 @@ type Limits struct {
 // checks a minute per address. An operator mistyping a token is never near
 // it; a guesser is held to 14400 guesses a day, against a token of at least
 // 16 characters.
-func AdminAuthLimit() ratelimit.Limit { return ratelimit.Limit{Rate: 10, Burst: 10, Period: time.Minute} }
+func AdminAuthLimit() ratelimit.Limit {
+	return ratelimit.Limit{Rate: 10, Burst: 10, Period: time.Minute}
+}
 
 // errRateLimited is a request over one of the rate limits; it comes as a
 // *rateLimited, which says for how long.

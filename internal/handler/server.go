@@ -114,7 +114,7 @@ type Deps struct {
 	// valid ones only; nil trusts none, and the client is the socket's
 	// peer.
 	TrustedProxies []string
-	Seeder    Seeder
+	Seeder         Seeder
 	// Admin changes products: PATCH /api/v1/admin/products/{id}.
 	Admin ProductAdmin
 	// Refunds lists the refunds owed: GET /api/v1/admin/refunds.
