@@ -29,7 +29,10 @@ type logSink struct {
 	sent bool
 }
 
-var listenRE = regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
+var (
+	listenRE = regexp.MustCompile(`"msg":"listening","addr":"([^"]+)"`)
+	adminRE  = regexp.MustCompile(`"msg":"admin listener","addr":"([^"]+)"`)
+)
 
 func (s *logSink) Write(p []byte) (int, error) {
 	s.mu.Lock()
@@ -48,9 +51,11 @@ func (s *logSink) String() string {
 	return s.buf.String()
 }
 
-// replica is one `shop serve` run in-process, the way main runs it.
+// replica is one `shop serve` run in-process, the way main runs it: url is
+// its public listener's, admin its operators'.
 type replica struct {
-	url  string
+	url   string
+	admin string
 	stop context.CancelFunc
 	done chan error
 	log  *logSink
@@ -73,6 +78,12 @@ func startReplica(t *testing.T, vars map[string]string) *replica {
 	select {
 	case addr := <-r.log.addr:
 		r.url = "http://" + addr
+		// Logged before the public listener's line.
+		m := adminRE.FindStringSubmatch(r.log.String())
+		if m == nil {
+			t.Fatalf("serve logged no admin listener:\n%s", r.log)
+		}
+		r.admin = "http://" + m[1]
 	case err := <-r.done:
 		t.Fatalf("serve exited: %v\n%s", err, r.log)
 	case <-time.After(10 * time.Second):
@@ -246,7 +257,7 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 			t.Errorf("product %d after the sale: cached stock %d, want 0", sku, n)
 		}
 	}
-	res, err := client.Get(replicas[0].url + "/metrics")
+	res, err := client.Get(replicas[0].admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

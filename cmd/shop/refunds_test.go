@@ -25,7 +25,7 @@ func TestServeRefunds(t *testing.T) {
 		}
 	}
 	r := startReplica(t, vars())
-	req, err := http.NewRequest("GET", r.url+"/api/v1/admin/refunds", nil)
+	req, err := http.NewRequest("GET", r.admin+"/api/v1/admin/refunds", nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -139,7 +139,7 @@ func TestSaleWindowOnThreeReplicas(t *testing.T) {
 		t.Fatalf("before the sale: stock %d, %d orders; want 100000, none", s, n)
 	}
 	// Inside: the start cleared through one replica, every replica sells.
-	if code, body := patchProduct(t, client, replicas[0].url, 1, `{"sale_starts_at":null}`); code != 200 || body["sale_starts_at"] != nil {
+	if code, body := patchProduct(t, client, replicas[0].admin, 1, `{"sale_starts_at":null}`); code != 200 || body["sale_starts_at"] != nil {
 		t.Fatalf("open the sale: %d %v", code, body)
 	}
 	for i := range replicas {
@@ -150,7 +150,7 @@ func TestSaleWindowOnThreeReplicas(t *testing.T) {
 	orderAll(10, 201, "")
 	// After: closed through another.
 	ended := time.Now().Add(-time.Second).UTC().Format(time.RFC3339Nano)
-	if code, body := patchProduct(t, client, replicas[1].url, 1, `{"sale_ends_at":"`+ended+`"}`); code != 200 {
+	if code, body := patchProduct(t, client, replicas[1].admin, 1, `{"sale_ends_at":"`+ended+`"}`); code != 200 {
 		t.Fatalf("end the sale: %d %v", code, body)
 	}
 	orderAll(20, 403, "sale_ended")
@@ -160,7 +160,7 @@ func TestSaleWindowOnThreeReplicas(t *testing.T) {
 
 	// Closed mid-sale: buyers on every replica, then a PATCH sets the end
 	// to the moment it is sent.
-	if code, body := patchProduct(t, client, replicas[2].url, 1, `{"sale_ends_at":null}`); code != 200 {
+	if code, body := patchProduct(t, client, replicas[2].admin, 1, `{"sale_ends_at":null}`); code != 200 {
 		t.Fatalf("reopen the sale: %d %v", code, body)
 	}
 	var (
@@ -209,7 +209,7 @@ func TestSaleWindowOnThreeReplicas(t *testing.T) {
 		}
 	}
 	end := time.Now().UTC()
-	code, body := patchProduct(t, client, replicas[0].url, 1, `{"sale_ends_at":"`+end.Format(time.RFC3339Nano)+`"}`)
+	code, body := patchProduct(t, client, replicas[0].admin, 1, `{"sale_ends_at":"`+end.Format(time.RFC3339Nano)+`"}`)
 	answered := time.Now().UTC()
 	if code != 200 {
 		t.Fatalf("close the sale mid-sale: %d %v", code, body)
@@ -298,7 +298,7 @@ func TestRestockOfSoldOutSKUOnEveryReplica(t *testing.T) {
 			t.Fatalf("order via replica %d of a sold-out SKU: %d %s %v", i, status, body, err)
 		}
 	}
-	code, body := patchProduct(t, client, replicas[0].url, 1, `{"add_stock":5}`)
+	code, body := patchProduct(t, client, replicas[0].admin, 1, `{"add_stock":5}`)
 	patched := time.Now()
 	if code != 200 || body["stock"] != 5.0 || body["initial_stock"] != 6.0 || body["warnings"] != nil {
 		t.Fatalf("restock: %d %v; want 200, stock 5, initial_stock 6, no warnings", code, body)

@@ -25,8 +25,9 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 	// Each user's orders of 80 products are serialized on the user's
 	// counter row, each while its SKU's lock is held: on a machine shared
 	// with the other test packages a buyer may wait for that lock longer
-	// than the default 2 s.
-	vars := fleetVars(t, db, map[string]string{"SHOP_USER_LIMIT": fmt.Sprint(limit), "SHOP_LOCK_WAIT": "10s"})
+	// than the default 2 s. And each user orders many SKUs at once: the
+	// orders rate limit, which would refuse most of them first, is off.
+	vars := fleetVars(t, db, map[string]string{"SHOP_USER_LIMIT": fmt.Sprint(limit), "SHOP_LOCK_WAIT": "10s", "SHOP_RATE_USER": "0"})
 	// A unit of every product for every user: only the limit refuses.
 	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", fmt.Sprint(users)); code != 0 {
 		t.Fatal(out)
