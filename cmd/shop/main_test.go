@@ -75,6 +75,15 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_USER_LIMIT", "-1"},
 		{"SHOP_USER_LIMIT", "three"},
 		{"SHOP_USER_LIMIT", "1000001"},
+		{"SHOP_RATE_USER", "-1"},
+		{"SHOP_RATE_USER", "5/s"},
+		{"SHOP_RATE_USER_BURST", "2"}, // below the default rate of 5
+		{"SHOP_RATE_IP", "1000001"},
+		{"SHOP_TRUSTED_PROXIES", "nginx"},
+		{"SHOP_TRUSTED_PROXIES", "10.0.0.0/33"},
+		{"SHOP_TRUSTED_PROXIES", " , "},
+		{"SHOP_ADMIN_ADDR", "9091"},
+		{"SHOP_ADMIN_ADDR", "127.0.0.1:70000"},
 	}
 	base := serveBase(t)
 	for _, tt := range tests {
@@ -129,6 +138,9 @@ func TestConfigRedisTopology(t *testing.T) {
 		{"SHOP_DEBUG_ADDR": "127.0.0.1:6060"}, {"SHOP_DEBUG_ADDR": "[::1]:6060"}, {"SHOP_DEBUG_ADDR": "localhost:6060"},
 		{"SHOP_DRAIN": "0s"}, {"SHOP_DRAIN": "1m"},
 		{"SHOP_USER_LIMIT": "0"}, {"SHOP_USER_LIMIT": "1000000"},
+		{"SHOP_RATE_USER": "0"}, {"SHOP_RATE_USER": "1", "SHOP_RATE_USER_BURST": "0"}, {"SHOP_RATE_IP": "1000000"},
+		{"SHOP_TRUSTED_PROXIES": "none"}, {"SHOP_TRUSTED_PROXIES": "10.0.0.0/8, 192.168.1.5,::1"},
+		{"SHOP_ADMIN_ADDR": ":9091"}, {"SHOP_ADMIN_ADDR": "[::1]:0"},
 	} {
 		if _, err := loadConfig(env(ok)); err != nil {
 			t.Errorf("%v rejected: %v", ok, err)
