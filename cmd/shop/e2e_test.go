@@ -148,7 +148,8 @@ func (tl *tally) add(status int, body []byte, err error) {
 }
 
 // buyers starts n buyers who order, through client at url, each SKU sent
-// on the returned channel for user 1, into tl; close the channel, then call
+// on the returned channel for a user of its own (the SKU's id: a crowd, not
+// one buyer held to its rate limit), into tl; close the channel, then call
 // wait.
 func buyers(n int, client *http.Client, url string, tl *tally) (skus chan<- int, wait func()) {
 	skusc := make(chan int)
@@ -156,7 +157,7 @@ func buyers(n int, client *http.Client, url string, tl *tally) (skus chan<- int,
 	for range n {
 		wg.Go(func() {
 			for sku := range skusc {
-				tl.add(postOrder(client, url, sku, 1))
+				tl.add(postOrder(client, url, sku, sku))
 			}
 		})
 	}

@@ -151,7 +151,13 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	most = burst + int(time.Since(began).Seconds()*rate) + 1
+	// On a loaded machine a limiter call may outlast ratelimit.Timeout
+	// and let its order through: those are counted.
+	failedOpen := 0
+	for _, r := range replicas {
+		failedOpen += int(metric(t, r.admin, `shop_rate_limit_total{limit="user",result="failed_open"}`))
+	}
+	most = burst + int(time.Since(began).Seconds()*rate) + 1 + failedOpen
 	if statuses[201] > most || statuses[429] < conns-most || statuses[201]+statuses[429] != conns {
 		t.Errorf("scalper's %d orders at once: %v; want at most %d × 201, the rest 429", conns, statuses, most)
 	}

@@ -14,10 +14,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Timeout bounds a limiter's call to Redis. A limit is a guard, not the
-// work: a Redis too slow to answer in this time lets the request through
-// rather than making every buyer wait for it.
-const Timeout = 200 * time.Millisecond
+// Timeout bounds a limiter's call to Redis, as the service's other Redis
+// commands are bounded. A Redis slower than that lets the request through:
+// a limit is a guard, not the work. Much shorter, a Redis merely slowed by
+// the very flood the limit is for would open it.
+const Timeout = time.Second
 
 // Limit is how many requests a Period allows, in bursts of up to Burst.
 type Limit = redis_rate.Limit
