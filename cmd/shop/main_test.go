@@ -75,6 +75,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_USER_LIMIT", "-1"},
 		{"SHOP_USER_LIMIT", "three"},
 		{"SHOP_USER_LIMIT", "1000001"},
+		{"SHOP_READY_GRACE", "-1s"},
+		{"SHOP_READY_GRACE", "10"},
+		{"SHOP_READY_GRACE", "6m"},
 	}
 	base := serveBase(t)
 	for _, tt := range tests {

@@ -25,6 +25,7 @@ import (
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/notify"
+	"shop/internal/readiness"
 	"shop/internal/requestid"
 	"shop/internal/stock"
 )
@@ -144,6 +145,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	go func() { defer close(swept); orders.RunSweeper(sweepCtx, cfg.SweepInterval) }()
 	defer func() { stopSweeping(); <-swept }()
 
+	ready, stopProbes, err := newReadiness(ctx, cfg, rdb, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopProbes()
+
 	gin.SetMode(gin.ReleaseMode)
 	drain := newDrainer()
 	h := handler.New(handler.Deps{
@@ -157,12 +164,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Refunds:    catalog,
 		AdminToken: cfg.AdminToken,
 		Auth:       buyers,
-		Ready: map[string]handler.Check{
-			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
-			"redis": redisReady(rdb),
-		},
-		Stopping: drain.Draining,
-		Registry: reg,
+		Ready:      ready,
+		Stopping:   drain.Draining,
+		Registry:   reg,
 	})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -181,7 +185,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "redis", cfg.redisTopology(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom,
-		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth)
+		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth,
+		"ready_grace", cfg.ReadyGrace.String())
 
 	if cfg.DebugAddr != "" {
 		dbg, addr, err := serveDebug(cfg.DebugAddr)
@@ -229,7 +234,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 // view (go-redis reloads it), so a master replaced by its promoted replica
 // counts as the replica. A Sentinel-managed master is what the
 // FailoverClient's PING reaches; one server answers for itself.
-func redisReady(rdb redis.UniversalClient) handler.Check {
+func redisReady(rdb redis.UniversalClient) readiness.Check {
 	cluster, ok := rdb.(*redis.ClusterClient)
 	if !ok {
 		return func(ctx context.Context) error { return rdb.Ping(ctx).Err() }
