@@ -195,6 +195,29 @@ func (s Service) listenPort(env map[string]string) (int, error) {
 	return n, nil
 }
 
+// adminPort returns the port of the operators' listener (SHOP_ADMIN_ADDR,
+// or its default) of a process with env, which serves /metrics, or why
+// Prometheus, on another host, cannot scrape it: a loopback host (the
+// default's, 127.0.0.1) or port 0 (a free port chosen at start).
+func (s Service) adminPort(env map[string]string) (int, error) {
+	addr, ok := env["SHOP_ADMIN_ADDR"]
+	if !ok || addr == "" {
+		addr = s.Defaults["SHOP_ADMIN_ADDR"]
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, fmt.Errorf("SHOP_ADMIN_ADDR=%q: the operators' listener, which serves /metrics: %w", addr, err)
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 1 || n > 65535 {
+		return 0, fmt.Errorf("SHOP_ADMIN_ADDR=%q: the operators' listener, which serves /metrics, needs a fixed port for Prometheus to scrape", addr)
+	}
+	if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+		return 0, fmt.Errorf("SHOP_ADMIN_ADDR=%q: the operators' listener, which serves /metrics, is on the loopback, out of Prometheus's reach; listen on every interface (:9091)", addr)
+	}
+	return n, nil
+}
+
 // unknownEnv returns the SHOP_* names in env that the service does not
 // read, sorted.
 func (s Service) unknownEnv(env map[string]string) []string {
