@@ -35,6 +35,28 @@ func waitFailing(t *testing.T, failing func() []string, want []string, when stri
 	}
 }
 
+// wantNeverReady starts newReadiness's probes with vars, on the real
+// servers they name, and fails unless they find dep failing, and still
+// failing three probes later, whatever the grace. It returns what names the
+// failing dependencies, for the test to go on asking.
+func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []string {
+	t.Helper()
+	cfg := testConfig(t, vars)
+	rdb := newRedis(cfg)
+	t.Cleanup(func() { rdb.Close() })
+	failing, stop, err := newReadiness(context.Background(), cfg, rdb, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	waitFailing(t, failing, []string{dep}, dep+" unreachable at start")
+	time.Sleep(3 * time.Second) // three probes, well inside the grace of 10 s
+	if got := failing(); !slices.Equal(got, []string{dep}) {
+		t.Fatalf("%s never reached, 3 s later: failing %q; want %s", dep, got, dep)
+	}
+	return failing
+}
+
 // A replica started while Redis, or MySQL, does not answer is not ready,
 // however long its grace: it has no answer to ride out a blip on. It is
 // ready once the dependency answers. The probes are newReadiness's, on real
@@ -44,19 +66,7 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		r := testenv.StartRedis(t)
 		r.Kill()
-		cfg := testConfig(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr})
-		rdb := newRedis(cfg)
-		t.Cleanup(func() { rdb.Close() })
-		failing, stop, err := newReadiness(context.Background(), cfg, rdb, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(stop)
-		waitFailing(t, failing, []string{"redis"}, "Redis down at start")
-		time.Sleep(3 * time.Second) // three probes
-		if got := failing(); !slices.Equal(got, []string{"redis"}) {
-			t.Fatalf("Redis never reached, 3 s later: failing %q; want redis", got)
-		}
+		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr}, "redis")
 		r.Restart()
 		waitFailing(t, failing, nil, "Redis started")
 	})
@@ -67,22 +77,10 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 		}
 		closed := ln.Addr().String()
 		ln.Close()
-		cfg := testConfig(t, map[string]string{
+		wantNeverReady(t, map[string]string{
 			"SHOP_MYSQL_DSN":  fmt.Sprintf("root@tcp(%s)/shop?parseTime=true", closed),
 			"SHOP_REDIS_ADDR": testenv.RedisAddr(t),
-		})
-		rdb := newRedis(cfg)
-		t.Cleanup(func() { rdb.Close() })
-		failing, stop, err := newReadiness(context.Background(), cfg, rdb, nil, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(stop)
-		waitFailing(t, failing, []string{"mysql"}, "MySQL unreachable")
-		time.Sleep(3 * time.Second)
-		if got := failing(); !slices.Equal(got, []string{"mysql"}) {
-			t.Fatalf("MySQL never reached, 3 s later: failing %q; want mysql", got)
-		}
+		}, "mysql")
 	})
 }
 

@@ -109,7 +109,7 @@ func TestMonitoringRejectsBrokenCopies(t *testing.T) {
 		{"operators' listener elsewhere", []edit{{dc, `SHOP_ADMIN_ADDR: ":9091"`, `SHOP_ADMIN_ADDR: ":9200"`}},
 			"want every shop replica once, on the port of its operators' listener (SHOP_ADMIN_ADDR): [shop1:9200 shop2:9200 shop3:9200]"},
 		{"operators' listener on the loopback", []edit{{dc, `SHOP_ADMIN_ADDR: ":9091"`, `SHOP_ADMIN_ADDR: "127.0.0.1:9091"`}}, "service shop1: SHOP_ADMIN_ADDR=\"127.0.0.1:9091\""},
-		{"operators' listener left at its default", []edit{{dc, `  SHOP_ADMIN_ADDR: ":9091"` + "\n", ""}}, "service shop1: SHOP_ADMIN_ADDR"},
+		{"operators' listener left at its default", []edit{{dc, `  SHOP_ADMIN_ADDR: ":9091"` + "\n", ""}}, "the operators' listener, which serves /metrics,"},
 		{"operators' listener published", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    ports: [\"127.0.0.1:9091:9091\"]\n"}}, "service shop3: publishes port 9091, the operators' listener"},
 		{"metrics path", []edit{{prom, "metrics_path: /metrics", "metrics_path: /api/v1/metrics"}}, "metrics_path /api/v1/metrics"},
 		{"provisioning elsewhere", []edit{{dc, ":/etc/grafana/provisioning:ro", ":/etc/grafana/prov:ro"}}, "Grafana reads /etc/grafana/provisioning"},
