@@ -102,7 +102,7 @@ type Deps struct {
 	// background). Nil means always ready.
 	Ready func() (failing []string)
 	// Stopping reports that the service is being taken out of service:
-	// /readyz answers 503 from then on, whatever the checks say. Nil
+	// /readyz answers 503 from then on, whatever Ready says. Nil
 	// means never.
 	Stopping func() bool
 	// Registry receives the HTTP metrics; /metrics serves it.
