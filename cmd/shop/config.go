@@ -82,6 +82,9 @@ type config struct {
 	// connection, keeps serving those it has, every response closing its
 	// connection, before Shutdown.
 	Drain time.Duration
+	// ReadyGrace is how long MySQL or Redis, once it has answered, may go
+	// without answering before /readyz fails (see package readiness).
+	ReadyGrace time.Duration
 }
 
 const (
@@ -101,6 +104,10 @@ const (
 	minAdminToken = 16
 	// maxDrain bounds SHOP_DRAIN.
 	maxDrain = time.Minute
+	// maxReadyGrace bounds SHOP_READY_GRACE: a replica whose MySQL or
+	// Redis has been silent for longer is down, and its balancer should
+	// know.
+	maxReadyGrace = 5 * time.Minute
 	// maxUserLimit bounds SHOP_USER_LIMIT, well inside the INT counter of
 	// user_orders.
 	maxUserLimit = 1_000_000
@@ -205,6 +212,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Drain:           between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
 		PayWindow:       between("SHOP_PAY_WINDOW", "15m", 0, maxPayWindow),
 		SweepInterval:   between("SHOP_SWEEP_INTERVAL", "1s", minSweepInterval, maxSweepInterval),
+		ReadyGrace:      between("SHOP_READY_GRACE", "10s", 0, maxReadyGrace),
 	}
 	c.OrderBatch = stock.DefaultBatch
 	if v := getenv("SHOP_ORDER_BATCH"); v != "" {

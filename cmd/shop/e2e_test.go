@@ -56,9 +56,9 @@ func (s *logSink) String() string {
 type replica struct {
 	url   string
 	admin string
-	stop context.CancelFunc
-	done chan error
-	log  *logSink
+	stop  context.CancelFunc
+	done  chan error
+	log   *logSink
 }
 
 // testDrain is the drain of the replicas tests start, unless they set

@@ -84,6 +84,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_TRUSTED_PROXIES", " , "},
 		{"SHOP_ADMIN_ADDR", "9091"},
 		{"SHOP_ADMIN_ADDR", "127.0.0.1:70000"},
+		{"SHOP_READY_GRACE", "-1s"},
+		{"SHOP_READY_GRACE", "10"},
+		{"SHOP_READY_GRACE", "6m"},
 	}
 	base := serveBase(t)
 	for _, tt := range tests {

@@ -26,6 +26,7 @@ import (
 	"shop/internal/lock"
 	"shop/internal/notify"
 	"shop/internal/ratelimit"
+	"shop/internal/readiness"
 	"shop/internal/requestid"
 	"shop/internal/stock"
 )
@@ -166,6 +167,12 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	go func() { defer close(swept); orders.RunSweeper(sweepCtx, cfg.SweepInterval) }()
 	defer func() { stopSweeping(); <-swept }()
 
+	ready, stopProbes, err := newReadiness(ctx, cfg, rdb, reg, log)
+	if err != nil {
+		return err
+	}
+	defer stopProbes()
+
 	gin.SetMode(gin.ReleaseMode)
 	drain := newDrainer()
 	h := handler.New(handler.Deps{
@@ -188,12 +195,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 			AdminAuth: handler.AdminAuthLimit(),
 		},
 		TrustedProxies: cfg.TrustedProxies,
-		Ready: map[string]handler.Check{
-			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
-			"redis": redisReady(rdb),
-		},
-		Stopping: drain.Draining,
-		Registry: reg,
+		Ready:          ready,
+		Stopping:       drain.Draining,
+		Registry:       reg,
 	})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)
@@ -220,7 +224,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom,
 		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth,
-		"rate_user", cfg.RateUser, "rate_user_burst", cfg.RateUserBurst, "rate_ip", cfg.RateIP, "trusted_proxies", cfg.TrustedProxies)
+		"rate_user", cfg.RateUser, "rate_user_burst", cfg.RateUserBurst, "rate_ip", cfg.RateIP, "trusted_proxies", cfg.TrustedProxies,
+		"ready_grace", cfg.ReadyGrace.String())
 
 	if cfg.DebugAddr != "" {
 		dbg, addr, err := serveDebug(cfg.DebugAddr)
@@ -268,7 +273,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 // view (go-redis reloads it), so a master replaced by its promoted replica
 // counts as the replica. A Sentinel-managed master is what the
 // FailoverClient's PING reaches; one server answers for itself.
-func redisReady(rdb redis.UniversalClient) handler.Check {
+func redisReady(rdb redis.UniversalClient) readiness.Check {
 	cluster, ok := rdb.(*redis.ClusterClient)
 	if !ok {
 		return func(ctx context.Context) error { return rdb.Ping(ctx).Err() }

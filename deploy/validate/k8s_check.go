@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -71,6 +73,11 @@ func CheckK8s(m *Manifests, svc Service) error {
 	}
 	if !slices.ContainsFunc(c.Ports, func(cp corev1.ContainerPort) bool { return int(cp.ContainerPort) == port }) {
 		p.addf("%s: container %s declares no port %d, the one SHOP_HTTP_ADDR listens on", where, c.Name, port)
+	}
+	if admin, err := svc.adminPort(env); err != nil {
+		p.addf("%s: %v", where, err)
+	} else {
+		checkAdminPort(&p, where, pod, c, admin, port)
 	}
 	checkProbe(&p, where+": readinessProbe", c.ReadinessProbe, c, "/readyz", port)
 	checkProbe(&p, where+": livenessProbe", c.LivenessProbe, c, "/healthz", port)
@@ -314,6 +321,35 @@ func checkProbe(p *problems, where string, probe *corev1.Probe, c corev1.Contain
 	}
 }
 
+// adminPortName is the name of the container port of the operators'
+// listener.
+const adminPortName = "admin"
+
+// checkAdminPort checks the operators' listener of a pod whose container
+// c listens on port and on admin for /metrics and the admin API: admin is
+// another port, declared as the port named admin, and the pod's
+// prometheus.io annotations send Prometheus's scrapes there (the public
+// port answers /metrics with 404). That no Service sends to it is
+// checkServices's.
+func checkAdminPort(p *problems, where string, pod corev1.PodTemplateSpec, c corev1.Container, admin, port int) {
+	if admin == port {
+		p.addf("%s: SHOP_ADMIN_ADDR and SHOP_HTTP_ADDR share port %d: the operators' listener must be apart from the public one", where, port)
+	}
+	if got, ok := containerPort(c, intstr.FromString(adminPortName)); !ok || got != admin {
+		p.addf("%s: container %s: want a port named %s, %d, the one SHOP_ADMIN_ADDR listens on", where, c.Name, adminPortName, admin)
+	}
+	a := pod.Annotations
+	if a["prometheus.io/scrape"] != "true" {
+		p.addf("%s: the pod template's annotation prometheus.io/scrape is %q; want \"true\"", where, a["prometheus.io/scrape"])
+	}
+	if got := a["prometheus.io/port"]; got != strconv.Itoa(admin) {
+		p.addf("%s: the pod template's annotation prometheus.io/port is %q; want %d, SHOP_ADMIN_ADDR's port (/metrics answers 404 on the public one)", where, got, admin)
+	}
+	if path := a["prometheus.io/path"]; path != "" && path != "/metrics" {
+		p.addf("%s: the pod template's annotation prometheus.io/path is %q; shop serves /metrics", where, path)
+	}
+}
+
 // checkStop checks the preStop sleep and that the grace period covers it,
 // the drain and the shutdown: past the grace period the kubelet kills the
 // container, in-flight orders included.
@@ -478,6 +514,10 @@ func (m *Manifests) checkPDBs(p *problems, podLabels map[string]string, replicas
 			continue
 		}
 		covered = true
+		if pol := b.Spec.UnhealthyPodEvictionPolicy; pol != nil && *pol != policyv1.IfHealthyBudget {
+			p.addf("%s: unhealthyPodEvictionPolicy %s; want IfHealthyBudget: an outage of the MySQL or Redis every replica shares makes them all unready at once, "+
+				"and a node drain then could evict every one", where, *pol)
+		}
 		n := 1
 		if replicas != nil {
 			n = int(*replicas)

@@ -56,8 +56,9 @@ var syntheticMetrics = []string{"up", "scrape_duration_seconds", "scrape_samples
 
 // dashboardMetrics are the series the dashboard must show: orders by
 // result and busy cause, the lock's waiters, attempts and wakeups, the
-// cache's hit ratio, the latency histogram, the batch size and the
-// dependency errors.
+// cache's hit ratio, the latency histogram, the batch size, the
+// dependency errors and the replicas' readiness and their dependencies'
+// answers.
 var dashboardMetrics = []string{
 	"shop_orders_total", "shop_orders_busy_total",
 	"shop_lock_waiting", "shop_lock_attempts_total", "shop_lock_wakeups_total",
@@ -65,6 +66,7 @@ var dashboardMetrics = []string{
 	"shop_http_request_duration_seconds_bucket",
 	"shop_order_transaction_orders_total", "shop_order_transactions_total",
 	"shop_dependency_errors_total",
+	"shop_ready", "shop_dependency_up",
 }
 
 // panelTypes are the Grafana core panels a dashboard may use.
@@ -73,7 +75,8 @@ var panelTypes = []string{"timeseries", "stat", "gauge", "bargauge", "table", "t
 // CheckMonitoring checks the compose stack's Prometheus and Grafana: a
 // service mounts deploy/prometheus/prometheus.yml where Prometheus reads
 // it, the configuration decodes strictly and scrapes exactly the shop
-// replicas, on the port they listen on, every 5s; a service mounts
+// replicas, on the port of their operators' listener (SHOP_ADMIN_ADDR),
+// which they do not publish, every 5s; a service mounts
 // Grafana's provisioning, whose Prometheus data source reaches that
 // service, and whose dashboard provider reads a mount of
 // deploy/grafana/dashboards; each dashboard there decodes strictly, its
@@ -90,10 +93,13 @@ func CheckMonitoring(p *types.Project, repo string, svc Service, metrics Metrics
 		if !builtFrom(s, repo) || !servesShop(s) {
 			continue
 		}
-		port, err := svc.listenPort(serviceEnv(s))
+		port, err := svc.adminPort(serviceEnv(s))
 		if err != nil {
 			pr.addf("service %s: %v", name, err)
 			continue
+		}
+		if slices.ContainsFunc(s.Ports, func(pc types.ServicePortConfig) bool { return int(pc.Target) == port }) {
+			pr.addf("service %s: publishes port %d, the operators' listener (SHOP_ADMIN_ADDR): the admin API and the metrics are for the compose network only", name, port)
 		}
 		targets = append(targets, hostPort(name, port))
 	}
@@ -209,7 +215,8 @@ func readYAML(path string, v any) error {
 }
 
 // checkPrometheus checks the Prometheus service s and its configuration:
-// it scrapes /metrics of exactly targets, every scrapeInterval.
+// it scrapes /metrics of exactly targets (the replicas' operators'
+// listeners), every scrapeInterval.
 func checkPrometheus(pr *problems, s types.ServiceConfig, repo string, targets []string) {
 	where := "service " + s.Name
 	checkLoopback(pr, s, prometheusPort)
@@ -253,7 +260,7 @@ func checkPrometheus(pr *problems, s types.ServiceConfig, repo string, targets [
 	}
 	slices.Sort(scraped)
 	if !slices.Equal(scraped, targets) {
-		pr.addf("%s: scrapes %v; want every shop replica once, on the port it listens on: %v", prometheusConfig, scraped, targets)
+		pr.addf("%s: scrapes %v; want every shop replica once, on the port of its operators' listener (SHOP_ADMIN_ADDR): %v", prometheusConfig, scraped, targets)
 	}
 }
 

@@ -28,6 +28,7 @@ func TestReadMetrics(t *testing.T) {
 		"shop_cache_hits_total",        // Namespace, Subsystem and a helper's parameter
 		"shop_cache_fallbacks_total",   // Namespace, Subsystem and Name
 		"shop_dependency_errors_total", // internal/depmetrics
+		"shop_ready",                   // a GaugeFunc in internal/readiness
 	} {
 		if !m[name] {
 			t.Errorf("%s not found among shop's metrics", name)
@@ -99,13 +100,17 @@ func TestMonitoringRejectsBrokenCopies(t *testing.T) {
 		{"prometheus config typo", []edit{{prom, "    static_configs:\n", "    static_config:\n"}}, `unknown field "static_config"`},
 		{"prometheus config bad duration", []edit{{prom, "  scrape_interval: 5s\n", "  scrape_interval: 5 seconds\n"}}, "global scrape_interval"},
 		{"scraped too seldom", []edit{{prom, "  scrape_interval: 5s\n", "  scrape_interval: 30s\n"}}, `job "shop": scrapes every 30s; want 5s`},
-		{"replica not scraped", []edit{{prom, `, "shop3:8080"`, ""}}, "scrapes [shop1:8080 shop2:8080]; want every shop replica once"},
-		{"replica scraped on another port", []edit{{prom, `"shop2:8080"`, `"shop2:9100"`}}, "scrapes [shop1:8080 shop2:9100 shop3:8080]"},
-		{"nginx scraped", []edit{{prom, `"shop3:8080"]`, `"shop3:8080", "nginx:8080"]`}}, "scrapes [nginx:8080 shop1:8080"},
+		{"replica not scraped", []edit{{prom, `, "shop3:9091"`, ""}}, "scrapes [shop1:9091 shop2:9091]; want every shop replica once"},
+		{"replica scraped on another port", []edit{{prom, `"shop2:9091"`, `"shop2:9100"`}}, "scrapes [shop1:9091 shop2:9100 shop3:9091]"},
+		{"replica scraped on the public port", []edit{{prom, `"shop2:9091"`, `"shop2:8080"`}}, "scrapes [shop1:9091 shop2:8080 shop3:9091]"},
+		{"nginx scraped", []edit{{prom, `"shop3:9091"]`, `"shop3:9091", "nginx:8080"]`}}, "scrapes [nginx:8080 shop1:9091"},
 		{"replica added, not scraped", []edit{{dc, "  shop3: *shop\n", "  shop3: *shop\n  shop4: *shop\n"}, {dc, " server shop3:8080 max_fails=1 fail_timeout=2s;", " server shop3:8080 max_fails=1 fail_timeout=2s; server shop4:8080 max_fails=1 fail_timeout=2s;"}},
-			"want every shop replica once, on the port it listens on: [shop1:8080 shop2:8080 shop3:8080 shop4:8080]"},
-		{"replicas listen elsewhere", []edit{{dc, "  SHOP_LOCK_MODE: redis\n", "  SHOP_LOCK_MODE: redis\n  SHOP_HTTP_ADDR: \":9000\"\n"}, {dc, "server shop1:8080", "server shop1:9000"}, {dc, "server shop2:8080", "server shop2:9000"}, {dc, "server shop3:8080", "server shop3:9000"}},
-			"want every shop replica once, on the port it listens on: [shop1:9000 shop2:9000 shop3:9000]"},
+			"want every shop replica once, on the port of its operators' listener (SHOP_ADMIN_ADDR): [shop1:9091 shop2:9091 shop3:9091 shop4:9091]"},
+		{"operators' listener elsewhere", []edit{{dc, `SHOP_ADMIN_ADDR: ":9091"`, `SHOP_ADMIN_ADDR: ":9200"`}},
+			"want every shop replica once, on the port of its operators' listener (SHOP_ADMIN_ADDR): [shop1:9200 shop2:9200 shop3:9200]"},
+		{"operators' listener on the loopback", []edit{{dc, `SHOP_ADMIN_ADDR: ":9091"`, `SHOP_ADMIN_ADDR: "127.0.0.1:9091"`}}, "service shop1: SHOP_ADMIN_ADDR=\"127.0.0.1:9091\""},
+		{"operators' listener left at its default", []edit{{dc, `  SHOP_ADMIN_ADDR: ":9091"` + "\n", ""}}, "the operators' listener, which serves /metrics,"},
+		{"operators' listener published", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    ports: [\"127.0.0.1:9091:9091\"]\n"}}, "service shop3: publishes port 9091, the operators' listener"},
 		{"metrics path", []edit{{prom, "metrics_path: /metrics", "metrics_path: /api/v1/metrics"}}, "metrics_path /api/v1/metrics"},
 		{"provisioning elsewhere", []edit{{dc, ":/etc/grafana/provisioning:ro", ":/etc/grafana/prov:ro"}}, "Grafana reads /etc/grafana/provisioning"},
 		{"datasource typo", []edit{{ds, "    isDefault: true\n", "    default: true\n"}}, `unknown field "default"`},

@@ -177,22 +177,47 @@ func (s Service) drain(env map[string]string) (time.Duration, error) {
 	return d, nil
 }
 
+// listener returns the address of the listener a process with env has by
+// the setting name (SHOP_HTTP_ADDR, SHOP_ADMIN_ADDR), or by its default,
+// and its host and port.
+func (s Service) listener(env map[string]string, name string) (addr, host string, port int, err error) {
+	addr, ok := env[name]
+	if !ok || addr == "" {
+		addr = s.Defaults[name]
+	}
+	host, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr, "", 0, fmt.Errorf("%s=%q: %w", name, addr, err)
+	}
+	if port, err = strconv.Atoi(p); err != nil {
+		return addr, "", 0, fmt.Errorf("%s=%q: port: %w", name, addr, err)
+	}
+	return addr, host, port, nil
+}
+
 // listenPort returns the port a process with env listens on: SHOP_HTTP_ADDR's,
 // or its default's.
 func (s Service) listenPort(env map[string]string) (int, error) {
-	addr, ok := env["SHOP_HTTP_ADDR"]
-	if !ok || addr == "" {
-		addr = s.Defaults["SHOP_HTTP_ADDR"]
+	_, _, port, err := s.listener(env, "SHOP_HTTP_ADDR")
+	return port, err
+}
+
+// adminPort returns the port of the operators' listener (SHOP_ADMIN_ADDR,
+// or its default) of a process with env, which serves /metrics, or why
+// Prometheus, on another host, cannot scrape it: a loopback host (the
+// default's, 127.0.0.1) or port 0 (a free port chosen at start).
+func (s Service) adminPort(env map[string]string) (int, error) {
+	const what = "the operators' listener, which serves /metrics,"
+	addr, host, port, err := s.listener(env, "SHOP_ADMIN_ADDR")
+	switch ip := net.ParseIP(host); {
+	case err != nil:
+		return 0, fmt.Errorf("%s %w", what, err)
+	case port < 1 || port > 65535:
+		return 0, fmt.Errorf("SHOP_ADMIN_ADDR=%q: %s needs a fixed port for Prometheus to scrape", addr, what)
+	case host == "localhost" || ip != nil && ip.IsLoopback():
+		return 0, fmt.Errorf("SHOP_ADMIN_ADDR=%q: %s is on the loopback, out of Prometheus's reach; listen on every interface (:9091)", addr, what)
 	}
-	_, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return 0, fmt.Errorf("SHOP_HTTP_ADDR=%q: %w", addr, err)
-	}
-	n, err := strconv.Atoi(port)
-	if err != nil {
-		return 0, fmt.Errorf("SHOP_HTTP_ADDR=%q: port: %w", addr, err)
-	}
-	return n, nil
+	return port, nil
 }
 
 // unknownEnv returns the SHOP_* names in env that the service does not

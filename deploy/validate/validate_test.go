@@ -214,6 +214,16 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		{"job on another image", []edit{{job, "          image: shop\n          imagePullPolicy: IfNotPresent\n          args: [\"migrate\"]",
 			"          image: busybox\n          imagePullPolicy: IfNotPresent\n          args: [\"migrate\"]"}}, "container migrate runs busybox, not the replicas' image shop:local"},
 		{"job never cleaned up", []edit{{job, "  ttlSecondsAfterFinished: 3600\n", ""}}, "no ttlSecondsAfterFinished"},
+		{"budget evicts unready pods", []edit{{"pdb.yaml", "unhealthyPodEvictionPolicy: IfHealthyBudget", "unhealthyPodEvictionPolicy: AlwaysAllow"}},
+			"PodDisruptionBudget shop: unhealthyPodEvictionPolicy AlwaysAllow; want IfHealthyBudget"},
+		{"readiness on the admin port", []edit{{dep, "path: /readyz\n              port: http", "path: /readyz\n              port: admin"}}, "readinessProbe: port admin is not 8080"},
+		{"service sends to the admin port", []edit{{"service.yaml", "targetPort: http", "targetPort: admin"}}, "targetPort admin is not 8080"},
+		{"admin port not declared", []edit{{dep, "            - name: admin\n              containerPort: 9091\n", ""}}, "container shop: want a port named admin, 9091"},
+		{"scraped on the public port", []edit{{dep, `prometheus.io/port: "9091"`, `prometheus.io/port: "8080"`}}, `annotation prometheus.io/port is "8080"; want 9091`},
+		{"not scraped", []edit{{dep, `prometheus.io/scrape: "true"`, `prometheus.io/scrape: "false"`}}, `annotation prometheus.io/scrape is "false"`},
+		{"admin on the loopback", []edit{{conf, "SHOP_ADMIN_ADDR=:9091", "SHOP_ADMIN_ADDR=127.0.0.1:9091"}}, "is on the loopback, out of Prometheus's reach"},
+		{"admin left at its default", []edit{{conf, "SHOP_ADMIN_ADDR=:9091\n", ""}}, "the operators' listener, which serves /metrics"},
+		{"admin on the public port", []edit{{conf, "SHOP_ADMIN_ADDR=:9091", "SHOP_ADMIN_ADDR=:8080"}}, "SHOP_ADMIN_ADDR and SHOP_HTTP_ADDR share port 8080"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

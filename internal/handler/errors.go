@@ -118,7 +118,9 @@ func status(err error) (int, string, string) {
 	case errors.Is(err, stock.ErrBusy):
 		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
 	case errors.Is(err, errUnavailable):
-		return http.StatusServiceUnavailable, "unavailable", errUnavailable.Error()
+		// Wrapped with the names of the dependencies only (handleReadyz),
+		// which an operator reading the answer wants to see.
+		return http.StatusServiceUnavailable, "unavailable", err.Error()
 	case errors.Is(err, errStopping):
 		return http.StatusServiceUnavailable, "unavailable", errStopping.Error()
 	}

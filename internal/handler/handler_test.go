@@ -19,6 +19,7 @@ import (
 	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/lock"
+	"shop/internal/readiness"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -78,13 +79,20 @@ func newAPI(t *testing.T, adminToken string) *api {
 		}),
 		Refunds:    catalog,
 		AdminToken: adminToken,
-		Ready: map[string]handler.Check{
-			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
-		},
-		Registry: a.reg,
+		Ready:      probed(t, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }),
+		Registry:   a.reg,
 	})))
 	a.url = srv.URL
 	return a
+}
+
+// probed is /readyz's answer as cmd/shop wires it, a readiness.Tracker's,
+// for one dependency, after one probe of check.
+func probed(t *testing.T, name string, check readiness.Check) func() []string {
+	t.Helper()
+	tr := readiness.New([]readiness.Dependency{{Name: name, Check: check}}, readiness.Options{})
+	tr.Probe(context.Background())
+	return tr.Failing
 }
 
 type response struct {
@@ -375,9 +383,7 @@ func TestRedisDownIsBusy(t *testing.T) {
 		Orders:   stock.NewService(db.Gorm, lock.NewRedis(dead, lock.RedisOptions{}), stock.Options{}),
 		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
 		Stock:    catalog,
-		Ready: map[string]handler.Check{
-			"redis": func(ctx context.Context) error { return dead.Ping(ctx).Err() },
-		},
+		Ready:    probed(t, "redis", func(ctx context.Context) error { return dead.Ping(ctx).Err() }),
 	})))
 	a := &api{url: srv.URL, db: db}
 
@@ -385,8 +391,8 @@ func TestRedisDownIsBusy(t *testing.T) {
 	if r.status != 503 || errorCode(t, r) != "busy" || r.header.Get("Retry-After") == "" {
 		t.Errorf("order with Redis down: %d %s, Retry-After %q", r.status, r.raw, r.header.Get("Retry-After"))
 	}
-	if r := a.do(t, "GET", "/readyz", "", nil, nil); r.status != 503 || errorCode(t, r) != "unavailable" {
-		t.Errorf("readyz with Redis down: %d %s", r.status, r.raw)
+	if r := a.do(t, "GET", "/readyz", "", nil, nil); r.status != 503 || errorCode(t, r) != "unavailable" || !strings.Contains(r.raw, "redis") {
+		t.Errorf("readyz with Redis down: %d %s; want 503 unavailable naming redis", r.status, r.raw)
 	}
 	// Product reads fall back to MySQL (within a limit the cache tests
 	// exercise).

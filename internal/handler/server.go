@@ -87,9 +87,6 @@ type Filter interface {
 	RuleOut(ctx context.Context, id int64) error
 }
 
-// Check reports whether a dependency answers; /readyz runs them all.
-type Check func(ctx context.Context) error
-
 // Deps is everything the API needs.
 type Deps struct {
 	// Logger receives the access log and the failures. Its handler should
@@ -126,10 +123,13 @@ type Deps struct {
 	// accepts, and the buyer is the token's subject. Nil is SHOP_AUTH=none:
 	// the request's user_id is the buyer.
 	Auth Authenticator
-	// Ready lists the checks of /readyz by name.
-	Ready map[string]Check
+	// Ready names the dependencies that keep the replica from serving now;
+	// none is ready. /readyz asks it at every request, so it answers from
+	// memory (readiness.Tracker's Failing, whose probes run in the
+	// background). Nil means always ready.
+	Ready func() (failing []string)
 	// Stopping reports that the service is being taken out of service:
-	// /readyz answers 503 from then on, whatever the checks say. Nil
+	// /readyz answers 503 from then on, whatever Ready says. Nil
 	// means never.
 	Stopping func() bool
 	// Registry receives the HTTP metrics; /metrics serves it.

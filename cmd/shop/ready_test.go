@@ -1,0 +1,219 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"shop/internal/testenv"
+)
+
+// SHOP_READY_GRACE defaults to 10s and takes 0 (no grace).
+func TestConfigReadyGrace(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": 10 * time.Second, "0": 0, "1s": time.Second, "5m": 5 * time.Minute} {
+		if got := testConfig(t, map[string]string{"SHOP_READY_GRACE": v}).ReadyGrace; got != want {
+			t.Errorf("SHOP_READY_GRACE=%q: %s; want %s", v, got, want)
+		}
+	}
+}
+
+// waitFailing polls failing until it returns want, for up to 15 s.
+func waitFailing(t *testing.T, failing func() []string, want []string, when string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for got := failing(); !slices.Equal(got, want); got = failing() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: failing %q after 15 s; want %q", when, got, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// wantNeverReady starts newReadiness's probes with vars, on the real
+// servers they name, and fails unless they find dep failing, and still
+// failing three probes later, whatever the grace. It returns what names the
+// failing dependencies, for the test to go on asking.
+func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []string {
+	t.Helper()
+	cfg := testConfig(t, vars)
+	rdb := newRedis(cfg)
+	t.Cleanup(func() { rdb.Close() })
+	failing, stop, err := newReadiness(context.Background(), cfg, rdb, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	waitFailing(t, failing, []string{dep}, dep+" unreachable at start")
+	time.Sleep(3 * time.Second) // three probes, well inside the grace of 10 s
+	if got := failing(); !slices.Equal(got, []string{dep}) {
+		t.Fatalf("%s never reached, 3 s later: failing %q; want %s", dep, got, dep)
+	}
+	return failing
+}
+
+// A replica started while Redis, or MySQL, does not answer is not ready,
+// however long its grace: it has no answer to ride out a blip on. It is
+// ready once the dependency answers. The probes are newReadiness's, on real
+// servers.
+func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
+	db := testenv.MySQL(t)
+	t.Run("redis", func(t *testing.T) {
+		r := testenv.StartRedis(t)
+		r.Kill()
+		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr}, "redis")
+		r.Restart()
+		waitFailing(t, failing, nil, "Redis started")
+	})
+	t.Run("mysql", func(t *testing.T) {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		closed := ln.Addr().String()
+		ln.Close()
+		wantNeverReady(t, map[string]string{
+			"SHOP_MYSQL_DSN":  fmt.Sprintf("root@tcp(%s)/shop?parseTime=true", closed),
+			"SHOP_REDIS_ADDR": testenv.RedisAddr(t),
+		}, "mysql")
+	})
+}
+
+// readyzPoll is what polling /readyz every 100ms saw.
+type readyzPoll struct {
+	polls int
+	// unready are the answers that were not 200, in order, as status and
+	// body (or the transport error).
+	unready []string
+	// lastStatus is the last answer's status, 0 for a transport error.
+	lastStatus int
+}
+
+// pollReadyz asks url's /readyz every 100ms until stop is closed.
+func pollReadyz(url string, stop <-chan struct{}) <-chan readyzPoll {
+	out := make(chan readyzPoll, 1)
+	go func() {
+		var p readyzPoll
+		client := &http.Client{Timeout: 2 * time.Second}
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				out <- p
+				return
+			case <-tick.C:
+			}
+			p.polls++
+			res, err := client.Get(url + "/readyz")
+			if err != nil {
+				p.lastStatus = 0
+				p.unready = append(p.unready, err.Error())
+				continue
+			}
+			body, _ := io.ReadAll(res.Body)
+			res.Body.Close()
+			p.lastStatus = res.StatusCode
+			if res.StatusCode != http.StatusOK {
+				p.unready = append(p.unready, fmt.Sprintf("%d %s", res.StatusCode, strings.TrimSpace(string(body))))
+			}
+		}
+	}()
+	return out
+}
+
+// The acceptance test of the grace: a replica of a private Redis that stops
+// for 5 s — frozen (SIGSTOP: connections open, nothing answered) or killed
+// and started again on its port — stays ready throughout with the default
+// grace of 10 s, asked every 100ms; with SHOP_READY_GRACE=1s the same stop
+// makes it answer 503 naming redis, and it is ready again once Redis is
+// back.
+func TestReadyzThroughARedisStop(t *testing.T) {
+	const outage = 5 * time.Second
+	stops := map[string]func(r *testenv.RedisProc) (resume func()){
+		"paused": func(r *testenv.RedisProc) func() { r.Pause(); return r.Resume },
+		"killed": func(r *testenv.RedisProc) func() { r.Kill(); return r.Restart },
+	}
+	db := testenv.MySQL(t)
+	for _, tc := range []struct {
+		stop  string
+		grace string // SHOP_READY_GRACE; empty is the default
+	}{
+		{"paused", ""}, {"killed", ""}, {"paused", "1s"}, {"killed", "1s"},
+	} {
+		name := tc.stop + ", grace " + tc.grace
+		if tc.grace == "" {
+			name = tc.stop + ", default grace"
+		}
+		t.Run(name, func(t *testing.T) {
+			r := testenv.StartRedis(t)
+			t.Cleanup(r.Resume) // before the kill of StartRedis's cleanup
+			vars := fleetVars(t, db, map[string]string{"SHOP_REDIS_ADDR": r.Addr})()
+			if tc.grace != "" {
+				vars["SHOP_READY_GRACE"] = tc.grace
+			}
+			rep := startReplica(t, vars)
+
+			stopPolling := make(chan struct{})
+			polled := pollReadyz(rep.url, stopPolling)
+			time.Sleep(time.Second)
+			resume := stops[tc.stop](r)
+			time.Sleep(outage)
+			resume()
+			var p readyzPoll
+			if tc.grace == "" {
+				// Ready all along, until a second after Redis is back.
+				time.Sleep(time.Second)
+				close(stopPolling)
+				p = <-polled
+				if len(p.unready) > 0 {
+					t.Errorf("a %s Redis stop with the default grace: %d of %d answers not 200, first %q", outage, len(p.unready), p.polls, p.unready[0])
+				}
+			} else {
+				// Back to 200 within 10 s of Redis's return.
+				deadline := time.Now().Add(10 * time.Second)
+				for {
+					res, err := http.Get(rep.url + "/readyz")
+					if err == nil {
+						res.Body.Close()
+						if res.StatusCode == http.StatusOK {
+							break
+						}
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("not ready 10 s after Redis came back: %v", err)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				close(stopPolling)
+				p = <-polled
+				if len(p.unready) == 0 {
+					t.Fatalf("a %s Redis stop with SHOP_READY_GRACE=%s: all %d answers 200; want 503 past the grace", outage, tc.grace, p.polls)
+				}
+				for _, u := range p.unready {
+					if !strings.HasPrefix(u, "503 ") || !strings.Contains(u, "redis") || strings.Contains(u, "mysql") {
+						t.Errorf("answer past the grace: %q; want 503 naming redis only", u)
+						break
+					}
+				}
+			}
+			if p.polls < int(outage/(200*time.Millisecond)) {
+				t.Errorf("only %d polls of /readyz in %s", p.polls, outage)
+			}
+			t.Logf("%d polls, %d not 200 (first %q)", p.polls, len(p.unready), first(p.unready))
+		})
+	}
+}
+
+// first is s's first element, or "" when it has none.
+func first(s []string) string {
+	if len(s) == 0 {
+		return ""
+	}
+	return s[0]
+}
