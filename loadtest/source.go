@@ -2,8 +2,10 @@ package main
 
 import (
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"sync"
 	"time"
 )
 
@@ -28,43 +30,106 @@ func sourceAddr(i int) net.IP {
 }
 
 // sources are the transports the load test sends through, one per source
-// address; with one source, a single transport that leaves from wherever
-// the system chooses (127.0.0.1 to a loopback service).
-type sources []*http.Transport
+// address (with one source, a single transport that leaves from wherever
+// the system chooses: 127.0.0.1 to a loopback service), and a cap on the
+// requests in flight to each service URL over all of them: requests
+// beyond it wait in the load test, as they would in a server's accept
+// queue, so that spreading them over more addresses changes where they
+// come from, not how many a service has to answer at once.
+type sources struct {
+	transports []*http.Transport
+	inFlight   int
 
-// newSources makes n transports. Each keeps at most conns connections per
-// service URL (at least one), so that n sources together hold about as
-// many connections as one transport with conns did: requests beyond that
-// wait in the load test, as they would in a server's accept queue.
-func newSources(n, conns int) (sources, error) {
+	mu    sync.Mutex
+	slots map[string]chan struct{} // host → a slot per request in flight
+}
+
+// newSources makes n sources with at most inFlight requests in flight to
+// each service URL. Each source keeps as many idle connections as its
+// share of inFlight (at least one), so that a source's next request finds
+// the connection its last one used.
+func newSources(n, inFlight int) (*sources, error) {
 	if n < 1 || n > maxSources {
 		return nil, fmt.Errorf("-src-n %d: want 1 to %d", n, maxSources)
 	}
-	per := max(1, (conns+n-1)/n)
-	s := make(sources, n)
-	for i := range s {
-		s[i] = &http.Transport{
-			MaxConnsPerHost:     per,
-			MaxIdleConnsPerHost: per,
-			IdleConnTimeout:     30 * time.Second,
-		}
+	s := &sources{transports: make([]*http.Transport, n), inFlight: inFlight, slots: map[string]chan struct{}{}}
+	for i := range s.transports {
+		t := &http.Transport{MaxIdleConnsPerHost: s.idlePerSource(), IdleConnTimeout: 30 * time.Second}
 		if n > 1 {
 			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(i)}, Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
-			s[i].DialContext = d.DialContext
+			t.DialContext = d.DialContext
 		}
+		s.transports[i] = t
 	}
 	return s, nil
 }
 
-// of is the transport of request i.
-func (s sources) of(i int) *http.Transport { return s[i%len(s)] }
+func (s *sources) idlePerSource() int {
+	return max(1, (s.inFlight+len(s.transports)-1)/len(s.transports))
+}
 
-// conns is the most connections the sources open to one service URL.
-func (s sources) conns() int { return len(s) * s[0].MaxConnsPerHost }
+// conns is about the most connections the sources hold open to one
+// service URL: the idle ones and those in flight.
+func (s *sources) conns() int { return len(s.transports)*s.idlePerSource() + s.inFlight }
+
+// of is the round tripper of request i: source i mod n.
+func (s *sources) of(i int) http.RoundTripper {
+	return sourceTrip{s, s.transports[i%len(s.transports)]}
+}
+
+// slot returns host's slots.
+func (s *sources) slot(host string) chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.slots[host]
+	if !ok {
+		c = make(chan struct{}, s.inFlight)
+		s.slots[host] = c
+	}
+	return c
+}
 
 // closeIdle closes every source's idle connections.
-func (s sources) closeIdle() {
-	for _, t := range s {
+func (s *sources) closeIdle() {
+	for _, t := range s.transports {
 		t.CloseIdleConnections()
 	}
+}
+
+// sourceTrip sends a request from one source, within its URL's cap.
+type sourceTrip struct {
+	s *sources
+	t *http.Transport
+}
+
+// RoundTrip waits for a slot of the request's host, sends the request, and
+// gives the slot back once the response's body is closed (or at once if
+// there is no response).
+func (st sourceTrip) RoundTrip(req *http.Request) (*http.Response, error) {
+	slots := st.s.slot(req.URL.Host)
+	select {
+	case slots <- struct{}{}:
+	case <-req.Context().Done():
+		return nil, req.Context().Err()
+	}
+	res, err := st.t.RoundTrip(req)
+	if err != nil {
+		<-slots
+		return nil, err
+	}
+	res.Body = &slotBody{ReadCloser: res.Body, release: func() { <-slots }}
+	return res, nil
+}
+
+// slotBody gives its slot back when it is first closed.
+type slotBody struct {
+	io.ReadCloser
+	once    sync.Once
+	release func()
+}
+
+func (b *slotBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.release)
+	return err
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // addrShop answers every request 201 with an order of its own, or, with
@@ -143,5 +144,43 @@ func TestFlood(t *testing.T) {
 		if _, err := parse(bad); err == nil {
 			t.Errorf("parse(%v) accepted", bad)
 		}
+	}
+}
+
+// However many sources, no more requests than the cap are in flight to one
+// URL at once; the others wait for a slot.
+func TestSourcesCapInFlight(t *testing.T) {
+	var mu sync.Mutex
+	now, most := 0, 0
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		now++
+		most = max(most, now)
+		mu.Unlock()
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		now--
+		mu.Unlock()
+	}))
+	defer srv.Close()
+	srcs, err := newSources(8, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srcs.closeIdle()
+	var wg sync.WaitGroup
+	for i := range 24 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest("GET", srv.URL, nil)
+			if a := roundTrip(srcs.of(i), req); a.err != nil || a.status != 200 {
+				t.Errorf("request %d: %d %v", i, a.status, a.err)
+			}
+		}()
+	}
+	wg.Wait()
+	if most != 3 {
+		t.Errorf("%d requests in flight at most; want the cap, 3", most)
 	}
 }

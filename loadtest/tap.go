@@ -29,7 +29,7 @@ import (
 // the order the tap is asked) is sent from source address i mod the
 // sources' number, its retries, purchases again and payment too.
 type tap struct {
-	sources sources
+	sources *sources
 	server  *http.Server
 	addr    string
 	policy  retryPolicy
@@ -71,9 +71,9 @@ func (a ack) String() string {
 	return fmt.Sprintf("%d %d %d", a.orderID, a.skuID, a.userID)
 }
 
-// tapConnsPerHost caps the tap's connections to each service URL, over all
-// its source addresses (but at least one per address); requests beyond it
-// wait in the tap, as they would in a server's accept queue.
+// tapConnsPerHost caps the tap's requests in flight to each service URL,
+// over all its source addresses; requests beyond it wait in the tap, as
+// they would in a server's accept queue.
 const tapConnsPerHost = 256
 
 // newTap starts a tap that sends each buyer's request by policy, from
