@@ -164,9 +164,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (is the stack up? scripts/stack.sh up)", err)
 	}
 	url := "http://127.0.0.1:" + ports["NGINX_PORT"]
-	replicaPorts := strings.Fields(ports["REPLICA_PORTS"])
-	if len(replicaPorts) < 3 {
-		return fmt.Errorf("%s: want three REPLICA_PORTS, have %q", filepath.Join(o.state, "ports.env"), ports["REPLICA_PORTS"])
+	adminPorts, err := stackPorts(o.state, ports, "ADMIN_PORTS", 3)
+	if err != nil {
+		return err
 	}
 
 	rows := experiment(o)
@@ -176,7 +176,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(stderr, "\n== row %d/%d: %s\n", i+1, len(rows), r.label())
-		res, err := runRow(ctx, o, url, replicaPorts[:r.Replicas], i+1, r, stderr)
+		res, err := runRow(ctx, o, url, adminPorts[:r.Replicas], i+1, r, stderr)
 		if err != nil {
 			return fmt.Errorf("row %d (%s): %w", i+1, r.label(), err)
 		}
@@ -217,10 +217,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // runRow restarts the replicas in the row's mode, reseeds, runs the load
 // (killing a Redlock master or running the row's fault partway, if the row
-// says so) and verifies.
-func runRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
+// says so) and verifies; adminPorts are the row's replicas' operators'
+// listeners, where their metrics are.
+func runRow(ctx context.Context, o options, url string, adminPorts []string, n int, r row, stderr io.Writer) (result, error) {
 	if r.Life != "" {
-		return runLifeRow(ctx, o, url, replicaPorts, n, r, stderr)
+		return runLifeRow(ctx, o, url, adminPorts, n, r, stderr)
 	}
 	res := result{Row: r}
 	if r.Pause {
@@ -277,7 +278,7 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	if err := readJSON(base+".json", &res.Load); err != nil {
 		return res, err
 	}
-	if res.Busy, err = busyCauses(ctx, replicaPorts); err != nil {
+	if res.Busy, err = busyCauses(ctx, adminPorts); err != nil {
 		return res, err
 	}
 
@@ -436,6 +437,17 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
+// stackPorts returns the first n ports of the list name (REPLICA_PORTS,
+// ADMIN_PORTS) in ports, the stack's ports.env in state.
+func stackPorts(state string, ports map[string]string, name string, n int) ([]string, error) {
+	list := strings.Fields(ports[name])
+	if len(list) < n {
+		return nil, fmt.Errorf("%s: want %d %s, have %q (a stack from an older scripts/stack.sh? make down, then up)",
+			filepath.Join(state, "ports.env"), n, name, ports[name])
+	}
+	return list[:n], nil
+}
+
 // readEnvFile reads NAME=value lines, as scripts/stack.sh writes them.
 func readEnvFile(path string) (map[string]string, error) {
 	data, err := os.ReadFile(path)
@@ -463,8 +475,10 @@ func busyCauses(ctx context.Context, ports []string) (map[string]int, error) {
 	return sum, err
 }
 
-// scrapeMetrics reads /metrics of the replicas on ports and calls each with
-// every sample: the series (name and labels) and its value.
+// scrapeMetrics reads /metrics of the replicas whose operators' listeners
+// (SHOP_ADMIN_ADDR) are on ports, and calls each with every sample: the
+// series (name and labels) and its value. The public port and nginx answer
+// 404 for /metrics.
 func scrapeMetrics(ctx context.Context, ports []string, each func(series string, v float64)) error {
 	for _, port := range ports {
 		req, err := http.NewRequestWithContext(ctx, "GET", "http://127.0.0.1:"+port+"/metrics", nil)
