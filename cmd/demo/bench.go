@@ -36,6 +36,7 @@ type benchOptions struct {
 	stack     string // scripts/stack.sh
 	loadtest  string // bin/loadtest
 	out       string
+	srcN      int // the load test's -src-n
 	rounds    int
 	hotUnits  int
 	hotBuyers int
@@ -51,6 +52,7 @@ func parseBench(args []string) (benchOptions, error) {
 	fs.StringVar(&o.stack, "stack", "scripts/stack.sh", "the stack script")
 	fs.StringVar(&o.loadtest, "loadtest", "bin/loadtest", "the load test binary")
 	fs.StringVar(&o.out, "out", "out/bench-orders", "directory for report.md and each phase's files")
+	fs.IntVar(&o.srcN, "src-n", crowdSources, "the buyers' loopback source addresses (bin/loadtest -src-n)")
 	fs.IntVar(&o.rounds, "rounds", 1, "how many times the configurations run, interleaved")
 	fs.IntVar(&o.hotUnits, "hot-units", 5000, "hot SKU: units of the one product")
 	fs.IntVar(&o.hotBuyers, "hot-buyers", 6000, "hot SKU: buyers, each a different user")
@@ -292,7 +294,8 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	if err != nil {
 		return p, err
 	}
-	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-json", base+".json", "-acks", base+".acks")
+	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-src-n", strconv.Itoa(b.o.srcN),
+		"-json", base+".json", "-acks", base+".acks")
 	if err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
 		return p, err
 	}

@@ -303,7 +303,7 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	logs := replicaLogSizes(o.state, r.Replicas)
 
 	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
-	common := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers)}
+	common := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers), "-src-n", strconv.Itoa(o.srcN)}
 	if r.Retry {
 		common = append(common, "-retry")
 	}
