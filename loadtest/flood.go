@@ -22,7 +22,7 @@ import (
 // as it can, and every request i leaves from source address i mod -src-n.
 // A request still in flight when the time is up is not counted.
 func flood(ctx context.Context, o options, stdout, stderr io.Writer) error {
-	srcs, err := newSources(o.srcN, o.concurrency)
+	srcs, err := newSources(o.srcFrom, o.srcN, o.concurrency)
 	if err != nil {
 		return err
 	}

@@ -127,6 +127,7 @@ type options struct {
 	retryFor    time.Duration
 	rate        float64
 	srcN        int
+	srcFrom     int
 	// run makes this run's Idempotency-Keys its own: a second wave, or the
 	// same buyers sent again, never replays an earlier run's key.
 	run string
@@ -240,6 +241,7 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.retries, "retries", 30, "-retry: the most attempts per buyer")
 	fs.DurationVar(&o.retryFor, "retry-for", 90*time.Second, "-retry: no attempt starts later than this after a buyer's first")
 	fs.Float64Var(&o.rate, "rate", 0, "the most buyers started per second, over all workers (0: no limit)")
+	fs.IntVar(&o.srcFrom, "src-from", 0, "-src-n: the first source address, counted from 127.1.1.1 (0)")
 	fs.DurationVar(&o.flood, "for", 0, "flood: send the scenario's requests (not sellout or hotsku) from -c clients for this long; 0: -n requests through hey")
 	fs.IntVar(&o.srcN, "src-n", 1, "spread the requests over this many loopback source addresses (127.1.b.c), request i from address i mod src-n; 1: the system's choice")
 	fs.Float64Var(&o.payFrac, "pay-frac", 0, "the share of the reserved orders whose winner pays at once (picked by order id)")
@@ -293,8 +295,8 @@ func parse(args []string) (options, error) {
 	if o.rate < 0 {
 		return o, errors.New("-rate must not be negative")
 	}
-	if o.srcN < 1 || o.srcN > maxSources {
-		return o, fmt.Errorf("-src-n must be 1 to %d", maxSources)
+	if o.srcN < 1 || o.srcFrom < 0 || o.srcFrom+o.srcN > maxSources {
+		return o, fmt.Errorf("-src-n must be positive, -src-from not negative, and their sum at most %d", maxSources)
 	}
 	if o.payFrac < 0 || o.lateFrac < 0 || o.payFrac+o.lateFrac > 1 {
 		return o, errors.New("-pay-frac and -late-frac must not be negative, nor add up to more than 1")
@@ -400,7 +402,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.retry {
 		policy.attempts, policy.budget = o.retries, o.retryFor
 	}
-	tp, err := newTap(policy, o.srcN)
+	srcs, err := newSources(o.srcFrom, o.srcN, tapConnsPerHost)
+	if err != nil {
+		return err
+	}
+	tp, err := newTap(policy, srcs)
 	if err != nil {
 		return err
 	}

@@ -299,7 +299,11 @@ func TestRate(t *testing.T) {
 // A buyer's 201 is one ack, however many 201s (a replay) it is answered
 // with; buyers without a key are each their own.
 func TestOneAckPerBuyer(t *testing.T) {
-	tp, err := newTap(retryPolicy{attempts: 1, timeout: time.Second}, 1)
+	srcs, err := newSources(0, 1, tapConnsPerHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := newTap(retryPolicy{attempts: 1, timeout: time.Second}, srcs)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,9 @@ import (
 // address would meet those limits as a single bot does, and measure them,
 // not the service. With -src-n N the load test's requests leave from N
 // loopback addresses instead, request i (counted from 0, in the order the
-// requests are made) from address i mod N. All of 127.0.0.0/8 is local on
+// requests are made) from address i mod N; -src-from K starts at the K-th
+// address, so that two load tests at once (buyers and a flood) come from
+// different addresses. All of 127.0.0.0/8 is local on
 // Linux, so nothing needs to be configured; elsewhere (macOS has only
 // 127.0.0.1 unless aliases are added) N must stay 1.
 
@@ -44,19 +46,19 @@ type sources struct {
 	slots map[string]chan struct{} // host → a slot per request in flight
 }
 
-// newSources makes n sources with at most inFlight requests in flight to
-// each service URL. Each source keeps as many idle connections as its
+// newSources makes n sources, addresses from to from+n-1 (when n is above
+// one), with at most inFlight requests in flight to each service URL. Each source keeps as many idle connections as its
 // share of inFlight (at least one), so that a source's next request finds
 // the connection its last one used.
-func newSources(n, inFlight int) (*sources, error) {
-	if n < 1 || n > maxSources {
-		return nil, fmt.Errorf("-src-n %d: want 1 to %d", n, maxSources)
+func newSources(from, n, inFlight int) (*sources, error) {
+	if from < 0 || n < 1 || from+n > maxSources {
+		return nil, fmt.Errorf("-src-from %d, -src-n %d: want addresses 0 to %d", from, n, maxSources-1)
 	}
 	s := &sources{transports: make([]*http.Transport, n), inFlight: inFlight, slots: map[string]chan struct{}{}}
 	for i := range s.transports {
 		t := &http.Transport{MaxIdleConnsPerHost: s.idlePerSource(), IdleConnTimeout: 30 * time.Second}
 		if n > 1 {
-			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(i)}, Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: sourceAddr(from + i)}, Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}
 			t.DialContext = d.DialContext
 		}
 		s.transports[i] = t

@@ -53,19 +53,24 @@ func (s *addrShop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // request in N, and never from 127.0.0.1; without it, from one.
 func TestSourceAddresses(t *testing.T) {
 	for _, tt := range []struct {
-		srcN, want int
-	}{{1, 1}, {7, 7}} {
-		t.Run(fmt.Sprint(tt.srcN), func(t *testing.T) {
+		srcN, srcFrom int
+		want          []string
+	}{
+		{1, 0, []string{"127.0.0.1"}},
+		{7, 0, []string{"127.1.1.1", "127.1.1.2", "127.1.1.3", "127.1.1.4", "127.1.1.5", "127.1.1.6", "127.1.1.7"}},
+		{7, 249, []string{"127.1.1.250", "127.1.2.1", "127.1.2.2", "127.1.2.3", "127.1.2.4", "127.1.2.5", "127.1.2.6"}},
+	} {
+		t.Run(fmt.Sprint(tt.srcN, "from", tt.srcFrom), func(t *testing.T) {
 			shop := newAddrShop(0)
 			srv := httptest.NewServer(shop)
 			defer srv.Close()
-			r, _ := runLoad(t, srv.URL, "-scenario", "hotsku", "-n", "70", "-c", "10", "-src-n", fmt.Sprint(tt.srcN))
-			if r.Statuses["201"] != 70 || len(shop.from) != tt.want {
-				t.Fatalf("statuses %v, %d source addresses %v; want 70 201s from %d", r.Statuses, len(shop.from), shop.from, tt.want)
+			r, _ := runLoad(t, srv.URL, "-scenario", "hotsku", "-n", "70", "-c", "10", "-src-n", fmt.Sprint(tt.srcN), "-src-from", fmt.Sprint(tt.srcFrom))
+			if r.Statuses["201"] != 70 || len(shop.from) != len(tt.want) {
+				t.Fatalf("statuses %v, %d source addresses %v; want 70 201s from %v", r.Statuses, len(shop.from), shop.from, tt.want)
 			}
-			for addr, n := range shop.from {
-				if tt.srcN > 1 && (n != 70/tt.srcN || addr == "127.0.0.1" || !strings.HasPrefix(addr, "127.1.")) {
-					t.Errorf("%s sent %d requests; want %d each, from 127.1.b.c", addr, n, 70/tt.srcN)
+			for _, addr := range tt.want {
+				if n := shop.from[addr]; n != 70/len(tt.want) {
+					t.Errorf("%s sent %d requests; want %d from each of %v", addr, n, 70/len(tt.want), tt.want)
 				}
 			}
 		})
@@ -75,6 +80,9 @@ func TestSourceAddresses(t *testing.T) {
 	}
 	if _, err := parse([]string{"-src-n", fmt.Sprint(maxSources + 1)}); err == nil {
 		t.Error("-src-n above maxSources accepted")
+	}
+	if _, err := parse([]string{"-src-n", "2", "-src-from", fmt.Sprint(maxSources - 1)}); err == nil {
+		t.Error("-src-from past the last address accepted")
 	}
 }
 
@@ -163,7 +171,7 @@ func TestSourcesCapInFlight(t *testing.T) {
 		mu.Unlock()
 	}))
 	defer srv.Close()
-	srcs, err := newSources(8, 3)
+	srcs, err := newSources(0, 8, 3)
 	if err != nil {
 		t.Fatal(err)
 	}

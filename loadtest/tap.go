@@ -76,13 +76,9 @@ func (a ack) String() string {
 // they would in a server's accept queue.
 const tapConnsPerHost = 256
 
-// newTap starts a tap that sends each buyer's request by policy, from
-// srcN source addresses (see sources).
-func newTap(policy retryPolicy, srcN int) (*tap, error) {
-	srcs, err := newSources(srcN, tapConnsPerHost)
-	if err != nil {
-		return nil, err
-	}
+// newTap starts a tap that sends each buyer's request by policy, through
+// srcs.
+func newTap(policy retryPolicy, srcs *sources) (*tap, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
