@@ -8,6 +8,7 @@
 //	scripts/demo.sh            (make demo: starts the stack, runs this, stops it)
 //	bin/demo -state .state/demo -out out/demo
 //	bin/demo -bench ...        (make bench-orders: the order path side by side, see bench.go)
+//	bin/demo -edge ...         (make bench-edge: the buyers under floods of public routes, see edge.go)
 //
 // Every verdict comes from `shop verify --json`; the load's figures come from
 // the loadtest's JSON result. It prints one table, writes report.md and
@@ -38,9 +39,12 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var err error
-	if len(os.Args) > 1 && (os.Args[1] == "-bench" || os.Args[1] == "--bench") {
+	switch {
+	case len(os.Args) > 1 && (os.Args[1] == "-bench" || os.Args[1] == "--bench"):
 		err = runBench(ctx, os.Args, os.Stdout, os.Stderr)
-	} else {
+	case len(os.Args) > 1 && (os.Args[1] == "-edge" || os.Args[1] == "--edge"):
+		err = runEdge(ctx, os.Args, os.Stdout, os.Stderr)
+	default:
 		err = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	}
 	stop()
