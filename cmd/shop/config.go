@@ -24,6 +24,9 @@ type config struct {
 	// free port, logged as bound.
 	HTTPAddr  string
 	DebugAddr string
+	// AdminAddr is the operators' listener: the admin API and /metrics,
+	// which the public listener does not serve.
+	AdminAddr string
 	MySQLDSN  string
 	// RedisAddrs is one Redis server, or the seed nodes of a Redis
 	// Cluster, or — with RedisMasterName — the Sentinels that watch the
@@ -56,6 +59,16 @@ type config struct {
 	NullTTL       time.Duration
 	Bloom         bool
 	AdminToken    string
+	// RateUser is how many orders a second one user may send, in bursts of
+	// RateUserBurst, over every replica; RateIP how many requests a second
+	// one client address may send. 0 is no limit.
+	RateUser      int
+	RateUserBurst int
+	RateIP        int
+	// TrustedProxies are the proxies (addresses or CIDR ranges) whose
+	// X-Forwarded-For names the client: SHOP_TRUSTED_PROXIES, "none" for
+	// none.
+	TrustedProxies []string
 	// Auth is SHOP_AUTH: "none", the request's user_id is the buyer, or
 	// "jwt", the buyer routes need a bearer token verified by JWT and the
 	// buyer is its subject.
@@ -103,7 +116,14 @@ const (
 	// the clocks of whoever issues tokens and of the replicas differ a
 	// little.
 	jwtLeeway = 30 * time.Second
+	// maxRate bounds SHOP_RATE_USER, SHOP_RATE_USER_BURST and SHOP_RATE_IP:
+	// a limit above it limits nothing a replica could serve.
+	maxRate = 1_000_000
 )
+
+// defaultTrustedProxies are the proxies trusted by default: the loopback
+// networks, where nginx runs beside the replicas.
+const defaultTrustedProxies = "127.0.0.0/8,::1"
 
 // configError is a bad setting; the process exits with status 2.
 type configError struct{ err error }
@@ -169,6 +189,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 	c := config{
 		HTTPAddr:        get("SHOP_HTTP_ADDR", ":8080"),
 		DebugAddr:       getenv("SHOP_DEBUG_ADDR"),
+		AdminAddr:       get("SHOP_ADMIN_ADDR", "127.0.0.1:0"),
 		MySQLDSN:        get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
 		RedisMasterName: getenv("SHOP_REDIS_MASTER_NAME"),
 		RedisPrefix:     get("SHOP_REDIS_PREFIX", "shop:"),
@@ -200,6 +221,25 @@ func loadConfig(getenv func(string) string) (config, error) {
 		}
 		c.UserLimit = n
 	}
+	// count reads name's whole number from 0 to maxRate.
+	count := func(name, def, zero string) int {
+		v := get(name, def)
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxRate {
+			errs = append(errs, fmt.Errorf("%s=%q: must be a whole number from 0 (%s) to %d", name, v, zero, maxRate))
+		}
+		return n
+	}
+	c.RateUser = count("SHOP_RATE_USER", "5", "no limit")
+	c.RateUserBurst = count("SHOP_RATE_USER_BURST", "10", "the rate's own")
+	c.RateIP = count("SHOP_RATE_IP", "0", "no limit")
+	if c.RateUser > 0 && c.RateUserBurst > 0 && c.RateUserBurst < c.RateUser {
+		errs = append(errs, fmt.Errorf("SHOP_RATE_USER_BURST=%d: must be at least SHOP_RATE_USER (%d), or 0 for the same", c.RateUserBurst, c.RateUser))
+	}
+	var err error
+	if c.TrustedProxies, err = trustedProxies(get("SHOP_TRUSTED_PROXIES", defaultTrustedProxies)); err != nil {
+		errs = append(errs, fmt.Errorf("SHOP_TRUSTED_PROXIES: %w", err))
+	}
 	if c.NullTTL > 5*time.Minute {
 		errs = append(errs, fmt.Errorf("SHOP_CACHE_NULL_TTL=%q: must be at most 5m", getenv("SHOP_CACHE_NULL_TTL")))
 	}
@@ -224,6 +264,9 @@ func loadConfig(getenv func(string) string) (config, error) {
 	}
 	if err := checkAddr(c.HTTPAddr, true); err != nil {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR: %w", err))
+	}
+	if err := checkAddr(c.AdminAddr, true); err != nil {
+		errs = append(errs, fmt.Errorf("SHOP_ADMIN_ADDR: %w", err))
 	}
 	if c.DebugAddr != "" {
 		if err := checkAddr(c.DebugAddr, true); err != nil {
@@ -370,6 +413,24 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// trustedProxies reads SHOP_TRUSTED_PROXIES: "none", or a comma-separated
+// list of addresses and CIDR ranges (gin's trusted proxies).
+func trustedProxies(v string) ([]string, error) {
+	if strings.TrimSpace(v) == "none" {
+		return nil, nil
+	}
+	list := addrList(v)
+	if len(list) == 0 {
+		return nil, fmt.Errorf("%q: must be none, or addresses and CIDR ranges, comma-separated", v)
+	}
+	for _, p := range list {
+		if _, _, err := net.ParseCIDR(p); err != nil && net.ParseIP(p) == nil {
+			return nil, fmt.Errorf("%q: must be an IP address or a CIDR range like 10.0.0.0/8", p)
+		}
+	}
+	return list, nil
 }
 
 // parseJitter reads a share written as a percentage ("10%") or a fraction

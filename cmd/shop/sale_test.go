@@ -344,7 +344,7 @@ func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
 	srv := httptest.NewServer(handler.New(handler.Deps{
 		Admin:      newProductAdmin(orders, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
 		AdminToken: testAdminToken,
-	}))
+	}).Admin)
 	t.Cleanup(srv.Close)
 	code, body := patchProduct(t, http.DefaultClient, srv.URL, 1, `{"add_stock":2}`)
 	warnings, _ := body["warnings"].([]any)

@@ -45,7 +45,7 @@ func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAd
 	srv := httptest.NewServer(handler.New(handler.Deps{
 		Seeder:     newSeeder(catalog, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
 		AdminToken: testAdminToken,
-	}))
+	}).Admin)
 	t.Cleanup(srv.Close)
 	return srv, products
 }

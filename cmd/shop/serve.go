@@ -25,18 +25,32 @@ import (
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/notify"
+	"shop/internal/ratelimit"
 	"shop/internal/requestid"
 	"shop/internal/stock"
 )
 
+// Each replica's MySQL connections, split by who may take them, so that
+// no flood of public requests can take a connection the order path or
+// readiness needs. A replica holds at most 24+4+6 = 34 here (and the
+// readiness check its own one): three replicas and one more surging
+// during a rolling restart stay within MySQL's default max_connections of
+// 151, with room for an operator's shop verify (docs/scaling.md).
 const (
-	// ordersPoolSize is each replica's connection budget for order
-	// transactions, and readsPoolSize for everything else (product and
-	// stock reads, readiness), so that a lock holder never waits for a
-	// connection a reader holds. Three replicas stay inside MySQL's default
-	// of 151 connections.
-	ordersPoolSize = 32
-	readsPoolSize  = 16
+	// ordersPoolSize is the budget of order transactions (and payments,
+	// cancellations and the sweep, which take the same slots), so that a
+	// lock holder never waits for a connection a reader holds.
+	ordersPoolSize = 24
+	// orderReadsPoolSize is for the order path's reads outside its
+	// transactions: a SKU's stock before its turn, a replay's look-up, the
+	// user limit's counters, the sweep's search.
+	orderReadsPoolSize = 4
+	// publicPoolSize is for reads made for public requests — a product
+	// page the cache misses, the authoritative stock, a buyer's order —
+	// under a gate of the same width: the seventh at once is refused 503
+	// after stock.DefaultGateWait, rather than queued. The admin API's
+	// seeds and reports use it too, ungated.
+	publicPoolSize = 6
 	// redisPoolSize bounds the Redis connections of a replica.
 	redisPoolSize = 64
 	// redisTimeout bounds every Redis command; a command whose context has
@@ -74,11 +88,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	reg := prometheus.NewRegistry()
 	depErrors := depmetrics.New(reg)
-	db, err := stock.Open(cfg.MySQLDSN, readsPoolSize)
+	db, err := stock.Open(cfg.MySQLDSN, publicPoolSize)
 	if err != nil {
 		return err
 	}
 	if sqlDB, err := db.DB(); err == nil {
+		defer sqlDB.Close()
+	}
+	readsDB, err := stock.Open(cfg.MySQLDSN, orderReadsPoolSize)
+	if err != nil {
+		return err
+	}
+	if sqlDB, err := readsDB.DB(); err == nil {
 		defer sqlDB.Close()
 	}
 	ordersDB, err := stock.OpenOrders(cfg.MySQLDSN, ordersPoolSize)
@@ -88,7 +109,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if sqlDB, err := ordersDB.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	if err := errors.Join(depErrors.WatchGorm(db), depErrors.WatchGorm(ordersDB)); err != nil {
+	if err := errors.Join(depErrors.WatchGorm(db), depErrors.WatchGorm(readsDB), depErrors.WatchGorm(ordersDB)); err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
 	rdb := newRedis(cfg)
@@ -118,7 +139,8 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		registerLockStats(reg, l.Stats)
 	}
 	catalog := stock.NewCatalog(db)
-	products, closeProducts := newCache(cfg, rdb, catalog, reg, log, depErrors.RedisHook())
+	public := catalog.Public(publicPoolSize, stock.DefaultGateWait)
+	products, closeProducts := newCache(cfg, rdb, public, reg, log, depErrors.RedisHook())
 	defer closeProducts()
 	lanes := 1
 	if cfg.LockMode == "none" {
@@ -129,7 +151,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	transitions := registerTransitions(reg)
 	orders := stock.NewService(ordersDB, locker, stock.Options{
 		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
-		PayWindow: cfg.PayWindow, Concurrency: ordersPoolSize, Reads: db, Cache: products, Logger: log,
+		PayWindow: cfg.PayWindow, Concurrency: ordersPoolSize, Reads: readsDB, Public: public, Cache: products, Logger: log,
 		BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn,
 		Returned:    announceReturn(restocks, log),
 		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },
@@ -151,12 +173,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Orders:     orders,
 		Lifecycle:  orders,
 		Products:   products,
-		Stock:      catalog,
+		Stock:      public,
+		Filter:     products,
+		Replays:    public,
 		Seeder:     newSeeder(catalog, products, restocks, log),
 		Admin:      newProductAdmin(orders, products, restocks, log),
 		Refunds:    catalog,
 		AdminToken: cfg.AdminToken,
 		Auth:       buyers,
+		Limits: handler.Limits{
+			Limiter:   ratelimit.New(rdb, cfg.RedisPrefix+"limit:"),
+			User:      ratelimit.PerSecond(cfg.RateUser, cfg.RateUserBurst),
+			Client:    ratelimit.PerSecond(cfg.RateIP, 0),
+			AdminAuth: handler.AdminAuthLimit(),
+		},
+		TrustedProxies: cfg.TrustedProxies,
 		Ready: map[string]handler.Check{
 			"mysql": func(ctx context.Context) error { return stock.Ping(ctx, db) },
 			"redis": redisReady(rdb),
@@ -170,7 +201,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		return fmt.Errorf("serve: %w", err)
 	}
 	srv := &http.Server{
-		Handler:           drain.handler(h),
+		Handler:           drain.handler(h.Public),
 		ConnState:         drain.track,
 		ReadHeaderTimeout: 5 * time.Second,
 		ReadTimeout:       10 * time.Second,
@@ -178,10 +209,18 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
+	adminSrv, adminAddr, err := serveAdmin(cfg.AdminAddr, h.Admin, log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer adminSrv.Close()
+	log.Info("admin listener", "addr", adminAddr)
 	log.Info("listening", "addr", ln.Addr().String(), "drain", cfg.Drain.String(), "redis", cfg.redisTopology(), "lock_mode", cfg.LockMode, "lock_ttl", cfg.LockTTL.String(),
 		"lock_wait", cfg.LockWait.String(), "stock_update", cfg.StockUpdate, "fencing", cfg.Fencing, "order_batch", cfg.OrderBatch,
 		"cache_ttl", cfg.CacheTTL.String(), "cache_jitter", cfg.CacheJitter, "null_ttl", cfg.NullTTL.String(), "bloom", cfg.Bloom,
-		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth)
+		"user_limit", cfg.UserLimit, "pay_window", cfg.PayWindow.String(), "sweep_interval", cfg.SweepInterval.String(), "auth", cfg.Auth,
+		"rate_user", cfg.RateUser, "rate_user_burst", cfg.RateUserBurst, "rate_ip", cfg.RateIP, "trusted_proxies", cfg.TrustedProxies)
 
 	if cfg.DebugAddr != "" {
 		dbg, addr, err := serveDebug(cfg.DebugAddr)
@@ -503,6 +542,7 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 			"the replicas rebuild the Bloom filter for the new catalog within seconds", err)
 	}
 	s.dropped = dropped
+	log.InfoContext(ctx, "seed: catalog reset", "products", n, "stock", units, "cache_entries_dropped", dropped, "warnings", len(s.warnings))
 	return s, nil
 }
 
@@ -638,6 +678,30 @@ func serveDebug(addr string) (*http.Server, string, error) {
 		return nil, "", fmt.Errorf("serve: debug listener: %w", err)
 	}
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	return srv, ln.Addr().String(), nil
+}
+
+// serveAdmin serves the operators' API on addr, apart from the public
+// listener, and returns the server and the address it listens on: addr's
+// port 0 becomes the port the system chose, which the caller logs, so that
+// several replicas on one host never collide. It is closed, not drained,
+// when the replica stops: nothing on it is a buyer's.
+func serveAdmin(addr string, h http.Handler, log *slog.Logger) (*http.Server, string, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, "", fmt.Errorf("serve: admin listener: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		// A seed rebuilds the Bloom filter before it answers
+		// (seedFollowUpTimeout).
+		WriteTimeout: time.Minute,
+		IdleTimeout:  2 * time.Minute,
+		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
 	go srv.Serve(ln)
 	return srv, ln.Addr().String(), nil
 }

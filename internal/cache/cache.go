@@ -354,19 +354,55 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	if replied(get) {
 		p.heard() // even if the filter must be asked again below
 	}
-	switch v, err := p.bloom.answer(redisCtx, check, id); {
+	v, err := p.bloom.answer(redisCtx, check, id)
+	if err := p.judge(ctx, v, err); err != nil {
+		return entry{}, false, err
+	}
+	return entryFrom(get)
+}
+
+// judge reads the Bloom filter's verdict v on an id, asked with error err:
+// errRejected when the filter rules the id out and can be trusted to,
+// Redis's error when it failed, nil when the id may be a product or the
+// filter cannot tell. A missing filter, or one built from an older
+// catalog, is rebuilt in the background.
+func (p *Products) judge(ctx context.Context, v bloomVerdict, err error) error {
+	switch {
 	case errors.Is(err, errNoFilter):
 		p.goBackground("bloom", p.rebuildBloom)
 	case err != nil:
-		return entry{}, false, err
+		return err
 	case v.maybe:
 	case p.trusted(ctx, v.catalog):
-		return entry{}, false, errRejected
+		return errRejected
 	default:
 		p.m.bloomStale.Inc()
 		p.goBackground("bloom", p.rebuildBloom)
 	}
-	return entryFrom(get)
+	return nil
+}
+
+// RuleOut answers for a read that goes to MySQL without the cache (the
+// authoritative stock): stock.ErrNotFound when the Bloom filter rules id
+// out, so that an id that is no product costs one Redis round trip and no
+// MySQL read; nil when id may be a product, and also when the filter
+// cannot tell (off, missing, of an older catalog, Redis failing or being
+// skipped), when the caller must ask MySQL.
+func (p *Products) RuleOut(ctx context.Context, id int64) error {
+	if !p.opt.Bloom || id <= 0 {
+		return nil
+	}
+	if until := p.skipRedis.Load(); until != 0 && time.Now().UnixNano() < until {
+		return nil
+	}
+	redisCtx, cancel := p.redisCtx(ctx)
+	defer cancel()
+	v, err := p.bloom.mayContain(redisCtx, id)
+	if errors.Is(p.judge(ctx, v, err), errRejected) {
+		p.m.bloomRejects.Inc()
+		return notFound(id)
+	}
+	return nil
 }
 
 // serve answers from e, found in the cache, and starts a refresh if e is

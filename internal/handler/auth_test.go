@@ -93,7 +93,7 @@ func authAPI(t *testing.T, v handler.Authenticator) (*api, *placed) {
 	if v != nil {
 		d.Auth = v
 	}
-	return &api{url: serve(t, handler.New(d)).URL}, p
+	return &api{url: serve(t, both(handler.New(d))).URL}, p
 }
 
 func hsVerifier(t *testing.T) *auth.Verifier {
@@ -353,7 +353,7 @@ func BenchmarkAuth(b *testing.B) {
 			if bb.auth != nil {
 				d.Auth = bb.auth
 			}
-			h := handler.New(d)
+			h := both(handler.New(d))
 			b.ReportAllocs()
 			for b.Loop() {
 				req := httptest.NewRequest("POST", "/api/v1/orders", strings.NewReader(bb.body))

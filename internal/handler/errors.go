@@ -113,6 +113,8 @@ func status(err error) (int, string, string) {
 			"the bearer token is not valid: malformed, not signed by a trusted key, or not for this service"
 	case errors.Is(err, errForbidden):
 		return http.StatusForbidden, "forbidden", errForbidden.Error()
+	case errors.Is(err, errRateLimited):
+		return http.StatusTooManyRequests, "rate_limited", errRateLimited.Error()
 	case errors.Is(err, stock.ErrBusy):
 		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
 	case errors.Is(err, errUnavailable):
@@ -167,8 +169,11 @@ func challenge(err error, msg string) string {
 func writeError(c *gin.Context, err error) {
 	err = clientGone(c, err)
 	code, name, msg := status(err)
-	if code == http.StatusServiceUnavailable {
+	switch code {
+	case http.StatusServiceUnavailable:
 		c.Header("Retry-After", retryAfterSeconds)
+	case http.StatusTooManyRequests:
+		c.Header("Retry-After", retryAfterHeader(err))
 	}
 	if h := challenge(err, msg); h != "" {
 		c.Header("WWW-Authenticate", h)

@@ -10,10 +10,15 @@ import (
 // OpenAPI is the embedded description, for the tests of package handler_test.
 var OpenAPI = openAPI
 
-// Routes returns the routes addRoutes registers, as gin has them.
-func Routes() gin.RoutesInfo {
+// Routes returns the routes of both listeners, as gin has them: the
+// public's (addRoutes) and the operators' (addAdminRoutes).
+func Routes() (public, admin gin.RoutesInfo) {
 	gin.SetMode(gin.ReleaseMode)
-	r := gin.New()
-	addRoutes(r, Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()})
-	return r.Routes()
+	d := Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()}
+	m := newMetrics(d.Registry)
+	lim := newLimiter(Limits{}, d.Logger, d.Registry)
+	pr, ar := gin.New(), gin.New()
+	addRoutes(pr, d, m, lim)
+	addAdminRoutes(ar, d, m, lim)
+	return pr.Routes(), ar.Routes()
 }

@@ -56,7 +56,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 	}
 	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &testenv.Log{}}
 	orders := stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products})
-	srv := serve(t, handler.New(handler.Deps{
+	srv := serve(t, both(handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   orders,
 		Products: products,
@@ -82,7 +82,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 			"redis": func(ctx context.Context) error { return rdb.Ping(ctx).Err() },
 		},
 		Registry: a.reg,
-	}))
+	})))
 	a.url = srv.URL
 	return a
 }
@@ -371,14 +371,14 @@ func TestRedisDownIsBusy(t *testing.T) {
 	}
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { dead.Close() })
-	srv := serve(t, handler.New(handler.Deps{
+	srv := serve(t, both(handler.New(handler.Deps{
 		Orders:   stock.NewService(db.Gorm, lock.NewRedis(dead, lock.RedisOptions{}), stock.Options{}),
 		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
 		Stock:    catalog,
 		Ready: map[string]handler.Check{
 			"redis": func(ctx context.Context) error { return dead.Ping(ctx).Err() },
 		},
-	}))
+	})))
 	a := &api{url: srv.URL, db: db}
 
 	r := a.order(t, `{"sku_id":1,"user_id":1}`, nil)

@@ -36,10 +36,12 @@ func recovery(log *slog.Logger) gin.HandlerFunc {
 	}
 }
 
-// observe logs each request as JSON and records its metrics. Failures at 500
-// and above are logged at error level with their cause, the rest at debug
-// (a client that went away, 499, among them).
-func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
+// observe logs each request as JSON and records its metrics. A request is
+// logged at level, or at info when it was refused for its credentials (401
+// and 403: someone trying tokens shows in the log at the default level),
+// or at error level, with its cause, when it failed at 500 or above. A
+// client that went away, 499, is logged at level.
+func observe(log *slog.Logger, m *metrics, level slog.Level) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		start := time.Now()
 		c.Next()
@@ -53,14 +55,17 @@ func observe(log *slog.Logger, m *metrics) gin.HandlerFunc {
 		m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
 		m.duration.WithLabelValues(method, route).Observe(elapsed.Seconds())
 
-		level := slog.LevelDebug
-		if code >= 500 {
+		level := level
+		switch {
+		case code >= 500:
 			level = slog.LevelError
+		case code == http.StatusUnauthorized || code == http.StatusForbidden:
+			level = max(level, slog.LevelInfo)
 		}
 		if !log.Enabled(c.Request.Context(), level) {
 			return
 		}
-		attrs := []any{"method", c.Request.Method, "path", c.Request.URL.Path, "status", code, "duration", elapsed}
+		attrs := []any{"method", c.Request.Method, "path", c.Request.URL.Path, "status", code, "duration", elapsed, "client", c.ClientIP()}
 		if err := c.Errors.Last(); err != nil {
 			attrs = append(attrs, "err", err.Err)
 		}
@@ -86,17 +91,30 @@ func jsonBody() gin.HandlerFunc {
 }
 
 // requireAdmin lets through requests carrying the admin bearer token. With no
-// token configured the admin API does not exist.
-func requireAdmin(token string) gin.HandlerFunc {
+// token configured the admin API does not exist. Failed checks are limited
+// per client address (Limits.AdminAuth): an address past its limit is
+// answered 429 before its token is looked at, so that the limit bounds
+// guesses, not only the answers to them.
+func requireAdmin(token string, lim *limiter, log *slog.Logger) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if token == "" {
 			writeError(c, errAdminDisabled)
+			return
+		}
+		key := "admin-auth:" + c.ClientIP()
+		if err := lim.check(c, limitAdminAuth, key, lim.AdminAuth); err != nil {
+			writeError(c, err)
 			return
 		}
 		// The scheme is case-insensitive (RFC 7235), the token is not.
 		scheme, got, ok := strings.Cut(c.GetHeader("Authorization"), " ")
 		got = strings.TrimLeft(got, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			log.InfoContext(c.Request.Context(), "admin: missing or wrong token", "client", c.ClientIP(), "path", c.Request.URL.Path)
+			if err := lim.take(c, limitAdminAuth, key, lim.AdminAuth); err != nil {
+				writeError(c, err)
+				return
+			}
 			writeError(c, errUnauthorized)
 			return
 		}

@@ -25,11 +25,11 @@ func panickingOrder(context.Context, int64, int64, string) (stock.Order, error) 
 func TestPanicIsLoggedWithItsStack(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	log := &testenv.Log{}
-	srv := serve(t, handler.New(handler.Deps{
+	srv := serve(t, both(handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(log, nil)),
 		Orders:   orderFunc(panickingOrder),
 		Registry: prometheus.NewRegistry(),
-	}))
+	})))
 	r := send(t, "POST", srv.URL+"/api/v1/orders", `{"sku_id":1,"user_id":1}`, "panic-stack")
 	answer := response{status: r.status, raw: r.body}
 	if err := json.Unmarshal([]byte(r.body), &answer.body); err != nil {

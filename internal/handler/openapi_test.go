@@ -99,10 +99,12 @@ func schema(doc map[string]any, name string) map[string]any {
 	return doc["components"].(map[string]any)["schemas"].(map[string]any)[name].(map[string]any)
 }
 
-// operation names a route as "METHOD /path/{param}".
-func operation(method, path string) string { return method + " " + path }
+// operation names a route as "listener METHOD /path/{param}", listener
+// public or admin.
+func operation(listener, method, path string) string { return listener + " " + method + " " + path }
 
-// documented returns the operations of the description.
+// documented returns the operations of the description, each on the
+// listener its x-listener names.
 func documented(t *testing.T) map[string]bool {
 	t.Helper()
 	spec, err := loadOpenAPI(handler.OpenAPI)
@@ -111,25 +113,29 @@ func documented(t *testing.T) map[string]bool {
 	}
 	ops := map[string]bool{}
 	for path, item := range spec.Paths.Map() {
-		for method := range item.Operations() {
-			ops[operation(method, path)] = true
+		for method, op := range item.Operations() {
+			listener, _ := op.Extensions["x-listener"].(string)
+			ops[operation(listener, method, path)] = true
 		}
 	}
 	return ops
 }
 
-// registered returns the routes gin serves, their :name and *name segments
-// written as OpenAPI's {name}.
+// registered returns the routes gin serves on each listener, their :name
+// and *name segments written as OpenAPI's {name}.
 func registered() map[string]bool {
 	ops := map[string]bool{}
-	for _, r := range handler.Routes() {
-		segments := strings.Split(r.Path, "/")
-		for i, s := range segments {
-			if strings.HasPrefix(s, ":") || strings.HasPrefix(s, "*") {
-				segments[i] = "{" + s[1:] + "}"
+	public, admin := handler.Routes()
+	for listener, routes := range map[string]gin.RoutesInfo{"public": public, "admin": admin} {
+		for _, r := range routes {
+			segments := strings.Split(r.Path, "/")
+			for i, s := range segments {
+				if strings.HasPrefix(s, ":") || strings.HasPrefix(s, "*") {
+					segments[i] = "{" + s[1:] + "}"
+				}
 			}
+			ops[operation(listener, r.Method, strings.Join(segments, "/"))] = true
 		}
-		ops[operation(r.Method, strings.Join(segments, "/"))] = true
 	}
 	return ops
 }
@@ -163,7 +169,7 @@ func TestOpenAPIOperationsAreServed(t *testing.T) {
 // GET /openapi.json serves the embedded description as JSON.
 func TestOpenAPIServed(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
-	srv := serve(t, handler.New(handler.Deps{}))
+	srv := serve(t, both(handler.New(handler.Deps{})))
 	res, err := http.Get(srv.URL + "/openapi.json")
 	if err != nil {
 		t.Fatal(err)
@@ -382,4 +388,18 @@ func TestConformanceCheck(t *testing.T) {
 			}
 		})
 	}
+}
+
+// both serves hs as one handler, the operators' routes (/api/v1/admin/
+// and /metrics) by hs.Admin and the rest by hs.Public: one server for the
+// tests of routes, which are not about which listener serves them
+// (TestOperatorsHaveTheirOwnDoor is).
+func both(hs handler.Handlers) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/api/v1/admin/") || r.URL.Path == "/metrics" {
+			hs.Admin.ServeHTTP(w, r)
+			return
+		}
+		hs.Public.ServeHTTP(w, r)
+	})
 }

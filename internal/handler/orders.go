@@ -2,6 +2,7 @@ package handler
 
 import (
 	"context"
+	"errors"
 	"net/http"
 
 	"github.com/gin-gonic/gin"
@@ -51,7 +52,12 @@ const (
 // buyer is the body's user_id, or the bearer token's subject with
 // authentication on (see buyer). The order rules (positive ids, the key's
 // format) are the domain's to check.
-func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
+//
+// A well-formed order is counted against its buyer's rate limit before
+// anything else is done for it. One over the limit is answered 429, unless
+// its Idempotency-Key placed an order already: a buyer retrying an order
+// that committed gets it back, never "too many requests" (see replayOver).
+func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		fail := func(err error) {
 			err = clientGone(c, err)
@@ -69,7 +75,12 @@ func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 		}
 		ctx, cancel := context.WithTimeout(c.Request.Context(), orderTimeout)
 		defer cancel()
-		o, err := orders.PlaceOrder(ctx, sku, user, key)
+		var o stock.Order
+		if err = lim.perUser(c, user); err != nil {
+			o, err = replayOver(ctx, replays, sku, user, key, err)
+		} else {
+			o, err = orders.PlaceOrder(ctx, sku, user, key)
+		}
 		if err != nil {
 			fail(err)
 			return
@@ -82,6 +93,21 @@ func handlePlaceOrder(orders Orders, m *metrics) gin.HandlerFunc {
 		}
 		c.JSON(http.StatusCreated, newOrderResponse(o))
 	}
+}
+
+// replayOver answers an order refused by its rate limit with limited: the
+// order its key placed before, if any, and limited otherwise. An error of
+// the look-up itself (busy, or the key used for another SKU) is the
+// answer then, since the order may exist.
+func replayOver(ctx context.Context, replays Replays, sku, user int64, key string, limited error) (stock.Order, error) {
+	if key == "" || replays == nil {
+		return stock.Order{}, limited
+	}
+	o, err := replays.Replay(ctx, sku, user, key)
+	if errors.Is(err, stock.ErrOrderNotFound) {
+		return stock.Order{}, limited
+	}
+	return o, err
 }
 
 func readOrder(c *gin.Context) (sku, user int64, key string, err error) {

@@ -32,12 +32,12 @@ func TestOutcomeUnknown(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	reg := prometheus.NewRegistry()
 	lost := fmt.Errorf("%w: %w: sku 1: commit: %w", stock.ErrBusy, stock.ErrOutcomeUnknown, io.ErrUnexpectedEOF)
-	srv := serve(t, handler.New(handler.Deps{
+	srv := serve(t, both(handler.New(handler.Deps{
 		Orders: orderFunc(func(context.Context, int64, int64, string) (stock.Order, error) {
 			return stock.Order{}, lost
 		}),
 		Registry: reg,
-	}))
+	})))
 	a := &api{url: srv.URL}
 	r := a.order(t, `{"sku_id":1,"user_id":1}`, map[string][]string{"Idempotency-Key": {"k1"}})
 	if r.status != 503 || errorCode(t, r) != "outcome_unknown" || r.header.Get("Retry-After") == "" {
@@ -111,13 +111,13 @@ func TestClientGoneIsNotBusy(t *testing.T) {
 func TestChangeOutcomeUnknown(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	lost := fmt.Errorf("%w: sku 1: connection lost at COMMIT: %w", stock.ErrChangeOutcomeUnknown, io.ErrUnexpectedEOF)
-	srv := serve(t, handler.New(handler.Deps{
+	srv := serve(t, both(handler.New(handler.Deps{
 		Admin: handler.ChangeProductFunc(func(context.Context, int64, stock.Change) (stock.Product, []string, error) {
 			return stock.Product{}, nil, lost
 		}),
 		AdminToken: adminToken,
 		Registry:   prometheus.NewRegistry(),
-	}))
+	})))
 	a := &api{url: srv.URL}
 	r := a.patch(t, "1", `{"add_stock":5}`)
 	if r.status != 503 || errorCode(t, r) != "outcome_unknown" || r.header.Get("Retry-After") == "" {

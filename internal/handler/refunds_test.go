@@ -100,11 +100,11 @@ func TestRefundsFailures(t *testing.T) {
 		{fmt.Errorf("%w: connection refused", stock.ErrBusy), 503, "busy"},
 		{errors.New("stock: refunds: Error 1146: Table 'refunds' doesn't exist"), 500, "internal"},
 	} {
-		srv := serve(t, handler.New(handler.Deps{
+		srv := serve(t, both(handler.New(handler.Deps{
 			Logger:     slog.New(slog.DiscardHandler),
 			AdminToken: adminToken,
 			Refunds:    refundsFunc(func(context.Context) ([]stock.Refund, error) { return nil, tt.err }),
-		}))
+		})))
 		a := &api{url: srv.URL}
 		r := a.refunds(t, withToken)
 		if r.status != tt.status || errorCode(t, r) != tt.code {

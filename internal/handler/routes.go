@@ -1,35 +1,50 @@
 package handler
 
 import (
+	"log/slog"
+
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// addRoutes is the whole API at a glance.
-func addRoutes(r *gin.Engine, d Deps) {
-	m := newMetrics(d.Registry)
+// addRoutes is the public API at a glance: what buyers, product pages and
+// balancers reach. The operators' routes are not here, and answer 404.
+func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 	// observe outside recovery: a panic, answered 500 by recovery, is
 	// logged and counted like any other request.
-	r.Use(observe(d.Logger, m), recovery(d.Logger))
+	r.Use(observe(d.Logger, m, slog.LevelDebug), recovery(d.Logger))
 	r.NoRoute(func(c *gin.Context) { writeError(c, errRouteNotFound) })
 	r.NoMethod(func(c *gin.Context) { writeError(c, errMethodNotAllowed) })
 
 	r.GET("/healthz", handleHealthz())
 	r.GET("/readyz", handleReadyz(d.Ready, d.Stopping))
-	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})))
 	r.GET("/openapi.json", handleOpenAPI())
 
-	api := r.Group("/api/v1")
+	// Everything below is limited per client address (SHOP_RATE_IP); the
+	// balancers' probes above are not.
+	api := r.Group("/api/v1", lim.perClient())
 	// The buyer routes: authenticate comes first, before the body is
 	// read, and handlers learn who the buyer is from buyer.
 	buyers := api.Group("", authenticate(d.Auth))
-	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, m))
+	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, d.Replays, lim, m))
 	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
 	buyers.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
 	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
 	api.GET("/products/:id", handleProduct(d.Products))
-	api.GET("/products/:id/stock", handleStock(d.Stock))
-	api.POST("/admin/seed", requireAdmin(d.AdminToken), jsonBody(), handleSeed(d.Seeder))
-	api.PATCH("/admin/products/:id", requireAdmin(d.AdminToken), jsonBody(), handleChangeProduct(d.Admin))
-	api.GET("/admin/refunds", requireAdmin(d.AdminToken), handleRefunds(d.Refunds))
+	api.GET("/products/:id/stock", handleStock(d.Stock, d.Filter))
+}
+
+// addAdminRoutes is the operators' API: the admin routes, behind the
+// token, and the metrics, on a listener of their own (SHOP_ADMIN_ADDR).
+// Every request is logged at info, with its request id.
+func addAdminRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
+	r.Use(observe(d.Logger, m, slog.LevelInfo), recovery(d.Logger))
+	r.NoRoute(func(c *gin.Context) { writeError(c, errRouteNotFound) })
+	r.NoMethod(func(c *gin.Context) { writeError(c, errMethodNotAllowed) })
+
+	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})))
+	admin := r.Group("/api/v1/admin", requireAdmin(d.AdminToken, lim, d.Logger))
+	admin.POST("/seed", jsonBody(), handleSeed(d.Seeder))
+	admin.PATCH("/products/:id", jsonBody(), handleChangeProduct(d.Admin))
+	admin.GET("/refunds", handleRefunds(d.Refunds))
 }

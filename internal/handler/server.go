@@ -5,6 +5,7 @@ package handler
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 
@@ -73,6 +74,19 @@ type Refunds interface {
 	Refunds(ctx context.Context) ([]stock.Refund, error)
 }
 
+// Replays finds the order a buyer placed under an Idempotency-Key;
+// *stock.Catalog implements it. A request over its rate limit that replays
+// a committed order is answered with it, never refused.
+type Replays interface {
+	Replay(ctx context.Context, sku, user int64, key string) (stock.Order, error)
+}
+
+// Filter rules out ids that are no product without asking MySQL (the
+// product cache's Bloom filter); *cache.Products implements it.
+type Filter interface {
+	RuleOut(ctx context.Context, id int64) error
+}
+
 // Check reports whether a dependency answers; /readyz runs them all.
 type Check func(ctx context.Context) error
 
@@ -87,7 +101,20 @@ type Deps struct {
 	Lifecycle Lifecycle
 	Products  Products
 	Stock     Stock
-	Seeder    Seeder
+	// Filter, when set, answers GET /api/v1/products/{id}/stock 404 for an
+	// id it rules out, before Stock is asked.
+	Filter Filter
+	// Replays, when set, answers an order over its rate limit that
+	// replays a committed one.
+	Replays Replays
+	// Limits are the rate limits; the zero value limits nothing.
+	Limits Limits
+	// TrustedProxies are the addresses and CIDR ranges of the proxies
+	// whose X-Forwarded-For names the client (gin's trusted proxies),
+	// valid ones only; nil trusts none, and the client is the socket's
+	// peer.
+	TrustedProxies []string
+	Seeder         Seeder
 	// Admin changes products: PATCH /api/v1/admin/products/{id}.
 	Admin ProductAdmin
 	// Refunds lists the refunds owed: GET /api/v1/admin/refunds.
@@ -109,16 +136,41 @@ type Deps struct {
 	Registry *prometheus.Registry
 }
 
-// New returns the HTTP handler of the whole API.
-func New(d Deps) http.Handler {
+// Handlers are the two listeners' handlers.
+type Handlers struct {
+	// Public is the API of buyers, product pages and balancers; the
+	// operators' routes answer 404 there, whatever is in front of it.
+	Public http.Handler
+	// Admin is the operators' API: /api/v1/admin/* with the admin token,
+	// and /metrics. Serve it on an address of its own, out of the
+	// public's reach.
+	Admin http.Handler
+}
+
+// New returns the HTTP handlers of the whole API. It panics on a trusted
+// proxy gin cannot parse: the configuration checks them first.
+func New(d Deps) Handlers {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
 	if d.Registry == nil {
 		d.Registry = prometheus.NewRegistry()
 	}
+	m := newMetrics(d.Registry)
+	lim := newLimiter(d.Limits, d.Logger, d.Registry)
+	public, admin := newEngine(d.TrustedProxies), newEngine(d.TrustedProxies)
+	addRoutes(public, d, m, lim)
+	addAdminRoutes(admin, d, m, lim)
+	return Handlers{Public: withRequestID(public), Admin: withRequestID(admin)}
+}
+
+// newEngine is a gin engine that takes the client's address from
+// X-Forwarded-For only when a trusted proxy sent it.
+func newEngine(trusted []string) *gin.Engine {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
-	addRoutes(r, d)
-	return withRequestID(r)
+	if err := r.SetTrustedProxies(trusted); err != nil {
+		panic(fmt.Sprintf("handler: trusted proxies %q: %v", trusted, err))
+	}
+	return r
 }

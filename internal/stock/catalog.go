@@ -13,10 +13,24 @@ import (
 // Catalog reads and resets products in MySQL.
 type Catalog struct {
 	db *gorm.DB
+	// public, when set, bounds the reads made for public requests (see
+	// Public).
+	public *gate
 }
 
 // NewCatalog returns a Catalog on db.
 func NewCatalog(db *gorm.DB) *Catalog { return &Catalog{db: db} }
+
+// Public returns a Catalog on the same pool whose reads for public
+// requests — Product, Stock, Order, Replay — run at most width at once:
+// one that waits longer than wait for a place is refused with ErrBusy
+// (a 503 to retry). Give it a pool of its own of width connections, so
+// that a flood of such reads, the cheapest thing anyone can send, never
+// takes a connection the order path or the readiness check needs, and
+// never queues at all.
+func (c *Catalog) Public(width int, wait time.Duration) *Catalog {
+	return &Catalog{db: c.db, public: newGate(width, wait)}
+}
 
 // Product returns the product with id. Errors: ErrInvalid, ErrNotFound.
 func (c *Catalog) Product(ctx context.Context, id int64) (Product, error) {
@@ -24,7 +38,8 @@ func (c *Catalog) Product(ctx context.Context, id int64) (Product, error) {
 		return Product{}, err
 	}
 	var p Product
-	if err := c.db.WithContext(ctx).Take(&p, id).Error; err != nil {
+	err := c.public.pass(ctx, "product", func() error { return c.db.WithContext(ctx).Take(&p, id).Error })
+	if err != nil {
 		return Product{}, classify(ctx, "product", notFound(err, id))
 	}
 	return p, nil
@@ -37,10 +52,55 @@ func (c *Catalog) Stock(ctx context.Context, id int64) (int, error) {
 		return 0, err
 	}
 	var p Product
-	if err := c.db.WithContext(ctx).Select("id", "stock").Take(&p, id).Error; err != nil {
+	err := c.public.pass(ctx, "stock", func() error { return c.db.WithContext(ctx).Select("id", "stock").Take(&p, id).Error })
+	if err != nil {
 		return 0, classify(ctx, "stock", notFound(err, id))
 	}
 	return p.Stock, nil
+}
+
+// Order returns user's order id as MySQL has it now. Errors: ErrInvalid,
+// ErrOrderNotFound (also for another user's order), ErrBusy.
+func (c *Catalog) Order(ctx context.Context, user, id int64) (Order, error) {
+	f, err := c.lookUp(ctx, user, id)
+	return f.Order, err
+}
+
+// lookUp is lookUp, through the gate.
+func (c *Catalog) lookUp(ctx context.Context, user, id int64) (found, error) {
+	if err := validateOrderOf(user, id); err != nil {
+		return found{}, err
+	}
+	var f found
+	err := c.public.pass(ctx, "read order", func() (err error) {
+		f, err = lookUp(c.db.WithContext(ctx), user, id)
+		return err
+	})
+	return f, classify(ctx, "read order", err)
+}
+
+// Replay returns the order user placed earlier under idempotency key,
+// Replayed: what a request sent again with the key is answered, whatever
+// stops it going further (a rate limit). Errors: ErrOrderNotFound (the key
+// placed no order), ErrIdempotencyMismatch (it placed one of another SKU),
+// ErrInvalid, ErrBusy.
+func (c *Catalog) Replay(ctx context.Context, sku, user int64, key string) (Order, error) {
+	if err := validateOrder(sku, user, key); err != nil {
+		return Order{}, err
+	}
+	var o Order
+	var ok bool
+	err := c.public.pass(ctx, "replay", func() (err error) {
+		o, ok, err = replay(c.db.WithContext(ctx), sku, user, key)
+		return err
+	})
+	switch {
+	case err != nil:
+		return Order{}, classify(ctx, "replay", err)
+	case !ok:
+		return Order{}, fmt.Errorf("%w: no order of user %d under key %q", ErrOrderNotFound, user, key)
+	}
+	return o, nil
 }
 
 // ProductIDs returns the id of every product, in ascending order.

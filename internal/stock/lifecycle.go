@@ -92,11 +92,21 @@ func lookUp(db *gorm.DB, user, id int64) (found, error) {
 // Order returns user's order id as MySQL has it now. Errors: ErrInvalid,
 // ErrOrderNotFound (also for another user's order), ErrBusy.
 func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
+	f, err := s.lookUp(ctx, user, id)
+	return f.Order, err
+}
+
+// lookUp reads user's order id for a buyer's request, through
+// Options.Public when set. Errors: ErrInvalid, ErrOrderNotFound, ErrBusy.
+func (s *Service) lookUp(ctx context.Context, user, id int64) (found, error) {
+	if s.opt.Public != nil {
+		return s.opt.Public.lookUp(ctx, user, id)
+	}
 	if err := validateOrderOf(user, id); err != nil {
-		return Order{}, err
+		return found{}, err
 	}
 	f, err := lookUp(s.reads.WithContext(ctx), user, id)
-	return f.Order, classify(ctx, "read order", err)
+	return f, classify(ctx, "read order", err)
 }
 
 // Pay pays user's reservation id with paymentID, the payment provider's
@@ -119,6 +129,11 @@ func (s *Service) Pay(ctx context.Context, user, id int64, paymentID string) (Or
 		return Order{}, err
 	}
 	if err := CheckPaymentID(paymentID); err != nil {
+		return Order{}, err
+	}
+	// A payment for an order that is not there is answered before it
+	// takes a slot of the order path.
+	if _, err := s.lookUp(ctx, user, id); err != nil {
 		return Order{}, err
 	}
 	release, err := s.slot(ctx, 0)
@@ -187,12 +202,9 @@ func (s *Service) oweRefund(db *gorm.DB, o Order, paymentID, reason string, refu
 // answer; nothing changed) and ErrCancelOutcomeUnknown (the COMMIT's
 // answer was lost: cancelling again tells).
 func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
-	if err := validateOrderOf(user, id); err != nil {
-		return Order{}, err
-	}
-	f, err := lookUp(s.reads.WithContext(ctx), user, id)
+	f, err := s.lookUp(ctx, user, id)
 	if err != nil {
-		return Order{}, classify(ctx, "cancel order", err)
+		return Order{}, err
 	}
 	if f.Status != StatusReserved || f.Lapsed {
 		return cancelled(f)

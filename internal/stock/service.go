@@ -109,6 +109,13 @@ type Options struct {
 	// (looking up an idempotent replay after a failure), so that they never
 	// take a connection a lock holder needs. Default: the Service's own.
 	Reads *gorm.DB
+	// Public, when set, reads the orders a buyer's request names (its
+	// status, the order a payment or a cancellation is for) before anything
+	// else is done for it: a flood of requests for orders that are not
+	// there then costs a gated read of a pool of its own (Catalog.Public),
+	// not a slot of the order path or a connection of Reads. Default: Reads,
+	// unbounded.
+	Public *Catalog
 	// Cache, when set, is told after each committed order that the product's
 	// stock changed, and after an order whose COMMIT's outcome is unknown.
 	Cache Invalidator
@@ -232,7 +239,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 		// A buyer retrying an order that committed must get it back, not
 		// "sold out": with a key, look before refusing.
 		if idempotencyKey != "" {
-			if o, ok, err := s.replay(s.reads.WithContext(ctx), sku, user, idempotencyKey); err != nil || ok {
+			if o, ok, err := replay(s.reads.WithContext(ctx), sku, user, idempotencyKey); err != nil || ok {
 				return o, classify(ctx, "place order", err)
 			}
 		}
@@ -247,7 +254,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 	if err != nil && idempotencyKey != "" && !errors.Is(err, ErrIdempotencyMismatch) {
 		// A call with the same key may have committed meanwhile: then its
 		// order is the answer, whatever this attempt ran into.
-		switch o, ok, rerr := s.replay(s.reads.WithContext(ctx), sku, user, idempotencyKey); {
+		switch o, ok, rerr := replay(s.reads.WithContext(ctx), sku, user, idempotencyKey); {
 		case ok:
 			return o, nil
 		case errors.Is(rerr, ErrIdempotencyMismatch):
@@ -380,8 +387,9 @@ func (s *Service) repairFence(ctx context.Context, err error) {
 }
 
 // replay finds the order user created earlier under key. ok is false when
-// there is none.
-func (s *Service) replay(db *gorm.DB, sku, user int64, key string) (o Order, ok bool, err error) {
+// there is none; the error is ErrIdempotencyMismatch when it is of another
+// SKU.
+func replay(db *gorm.DB, sku, user int64, key string) (o Order, ok bool, err error) {
 	res := db.Where("user_id = ? AND idempotency_key = ?", user, key).Limit(1).Find(&o)
 	if res.Error != nil || res.RowsAffected == 0 {
 		return Order{}, false, res.Error
