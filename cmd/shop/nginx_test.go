@@ -167,11 +167,13 @@ func startNginx(t *testing.T, upstreams ...string) *frontNginx {
 }
 
 // /metrics shows the runtime of the process and is for Prometheus, which
-// scrapes each replica: through nginx it does not exist, in the API's error
-// shape; on the replica itself it is served.
+// scrapes each replica's operators' listener: through nginx it does not
+// exist, in the API's error shape; on the operators' listener it is served.
 func TestNginxHidesMetrics(t *testing.T) {
 	db := testenv.MySQL(t)
-	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
+	admin := deadAddr(t)
+	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t),
+		"SHOP_ADMIN_ADDR": admin})
 	front := startNginx(t, strings.TrimPrefix(r.url, "http://")).url
 	waitReady(t, front)
 
@@ -189,14 +191,14 @@ func TestNginxHidesMetrics(t *testing.T) {
 			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
 		}
 	}
-	res, err := http.Get(r.url + "/metrics")
+	res, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
 	if res.StatusCode != 200 || !strings.Contains(string(body), "shop_http_requests_total") {
-		t.Errorf("GET /metrics on the replica: %d; want the metrics", res.StatusCode)
+		t.Errorf("GET /metrics on the replica's operators' listener: %d; want the metrics", res.StatusCode)
 	}
 }
 
