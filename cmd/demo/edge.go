@@ -261,6 +261,17 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 	return r, err
 }
 
+// allVerified is "ok" when every run's verify found the invariants held,
+// else "FAIL".
+func allVerified(runs []edgeRun) string {
+	for _, r := range runs {
+		if !r.Verify.OK {
+			return "FAIL"
+		}
+	}
+	return "ok"
+}
+
 func edgeVerdict(v verifyReport) string {
 	if v.OK {
 		return "ok"
@@ -351,15 +362,9 @@ func edgeTable(runs []edgeRun) string {
 		if row.Flood != "" {
 			vsHealthz = fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(runs, rr, edgeHealthz), rate, medianOf(rowRuns(runs, edgeHealthz), edgeRun.buyersRate))
 		}
-		verdict := "ok"
-		for _, r := range rr {
-			if !r.Verify.OK {
-				verdict = "FAIL"
-			}
-		}
 		line(row.Name, flood, floodLimits, fmt.Sprintf("%.0f", rate), vsAlone, vsHealthz,
 			ms(medianOf(rr, func(r edgeRun) float64 { return r.Buyers.P99Ms })),
-			limitCounts(rr, func(r edgeRun) loadResult { return r.Buyers }, buyersServed...), verdict)
+			limitCounts(rr, func(r edgeRun) loadResult { return r.Buyers }, buyersServed...), allVerified(rr))
 	}
 	return b.String()
 }
@@ -380,12 +385,6 @@ func botTable(o edgeOptions, runs []edgeRun) string {
 			}
 			return float64(n)
 		}
-		verdict := "ok"
-		for _, r := range rr {
-			if !r.Verify.OK {
-				verdict = "FAIL"
-			}
-		}
 		fmt.Fprintln(&b, "| bot farm | user ids | from | got through (201 · 409) | refused 429 | other | took | verify |")
 		fmt.Fprintln(&b, "|---|---|---|---|---|---|---|---|")
 		fmt.Fprintf(&b, "| %s | %d | 127.0.0.1 | %.0f (%.0f · %.0f) | %.0f | %.0f | %.1fs | %s |\n", row.Name, o.bots,
@@ -396,7 +395,7 @@ func botTable(o edgeOptions, runs []edgeRun) string {
 			medianOf(rr, func(r edgeRun) float64 {
 				return float64(r.Buyers.Requests) - count(r, "201", "409", "429")
 			}),
-			medianOf(rr, func(r edgeRun) float64 { return r.Buyers.Seconds }), verdict)
+			medianOf(rr, func(r edgeRun) float64 { return r.Buyers.Seconds }), allVerified(rr))
 	}
 	return b.String()
 }

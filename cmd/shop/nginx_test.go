@@ -177,20 +177,7 @@ func TestNginxHidesMetrics(t *testing.T) {
 	front := startNginx(t, strings.TrimPrefix(r.url, "http://")).url
 	waitReady(t, front)
 
-	for _, path := range []string{"/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics"} {
-		res, err := http.Get(front + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		var e struct {
-			Error struct{ Code string } `json:"error"`
-		}
-		if res.StatusCode != 404 || json.Unmarshal(body, &e) != nil || e.Error.Code != "not_found" || strings.Contains(string(body), "go_goroutines ") {
-			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
-		}
-	}
+	wantNotFound(t, front, "/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics")
 	res, err := http.Get("http://" + admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -343,6 +330,23 @@ func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
 	}
 }
 
+// wantNotFound checks that GET of each path through nginx at front is
+// answered 404 not_found in the API's error shape.
+func wantNotFound(t *testing.T, front string, paths ...string) {
+	t.Helper()
+	for _, path := range paths {
+		res, err := http.Get(front + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 404 || errorCodeOf(body) != "not_found" || strings.Contains(string(body), "go_goroutines ") {
+			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
+		}
+	}
+}
+
 // upstreamStub stands in for the replicas behind nginx: it answers every
 // request (201 for an order, 200 otherwise) and records what reached it.
 type upstreamStub struct {
@@ -475,17 +479,7 @@ func TestNginxLimitsPerAddress(t *testing.T) {
 	}
 	up.mu.Unlock()
 	time.Sleep(time.Second) // a little of the orders' rate back
-	for _, path := range []string{"/api/v1/admin/refunds", "/api/v1/admin/seed", "/api/v1/admin", "/api//v1/admin/refunds"} {
-		res, err := http.Get(front + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != 404 || errorCodeOf(body) != "not_found" {
-			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
-		}
-	}
+	wantNotFound(t, front, "/api/v1/admin/refunds", "/api/v1/admin/seed", "/api/v1/admin", "/api//v1/admin/refunds")
 	for path := range up.paths {
 		if strings.Contains(path, "admin") {
 			t.Errorf("%s reached the replica", path)
