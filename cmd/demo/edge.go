@@ -66,7 +66,7 @@ func parseEdge(args []string) (edgeOptions, error) {
 	fs.IntVar(&o.workers, "c", 200, "buyers at once")
 	fs.IntVar(&o.srcN, "src-n", crowdSources, "the buyers' loopback source addresses")
 	fs.IntVar(&o.flooders, "flooders", 300, "flooding clients at once")
-	fs.DurationVar(&o.floodFor, "flood-for", 12*time.Second, "how long each flood lasts")
+	fs.DurationVar(&o.floodFor, "flood-for", 20*time.Second, "how long each flood lasts: longer than the sale takes under it, at about 500 buyers a second")
 	fs.IntVar(&o.floodSrcN, "flood-src-n", 4096, "the flood's source addresses, other than the buyers'")
 	fs.DurationVar(&o.warmUp, "warm-up", 2*time.Second, "how long a flood runs before the buyers come")
 	fs.IntVar(&o.bots, "bots", 10000, "the bot farm's user ids, all from one address")
