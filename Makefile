@@ -1,4 +1,4 @@
-.PHONY: build test bench bench-lock bench-orders demo up down loadtest clean
+.PHONY: build test bench bench-lock bench-orders bench-edge demo up down loadtest clean
 
 GO ?= go
 
@@ -24,6 +24,10 @@ bench-lock:
 ## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch, default with SHOP_AUTH=jwt) on a private stack; one table
 bench-orders:
 	scripts/bench-orders.sh
+
+## bench-edge: hot-SKU buyers through nginx alone and under floods of public routes, and a bot farm behind one address, on a private stack; one table
+bench-edge:
+	scripts/bench-edge.sh
 
 ## demo: the lock experiment on a private stack; prints the table, writes out/demo/report.{md,png}
 demo:

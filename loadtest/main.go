@@ -10,6 +10,17 @@
 //	read     n GET /api/v1/products/{id} over ids 1..skus
 //	hotread  n GET of product sku (breakdown: run it as the key expires)
 //	absent   n GET over ids skus+1..skus+distinct, which do not exist (penetration)
+//	absent-stock  the same ids' GET /api/v1/products/{id}/stock
+//	healthz  n GET /healthz
+//	malformed     n POST /api/v1/orders that are refused 400: in turn a body
+//	              that is not JSON, and sku_id 0 (user firstUser+i)
+//
+// With -for D, one of the GET scenarios or malformed is a flood instead:
+// -c clients send its requests one after the other for D, without hey or
+// the tap, and the result counts the answers by status (flood.go).
+//
+// With -src-n N, request i leaves from loopback address i mod N, so that a
+// crowd reaches nginx from many addresses, as real buyers do (source.go).
 //
 // With several -url (comma-separated), request i goes to url i mod len, so
 // the buyers of one SKU arrive through different replicas. It prints hey's
@@ -22,13 +33,14 @@
 //
 // With -retry, every buyer sends an Idempotency-Key of its own
 // (lt-<sku>-<user>-<run>, where run is drawn anew by each run, so that no
-// run replays an earlier one's orders) and retries a 502, 503, 504 or a transport error with
-// the same key, waiting a random time up to what Retry-After says (at least
-// 50 ms, at most 5 s, longer the more it has failed), within -retries
-// attempts and -retry-for: the retries happen in the tap, before hey is
-// answered, so hey's latency is the buyer's whole wait. Each buyer's last
-// answer is reported (final_statuses): answered (2xx or 4xx) or unanswered
-// (still 5xx or a transport error when the bound is reached). -rate R caps
+// run replays an earlier one's orders) and retries a 429, 502, 503, 504 or
+// a transport error with the same key, waiting a random time up to what
+// Retry-After says (at least 50 ms, at most 5 s, longer the more it has
+// failed), within -retries attempts and -retry-for: the retries happen in
+// the tap, before hey is answered, so hey's latency is the buyer's whole
+// wait. Each buyer's last answer is reported (final_statuses): answered
+// (2xx or 4xx but 429) or unanswered (still 429, 5xx or a transport error
+// when the bound is reached). -rate R caps
 // the buyers started per second over all workers (hey gives each worker
 // R/c), so that a sale lasts long enough for a fault to land mid-sale.
 //
@@ -37,7 +49,7 @@
 // (picked by order id, see payShare) pay at once, with payment_id
 // pay-<order_id>; with -late-frac L, another share L pays -late-by after
 // pay_by, too late on purpose: the service must refuse each such payment
-// (409 order_expired) and owe it back. Payers retry 502, 503, 504 and
+// (409 order_expired) and owe it back. Payers retry 429, 502, 503, 504 and
 // transport errors with the same payment_id, within -retries and
 // -retry-for. -payments writes one line per payment; the JSON result
 // counts them by their last answer. Once every order is placed and every
@@ -114,6 +126,8 @@ type options struct {
 	retries     int
 	retryFor    time.Duration
 	rate        float64
+	srcN        int
+	srcFrom     int
 	// run makes this run's Idempotency-Keys its own: a second wave, or the
 	// same buyers sent again, never replays an earlier run's key.
 	run string
@@ -122,8 +136,10 @@ type options struct {
 	lateFrac     float64
 	lateBy       time.Duration
 	paymentsPath string
-	until        int
-	untilFor     time.Duration
+	// flood, when above zero, is -for: how long a flood lasts.
+	flood    time.Duration
+	until    int
+	untilFor time.Duration
 	// tokens mints the buyers' JWTs with -jwt-secret; nil without it.
 	tokens *tokens
 }
@@ -189,8 +205,8 @@ type Result struct {
 	// attempt.
 	Retry         bool           `json:"retry"`
 	Buyers        int            `json:"buyers"`
-	Answered      int            `json:"answered"`   // last answer 2xx or 4xx
-	Unanswered    int            `json:"unanswered"` // last answer 5xx or a transport error
+	Answered      int            `json:"answered"`   // last answer 2xx or 4xx, but not 429
+	Unanswered    int            `json:"unanswered"` // last answer 429, 5xx or a transport error
 	Retries       int            `json:"retries"`    // attempts after the first, in all
 	FinalStatuses map[string]int `json:"final_statuses"`
 
@@ -208,7 +224,7 @@ type Result struct {
 func parse(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
-	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku, read, hotread or absent")
+	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku, read, hotread, absent, absent-stock, healthz or malformed")
 	urls := fs.String("url", "http://127.0.0.1:8080", "base URL(s), comma-separated")
 	fs.IntVar(&o.skus, "skus", 5000, "sellout/read: SKUs 1..skus")
 	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per SKU")
@@ -221,10 +237,13 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.jsonPath, "json", "", "write the result as JSON to this file")
 	fs.StringVar(&o.acksPath, "acks", "", "write the acknowledged orders to this file, one \"order_id sku_id user_id\" line each")
 	fs.BoolVar(&o.keys, "idempotency-keys", false, "send an Idempotency-Key with each order")
-	fs.BoolVar(&o.retry, "retry", false, "retry 502, 503, 504 and transport errors with the buyer's Idempotency-Key, honouring Retry-After")
+	fs.BoolVar(&o.retry, "retry", false, "retry 429, 502, 503, 504 and transport errors with the buyer's Idempotency-Key, honouring Retry-After")
 	fs.IntVar(&o.retries, "retries", 30, "-retry: the most attempts per buyer")
 	fs.DurationVar(&o.retryFor, "retry-for", 90*time.Second, "-retry: no attempt starts later than this after a buyer's first")
 	fs.Float64Var(&o.rate, "rate", 0, "the most buyers started per second, over all workers (0: no limit)")
+	fs.IntVar(&o.srcFrom, "src-from", 0, "-src-n: the first source address, counted from 127.1.1.1 (0)")
+	fs.DurationVar(&o.flood, "for", 0, "flood: send the scenario's requests (not sellout or hotsku) from -c clients for this long; 0: -n requests through hey")
+	fs.IntVar(&o.srcN, "src-n", 1, "spread the requests over this many loopback source addresses (127.1.b.c), request i from address i mod src-n; 1: the system's choice")
 	fs.Float64Var(&o.payFrac, "pay-frac", 0, "the share of the reserved orders whose winner pays at once (picked by order id)")
 	fs.Float64Var(&o.lateFrac, "late-frac", 0, "the share of the reserved orders whose winner pays -late-by after its pay_by: too late, owed back")
 	fs.DurationVar(&o.lateBy, "late-by", time.Second, "how long after its order's pay_by a late payment is made")
@@ -254,12 +273,15 @@ func parse(args []string) (options, error) {
 	switch o.scenario {
 	case "sellout":
 		o.n = o.skus * o.buyers
-	case "hotsku", "read", "hotread", "absent":
+	case "hotsku", "read", "hotread", "absent", "absent-stock", "healthz", "malformed":
 		if o.n <= 0 {
 			o.n = 1000
 		}
 	default:
-		return o, fmt.Errorf("-scenario %q: want sellout, hotsku, read, hotread or absent", o.scenario)
+		return o, fmt.Errorf("-scenario %q: want sellout, hotsku, read, hotread, absent, absent-stock, healthz or malformed", o.scenario)
+	}
+	if o.flood < 0 || o.flood > 0 && (o.scenario == "sellout" || o.scenario == "hotsku") {
+		return o, errors.New("-for must not be negative, and floods no order scenario: buyers are counted by hey")
 	}
 	if o.n <= 0 || o.skus <= 0 || o.buyers <= 0 || o.distinct <= 0 || o.firstUser <= 0 {
 		return o, errors.New("-n, -skus, -buyers, -distinct and -first-user must be positive")
@@ -272,6 +294,9 @@ func parse(args []string) (options, error) {
 	}
 	if o.rate < 0 {
 		return o, errors.New("-rate must not be negative")
+	}
+	if o.srcN < 1 || o.srcFrom < 0 || o.srcFrom+o.srcN > maxSources {
+		return o, fmt.Errorf("-src-n must be positive, -src-from not negative, and their sum at most %d", maxSources)
 	}
 	if o.payFrac < 0 || o.lateFrac < 0 || o.payFrac+o.lateFrac > 1 {
 		return o, errors.New("-pay-frac and -late-frac must not be negative, nor add up to more than 1")
@@ -303,6 +328,20 @@ func requests(o options) func() *http.Request {
 			return getProduct(base, o.sku)
 		case "absent":
 			return getProduct(base, o.skus+1+i%o.distinct)
+		case "absent-stock":
+			req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/products/%d/stock", base, o.skus+1+i%o.distinct), nil)
+			return req
+		case "healthz":
+			req, _ := http.NewRequest("GET", base+"/healthz", nil)
+			return req
+		case "malformed":
+			body := `{"sku_id":`
+			if i%2 == 1 {
+				body = fmt.Sprintf(`{"sku_id":0,"user_id":%d}`, o.firstUser+i)
+			}
+			req, _ := http.NewRequest("POST", base+"/api/v1/orders", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			return req
 		case "hotsku":
 			sku, user = o.sku, o.firstUser+i
 		default: // sellout: the buyers of a SKU are consecutive
@@ -356,24 +395,32 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	// Each worker holds a connection to the tap, whose end is in this
-	// process too; the tap's own connections to the service are capped.
-	if err := raiseFileLimit(uint64(2*o.concurrency + len(o.urls)*tapConnsPerHost + 256)); err != nil {
-		return fmt.Errorf("%w: lower -c", err)
+	if o.flood > 0 {
+		return flood(ctx, o, stdout, stderr)
 	}
 	policy := retryPolicy{attempts: 1, budget: o.timeout, timeout: o.timeout}
 	if o.retry {
 		policy.attempts, policy.budget = o.retries, o.retryFor
 	}
-	tp, err := newTap(policy)
+	srcs, err := newSources(o.srcFrom, o.srcN, tapConnsPerHost)
 	if err != nil {
 		return err
+	}
+	tp, err := newTap(policy, srcs)
+	if err != nil {
+		return err
+	}
+	// Each worker holds a connection to the tap, whose end is in this
+	// process too; the tap's own connections to the service are capped.
+	if err := raiseFileLimit(uint64(2*o.concurrency + len(o.urls)*tp.sources.conns() + 256)); err != nil {
+		tp.close(0)
+		return fmt.Errorf("%w: lower -c", err)
 	}
 	if o.payFrac > 0 || o.lateFrac > 0 {
 		// Payers retry whether or not buyers do: a payment is delivered
 		// until it is answered.
 		payPolicy := retryPolicy{attempts: o.retries, budget: o.retryFor, timeout: o.timeout}
-		tp.payer = newPayer(ctx, payPlan{frac: o.payFrac, lateFrac: o.lateFrac, lateBy: o.lateBy}, payPolicy, tp.transport)
+		tp.payer = newPayer(ctx, payPlan{frac: o.payFrac, lateFrac: o.lateFrac, lateBy: o.lateBy}, payPolicy)
 	}
 	if o.until > 0 {
 		tp.until, tp.untilEnd = int64(o.until), time.Now().Add(o.untilFor)
@@ -487,7 +534,7 @@ func (tl tally) fill(res *Result) {
 	res.FinalStatuses = tl.finals
 	for key, n := range tl.finals {
 		res.Buyers += n
-		if code, err := strconv.Atoi(key); err == nil && code < 500 {
+		if code, err := strconv.Atoi(key); err == nil && !retryableStatus(code) && code < 500 {
 			res.Answered += n
 		} else {
 			res.Unanswered += n

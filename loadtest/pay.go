@@ -22,7 +22,7 @@ import (
 // again. Which winners pay, and when, depends on the order id alone
 // (payShare), so a run pays the same orders whoever wins which id.
 //
-// A payer retries 502, 503, 504 and transport errors with the same
+// A payer retries 429, 502, 503, 504 and transport errors with the same
 // payment_id, as a payment provider delivers a payment again, Retry-After
 // honoured, within -retries attempts and -retry-for (whether or not the
 // buyers retry): a payment whose answer was lost is the same payment when
@@ -75,6 +75,9 @@ type payment struct {
 	when  string // inTime or late
 	payBy time.Time
 	auth  string // the buyer's Authorization header, if it sent one
+	// rt sends the payment from its buyer's source address, as the same
+	// customer would pay.
+	rt http.RoundTripper
 }
 
 // paymentID is the payment id of order id: derived from the order, so that
@@ -83,9 +86,8 @@ func paymentID(order int64) string { return "pay-" + strconv.FormatInt(order, 10
 
 // payer makes the payments, at most payConns at a time.
 type payer struct {
-	plan      payPlan
-	policy    retryPolicy
-	transport http.RoundTripper
+	plan   payPlan
+	policy retryPolicy
 	// life is the run's context: an interrupt ends the payers' waits.
 	life  context.Context
 	slots chan struct{}
@@ -103,8 +105,8 @@ type payer struct {
 // payConns caps the payments in flight.
 const payConns = 64
 
-func newPayer(life context.Context, plan payPlan, policy retryPolicy, transport http.RoundTripper) *payer {
-	return &payer{plan: plan, policy: policy, transport: transport, life: life, slots: make(chan struct{}, payConns),
+func newPayer(life context.Context, plan payPlan, policy retryPolicy) *payer {
+	return &payer{plan: plan, policy: policy, life: life, slots: make(chan struct{}, payConns),
 		statuses: map[string]int{}, tallies: map[string]*PayTally{inTime: {}, late: {}},
 		finals: map[string]map[string]int{inTime: {}, late: {}}}
 }
@@ -139,7 +141,7 @@ func (p *payer) schedule(pm payment) {
 	}()
 }
 
-// pay delivers pm until it is answered (not 502, 503, 504 or a transport
+// pay delivers pm until it is answered (not 429, 502, 503, 504 or a transport
 // error) or the policy's bound is reached, with the same payment id each
 // time, and records its last answer.
 func (p *payer) pay(ctx context.Context, pm payment) {
@@ -184,7 +186,7 @@ func (p *payer) send(ctx context.Context, pm payment, body string) answer {
 	if pm.auth != "" {
 		req.Header.Set("Authorization", pm.auth)
 	}
-	return roundTrip(p.transport, req)
+	return roundTrip(pm.rt, req)
 }
 
 // final records a payment's last answer.

@@ -299,7 +299,11 @@ func TestRate(t *testing.T) {
 // A buyer's 201 is one ack, however many 201s (a replay) it is answered
 // with; buyers without a key are each their own.
 func TestOneAckPerBuyer(t *testing.T) {
-	tp, err := newTap(retryPolicy{attempts: 1, timeout: time.Second})
+	srcs, err := newSources(0, 1, tapConnsPerHost)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tp, err := newTap(retryPolicy{attempts: 1, timeout: time.Second}, srcs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -312,5 +316,54 @@ func TestOneAckPerBuyer(t *testing.T) {
 	tl := tp.snapshot()
 	if got := fmt.Sprint(tl.acks); got != "[7 3 9 8 4 1 9 5 2]" || tl.statuses[201] != 4 {
 		t.Errorf("acks %s, 201s %d; want each buyer once, every 201 counted", got, tl.statuses[201])
+	}
+}
+
+// limitedShop answers each buyer's first attempt 429 with Retry-After: 1,
+// as nginx or the service's rate limit does, and sells on the next.
+type limitedShop struct {
+	mu       sync.Mutex
+	attempts map[string]int
+}
+
+func (s *limitedShop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	key := r.Header.Get("Idempotency-Key")
+	s.mu.Lock()
+	s.attempts[key]++
+	n := s.attempts[key]
+	s.mu.Unlock()
+	if n == 1 {
+		w.Header().Set("Retry-After", "1")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":{"code":"rate_limited","message":"x"}}`)
+		return
+	}
+	w.WriteHeader(http.StatusCreated)
+	fmt.Fprintf(w, `{"order_id":%d,"sku_id":1,"user_id":1}`, len(s.attempts))
+}
+
+// -retry retries a 429 after its Retry-After; without -retry a 429 is the
+// buyer's last answer, and counts as unanswered: it decided nothing.
+func TestRetryRateLimited(t *testing.T) {
+	shop := &limitedShop{attempts: map[string]int{}}
+	srv := httptest.NewServer(shop)
+	defer srv.Close()
+	r, acks := runLoad(t, srv.URL, "-scenario", "hotsku", "-n", "10", "-c", "10", "-retry")
+	if r.Answered != 10 || r.FinalStatuses["201"] != 10 || r.Statuses["429"] != 10 || r.Retries != 10 || len(acks) != 10 {
+		t.Errorf("answered %d, final %v, statuses %v, retries %d, acks %d; want each buyer sold after one 429",
+			r.Answered, r.FinalStatuses, r.Statuses, r.Retries, len(acks))
+	}
+	for key, n := range shop.attempts {
+		if n != 2 {
+			t.Errorf("buyer %s: %d attempts, want 2", key, n)
+		}
+	}
+
+	shop = &limitedShop{attempts: map[string]int{}}
+	srv2 := httptest.NewServer(shop)
+	defer srv2.Close()
+	r, _ = runLoad(t, srv2.URL, "-scenario", "hotsku", "-n", "10", "-c", "10", "-idempotency-keys")
+	if r.Unanswered != 10 || r.FinalStatuses["429"] != 10 || r.Retries != 0 {
+		t.Errorf("without -retry: unanswered %d, final %v, retries %d; want 10 buyers left with a 429", r.Unanswered, r.FinalStatuses, r.Retries)
 	}
 }

@@ -25,13 +25,16 @@ import (
 // each answer named. Each request hey sends is one buyer; with a retry
 // policy the tap retries the buyer's failures before it answers hey, so
 // that hey's latency is the buyer's whole wait. A winner's payment is made
-// beside it, by the tap's payer, and is not in hey's latency.
+// beside it, by the tap's payer, and is not in hey's latency. Buyer i (in
+// the order the tap is asked) is sent from source address i mod the
+// sources' number, its retries, purchases again and payment too.
 type tap struct {
-	transport *http.Transport
-	server    *http.Server
-	addr      string
-	policy    retryPolicy
+	sources *sources
+	server  *http.Server
+	addr    string
+	policy  retryPolicy
 
+	next     atomic.Int64 // buyers seen
 	done     atomic.Int64
 	retries  atomic.Int64
 	mu       sync.Mutex
@@ -68,22 +71,20 @@ func (a ack) String() string {
 	return fmt.Sprintf("%d %d %d", a.orderID, a.skuID, a.userID)
 }
 
-// tapConnsPerHost caps the tap's connections to each service URL; requests
-// beyond it wait in the tap, as they would in a server's accept queue.
+// tapConnsPerHost caps the tap's requests in flight to each service URL,
+// over all its source addresses; requests beyond it wait in the tap, as
+// they would in a server's accept queue.
 const tapConnsPerHost = 256
 
-// newTap starts a tap that sends each buyer's request by policy.
-func newTap(policy retryPolicy) (*tap, error) {
+// newTap starts a tap that sends each buyer's request by policy, through
+// srcs.
+func newTap(policy retryPolicy, srcs *sources) (*tap, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
 	}
 	t := &tap{
-		transport: &http.Transport{
-			MaxConnsPerHost:     tapConnsPerHost,
-			MaxIdleConnsPerHost: tapConnsPerHost,
-			IdleConnTimeout:     30 * time.Second,
-		},
+		sources:  srcs,
 		addr:     ln.Addr().String(),
 		policy:   policy,
 		statuses: map[int]int{},
@@ -103,7 +104,7 @@ func (t *tap) close(wait time.Duration) {
 	defer cancel()
 	t.server.Shutdown(ctx)
 	t.server.Close()
-	t.transport.CloseIdleConnections()
+	t.sources.closeIdle()
 }
 
 // answer is what one attempt got: a response, read whole, or an error.
@@ -126,6 +127,7 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key := r.Header.Get("Idempotency-Key")
+	rt := t.sources.of(int(t.next.Add(1) - 1))
 	var a answer
 	for attempt := 1; ; attempt++ {
 		// Each purchase attempt is a purchase of its own, under a key of
@@ -135,9 +137,9 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			k = fmt.Sprintf("%s-%d", key, attempt)
 		}
 		var won *created
-		a, won = t.buy(r, body, k)
+		a, won = t.buy(rt, r, body, k)
 		if won != nil {
-			t.schedulePayment(r, won)
+			t.schedulePayment(rt, r, won)
 			break
 		}
 		wait := soldOutDelay(attempt)
@@ -166,13 +168,13 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // buy makes one purchase attempt under Idempotency-Key key (none if
-// empty): it sends the request, retrying it by the tap's policy with the
-// same key, and returns the last answer, and the order it won if that
-// answer is a 201 that made a new ack.
-func (t *tap) buy(r *http.Request, body []byte, key string) (answer, *created) {
+// empty): it sends the request through rt, retrying it by the tap's policy
+// with the same key, and returns the last answer, and the order it won if
+// that answer is a 201 that made a new ack.
+func (t *tap) buy(rt http.RoundTripper, r *http.Request, body []byte, key string) (answer, *created) {
 	start := time.Now()
 	for n := 1; ; n++ {
-		a := t.send(r, body, key)
+		a := t.send(rt, r, body, key)
 		won := t.record(key, a)
 		if !retryable(a) || n >= t.policy.attempts {
 			return a, won
@@ -218,9 +220,9 @@ func (t *tap) buyAgain(a answer, wait time.Duration) bool {
 }
 
 // schedulePayment has the payer pay the reservation won, if the payment
-// plan picks it, at the service the order went to and with the buyer's
-// Authorization.
-func (t *tap) schedulePayment(r *http.Request, won *created) {
+// plan picks it, at the service the order went to, through the buyer's
+// transport rt (from its source address) and with its Authorization.
+func (t *tap) schedulePayment(rt http.RoundTripper, r *http.Request, won *created) {
 	if t.payer == nil || won.Status != "reserved" {
 		return
 	}
@@ -230,14 +232,14 @@ func (t *tap) schedulePayment(r *http.Request, won *created) {
 	}
 	payBy, _ := time.Parse(time.RFC3339Nano, won.PayBy)
 	t.payer.schedule(payment{base: r.URL.Scheme + "://" + r.URL.Host, order: won.OrderID, user: won.UserID,
-		id: paymentID(won.OrderID), when: when, payBy: payBy, auth: r.Header.Get("Authorization")})
+		id: paymentID(won.OrderID), when: when, payBy: payBy, auth: r.Header.Get("Authorization"), rt: rt})
 }
 
-// send makes one attempt at the request with body, under Idempotency-Key
-// key (none if empty), within the policy's timeout. The body is given
-// without GetBody, so the transport never sends an order again by itself:
-// every attempt is the tap's, and counted.
-func (t *tap) send(r *http.Request, body []byte, key string) answer {
+// send makes one attempt at the request with body through rt, under
+// Idempotency-Key key (none if empty), within the policy's timeout. The
+// body is given without GetBody, so the transport never sends an order
+// again by itself: every attempt is the tap's, and counted.
+func (t *tap) send(rt http.RoundTripper, r *http.Request, body []byte, key string) answer {
 	ctx, cancel := context.WithTimeout(r.Context(), t.policy.timeout)
 	defer cancel()
 	out := r.Clone(ctx)
@@ -250,7 +252,7 @@ func (t *tap) send(r *http.Request, body []byte, key string) answer {
 	if len(body) > 0 {
 		out.Body = io.NopCloser(bytes.NewReader(body))
 	}
-	return roundTrip(t.transport, out)
+	return roundTrip(rt, out)
 }
 
 // roundTrip sends req once through rt and reads the whole answer.
@@ -267,13 +269,19 @@ func roundTrip(rt http.RoundTripper, req *http.Request) answer {
 	return answer{status: res.StatusCode, header: res.Header, body: data}
 }
 
-// retryable tells whether an attempt's answer leaves the order's fate open
-// and asks for another: a transport error, 502, 503 or 504.
+// retryable tells whether an attempt's answer asks for another: a
+// transport error, 502, 503 or 504 leave the order's fate open, and 429
+// (a rate limit, at nginx or in the service) says that nothing was done
+// and when to come back.
 func retryable(a answer) bool {
-	switch {
-	case a.err != nil:
-		return true
-	case a.status == http.StatusBadGateway, a.status == http.StatusServiceUnavailable, a.status == http.StatusGatewayTimeout:
+	return a.err != nil || retryableStatus(a.status)
+}
+
+// retryableStatus tells whether an answer with status asks for another
+// attempt (retryable).
+func retryableStatus(status int) bool {
+	switch status {
+	case http.StatusTooManyRequests, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
 		return true
 	}
 	return false

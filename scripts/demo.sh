@@ -8,7 +8,8 @@
 # Extra arguments go to bin/demo (-skus, -buyers, -c, -ttl, -pause, ...).
 #
 # Environment: SHOP_STATE (default .state/demo), DEMO_OUT (default out/demo),
-# DEMO_MODE (-bench: make bench-orders, see scripts/bench-orders.sh).
+# DEMO_MODE (-bench: make bench-orders, see scripts/bench-orders.sh; -edge:
+# make bench-edge, see scripts/bench-edge.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh

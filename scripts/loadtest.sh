@@ -3,8 +3,10 @@
 # `shop verify --acks` on what the buyers were told.
 #
 # Environment: BASE_URL (default http://127.0.0.1:8080), SKUS (5000),
-# BUYERS (4), CONCURRENCY (4000). The catalog is reseeded first (SKUS
-# products, one unit each) unless RESEED=0. MySQL and Redis are those of
+# BUYERS (4), CONCURRENCY (4000), SRC_N (2048: the buyers' loopback source
+# addresses, bin/loadtest -src-n, so that nginx's limits per address meet
+# them as a crowd; 1 where only 127.0.0.1 is local, as on macOS). The
+# catalog is reseeded first (SKUS products, one unit each) unless RESEED=0. MySQL and Redis are those of
 # `make up`'s stack, or SHOP_MYSQL_DSN and SHOP_REDIS_ADDR when set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,6 +29,6 @@ if [ "${RESEED:-1}" != 0 ]; then
   "${shop[@]}" seed --products "$skus" --stock 1
 fi
 bin/loadtest -scenario sellout -url "$url" -skus "$skus" -buyers "${BUYERS:-4}" -c "${CONCURRENCY:-4000}" \
-  -json "$out/result.json" -acks "$out/acks.txt"
+  -src-n "${SRC_N:-2048}" -json "$out/result.json" -acks "$out/acks.txt"
 log "result: $out/result.json, acknowledged orders: $out/acks.txt"
 "${shop[@]}" verify --acks "$out/acks.txt"

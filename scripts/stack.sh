@@ -47,6 +47,10 @@
 # three Sentinels watching them as "shop". The Redlock masters stay the three
 # single servers whatever the topology.
 #
+# Each replica has an operators' listener of its own (SHOP_ADMIN_ADDR) on a
+# port kept with the others (ADMIN_PORTS): the admin API and /metrics are
+# served there, never through nginx or a replica's public port.
+#
 # Ports are chosen once and kept in the state (ports.env). A server counts
 # as running only while the pid the stack recorded for it listens on its
 # port. When another process has taken a saved port, up and redis-up move
@@ -127,20 +131,27 @@ wait_ready() {
 load_ports() {
   local p=()
   if [ ! -f "$ports" ]; then
-    mapfile -t p < <(free_ports 16)
+    mapfile -t p < <(free_ports 19)
     MYSQL_PORT=${p[0]} REDIS_PORTS=${p[*]:1:3} REPLICA_PORTS=${p[*]:4:3} CLUSTER_PORTS=${p[*]:7:3}
-    SENTINEL_REDIS_PORTS=${p[*]:10:2} SENTINEL_PORTS=${p[*]:12:3}
+    SENTINEL_REDIS_PORTS=${p[*]:10:2} SENTINEL_PORTS=${p[*]:12:3} ADMIN_PORTS=${p[*]:16:3}
     NGINX_PORT=${NGINX_PORT:-8080}
     [ "$NGINX_PORT" != 0 ] || NGINX_PORT=${p[15]}
     ADMIN_TOKEN=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
   else
+    ADMIN_PORTS=
     . "$ports"
   fi
   read -r -a redis_ports <<<"$REDIS_PORTS"
   read -r -a replica_ports <<<"$REPLICA_PORTS"
+  read -r -a admin_ports <<<"$ADMIN_PORTS"
   read -r -a cluster_ports <<<"$CLUSTER_PORTS"
   read -r -a sentinel_redis_ports <<<"$SENTINEL_REDIS_PORTS"
   read -r -a sentinel_ports <<<"$SENTINEL_PORTS"
+  if [ ${#admin_ports[@]} -eq 0 ]; then
+    # A stack from before the replicas had an operators' listener.
+    mapfile -t admin_ports < <(free_ports 3)
+    [ ! -f "$ports" ] || save_ports
+  fi
   [ -f "$ports" ] || save_ports
 }
 
@@ -155,6 +166,7 @@ save_ports() {
     echo "CLUSTER_PORTS='${cluster_ports[*]}'"
     echo "SENTINEL_REDIS_PORTS='${sentinel_redis_ports[*]}'"
     echo "SENTINEL_PORTS='${sentinel_ports[*]}'"
+    echo "ADMIN_PORTS='${admin_ports[*]}'"
   } >"$ports.new"
   mv "$ports.new" "$ports"
 }
@@ -172,7 +184,7 @@ claim_port() {
     die "port ${var[$i]} of $what (saved in $ports) is held by $holder, not by this stack: stop it, or run $0 up, which moves $what to a free port"
   while :; do
     port=$(free_port)
-    case " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} " in
+    case " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} " in
       *" $port "*) ;;
       *) break ;;
     esac
@@ -335,6 +347,11 @@ stop_replicas() {
 # replica_port I prints the port of replica I (from 1).
 replica_port() { echo "${replica_ports[$(($1 - 1))]}"; }
 
+# admin_port I prints the port of replica I's operators' listener
+# (SHOP_ADMIN_ADDR): its admin API and /metrics, which its public port and
+# nginx answer 404 for.
+admin_port() { echo "${admin_ports[$(($1 - 1))]}"; }
+
 # binary_sum [BINARY] prints the SHA-256 of BINARY (bin/shop): what a
 # replica records at start, so that `up` can tell the replicas still running
 # an older build.
@@ -355,10 +372,11 @@ start_replica() {
     case $kv in SHOP_BINARY=*) bin=${kv#SHOP_BINARY=} ;; esac
   done
   claim_port replica_ports $(($1 - 1)) "replica $1"
+  claim_port admin_ports $(($1 - 1)) "replica $1's admin listener"
   mkdir -p "$dir"
   binary_sum "$bin" >"$dir/binary"
   shop_env >"$dir/env"
-  env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" "${settings[@]}" \
+  env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" SHOP_ADMIN_ADDR="127.0.0.1:$(admin_port "$1")" "${settings[@]}" \
     "$bin" serve </dev/null >>"$dir/shop.log" 2>&1 &
   echo $! >"$dir/pid"
 }
@@ -505,12 +523,18 @@ up() {
   # Replicas started from an older bin/shop, or on another Redis topology,
   # or before a server moved to another port: restarted one at a time.
   [ ${#stale[@]} -eq 0 ] || restart_replicas "${stale[@]}"
+  local admins= metrics=
+  for i in $(seq 1 "$n"); do
+    admins+=" http://127.0.0.1:$(admin_port "$i")"
+    metrics+=" http://127.0.0.1:$(admin_port "$i")/metrics"
+  done
   cat <<EOF
 shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas, Redis: $(topology))
-  try:   curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
-  admin: Authorization: Bearer $ADMIN_TOKEN
-  logs:  $state/replica*/shop.log, $state/nginx/logs/
-  stop:  make down
+  try:     curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
+  admin:  ${admins}  (each replica's operators' listener: /api/v1/admin/* with Authorization: Bearer $ADMIN_TOKEN)
+  metrics:${metrics}
+  logs:    $state/replica*/shop.log, $state/nginx/logs/
+  stop:    make down
 EOF
 }
 
@@ -558,7 +582,7 @@ status() {
     else echo "$name: stopped"; fi
   done
   topology_status
-  echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]}, MariaDB $MYSQL_PORT, Redis ${redis_ports[*]}"
+  echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]} (admin and /metrics on ${admin_ports[*]}), MariaDB $MYSQL_PORT, Redis ${redis_ports[*]}"
   echo "Redis topology: $(topology) ($(redis_env | xargs))"
   [ ! -s "$state/replica-settings" ] || echo "replica settings: $(xargs <"$state/replica-settings")"
 }

@@ -36,6 +36,7 @@ type benchOptions struct {
 	stack     string // scripts/stack.sh
 	loadtest  string // bin/loadtest
 	out       string
+	srcN      int // the load test's -src-n
 	rounds    int
 	hotUnits  int
 	hotBuyers int
@@ -51,6 +52,7 @@ func parseBench(args []string) (benchOptions, error) {
 	fs.StringVar(&o.stack, "stack", "scripts/stack.sh", "the stack script")
 	fs.StringVar(&o.loadtest, "loadtest", "bin/loadtest", "the load test binary")
 	fs.StringVar(&o.out, "out", "out/bench-orders", "directory for report.md and each phase's files")
+	fs.IntVar(&o.srcN, "src-n", crowdSources, "the buyers' loopback source addresses (bin/loadtest -src-n)")
 	fs.IntVar(&o.rounds, "rounds", 1, "how many times the configurations run, interleaved")
 	fs.IntVar(&o.hotUnits, "hot-units", 5000, "hot SKU: units of the one product")
 	fs.IntVar(&o.hotBuyers, "hot-buyers", 6000, "hot SKU: buyers, each a different user")
@@ -135,13 +137,15 @@ type snapshot struct {
 
 // bench holds a benchmark run's connections and settings.
 type bench struct {
-	o        benchOptions
-	env      []string // of every stack.sh command
-	db       *sql.DB  // the stack's MariaDB, for its counters
-	ports    []string // the replicas'
-	url      string   // the load's -url: the replicas, comma-separated
-	stderr   io.Writer
-	prevSold int64
+	o   benchOptions
+	env []string // of every stack.sh command
+	db  *sql.DB  // the stack's MariaDB, for its counters
+	// adminPorts are the replicas' operators' listeners, where their
+	// metrics are.
+	adminPorts []string
+	url        string // the load's -url: the replicas, comma-separated
+	stderr     io.Writer
+	prevSold   int64
 }
 
 func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) error {
@@ -157,11 +161,17 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("%w (is the stack up? SHOP_STATE=%s scripts/stack.sh up)", err, o.state)
 	}
-	replicaPorts := strings.Fields(ports["REPLICA_PORTS"])
-	if len(replicaPorts) < 3 || ports["MYSQL_PORT"] == "" {
-		return fmt.Errorf("%s: want three REPLICA_PORTS and MYSQL_PORT, have %q and %q", portsFile, ports["REPLICA_PORTS"], ports["MYSQL_PORT"])
+	replicaPorts, err := stackPorts(o.state, ports, "REPLICA_PORTS", 3)
+	if err != nil {
+		return err
 	}
-	replicaPorts = replicaPorts[:3]
+	adminPorts, err := stackPorts(o.state, ports, "ADMIN_PORTS", 3)
+	if err != nil {
+		return err
+	}
+	if ports["MYSQL_PORT"] == "" {
+		return fmt.Errorf("%s: no MYSQL_PORT", portsFile)
+	}
 	cfg := mysql.NewConfig()
 	cfg.User, cfg.Net, cfg.Addr = "root", "tcp", "127.0.0.1:"+ports["MYSQL_PORT"]
 	db, err := sql.Open("mysql", cfg.FormatDSN())
@@ -171,7 +181,7 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	defer db.Close()
 	db.SetMaxOpenConns(1)
 
-	b := &bench{o: o, env: stackEnv(o.state), db: db, ports: replicaPorts, stderr: stderr}
+	b := &bench{o: o, env: stackEnv(o.state), db: db, adminPorts: adminPorts, stderr: stderr}
 	urls := make([]string, len(replicaPorts))
 	for i, p := range replicaPorts {
 		urls[i] = "http://127.0.0.1:" + p
@@ -284,7 +294,8 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	if err != nil {
 		return p, err
 	}
-	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-json", base+".json", "-acks", base+".acks")
+	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-src-n", strconv.Itoa(b.o.srcN),
+		"-json", base+".json", "-acks", base+".acks")
 	if err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
 		return p, err
 	}
@@ -343,7 +354,7 @@ func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
 			return s, fmt.Errorf("mysql status: no %s", name)
 		}
 	}
-	err = scrapeMetrics(ctx, b.ports, func(series string, v float64) {
+	err = scrapeMetrics(ctx, b.adminPorts, func(series string, v float64) {
 		switch series {
 		case "shop_order_transactions_total":
 			s.txns += v

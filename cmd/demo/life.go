@@ -286,7 +286,7 @@ func (w *wave) wait(ctx context.Context) (loadResult, error) {
 // with o.lifeUnits units, the first wave, and the second once the first's
 // orders and payments in time are done; in the sweep-kill row the fault
 // beside them; then verify and MySQL's figures.
-func runLifeRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
+func runLifeRow(ctx context.Context, o options, url string, adminPorts []string, n int, r row, stderr io.Writer) (result, error) {
 	res := result{Row: r, Life: &lifeResult{Units: o.lifeUnits, Buyers: o.lifeBuyers}}
 	l := res.Life
 	if _, err := commandEnv(ctx, topologyEnv(r), stderr, o.stack, replicaArgs(o, r)...); err != nil {
@@ -303,7 +303,7 @@ func runLifeRow(ctx context.Context, o options, url string, replicaPorts []strin
 	logs := replicaLogSizes(o.state, r.Replicas)
 
 	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
-	common := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers)}
+	common := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers), "-src-n", strconv.Itoa(o.srcN)}
 	if r.Retry {
 		common = append(common, "-retry")
 	}
@@ -359,7 +359,7 @@ func runLifeRow(ctx context.Context, o options, url string, replicaPorts []strin
 	if err := <-faultDone; err != nil {
 		return res, err
 	}
-	if res.Busy, err = busyCauses(ctx, replicaPorts); err != nil {
+	if res.Busy, err = busyCauses(ctx, adminPorts); err != nil {
 		return res, err
 	}
 

@@ -8,6 +8,7 @@
 //	scripts/demo.sh            (make demo: starts the stack, runs this, stops it)
 //	bin/demo -state .state/demo -out out/demo
 //	bin/demo -bench ...        (make bench-orders: the order path side by side, see bench.go)
+//	bin/demo -edge ...         (make bench-edge: the buyers under floods of public routes, see edge.go)
 //
 // Every verdict comes from `shop verify --json`; the load's figures come from
 // the loadtest's JSON result. It prints one table, writes report.md and
@@ -38,9 +39,12 @@ import (
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	var err error
-	if len(os.Args) > 1 && (os.Args[1] == "-bench" || os.Args[1] == "--bench") {
+	switch {
+	case len(os.Args) > 1 && (os.Args[1] == "-bench" || os.Args[1] == "--bench"):
 		err = runBench(ctx, os.Args, os.Stdout, os.Stderr)
-	} else {
+	case len(os.Args) > 1 && (os.Args[1] == "-edge" || os.Args[1] == "--edge"):
+		err = runEdge(ctx, os.Args, os.Stdout, os.Stderr)
+	default:
 		err = run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	}
 	stop()
@@ -53,6 +57,13 @@ func main() {
 	}
 }
 
+// crowdSources is how many source addresses the demo's and the benches'
+// buyers come from by default. nginx lets one address place 10 orders a
+// second, with bursts of 20 (deploy/nginx.conf); the fastest sales here
+// run at about 7000 orders a second, which 2048 addresses share at under 4
+// a second each, and the 4000 buyers who arrive together at 2 each.
+const crowdSources = 2048
+
 // errRowsFailed means a row that must hold did not; the table says which.
 var errRowsFailed = errors.New("a row that must hold did not")
 
@@ -61,6 +72,7 @@ type options struct {
 	stack    string // scripts/stack.sh
 	loadtest string // bin/loadtest
 	out      string
+	srcN     int // the load test's -src-n: source addresses of the buyers
 	skus     int
 	buyers   int
 	workers  int
@@ -97,6 +109,7 @@ func parse(args []string) (options, error) {
 	fs.StringVar(&o.stack, "stack", "scripts/stack.sh", "the stack script")
 	fs.StringVar(&o.loadtest, "loadtest", "bin/loadtest", "the load test binary")
 	fs.StringVar(&o.out, "out", "out/demo", "directory for report.md, report.png and each row's files")
+	fs.IntVar(&o.srcN, "src-n", crowdSources, "the buyers' loopback source addresses (bin/loadtest -src-n), so that nginx's per-address limits meet them as a crowd")
 	fs.IntVar(&o.skus, "skus", 5000, "products, one unit each")
 	fs.IntVar(&o.buyers, "buyers", 4, "buyers per product, arriving together")
 	fs.IntVar(&o.workers, "c", 4000, "concurrent buyers")
@@ -164,9 +177,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%w (is the stack up? scripts/stack.sh up)", err)
 	}
 	url := "http://127.0.0.1:" + ports["NGINX_PORT"]
-	replicaPorts := strings.Fields(ports["REPLICA_PORTS"])
-	if len(replicaPorts) < 3 {
-		return fmt.Errorf("%s: want three REPLICA_PORTS, have %q", filepath.Join(o.state, "ports.env"), ports["REPLICA_PORTS"])
+	adminPorts, err := stackPorts(o.state, ports, "ADMIN_PORTS", 3)
+	if err != nil {
+		return err
 	}
 
 	rows := experiment(o)
@@ -176,7 +189,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			continue
 		}
 		fmt.Fprintf(stderr, "\n== row %d/%d: %s\n", i+1, len(rows), r.label())
-		res, err := runRow(ctx, o, url, replicaPorts[:r.Replicas], i+1, r, stderr)
+		res, err := runRow(ctx, o, url, adminPorts[:r.Replicas], i+1, r, stderr)
 		if err != nil {
 			return fmt.Errorf("row %d (%s): %w", i+1, r.label(), err)
 		}
@@ -217,10 +230,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 
 // runRow restarts the replicas in the row's mode, reseeds, runs the load
 // (killing a Redlock master or running the row's fault partway, if the row
-// says so) and verifies.
-func runRow(ctx context.Context, o options, url string, replicaPorts []string, n int, r row, stderr io.Writer) (result, error) {
+// says so) and verifies; adminPorts are the row's replicas' operators'
+// listeners, where their metrics are.
+func runRow(ctx context.Context, o options, url string, adminPorts []string, n int, r row, stderr io.Writer) (result, error) {
 	if r.Life != "" {
-		return runLifeRow(ctx, o, url, replicaPorts, n, r, stderr)
+		return runLifeRow(ctx, o, url, adminPorts, n, r, stderr)
 	}
 	res := result{Row: r}
 	if r.Pause {
@@ -251,7 +265,7 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	if r.Fault != "" {
 		args = append(args, faultLoad(o, r)...)
 	}
-	load := exec.CommandContext(ctx, o.loadtest, append(args, "-json", base+".json", "-acks", acks)...)
+	load := exec.CommandContext(ctx, o.loadtest, append(args, "-src-n", strconv.Itoa(o.srcN), "-json", base+".json", "-acks", acks)...)
 	logFile, err := os.Create(base + ".log")
 	if err != nil {
 		return res, err
@@ -277,7 +291,7 @@ func runRow(ctx context.Context, o options, url string, replicaPorts []string, n
 	if err := readJSON(base+".json", &res.Load); err != nil {
 		return res, err
 	}
-	if res.Busy, err = busyCauses(ctx, replicaPorts); err != nil {
+	if res.Busy, err = busyCauses(ctx, adminPorts); err != nil {
 		return res, err
 	}
 
@@ -436,6 +450,17 @@ func readJSON(path string, v any) error {
 	return nil
 }
 
+// stackPorts returns the first n ports of the list name (REPLICA_PORTS,
+// ADMIN_PORTS) in ports, the stack's ports.env in state.
+func stackPorts(state string, ports map[string]string, name string, n int) ([]string, error) {
+	list := strings.Fields(ports[name])
+	if len(list) < n {
+		return nil, fmt.Errorf("%s: want %d %s, have %q (a stack from an older scripts/stack.sh? make down, then up)",
+			filepath.Join(state, "ports.env"), n, name, ports[name])
+	}
+	return list[:n], nil
+}
+
 // readEnvFile reads NAME=value lines, as scripts/stack.sh writes them.
 func readEnvFile(path string) (map[string]string, error) {
 	data, err := os.ReadFile(path)
@@ -463,8 +488,10 @@ func busyCauses(ctx context.Context, ports []string) (map[string]int, error) {
 	return sum, err
 }
 
-// scrapeMetrics reads /metrics of the replicas on ports and calls each with
-// every sample: the series (name and labels) and its value.
+// scrapeMetrics reads /metrics of the replicas whose operators' listeners
+// (SHOP_ADMIN_ADDR) are on ports, and calls each with every sample: the
+// series (name and labels) and its value. The public port and nginx answer
+// 404 for /metrics.
 func scrapeMetrics(ctx context.Context, ports []string, each func(series string, v float64)) error {
 	for _, port := range ports {
 		req, err := http.NewRequestWithContext(ctx, "GET", "http://127.0.0.1:"+port+"/metrics", nil)

@@ -7,11 +7,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -165,28 +167,15 @@ func startNginx(t *testing.T, upstreams ...string) *frontNginx {
 }
 
 // /metrics shows the runtime of the process and is for Prometheus, which
-// scrapes each replica's admin listener: through nginx it does not exist,
-// in the API's error shape; on the admin listener it is served.
+// scrapes each replica's operators' listener: through nginx it does not
+// exist, in the API's error shape; on the operators' listener it is served.
 func TestNginxHidesMetrics(t *testing.T) {
 	db := testenv.MySQL(t)
 	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	front := startNginx(t, strings.TrimPrefix(r.url, "http://")).url
 	waitReady(t, front)
 
-	for _, path := range []string{"/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics"} {
-		res, err := http.Get(front + path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		var e struct {
-			Error struct{ Code string } `json:"error"`
-		}
-		if res.StatusCode != 404 || json.Unmarshal(body, &e) != nil || e.Error.Code != "not_found" || strings.Contains(string(body), "go_goroutines ") {
-			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
-		}
-	}
+	wantNotFound(t, front, "/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics")
 	res, err := http.Get(r.admin + "/metrics")
 	if err != nil {
 		t.Fatal(err)
@@ -194,7 +183,7 @@ func TestNginxHidesMetrics(t *testing.T) {
 	body, _ := io.ReadAll(res.Body)
 	res.Body.Close()
 	if res.StatusCode != 200 || !strings.Contains(string(body), "shop_http_requests_total") {
-		t.Errorf("GET /metrics on the replica's admin listener: %d; want the metrics", res.StatusCode)
+		t.Errorf("GET /metrics on the replica's operators' listener: %d; want the metrics", res.StatusCode)
 	}
 }
 
@@ -336,5 +325,162 @@ func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
 	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
 	if code, out := shop(t, db, "verify", "--acks", path); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// wantNotFound checks that GET of each path through nginx at front is
+// answered 404 not_found in the API's error shape.
+func wantNotFound(t *testing.T, front string, paths ...string) {
+	t.Helper()
+	for _, path := range paths {
+		res, err := http.Get(front + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 404 || errorCodeOf(body) != "not_found" || strings.Contains(string(body), "go_goroutines ") {
+			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
+		}
+	}
+}
+
+// upstreamStub stands in for the replicas behind nginx: it answers every
+// request (201 for an order, 200 otherwise) and records what reached it.
+type upstreamStub struct {
+	mu    sync.Mutex
+	paths map[string]int
+	xff   map[string]int // X-Forwarded-For values seen
+}
+
+func (u *upstreamStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.mu.Lock()
+	u.paths[r.Method+" "+r.URL.Path]++
+	u.xff[r.Header.Get("X-Forwarded-For")]++
+	u.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	if r.Method == "POST" {
+		w.WriteHeader(http.StatusCreated)
+	}
+	io.WriteString(w, "{}\n")
+}
+
+func (u *upstreamStub) count(path string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.paths[path]
+}
+
+// edgeAnswer is what a client was told by nginx.
+type edgeAnswer struct {
+	status     int
+	code       string
+	retryAfter string
+	requestID  string
+}
+
+// edgeOrder sends POST /api/v1/orders through front, with X-Forwarded-For
+// set to an address the client made up.
+func edgeOrder(t *testing.T, client *http.Client, front string) edgeAnswer {
+	t.Helper()
+	req, err := http.NewRequest("POST", front+"/api/v1/orders", strings.NewReader(`{"sku_id":1,"user_id":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Forwarded-For", "203.0.113.9")
+	res, err := client.Do(req)
+	if err != nil {
+		t.Error(err)
+		return edgeAnswer{}
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	return edgeAnswer{status: res.StatusCode, code: errorCodeOf(body), retryAfter: res.Header.Get("Retry-After"),
+		requestID: res.Header.Get("X-Request-ID")}
+}
+
+// burst sends n orders at once through front and returns their answers.
+func burst(t *testing.T, client *http.Client, front string, n int) []edgeAnswer {
+	t.Helper()
+	answers := make([]edgeAnswer, n)
+	var wg sync.WaitGroup
+	for i := range answers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			answers[i] = edgeOrder(t, client, front)
+		}()
+	}
+	wg.Wait()
+	return answers
+}
+
+// nginx's limits per client address never refuse an honest buyer, 5 orders
+// a second in bursts of 10, and refuse one address that sends 200 orders
+// as fast as it can: 429 rate_limited with Retry-After and nginx's request
+// id, in the API's error shape, without reaching a replica. The replica is
+// told the client's own address, whatever X-Forwarded-For the client sent,
+// and nothing of the admin API reaches it.
+func TestNginxLimitsPerAddress(t *testing.T) {
+	up := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	front := startNginx(t, strings.TrimPrefix(srv.URL, "http://")).url
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	t.Cleanup(client.CloseIdleConnections)
+
+	// Honest: bursts of 10 orders two seconds apart, 5 a second.
+	for i := range 3 {
+		if i > 0 {
+			time.Sleep(2 * time.Second)
+		}
+		for _, a := range burst(t, client, front, 10) {
+			if a.status != http.StatusCreated {
+				t.Errorf("honest burst %d: an order answered %d %s; want 201", i+1, a.status, a.code)
+			}
+		}
+	}
+	if n := up.count("POST /api/v1/orders"); n != 30 {
+		t.Errorf("the replica got %d of the honest buyer's 30 orders", n)
+	}
+
+	// A bot: 200 orders at once, 20 at a time.
+	statuses := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 10 {
+				a := edgeOrder(t, client, front)
+				mu.Lock()
+				statuses[a.status]++
+				mu.Unlock()
+				if a.status == http.StatusTooManyRequests && (a.code != "rate_limited" || a.retryAfter != "1" || len(a.requestID) != 32) {
+					t.Errorf("429 with code %q, Retry-After %q, X-Request-ID %q; want rate_limited, 1 and nginx's id", a.code, a.retryAfter, a.requestID)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	reached := up.count("POST /api/v1/orders") - 30
+	if statuses[http.StatusTooManyRequests] < 100 || statuses[http.StatusCreated] != reached || len(statuses) != 2 {
+		t.Errorf("200 orders at once from one address: %v, %d reached the replica; want most refused 429 at nginx", statuses, reached)
+	}
+	t.Logf("200 orders at once from one address: %v", statuses)
+
+	up.mu.Lock()
+	if len(up.xff) != 1 || up.xff["127.0.0.1"] == 0 {
+		t.Errorf("X-Forwarded-For at the replica: %v; want the client's address alone, 127.0.0.1", up.xff)
+	}
+	up.mu.Unlock()
+	time.Sleep(time.Second) // a little of the orders' rate back
+	wantNotFound(t, front, "/api/v1/admin/refunds", "/api/v1/admin/seed", "/api/v1/admin", "/api//v1/admin/refunds")
+	for path := range up.paths {
+		if strings.Contains(path, "admin") {
+			t.Errorf("%s reached the replica", path)
+		}
 	}
 }
