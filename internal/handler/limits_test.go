@@ -105,6 +105,19 @@ func TestOrderOverItsLimit(t *testing.T) {
 		t.Errorf("limited keys %q; want %q", lim.keys, want)
 	}
 
+	// A malformed order is refused before the limit is asked: it costs no
+	// Redis call.
+	req, _ := http.NewRequest("POST", srv.URL+"/api/v1/orders", strings.NewReader(`{"sku_id":0,"user_id":7}`))
+	req.Header.Set("Content-Type", "application/json")
+	if res, err := http.DefaultClient.Do(req); err != nil || res.StatusCode != 400 {
+		t.Errorf("sku_id 0: %v, %v; want 400", res, err)
+	} else {
+		res.Body.Close()
+	}
+	if len(lim.keys) != 3 {
+		t.Errorf("the limiter was asked %d times; want 3, not for the malformed order", len(lim.keys))
+	}
+
 	lim.wait, lim.err = 0, errors.New("redis: connection refused")
 	if res := post(t, srv.URL, ""); res.StatusCode != 201 {
 		t.Errorf("limiter down: %d; want 201 (fail open)", res.StatusCode)

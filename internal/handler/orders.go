@@ -133,5 +133,10 @@ func readOrder(c *gin.Context) (sku, user int64, key string, err error) {
 	if req.SKUID == nil {
 		return 0, 0, "", invalid("sku_id is required")
 	}
+	// Judged here, before the rate limit: a malformed order costs no
+	// Redis call.
+	if err := stock.CheckOrder(*req.SKUID, user, key); err != nil {
+		return 0, 0, "", err
+	}
 	return *req.SKUID, user, key, nil
 }

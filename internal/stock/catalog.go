@@ -85,7 +85,7 @@ func (c *Catalog) lookUp(ctx context.Context, user, id int64) (found, error) {
 // placed no order), ErrIdempotencyMismatch (it placed one of another SKU),
 // ErrInvalid, ErrBusy.
 func (c *Catalog) Replay(ctx context.Context, sku, user int64, key string) (Order, error) {
-	if err := validateOrder(sku, user, key); err != nil {
+	if err := CheckOrder(sku, user, key); err != nil {
 		return Order{}, err
 	}
 	var o Order

@@ -231,7 +231,7 @@ const (
 // with an idempotency key the order is looked up first, and a committed one
 // returned).
 func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (Order, error) {
-	if err := validateOrder(sku, user, idempotencyKey); err != nil {
+	if err := CheckOrder(sku, user, idempotencyKey); err != nil {
 		return Order{}, err
 	}
 	arrived := s.arrival()
@@ -461,7 +461,10 @@ func isDomain(err error) bool {
 	return false
 }
 
-func validateOrder(sku, user int64, idempotencyKey string) error {
+// CheckOrder returns an ErrInvalid error unless sku and user are positive
+// and idempotencyKey is empty or well formed: the rules an order is judged
+// by before anything is read or limited for it.
+func CheckOrder(sku, user int64, idempotencyKey string) error {
 	switch {
 	case sku <= 0:
 		return fmt.Errorf("%w: sku_id must be a positive integer", ErrInvalid)
