@@ -158,7 +158,13 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },
 	})
 	registerOrderStats(reg, orders.Stats)
-	_, stopRestocks := restocks.Listen(orders.ForgetSoldOut)
+	_, stopRestocks := restocks.Listen(func(sku int64) {
+		orders.ForgetSoldOut(sku)
+		if sku == notify.All {
+			// A seed, or a subscription (re)made: what it missed may be one.
+			products.ForgetBloomCopies()
+		}
+	})
 	defer stopRestocks()
 	// Every replica sweeps lapsed reservations; the SKU lock and MySQL's
 	// conditional updates make one sweep of each unit count.
@@ -442,6 +448,14 @@ func newRedlockNode(addr string) redis.UniversalClient {
 	return redis.NewUniversalClient(o)
 }
 
+// bloomCopyEvery is how often a replica reads its copy of the Bloom filter
+// again (cache.Options.BloomCopy). The copy's "no" is only trusted while
+// it is of the catalog MySQL has (checked at most a second apart), and a
+// seed has every replica drop its copy once the new filter is built, so
+// this bounds nothing a buyer sees: only how often a replica asks for a
+// filter that has not changed.
+const bloomCopyEvery = 10 * time.Second
+
 // cacheMutexTTL is the lease of a product cache's load mutex: far longer
 // than a load (its watchdog renews it meanwhile).
 const cacheMutexTTL = 5 * time.Second
@@ -470,6 +484,7 @@ func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg
 		Jitter:     jitter,
 		NullTTL:    cfg.NullTTL,
 		Bloom:      cfg.Bloom,
+		BloomCopy:  bloomCopyEvery,
 		Registerer: reg,
 		Logger:     log,
 	})
@@ -547,6 +562,13 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 			"the replicas rebuild the Bloom filter for the new catalog within seconds", err)
 	}
 	s.dropped = dropped
+	if err == nil {
+		// Now that the filter of the new catalog is built: every replica
+		// drops its copy of the old one (see cache.Products.ForgetBloomCopies).
+		if err := restocks.Announce(ctx, notify.All); err != nil {
+			log.WarnContext(ctx, "seed: the replicas were not told the Bloom filter was rebuilt: each reads it again once its copy is found of an older catalog (within a second)", "err", err)
+		}
+	}
 	log.InfoContext(ctx, "seed: catalog reset", "products", n, "stock", units, "cache_entries_dropped", dropped, "warnings", len(s.warnings))
 	return s, nil
 }

@@ -115,6 +115,9 @@ type bloomShard struct {
 	catalog    string // the catalog epoch the bitmap was built from
 	nextPrefix string // where a build writes before the swap
 	params     atomic.Pointer[bloomParams]
+	// copy is this replica's copy of the shard, nil when it keeps none
+	// (see bloomCopy).
+	copy atomic.Pointer[bloomCopy]
 }
 
 // newBloomFilter is a filter of n shards under prefix, which must hold no

@@ -99,6 +99,10 @@ type Options struct {
 	// tag. Every replica must use the same count: each count is a filter of
 	// its own, and a reset rebuilds only its replica's.
 	BloomShards int
+	// BloomCopy, when above zero, has each replica check ids against its
+	// own copy of the Bloom filter's shards, read again this often, rather
+	// than asking Redis every time (see bloomCopy). Zero asks Redis.
+	BloomCopy time.Duration
 	// RefreshAhead is the final share of an entry's TTL in which a read
 	// serves it and renews it in the background; default 0.2. Negative turns
 	// refresh-ahead off.
@@ -345,6 +349,12 @@ func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err er
 	if !p.opt.Bloom {
 		return p.get(ctx, id)
 	}
+	if maybe, ok := p.fromCopy(ctx, id); ok {
+		if !maybe {
+			return entry{}, false, errRejected
+		}
+		return p.get(ctx, id)
+	}
 	redisCtx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	pipe := p.rdb.Pipeline()
@@ -391,6 +401,13 @@ func (p *Products) judge(ctx context.Context, v bloomVerdict, err error) error {
 func (p *Products) RuleOut(ctx context.Context, id int64) error {
 	if !p.opt.Bloom || id <= 0 {
 		return nil
+	}
+	if maybe, ok := p.fromCopy(ctx, id); ok {
+		if maybe {
+			return nil
+		}
+		p.m.bloomRejects.Inc()
+		return notFound(id)
 	}
 	if until := p.skipRedis.Load(); until != 0 && time.Now().UnixNano() < until {
 		return nil
@@ -842,6 +859,7 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	if dropped := len(shards) - swapped; dropped > 0 {
 		p.opt.Logger.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
 	}
+	p.ForgetBloomCopies()
 	dropped, err := p.dropAll(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("cache: reset: %w", err)
