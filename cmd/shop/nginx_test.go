@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -205,7 +207,7 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 	front := startNginx(t, strings.TrimPrefix(stopping.url, "http://"), strings.TrimPrefix(staying.url, "http://"))
 	waitReady(t, front.url)
 
-	client := &http.Client{Timeout: 60 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	client := crowdClient(60 * time.Second)
 	t.Cleanup(client.CloseIdleConnections)
 	tl := &tally{status: map[int]int{}}
 	skusc, wait := buyers(32, client, front.url, tl)
@@ -483,4 +485,18 @@ func TestNginxLimitsPerAddress(t *testing.T) {
 			t.Errorf("%s reached the replica", path)
 		}
 	}
+}
+
+// crowdClient is a client whose every request comes from a loopback
+// address of its own (127.3.x.y; all of 127.0.0.0/8 is local on Linux), on
+// a connection of its own: many buyers, as nginx's limits per address see
+// them, not one client sending them all.
+func crowdClient(timeout time.Duration) *http.Client {
+	var next atomic.Uint32
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		n := next.Add(1) % 62500
+		local := &net.TCPAddr{IP: net.IPv4(127, 3, byte(n/250+1), byte(n%250+1))}
+		return (&net.Dialer{LocalAddr: local, Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
+	}
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
 }
