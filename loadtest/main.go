@@ -305,6 +305,9 @@ func parse(args []string) (options, error) {
 		return o, errors.New("-late-by and -until must not be negative, -until-for must be positive")
 	}
 	o.run = strconv.FormatUint(uint64(rand.Uint32()), 36)
+	if o.flood > 0 {
+		return o, nil // -c clients for -for, however many requests
+	}
 	o.concurrency = min(o.concurrency, o.n)
 	// hey gives each worker n/c requests and drops the remainder.
 	for o.n%o.concurrency != 0 {

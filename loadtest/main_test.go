@@ -179,3 +179,15 @@ func TestReadScenariosAskForTheRightIDs(t *testing.T) {
 		}
 	}
 }
+
+// A flood runs -c clients, whatever -n is: hey's rule that c divides n is
+// a sale's, not a flood's.
+func TestFloodKeepsItsClients(t *testing.T) {
+	o, err := parse([]string{"-scenario", "healthz", "-for", "1s", "-c", "300"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.concurrency != 300 {
+		t.Errorf("-for 1s -c 300: %d clients; want 300", o.concurrency)
+	}
+}
