@@ -11,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -271,13 +270,7 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 		}
 	}
 	// Replica 0 took locks for its share of the 201s.
-	var attempts float64
-	for line := range strings.Lines(string(metrics)) {
-		if v, ok := strings.CutPrefix(line, "shop_lock_attempts_total "); ok {
-			attempts, _ = strconv.ParseFloat(strings.TrimSpace(v), 64)
-		}
-	}
-	if attempts < 1 {
+	if attempts := metric(t, replicas[0].admin, "shop_lock_attempts_total"); attempts < 1 {
 		t.Errorf("shop_lock_attempts_total = %v on a replica that placed orders", attempts)
 	}
 }

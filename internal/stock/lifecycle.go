@@ -97,16 +97,9 @@ func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
 }
 
 // lookUp reads user's order id for a buyer's request, through
-// Options.Public when set. Errors: ErrInvalid, ErrOrderNotFound, ErrBusy.
+// Options.Public. Errors: ErrInvalid, ErrOrderNotFound, ErrBusy.
 func (s *Service) lookUp(ctx context.Context, user, id int64) (found, error) {
-	if s.opt.Public != nil {
-		return s.opt.Public.lookUp(ctx, user, id)
-	}
-	if err := validateOrderOf(user, id); err != nil {
-		return found{}, err
-	}
-	f, err := lookUp(s.reads.WithContext(ctx), user, id)
-	return f, classify(ctx, "read order", err)
+	return s.opt.Public.lookUp(ctx, user, id)
 }
 
 // Pay pays user's reservation id with paymentID, the payment provider's

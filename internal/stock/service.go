@@ -113,8 +113,8 @@ type Options struct {
 	// status, the order a payment or a cancellation is for) before anything
 	// else is done for it: a flood of requests for orders that are not
 	// there then costs a gated read of a pool of its own (Catalog.Public),
-	// not a slot of the order path or a connection of Reads. Default: Reads,
-	// unbounded.
+	// not a slot of the order path or a connection of Reads. Default: a
+	// Catalog on Reads, ungated.
 	Public *Catalog
 	// Cache, when set, is told after each committed order that the product's
 	// stock changed, and after an order whose COMMIT's outcome is unknown.
@@ -160,6 +160,9 @@ func NewService(db *gorm.DB, locks Locker, opt Options) *Service {
 	}
 	if opt.Reads == nil {
 		opt.Reads = db
+	}
+	if opt.Public == nil {
+		opt.Public = NewCatalog(opt.Reads)
 	}
 	s := &Service{db: db, reads: opt.Reads, locks: locks, opt: opt,
 		soldOut: newSoldOut(opt.SoldOutTTL, opt.Now), queues: make(map[int64]*queue)}
