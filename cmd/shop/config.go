@@ -55,6 +55,9 @@ type config struct {
 	PayWindow     time.Duration
 	SweepInterval time.Duration
 	CacheTTL      time.Duration
+	// CacheLocalTTL is how long a replica keeps its own copy of a product
+	// page (cache.Pages); 0 turns the copy off.
+	CacheLocalTTL time.Duration
 	CacheJitter   float64
 	NullTTL       time.Duration
 	Bloom         bool
@@ -108,6 +111,10 @@ const (
 	// Redis has been silent for longer is down, and its balancer should
 	// know.
 	maxReadyGrace = 5 * time.Minute
+	// maxCacheLocalTTL bounds SHOP_CACHE_LOCAL_TTL: the TTL is how stale a
+	// replica's copy of a page may get when an announcement is lost, and
+	// a page a minute old is no longer a flash sale's page.
+	maxCacheLocalTTL = time.Minute
 	// maxUserLimit bounds SHOP_USER_LIMIT, well inside the INT counter of
 	// user_orders.
 	maxUserLimit = 1_000_000
@@ -207,6 +214,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Fencing:         oneOf("SHOP_FENCING", "on", "on", "off") == "on",
 		CacheTTL:        duration("SHOP_CACHE_TTL", "10m", time.Second),
 		NullTTL:         duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
+		CacheLocalTTL:   between("SHOP_CACHE_LOCAL_TTL", "1s", 0, maxCacheLocalTTL),
 		Bloom:           oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
 		AdminToken:      getenv("SHOP_ADMIN_TOKEN"),
 		Drain:           between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),

@@ -45,7 +45,7 @@ func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (redis.Universa
 	t.Helper()
 	rdb := newRedis(cfg)
 	t.Cleanup(func() { rdb.Close() })
-	products, closeProducts := newCache(cfg, rdb, catalog, nil, nil, nil)
+	products, closeProducts := newCache(cfg, rdb, catalog, nil, nil, nil, nil, nil)
 	t.Cleanup(closeProducts)
 	return rdb, products
 }

@@ -398,7 +398,11 @@ func TestChangeOfUnknownOutcomeIsFollowedUp(t *testing.T) {
 	rdb, prefix := testenv.Redis(t)
 	restocks := notify.New(rdb, prefix)
 	heard := make(chan int64, 16)
-	ready, stop := restocks.Listen(func(sku int64) { heard <- sku })
+	ready, stop := restocks.Listen(func(e notify.Event) {
+		if e.Kind == notify.Raised {
+			heard <- e.SKU
+		}
+	})
 	t.Cleanup(func() { stop() })
 	select {
 	case <-ready:

@@ -141,14 +141,20 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	catalog := stock.NewCatalog(db)
 	public := catalog.Public(publicPoolSize, stock.DefaultGateWait)
-	products, closeProducts := newCache(cfg, rdb, public, reg, log, depErrors.RedisHook())
+	restocks := notify.New(rdb, cfg.RedisPrefix)
+	var pages *cache.Pages
+	if cfg.CacheLocalTTL > 0 {
+		if pages, err = cache.NewPages(cfg.CacheLocalTTL, pageLoadTimeout, reg); err != nil {
+			return fmt.Errorf("serve: %w", err)
+		}
+	}
+	products, closeProducts := newCache(cfg, rdb, public, reg, log, depErrors.RedisHook(), restocks, pages)
 	defer closeProducts()
 	lanes := 1
 	if cfg.LockMode == "none" {
 		// The lock-free baseline places a SKU's orders side by side.
 		lanes = ordersPoolSize
 	}
-	restocks := notify.New(rdb, cfg.RedisPrefix)
 	transitions := registerTransitions(reg)
 	orders := stock.NewService(ordersDB, locker, stock.Options{
 		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
@@ -158,11 +164,19 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },
 	})
 	registerOrderStats(reg, orders.Stats)
-	_, stopRestocks := restocks.Listen(func(sku int64) {
-		orders.ForgetSoldOut(sku)
-		if sku == notify.All {
-			// A seed, or a subscription (re)made: what it missed may be one.
-			products.ForgetBloomCopies()
+	_, stopRestocks := restocks.Listen(func(e notify.Event) {
+		switch e.Kind {
+		case notify.Raised:
+			orders.Raised(e.SKU, e.Fence)
+			if e.SKU == notify.All {
+				// A seed, or a subscription (re)made: what it missed may be one.
+				products.ForgetBloomCopies()
+			}
+		case notify.SoldOut:
+			orders.SoldOutElsewhere(e.SKU, e.Fence)
+		}
+		if pages != nil {
+			pages.Forget(e.SKU) // every kind changes the page
 		}
 	})
 	defer stopRestocks()
@@ -186,6 +200,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		Orders:     orders,
 		Lifecycle:  orders,
 		Products:   products,
+		Pages:      handlerPages(pages),
 		Stock:      public,
 		Filter:     products,
 		Replays:    public,
@@ -471,7 +486,25 @@ const cacheMutexTTL = 5 * time.Second
 // TTL by a try nobody knows of, every replica's read of that product
 // waiting for it and then falling back to MySQL. Seen as an error, the lost
 // reply makes the lock give the key back at once.
-func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger, hook redis.Hook) (*cache.Products, func()) {
+// pageLoadTimeout bounds a replica's load of a product page into its own
+// copy (cache.Pages), which may wait for another replica's load of the
+// product (cache.Options.Wait, 1s) and then for MySQL (LoadTimeout, 3s).
+const pageLoadTimeout = 5 * time.Second
+
+// handlerPages is pages as the handler takes it: none when nil.
+func handlerPages(pages *cache.Pages) handler.Pages {
+	if pages == nil {
+		return nil
+	}
+	return pages
+}
+
+// newCache returns the product cache. With announcer, every invalidation
+// is announced to the replicas, and pages, when not nil, is this
+// replica's own copy of the pages, which it drops from too. Tools that
+// only seed pass neither.
+func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger, hook redis.Hook,
+	announcer cache.Announcer, pages *cache.Pages) (*cache.Products, func()) {
 	mutexRdb := withHook(newLockRedis(cfg, cacheMutexTTL), hook)
 	mutex := lock.NewRedis(mutexRdb, lock.RedisOptions{Prefix: cfg.RedisPrefix + "cache:mutex:", TTL: cacheMutexTTL, NoFencing: true})
 	jitter := cfg.CacheJitter
@@ -485,6 +518,8 @@ func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg
 		NullTTL:    cfg.NullTTL,
 		Bloom:      cfg.Bloom,
 		BloomCopy:  bloomCopyEvery,
+		Announcer:  announcer,
+		Pages:      pages,
 		Registerer: reg,
 		Logger:     log,
 	})
@@ -757,11 +792,11 @@ func registerTransitions(reg prometheus.Registerer) *prometheus.CounterVec {
 // announceReturn tells every replica that units of a SKU went back to the
 // sale, so that none refuses it from its sold-out memory. A failure is
 // logged: the memory lapses on its own (stock.DefaultSoldOutTTL).
-func announceReturn(restocks *notify.Restocks, log *slog.Logger) func(ctx context.Context, sku int64) {
-	return func(ctx context.Context, sku int64) {
+func announceReturn(restocks *notify.Restocks, log *slog.Logger) func(ctx context.Context, sku, fence int64) {
+	return func(ctx context.Context, sku, fence int64) {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
 		defer cancel()
-		if err := restocks.Announce(ctx, sku); err != nil {
+		if err := restocks.Raise(ctx, sku, fence); err != nil {
 			log.WarnContext(ctx, "announce units returned to the sale", "sku", sku, "err", err)
 		}
 	}

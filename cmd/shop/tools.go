@@ -109,7 +109,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	rdb := newRedis(cfg)
 	defer rdb.Close()
 	catalog := stock.NewCatalog(db)
-	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil)
+	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil, nil, nil)
 	defer closeCache()
 	var seeder catalogSeeder = catalog
 	if *ifEmpty {

@@ -37,6 +37,7 @@ import (
 
 	"shop/internal/keyspace"
 	"shop/internal/lock"
+	"shop/internal/notify"
 	"shop/internal/stock"
 )
 
@@ -55,6 +56,12 @@ var (
 	bloomCheckScript = redis.NewScript(bloomCheckLua)
 	bloomSwapScript  = redis.NewScript(bloomSwapLua)
 )
+
+// Announcer queues an announcement to every replica in a pipeline;
+// *notify.Restocks implements it.
+type Announcer interface {
+	Queue(ctx context.Context, pipe redis.Pipeliner, e notify.Event)
+}
 
 // Source is where products come from; *stock.Catalog implements it.
 type Source interface {
@@ -122,6 +129,13 @@ type Options struct {
 	// read falls back to MySQL. It is carried by the call's context: the
 	// client must honour context deadlines (see New).
 	RedisTimeout time.Duration
+	// Announcer, when set, tells every replica of each Invalidate and
+	// InvalidateSoldOut, in the pipeline of the invalidation itself, so
+	// that each drops its own copy of the page (Pages).
+	Announcer Announcer
+	// Pages, when set, is this replica's own copy of the product pages: an
+	// invalidation drops the page from it before it returns.
+	Pages *Pages
 	// Registerer receives the cache's metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
 	// Logger gets what nobody waits for: failed background work.
@@ -752,9 +766,33 @@ func (p *Products) heard() {
 // same whoever does it last. The delete also bumps the entry's generation,
 // so a load that read MySQL before the commit cannot write its older copy
 // back afterwards. The next read loads the product once, as any miss does.
+//
+// With an Announcer, every replica is told in the same round trip (a
+// Changed of id), and drops its copy of the page.
 func (p *Products) Invalidate(ctx context.Context, id int64) error {
-	if _, err := p.invalidate(ctx, []int64{id}); err != nil {
-		return fmt.Errorf("cache: invalidate %d: %w", id, err)
+	return p.tell(ctx, notify.Event{Kind: notify.Changed, SKU: id})
+}
+
+// InvalidateSoldOut is Invalidate after the order that sold the last unit of
+// id, under the SKU's lock with fencing token fence: every replica is told
+// that the product sold out (a SoldOut, which drops the page too), so that
+// each refuses its orders from memory (stock.Service.SoldOutElsewhere).
+func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error {
+	return p.tell(ctx, notify.Event{Kind: notify.SoldOut, SKU: id, Fence: fence})
+}
+
+// tell invalidates e's product and announces e.
+func (p *Products) tell(ctx context.Context, e notify.Event) error {
+	_, err := p.invalidate(ctx, []int64{e.SKU}, func(pipe redis.Pipeliner) {
+		if p.opt.Announcer != nil {
+			p.opt.Announcer.Queue(ctx, pipe, e)
+		}
+	})
+	if p.opt.Pages != nil {
+		p.opt.Pages.Forget(e.SKU)
+	}
+	if err != nil {
+		return fmt.Errorf("cache: invalidate %d: %w", e.SKU, err)
 	}
 	return nil
 }
@@ -768,13 +806,18 @@ func (p *Products) Invalidate(ctx context.Context, id int64) error {
 // connection to its master, so the two need no script: a load that read
 // MySQL before the change and writes after the bump is refused (fill.lua),
 // and one that wrote before the bump is dropped with the entry.
-func (p *Products) invalidate(ctx context.Context, ids []int64) (int, error) {
+func (p *Products) invalidate(ctx context.Context, ids []int64, also ...func(redis.Pipeliner)) (int, error) {
 	pipe := p.rdb.Pipeline()
 	dels := make([]*redis.IntCmd, len(ids))
 	for i, id := range ids {
 		pipe.Incr(ctx, p.generationKey(id))
 		pipe.PExpire(ctx, p.generationKey(id), generationTTL)
 		dels[i] = pipe.Del(ctx, p.entryKey(id))
+	}
+	// After the deletes: a replica told of the change reads the entry after
+	// it is gone.
+	for _, fn := range also {
+		fn(pipe)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err

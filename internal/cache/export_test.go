@@ -1,6 +1,11 @@
 package cache
 
-import "context"
+import (
+	"context"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+)
 
 // RebuildBloom runs the rebuild of a missing Bloom filter in the caller's
 // goroutine, so that a test can interleave it with a reset step by step.
@@ -25,3 +30,8 @@ func (p *Products) BloomBitmaps() []string {
 // KeySlot is the Cluster slot of a key without a hash tag, as the cache
 // computes it to place the shards.
 func KeySlot(key string) uint16 { return keySlot(key) }
+
+// NewPagesOn is NewPages on clock, with no metrics.
+func NewPagesOn(ttl, loadTimeout time.Duration, clock otter.Clock) (*Pages, error) {
+	return newPages(ttl, loadTimeout, nil, clock)
+}

@@ -1,6 +1,8 @@
 package handler
 
 import (
+	"context"
+	"encoding/json"
 	"net/http"
 	"time"
 
@@ -20,24 +22,42 @@ type productResponse struct {
 	SaleEndsAt   *time.Time `json:"sale_ends_at"`
 }
 
+// jsonContentType is what gin's c.JSON sends.
+const jsonContentType = "application/json; charset=utf-8"
+
 type stockResponse struct {
 	SKUID int64 `json:"sku_id"`
 	Stock int   `json:"stock"`
 }
 
-func handleProduct(products Products) gin.HandlerFunc {
+// handleProduct answers a product's page as bytes encoded once per change
+// of the product: from pages when there are (a replica's own copy), else
+// from products, encoded for this request.
+func handleProduct(products Products, pages Pages) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id, err := pathID(c)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		p, err := products.Product(c.Request.Context(), id)
+		load := func(ctx context.Context) ([]byte, error) {
+			p, err := products.Product(ctx, id)
+			if err != nil {
+				return nil, err
+			}
+			return json.Marshal(newProductResponse(p))
+		}
+		var page []byte
+		if pages != nil {
+			page, err = pages.Page(c.Request.Context(), id, load)
+		} else {
+			page, err = load(c.Request.Context())
+		}
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, newProductResponse(p))
+		c.Data(http.StatusOK, jsonContentType, page)
 	}
 }
 

@@ -30,7 +30,7 @@ func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
 	buyers.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
 	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
-	api.GET("/products/:id", handleProduct(d.Products))
+	api.GET("/products/:id", handleProduct(d.Products, d.Pages))
 	api.GET("/products/:id/stock", handleStock(d.Stock, d.Filter))
 }
 

@@ -26,6 +26,13 @@ type Products interface {
 	Product(ctx context.Context, id int64) (stock.Product, error)
 }
 
+// Pages keeps product pages as the bytes they are sent as; *cache.Pages,
+// a replica's own copy, implements it. Page returns id's page, from the
+// copy or from load.
+type Pages interface {
+	Page(ctx context.Context, id int64, load func(context.Context) ([]byte, error)) ([]byte, error)
+}
+
 // Stock reads a product's stock as MySQL has it now; *stock.Catalog
 // implements it.
 type Stock interface {
@@ -97,7 +104,10 @@ type Deps struct {
 	// Lifecycle pays, cancels and reads orders.
 	Lifecycle Lifecycle
 	Products  Products
-	Stock     Stock
+	// Pages, when set, is a copy of the product pages in front of
+	// Products: GET /api/v1/products/{id} answers from it.
+	Pages Pages
+	Stock Stock
 	// Filter, when set, answers GET /api/v1/products/{id}/stock 404 for an
 	// id it rules out, before Stock is asked.
 	Filter Filter

@@ -9,12 +9,15 @@ import (
 	"shop/internal/testenv"
 )
 
+// everything is what a listener is told when it (re)subscribes.
+var everything = notify.Event{Kind: notify.Raised, SKU: notify.All}
+
 // listening starts r.Listen, waits until it has subscribed and told its
 // caller so (All), and returns what it hears from then on and its stop.
-func listening(t *testing.T, r *notify.Restocks) (<-chan int64, func() error) {
+func listening(t *testing.T, r *notify.Restocks) (<-chan notify.Event, func() error) {
 	t.Helper()
-	heard := make(chan int64, 64)
-	ready, stop := r.Listen(func(sku int64) { heard <- sku })
+	heard := make(chan notify.Event, 64)
+	ready, stop := r.Listen(func(e notify.Event) { heard <- e })
 	select {
 	case <-ready:
 	case <-time.After(10 * time.Second):
@@ -22,9 +25,9 @@ func listening(t *testing.T, r *notify.Restocks) (<-chan int64, func() error) {
 		t.Fatal("never subscribed")
 	}
 	// A (re)subscription may have missed announcements: all may have changed.
-	if got := <-heard; got != notify.All {
+	if got := <-heard; got != everything {
 		stop()
-		t.Fatalf("on subscribing: heard %d, want All", got)
+		t.Fatalf("on subscribing: heard %+v, want %+v", got, everything)
 	}
 	return heard, stop
 }
@@ -44,8 +47,8 @@ func TestListenHearsAnnouncements(t *testing.T) {
 	}
 	select {
 	case got := <-heard:
-		if got != 7 {
-			t.Errorf("heard %d, want 7 (and nothing from another prefix)", got)
+		if want := (notify.Event{Kind: notify.Raised, SKU: 7}); got != want {
+			t.Errorf("heard %+v, want %+v (and nothing from another prefix)", got, want)
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("announcement never heard")
@@ -55,7 +58,7 @@ func TestListenHearsAnnouncements(t *testing.T) {
 	}
 	select {
 	case got := <-heard:
-		t.Errorf("heard %d after stop", got)
+		t.Errorf("heard %+v after stop", got)
 	default:
 	}
 }
@@ -66,19 +69,19 @@ func TestListenStartsOverAfterALostConnection(t *testing.T) {
 	ctx := context.Background()
 	redisProc := testenv.StartRedis(t)
 	rdb := testenv.RedisAt(t, redisProc.Addr)
-	heard := make(chan int64, 16)
-	ready, stop := notify.New(rdb, "p:").Listen(func(sku int64) { heard <- sku })
+	heard := make(chan notify.Event, 16)
+	ready, stop := notify.New(rdb, "p:").Listen(func(e notify.Event) { heard <- e })
 	defer stop()
 	<-ready
-	if got := <-heard; got != notify.All {
-		t.Fatalf("on subscribing: heard %d, want All", got)
+	if got := <-heard; got != everything {
+		t.Fatalf("on subscribing: heard %+v, want %+v", got, everything)
 	}
 	redisProc.Kill() // the connection drops; go-redis resubscribes once it is back
 	redisProc.Restart()
 	select {
 	case got := <-heard:
-		if got != notify.All {
-			t.Errorf("after the restart: heard %d, want All", got)
+		if got != everything {
+			t.Errorf("after the restart: heard %+v, want %+v", got, everything)
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("not told after the connection came back")
@@ -86,8 +89,8 @@ func TestListenStartsOverAfterALostConnection(t *testing.T) {
 	if err := notify.New(rdb, "p:").Announce(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
-	if got := <-heard; got != 5 {
-		t.Errorf("after the restart: heard %d, want 5", got)
+	if got := <-heard; got.SKU != 5 {
+		t.Errorf("after the restart: heard %+v, want product 5", got)
 	}
 }
 
@@ -112,7 +115,8 @@ func TestAnnounceReachesAnotherClient(t *testing.T) {
 		seen := map[int64]bool{}
 		for len(seen) < n {
 			select {
-			case sku := <-heard:
+			case e := <-heard:
+				sku := e.SKU
 				if sku < 1 || sku > n || seen[sku] {
 					t.Fatalf("heard %d (after %v), want each of 1..%d once", sku, seen, n)
 				}
@@ -122,4 +126,53 @@ func TestAnnounceReachesAnotherClient(t *testing.T) {
 			}
 		}
 	})
+}
+
+// Every kind of announcement reaches a listener as it was made, told on
+// its own or queued in a pipeline; a bare SKU (how replicas before the
+// other kinds announced a restock) is a Raised without a fence, and a
+// payload the listener does not know is dropped.
+func TestEveryKindHeard(t *testing.T) {
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	r := notify.New(rdb, prefix)
+	heard, stop := listening(t, r)
+	defer stop()
+
+	told := []notify.Event{
+		{Kind: notify.Raised, SKU: 4},
+		{Kind: notify.Raised, SKU: 4, Fence: 17},
+		{Kind: notify.Changed, SKU: 9},
+		{Kind: notify.SoldOut, SKU: 9, Fence: 18},
+		{Kind: notify.Raised, SKU: notify.All},
+	}
+	for _, e := range told[:3] {
+		if err := r.Tell(ctx, e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pipe := rdb.Pipeline()
+	for _, e := range told[3:] {
+		r.Queue(ctx, pipe, e)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Payloads of no known shape, then a bare SKU as older replicas send it.
+	for _, p := range []string{"", "x1", "s9", "s0:3", "c9:3", "r9", "r9:0", "s9:-1", "12a", "-3", "11"} {
+		if err := rdb.Publish(ctx, prefix+"stock:raised", p).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	told = append(told, notify.Event{Kind: notify.Raised, SKU: 11})
+	for _, want := range told {
+		select {
+		case got := <-heard:
+			if got != want {
+				t.Fatalf("heard %+v, want %+v", got, want)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("never heard %+v", want)
+		}
+	}
 }

@@ -298,7 +298,11 @@ func (s *Service) withSKU(ctx context.Context, sku int64, fn func(ctx context.Co
 	defer s.release(ctx, lease)
 	n, err := fn(lease.Context(), lease)
 	if n > 0 || errors.Is(err, ErrOutcomeUnknown) {
-		s.returned(ctx, sku)
+		var fence int64
+		if s.opt.Fencing {
+			fence = lease.Fence()
+		}
+		s.returned(ctx, sku, fence)
 	}
 	if err != nil {
 		s.repairFence(ctx, err)
@@ -308,11 +312,12 @@ func (s *Service) withSKU(ctx context.Context, sku int64, fn func(ctx context.Co
 }
 
 // returned tells this Service, the other replicas (Options.Returned) and
-// the cache that sku's stock went up.
-func (s *Service) returned(ctx context.Context, sku int64) {
-	s.ForgetSoldOut(sku)
+// the cache that sku's stock went up under the hold with fencing token
+// fence (0: none).
+func (s *Service) returned(ctx context.Context, sku, fence int64) {
+	s.Raised(sku, fence)
 	if s.opt.Returned != nil {
-		s.opt.Returned(ctx, sku)
+		s.opt.Returned(ctx, sku, fence)
 	}
 	s.invalidate(ctx, sku)
 }

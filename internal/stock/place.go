@@ -123,11 +123,20 @@ func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch
 		}
 		return
 	}
+	// The other replicas learn of a sell-out with the invalidation, before
+	// the lock is released: a return of units, which takes the lock after
+	// it, is announced after it too.
+	var soldOutAt int64
 	if sale.soldOut {
 		s.soldOut.mark(sku, gen)
+		if s.opt.Fencing {
+			soldOutAt = lease.Fence()
+		}
+	}
+	if len(sale.sold) > 0 || soldOutAt > 0 {
+		s.changed(ctx, sku, soldOutAt)
 	}
 	if len(sale.sold) > 0 {
-		s.invalidate(ctx, sku)
 		s.transitions(sale.sold[0].Status, len(sale.sold))
 	}
 	for i, t := range batch {

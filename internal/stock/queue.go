@@ -234,6 +234,12 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 		return false
 	}
 	defer release()
+	// A product found sold out while the slot was awaited — here or, by
+	// its announcement, elsewhere — is refused without a read.
+	if s.soldOut.has(sku) {
+		s.fail(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+		return false
+	}
 	// A product another replica sold out is refused without the lock.
 	began = s.arrivals(q)
 	p, err := s.stocked(s.reads.WithContext(ctx), sku)
@@ -253,6 +259,13 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 		}
 		s.fail(q, began, err)
 		return false
+	}
+	// The holder that released the lock has most likely announced the
+	// sell-out it found before it did.
+	if s.soldOut.has(sku) {
+		s.release(ctx, lease)
+		s.fail(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+		return lease.Contended()
 	}
 	batch := s.take(sku, q, s.opt.Batch)
 	// What is logged for a batch of one buyer carries the buyer's request
@@ -289,6 +302,11 @@ func (s *Service) obtain(ctx context.Context, sku int64, stock int) (*lock.Lease
 		return s.locks.Obtain(ctx, LockKey(sku))
 	}
 	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
+		// Most often the holder that kept the lock announced the sell-out
+		// it found before releasing it.
+		if s.soldOut.has(sku) {
+			return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		}
 		if stock -= s.opt.Batch; stock > 0 {
 			return nil
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"shop/internal/lock"
 	"shop/internal/stock"
@@ -484,4 +485,32 @@ func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 	if r := verify(t, db); !r.OK() || r.Orders != 1 {
 		t.Errorf("want the holder's order only:\n%s", r)
 	}
+}
+
+// Another replica's finding that a product sold out, with its fencing
+// token, is refused from memory without a statement, until a raise under a
+// later token; a finding older than that raise, heard after it, is not
+// believed.
+func TestSoldOutElsewhereRefusedWithoutAStatement(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	svc, _, _ := lined(t, db, 1, 2, stock.Options{}, lock.RedisOptions{})
+	spy := &statements{Interface: logger.Discard}
+	traced := stock.NewService(db.Open(t).Session(&gorm.Session{Logger: spy}), lock.NewLocal(time.Second), stock.Options{})
+	for _, s := range []*stock.Service{svc, traced} {
+		s.SoldOutElsewhere(1, 5)
+	}
+	if _, err := traced.PlaceOrder(ctx, 1, 1, ""); !errors.Is(err, stock.ErrSoldOut) {
+		t.Fatalf("after another replica found it sold out: %v, want ErrSoldOut", err)
+	}
+	if len(spy.sql) > 0 {
+		t.Errorf("a product sold out elsewhere ran %q", spy.sql)
+	}
+	svc.Raised(1, 7)
+	svc.SoldOutElsewhere(1, 6) // found before the raise, heard after it
+	o, err := svc.PlaceOrder(ctx, 1, 1, "")
+	if err != nil {
+		t.Fatalf("after a raise under a later token: %v", err)
+	}
+	checkOrder(t, db, o, 1, 1)
 }

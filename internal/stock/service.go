@@ -93,9 +93,10 @@ type Options struct {
 	// zero places orders paid, with no payment step.
 	PayWindow time.Duration
 	// Returned, when set, is told after a cancellation or the sweep gave
-	// units of sku back (or may have): the other replicas must forget that
-	// it was sold out, as after a restock.
-	Returned func(ctx context.Context, sku int64)
+	// units of sku back (or may have) under the SKU's lock with fencing
+	// token fence (0: none): the other replicas must forget that it was
+	// sold out, as after a restock (Raised).
+	Returned func(ctx context.Context, sku, fence int64)
 	// Transitions, when set, counts orders as they reach a status: n orders
 	// placed reserved or paid, paid by Pay, cancelled, expired; and
 	// "refund_owed" for a payment recorded as owed back.
@@ -118,6 +119,9 @@ type Options struct {
 	Public *Catalog
 	// Cache, when set, is told after each committed order that the product's
 	// stock changed, and after an order whose COMMIT's outcome is unknown.
+	// When it is a SoldOutInvalidator too, the invalidation after the
+	// order that sold the last unit also tells every replica that the
+	// product sold out.
 	Cache Invalidator
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
@@ -195,8 +199,24 @@ func (s *Service) Stats() Stats {
 
 // ForgetSoldOut makes this Service forget that product sku (every product
 // when sku is 0) was sold out: call it on every replica when stock goes up,
-// after the change has committed.
-func (s *Service) ForgetSoldOut(sku int64) { s.soldOut.forget(sku) }
+// after the change has committed. It is Raised without a fencing token.
+func (s *Service) ForgetSoldOut(sku int64) { s.Raised(sku, 0) }
+
+// Raised makes this Service forget that product sku (every product when sku
+// is 0) was sold out, as ForgetSoldOut does, for a change made under the
+// SKU's lock with fencing token fence: a finding that it sold out made
+// under an older token, heard later, is not believed (SoldOutElsewhere).
+func (s *Service) Raised(sku, fence int64) { s.soldOut.raise(sku, fence) }
+
+// SoldOutElsewhere tells this Service that another replica found product
+// sku sold out under the SKU's lock with fencing token fence, so that it
+// refuses the product's orders from memory too, without a read of its own.
+// A finding older than a raise heard already is dropped (see soldOut).
+func (s *Service) SoldOutElsewhere(sku, fence int64) {
+	if sku > 0 && fence > 0 {
+		s.soldOut.heard(sku, fence)
+	}
+}
 
 const (
 	// releaseTimeout bounds the release of a SKU lock after the transaction.
@@ -416,13 +436,24 @@ func replayOf(o Order, sku, user int64, key string) (Order, error) {
 // still under the SKU lock, and even when the caller has gone: the order
 // stands, and a cache left holding the old stock would show it until the
 // entry expires, which is what the log line reports.
-func (s *Service) invalidate(ctx context.Context, sku int64) {
+func (s *Service) invalidate(ctx context.Context, sku int64) { s.changed(ctx, sku, 0) }
+
+// changed tells the cache that sku changed; with soldOutAt, the fencing
+// token of the hold that found it sold out, it also tells every replica
+// that it sold out, when the cache can (SoldOutInvalidator).
+func (s *Service) changed(ctx context.Context, sku, soldOutAt int64) {
 	if s.opt.Cache == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
-	if err := s.opt.Cache.Invalidate(ctx, sku); err != nil {
+	var err error
+	if c, ok := s.opt.Cache.(SoldOutInvalidator); ok && soldOutAt > 0 {
+		err = c.InvalidateSoldOut(ctx, sku, soldOutAt)
+	} else {
+		err = s.opt.Cache.Invalidate(ctx, sku)
+	}
+	if err != nil {
 		s.opt.Logger.WarnContext(ctx, "invalidate cached product", "sku", sku, "err", err)
 	}
 }

@@ -5,31 +5,55 @@ import (
 	"time"
 )
 
-// soldOut is what one replica remembers of the products it found sold out,
-// so that later orders for them are refused without a round trip to MySQL
-// or Redis.
+// soldOut is what one replica remembers of the products found sold out —
+// by itself, or by another replica that said so (Service.SoldOutElsewhere)
+// — so that later orders for them are refused without a round trip to
+// MySQL or Redis.
 //
-// Stock goes up again only when the catalog is reseeded or a product is
-// restocked, and then the memory must not refuse: Forget clears it (every
-// replica is told through a broadcast, see Service.ForgetSoldOut), and each
-// entry also lapses after ttl, so that a broadcast that was missed — or a
-// change made behind the service's back — costs at most ttl of refusals.
+// Stock goes up again only when the catalog is reseeded, a product
+// restocked or units returned, and then the memory must not refuse: a
+// raise clears it (every replica is told through a broadcast, see
+// Service.Raised), and each entry also lapses after ttl, so that a
+// broadcast that was missed — or a change made behind the service's back —
+// costs at most ttl of refusals.
 //
-// A finding made by a transaction that began before a Forget is dropped:
-// marks carry the generation read before the product was, and Forget moves
-// the generation on.
+// A finding must not outlive a raise that came after it:
+//
+//   - this replica's own finding, made by a transaction that began before
+//     a raise, is dropped: marks carry the generation read before the
+//     product was, and a raise moves the generation on;
+//   - another replica's finding carries the SKU's fencing token of the hold
+//     that found it, and is dropped when a raise with a later token has
+//     been heard; a finding heard within quiet of a raise of its SKU (or of
+//     every product) is dropped too, since a raise made without a token
+//     (a restock, a seed) cannot be ordered against it.
 type soldOut struct {
-	ttl time.Duration
-	now func() time.Time
+	ttl   time.Duration
+	quiet time.Duration
+	now   func() time.Time
 
-	mu    sync.Mutex
-	gen   uint64
-	skus  map[int64]time.Time // when each entry lapses
-	known int                 // entries added since the last sweep
+	mu     sync.Mutex
+	gen    uint64
+	skus   map[int64]time.Time // when each entry lapses
+	raised map[int64]raise     // the last raise of each SKU, while it matters
+	allAt  time.Time           // the last raise of every product
+	known  int                 // entries added since the last sweep
 }
 
+// raise is what soldOut keeps of a raise of a SKU's stock.
+type raise struct {
+	fence int64 // 0: made without a token
+	at    time.Time
+}
+
+// soldOutQuiet is how long after a raise of a product another replica's
+// finding that it sold out is not believed: longer than an announcement
+// takes from a finding's commit to its PUBLISH, which happens before the
+// lock is released and within InvalidateTimeout.
+const soldOutQuiet = 2 * InvalidateTimeout
+
 func newSoldOut(ttl time.Duration, now func() time.Time) *soldOut {
-	return &soldOut{ttl: ttl, now: now, skus: make(map[int64]time.Time)}
+	return &soldOut{ttl: ttl, quiet: soldOutQuiet, now: now, skus: make(map[int64]time.Time), raised: make(map[int64]raise)}
 }
 
 // generation returns the generation to pass to mark for a read that starts
@@ -63,29 +87,64 @@ func (s *soldOut) mark(sku int64, gen uint64) {
 	if gen != s.gen {
 		return
 	}
+	s.add(sku)
+}
+
+// heard records that another replica found sku sold out under the SKU's
+// lock with fencing token fence, unless a raise came after it (see
+// soldOut).
+func (s *soldOut) heard(sku, fence int64) {
+	if s.ttl <= 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	if now.Before(s.allAt.Add(s.quiet)) {
+		return
+	}
+	if r, ok := s.raised[sku]; ok && (fence <= r.fence || now.Before(r.at.Add(s.quiet))) {
+		return
+	}
+	s.add(sku)
+}
+
+// add records sku as sold out; s.mu is held.
+func (s *soldOut) add(sku int64) {
 	now := s.now()
 	s.skus[sku] = now.Add(s.ttl)
 	// Entries are dropped when looked up after they lapse; a sweep every so
 	// many marks keeps SKUs that are never asked for again from piling up.
-	if s.known++; s.known >= 1024 {
-		s.known = 0
-		for k, until := range s.skus {
-			if !now.Before(until) {
-				delete(s.skus, k)
-			}
+	if s.known++; s.known < 1024 {
+		return
+	}
+	s.known = 0
+	for k, until := range s.skus {
+		if !now.Before(until) {
+			delete(s.skus, k)
+		}
+	}
+	for k, r := range s.raised {
+		if !now.Before(r.at.Add(max(s.ttl, s.quiet))) {
+			delete(s.raised, k)
 		}
 	}
 }
 
-// forget clears sku, or every product when sku is 0, and moves the
-// generation on.
-func (s *soldOut) forget(sku int64) {
+// raise clears sku, or every product when sku is 0, whose stock went up
+// under the SKU's lock with fencing token fence (0: without one), and moves
+// the generation on.
+func (s *soldOut) raise(sku, fence int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++
+	now := s.now()
 	if sku == 0 {
 		clear(s.skus)
+		s.allAt = now
 		return
 	}
 	delete(s.skus, sku)
+	r := s.raised[sku]
+	s.raised[sku] = raise{fence: max(r.fence, fence), at: now}
 }

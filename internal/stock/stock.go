@@ -141,6 +141,13 @@ type Invalidator interface {
 	Invalidate(ctx context.Context, sku int64) error
 }
 
+// SoldOutInvalidator is an Invalidator that can also tell every replica,
+// with the same invalidation, that the product sold out under the SKU's
+// lock with fencing token fence (Service.SoldOutElsewhere on each).
+type SoldOutInvalidator interface {
+	InvalidateSoldOut(ctx context.Context, sku, fence int64) error
+}
+
 // LockKey is the lock key that guards a SKU.
 func LockKey(sku int64) string { return "sku:" + strconv.FormatInt(sku, 10) }
 
