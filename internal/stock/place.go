@@ -204,18 +204,32 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 		s.beforeWrite(ctx, sku, after)
 		hooked = true
 		first, last := arrivals(batch)
-		left, ok, err := s.takeUnits(ctx, tx, sku, fenced, fence, len(sl.sold), first, last)
+		had, ok, err := s.takeUnits(ctx, tx, sku, fenced, fence, len(sl.sold), first, last)
 		if err != nil {
 			return sale{}, err
 		}
 		if ok {
-			if left == 0 && len(sl.sold) < len(batch) {
+			taken := min(had, len(sl.sold))
+			if taken == 0 && hasKeys(batch) {
+				// Sold out, but a key may replay an order: only the careful
+				// attempt reads them.
+				return sale{}, errCareful
+			}
+			if left := had - taken; left == 0 && len(sl.sold) < len(batch) || taken < len(sl.sold) {
 				// The batch took the last units: an order after them is
 				// sold out, whatever else would refuse it.
-				before := len(sl.sold)
-				sl = s.judge(sku, fence, batch, facts{stock: &before})
+				sl = s.judge(sku, fence, batch, facts{stock: &taken})
 			}
-			sl.soldOut = left == 0
+			if len(sl.sold) != taken {
+				// A buyer left between the two judgements: the units
+				// taken are not the orders sold. Judge again under the
+				// row's lock.
+				return sale{}, errCareful
+			}
+			sl.soldOut = had == taken
+			if taken == 0 {
+				return sl, nil
+			}
 			return sl, s.record(tx, sku, &sl, errCareful)
 		}
 		// Refused, and nothing written: judge each order.
@@ -338,19 +352,26 @@ func (s *Service) readProduct(tx *gorm.DB, sku int64) (Product, error) {
 }
 
 // takeUnits is the fast attempt's stock write: one guarded UPDATE that
-// takes len(sold) units of sku if the stock has them, the fence is older
-// than the holder's token (when fenced) and the sale window admits every
-// order sold. ok is false when the row refused, and then nothing changed.
-// left is the stock left, which the UPDATE hands back through
-// LAST_INSERT_ID(expr): MySQL's and MariaDB's way for a statement to return
-// a value of the row it wrote, in the same round trip.
-func (s *Service) takeUnits(ctx context.Context, tx *gorm.DB, sku int64, fenced bool, fence int64, n int, first, last time.Time) (left int, ok bool, err error) {
-	set, args := "stock = LAST_INSERT_ID(stock - ?)", []any{n}
+// takes up to n units of sku — as many as the stock has — if the fence is
+// older than the holder's token (when fenced) and the sale window admits
+// every order of the batch. ok is false when the row refused, and then
+// nothing changed. had is the stock before, which the UPDATE hands back
+// through LAST_INSERT_ID(expr): MySQL's and MariaDB's way for a statement
+// to return a value of the row it wrote, in the same round trip (as had+1,
+// so that 0 is "no row"). With no stock left, nothing is written: the
+// fence moves only with a unit taken, and the COMMIT has nothing to flush.
+//
+// Both assignments read the row as it was: the fence's comes first, and
+// with SIMULTANEOUS_ASSIGNMENT (MariaDB) every assignment reads the old row.
+func (s *Service) takeUnits(ctx context.Context, tx *gorm.DB, sku int64, fenced bool, fence int64, n int, first, last time.Time) (had int, ok bool, err error) {
+	var set string
+	var args []any
 	if fenced {
-		set, args = set+", fence = ?", append(args, fence)
+		set, args = "fence = IF(stock > 0, ?, fence), ", []any{fence}
 	}
-	where := " WHERE id = ? AND stock >= ?" + openWindow
-	args = append(args, sku, n, first, last)
+	set, args = set+"stock = LAST_INSERT_ID(stock + 1) - 1 - LEAST(stock, ?)", append(args, n)
+	where := " WHERE id = ?" + openWindow
+	args = append(args, sku, first, last)
 	if fenced {
 		where, args = where+" AND fence < ?", append(args, fence)
 	}
@@ -358,12 +379,11 @@ func (s *Service) takeUnits(ctx context.Context, tx *gorm.DB, sku int64, fenced 
 	if err != nil {
 		return 0, false, err
 	}
-	rows, err := res.RowsAffected()
-	if err != nil || rows != 1 {
+	id, err := res.LastInsertId()
+	if err != nil || id == 0 {
 		return 0, false, err
 	}
-	id, err := res.LastInsertId()
-	return int(id), true, err
+	return int(id - 1), true, nil
 }
 
 // arrivals returns the earliest and the latest arrival of the orders of

@@ -514,3 +514,45 @@ func TestSoldOutElsewhereRefusedWithoutAStatement(t *testing.T) {
 	}
 	checkOrder(t, db, o, 1, 1)
 }
+
+// A batch that wants more units than are left takes what is left in the
+// fast attempt's one UPDATE — no locking read, no second attempt — and the
+// orders after the last unit are sold out; one transaction in all.
+func TestBatchLargerThanStockTakesWhatIsLeft(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	rdb, prefix := testenv.Redis(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 20 * time.Second})
+	spy := &statements{Interface: logger.Discard}
+	svc := stock.NewService(db.Open(t).Session(&gorm.Session{Logger: spy}), l, stock.Options{Fencing: true})
+
+	holder := hold(t, l, 1)
+	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3, 4}, nil)
+	spy.mu.Lock()
+	spy.sql = nil // the reads before the lock
+	spy.mu.Unlock()
+	letGo(t, holder)
+	for i, ch := range answers {
+		r := <-ch
+		switch {
+		case i < 2 && r.err != nil:
+			t.Errorf("buyer %d: %v, want an order", i+1, r.err)
+		case i < 2:
+			checkOrder(t, db, r.order, 1, int64(i+1))
+		case !errors.Is(r.err, stock.ErrSoldOut):
+			t.Errorf("buyer %d: %+v, %v; want ErrSoldOut", i+1, r.order, r.err)
+		}
+	}
+	if st := svc.Stats(); st.Batches != 1 {
+		t.Errorf("stats %+v: want one transaction", st)
+	}
+	if q := spy.touching("FOR UPDATE"); len(q) > 0 {
+		t.Errorf("the batch ran a careful attempt: %q", q)
+	}
+	if r := verify(t, db); !r.OK() || r.Orders != 2 {
+		t.Errorf("want 2 orders:\n%s", r)
+	}
+}
