@@ -261,11 +261,24 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 	return r, err
 }
 
+// roundRun is one row's run in one round: of the edge's table (edgeRun)
+// or of the ceiling's (ceilingRun). The medians and the ratios to another
+// row of the same round are taken alike for both.
+type roundRun interface {
+	roundNo() int
+	rowName() string
+	verified() bool
+}
+
+func (r edgeRun) roundNo() int    { return r.Round }
+func (r edgeRun) rowName() string { return r.Row.Name }
+func (r edgeRun) verified() bool  { return r.Verify.OK }
+
 // allVerified is "ok" when every run's verify found the invariants held,
 // else "FAIL".
-func allVerified(runs []edgeRun) string {
+func allVerified[T roundRun](runs []T) string {
 	for _, r := range runs {
-		if !r.Verify.OK {
+		if !r.verified() {
 			return "FAIL"
 		}
 	}
@@ -280,21 +293,22 @@ func edgeVerdict(v verifyReport) string {
 }
 
 // roundOf returns the run of row name in round, if there is one.
-func roundOf(runs []edgeRun, name string, round int) (edgeRun, bool) {
-	i := slices.IndexFunc(runs, func(r edgeRun) bool { return r.Row.Name == name && r.Round == round })
+func roundOf[T roundRun](runs []T, name string, round int) (T, bool) {
+	i := slices.IndexFunc(runs, func(r T) bool { return r.rowName() == name && r.roundNo() == round })
 	if i < 0 {
-		return edgeRun{}, false
+		var none T
+		return none, false
 	}
 	return runs[i], true
 }
 
 // rowRuns returns the rounds of row name.
-func rowRuns(runs []edgeRun, name string) []edgeRun {
-	return slices.DeleteFunc(slices.Clone(runs), func(r edgeRun) bool { return r.Row.Name != name })
+func rowRuns[T roundRun](runs []T, name string) []T {
+	return slices.DeleteFunc(slices.Clone(runs), func(r T) bool { return r.rowName() != name })
 }
 
 // medianOf is the median of f over runs.
-func medianOf(runs []edgeRun, f func(edgeRun) float64) float64 {
+func medianOf[T any](runs []T, f func(T) float64) float64 {
 	xs := make([]float64, len(runs))
 	for i, r := range runs {
 		xs[i] = f(r)
@@ -302,16 +316,23 @@ func medianOf(runs []edgeRun, f func(edgeRun) float64) float64 {
 	return median(xs)
 }
 
-// ratioTo is the median over runs of each run's buyers' rate over that of
-// row name in the same round.
-func ratioTo(all, runs []edgeRun, name string) float64 {
-	return medianOf(runs, func(r edgeRun) float64 {
-		base, ok := roundOf(all, name, r.Round)
-		if !ok || base.buyersRate() <= 0 {
+// ratioTo is the median over runs of each run's rate over that of row name
+// in the same round.
+func ratioTo[T roundRun](all, runs []T, name string, rate func(T) float64) float64 {
+	return medianOf(runs, func(r T) float64 {
+		base, ok := roundOf(all, name, r.roundNo())
+		if !ok || rate(base) <= 0 {
 			return 0
 		}
-		return r.buyersRate() / base.buyersRate()
+		return rate(r) / rate(base)
 	})
+}
+
+// ratioCell renders ratioTo with the median rates of runs and of row name
+// beside it: the ratio is the median of each round's, not the ratio of the
+// medians, and the two may differ.
+func ratioCell[T roundRun](all, runs []T, name string, rate func(T) float64) string {
+	return fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(all, runs, name, rate), medianOf(runs, rate), medianOf(rowRuns(all, name), rate))
 }
 
 // limitCounts sums a result's 429s and 503s over runs, the limits that
@@ -357,10 +378,10 @@ func edgeTable(runs []edgeRun) string {
 			floodLimits = limitCounts(rr, func(r edgeRun) loadResult { return r.Flood }, row.Expect)
 		}
 		rate := medianOf(rr, edgeRun.buyersRate)
-		vsAlone := fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(runs, rr, edgeAlone), rate, medianOf(rowRuns(runs, edgeAlone), edgeRun.buyersRate))
+		vsAlone := ratioCell(runs, rr, edgeAlone, edgeRun.buyersRate)
 		vsHealthz := "–"
 		if row.Flood != "" {
-			vsHealthz = fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(runs, rr, edgeHealthz), rate, medianOf(rowRuns(runs, edgeHealthz), edgeRun.buyersRate))
+			vsHealthz = ratioCell(runs, rr, edgeHealthz, edgeRun.buyersRate)
 		}
 		line(row.Name, flood, floodLimits, fmt.Sprintf("%.0f", rate), vsAlone, vsHealthz,
 			ms(medianOf(rr, func(r edgeRun) float64 { return r.Buyers.P99Ms })),
@@ -414,7 +435,7 @@ func edgeNotes(runs []edgeRun) string {
 		if len(rr) == 0 {
 			continue
 		}
-		x := ratioTo(runs, rr, edgeHealthz)
+		x := ratioTo(runs, rr, edgeHealthz, edgeRun.buyersRate)
 		verdict := "met"
 		if x < 0.9 {
 			verdict = "NOT met"
