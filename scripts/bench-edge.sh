@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# make bench-edge: the buyers of a flash sale alone and under floods of
-# public routes, and a bot farm behind one address, through nginx with the
-# shipped defaults. The same private stack as make demo (scripts/demo.sh:
-# installs what is missing, builds, starts it, stops it however the run
-# ends), running `bin/demo -edge`. Extra arguments go to bin/demo -edge
+# make bench-edge: the ceiling (GET /healthz, a cached product page, the
+# hot SKU and the seeds' sellout, each as a share of the /healthz rate),
+# then the buyers of a flash sale alone and under floods of public routes,
+# and a bot farm behind one address, through nginx with the shipped
+# defaults. The same private stack as make demo (scripts/demo.sh: installs
+# what is missing, builds, starts it, stops it however the run ends),
+# running `bin/demo -edge`. Extra arguments go to bin/demo -edge
 # (-rounds, -units, -buyers, -c, -src-n, -flooders, -flood-for,
-# -flood-src-n, -warm-up, -bots).
+# -flood-src-n, -warm-up, -bots, -ceiling-for, -sellout-skus,
+# -sellout-buyers, -sellout-c; -only ceiling runs the ceiling's rows alone).
 #
 # Environment: SHOP_STATE (default .state/bench-edge), BENCH_OUT (default
 # out/bench-edge).

@@ -15,8 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/go-sql-driver/mysql"
 )
 
 // The order-path benchmark (make bench-orders, `bin/demo -bench`): the same
@@ -169,12 +167,7 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if ports["MYSQL_PORT"] == "" {
-		return fmt.Errorf("%s: no MYSQL_PORT", portsFile)
-	}
-	cfg := mysql.NewConfig()
-	cfg.User, cfg.Net, cfg.Addr = "root", "tcp", "127.0.0.1:"+ports["MYSQL_PORT"]
-	db, err := sql.Open("mysql", cfg.FormatDSN())
+	db, err := openStackDB(o.state)
 	if err != nil {
 		return err
 	}
@@ -303,10 +296,7 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	if err != nil {
 		return p, err
 	}
-	p.Stmts = map[string]int64{}
-	for _, name := range statementCounters {
-		p.Stmts[name] = after.stmts[name] - before.stmts[name]
-	}
+	p.Stmts = counterDeltas(statementCounters, before.stmts, after.stmts)
 	p.Txns, p.TxnOrders = after.txns-before.txns, after.txnOrders-before.txnOrders
 	if err := readJSON(base+".json", &p.Load); err != nil {
 		return p, err
@@ -328,31 +318,58 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	return p, nil
 }
 
-// snapshot reads MariaDB's statement counters and sums the replicas'
-// order transaction counters.
-func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
-	s := snapshot{stmts: map[string]int64{}}
-	query := "SHOW GLOBAL STATUS WHERE Variable_name IN ('" + strings.Join(statementCounters, "','") + "')"
-	rows, err := b.db.QueryContext(ctx, query)
+// mysqlStatus reads the named counters of MariaDB's SHOW GLOBAL STATUS.
+func mysqlStatus(ctx context.Context, db *sql.DB, names []string) (map[string]int64, error) {
+	got := map[string]int64{}
+	query := "SHOW GLOBAL STATUS WHERE Variable_name IN ('" + strings.Join(names, "','") + "')"
+	rows, err := db.QueryContext(ctx, query)
 	if err != nil {
-		return s, fmt.Errorf("mysql status: %w", err)
+		return nil, fmt.Errorf("mysql status: %w", err)
 	}
 	defer rows.Close()
 	for rows.Next() {
 		var name string
 		var v int64
 		if err := rows.Scan(&name, &v); err != nil {
-			return s, fmt.Errorf("mysql status: %w", err)
+			return nil, fmt.Errorf("mysql status: %w", err)
 		}
-		s.stmts[name] = v
+		got[name] = v
 	}
 	if err := rows.Err(); err != nil {
-		return s, fmt.Errorf("mysql status: %w", err)
+		return nil, fmt.Errorf("mysql status: %w", err)
 	}
-	for _, name := range statementCounters {
-		if _, ok := s.stmts[name]; !ok {
-			return s, fmt.Errorf("mysql status: no %s", name)
+	for _, name := range names {
+		if _, ok := got[name]; !ok {
+			return nil, fmt.Errorf("mysql status: no %s", name)
 		}
+	}
+	return got, nil
+}
+
+// counterDeltas is how much each named counter grew from before to after.
+func counterDeltas(names []string, before, after map[string]int64) map[string]int64 {
+	d := make(map[string]int64, len(names))
+	for _, name := range names {
+		d[name] = after[name] - before[name]
+	}
+	return d
+}
+
+// perRequest is a counter's delta over a load per request of it.
+func perRequest(deltas map[string]int64, counter string, requests int) float64 {
+	if requests == 0 {
+		return 0
+	}
+	return float64(deltas[counter]) / float64(requests)
+}
+
+// snapshot reads MariaDB's statement counters and sums the replicas'
+// order transaction counters.
+func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
+	var s snapshot
+	var err error
+	if s.stmts, err = mysqlStatus(ctx, b.db, statementCounters); err != nil {
+		return s, err
 	}
 	err = scrapeMetrics(ctx, b.adminPorts, func(series string, v float64) {
 		switch series {
@@ -402,10 +419,7 @@ func (p benchPhase) ordersPerSecond() float64 {
 
 // perRequest is the phase's count of a statement per request.
 func (p benchPhase) perRequest(counter string) float64 {
-	if p.Load.Requests == 0 {
-		return 0
-	}
-	return float64(p.Stmts[counter]) / float64(p.Load.Requests)
+	return perRequest(p.Stmts, counter, p.Load.Requests)
 }
 
 func (p benchPhase) statementsPerRequest() float64 {

@@ -34,6 +34,10 @@ import (
 // alike, and each figure is the median of the rounds. A row counts only
 // the answers it expects: the buyers' 201 and 409, a flood's 200, 404 or
 // 400; the 429s and 503s beside them say which limit was met.
+//
+// Before that table, the ceiling's (ceiling.go): GET /healthz, a cached
+// product page, the sale alone and the seeds' sellout, each as a share of
+// the /healthz rate, from the same rounds.
 
 // edgeOptions are `bin/demo -edge`'s flags.
 type edgeOptions struct {
@@ -51,7 +55,16 @@ type edgeOptions struct {
 	floodSrcN int
 	warmUp    time.Duration
 	bots      int
+
+	only          string        // "ceiling": the ceiling's rows alone
+	ceilingFor    time.Duration // how long the ceiling's GET floods last
+	selloutSKUs   int
+	selloutBuyers int
+	selloutC      int
 }
+
+// onlyCeiling is -only's value that runs the ceiling's rows alone.
+const onlyCeiling = "ceiling"
 
 func parseEdge(args []string) (edgeOptions, error) {
 	var o edgeOptions
@@ -63,13 +76,18 @@ func parseEdge(args []string) (edgeOptions, error) {
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds; every figure is the median over them")
 	fs.IntVar(&o.units, "units", 5000, "units of the one product on sale")
 	fs.IntVar(&o.buyers, "buyers", 6000, "buyers of the product, each a different user")
-	fs.IntVar(&o.workers, "c", 200, "buyers at once")
+	fs.IntVar(&o.workers, "c", 200, "buyers at once, and the clients of the ceiling's GET floods")
 	fs.IntVar(&o.srcN, "src-n", crowdSources, "the buyers' loopback source addresses")
 	fs.IntVar(&o.flooders, "flooders", 300, "flooding clients at once")
 	fs.DurationVar(&o.floodFor, "flood-for", 20*time.Second, "how long each flood lasts: longer than the sale takes under it, at about 500 buyers a second")
 	fs.IntVar(&o.floodSrcN, "flood-src-n", 4096, "the flood's source addresses, other than the buyers'")
 	fs.DurationVar(&o.warmUp, "warm-up", 2*time.Second, "how long a flood runs before the buyers come")
 	fs.IntVar(&o.bots, "bots", 10000, "the bot farm's user ids, all from one address")
+	fs.StringVar(&o.only, "only", "", onlyCeiling+": run only the ceiling's rows (GET /healthz, the cached page, the sale alone, the sellout); empty: every row")
+	fs.DurationVar(&o.ceilingFor, "ceiling-for", 5*time.Second, "how long each of the ceiling's GET floods lasts")
+	fs.IntVar(&o.selloutSKUs, "sellout-skus", 5000, "the ceiling's sellout: products, one unit each")
+	fs.IntVar(&o.selloutBuyers, "sellout-buyers", 4, "the ceiling's sellout: buyers per product")
+	fs.IntVar(&o.selloutC, "sellout-c", 4000, "the ceiling's sellout: buyers at once")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -81,6 +99,12 @@ func parseEdge(args []string) (edgeOptions, error) {
 	}
 	if o.floodFor <= o.warmUp || o.warmUp < 0 {
 		return o, fmt.Errorf("-flood-for %s must be longer than -warm-up %s", o.floodFor, o.warmUp)
+	}
+	if o.only != "" && o.only != onlyCeiling {
+		return o, fmt.Errorf("-only %q: want %s, or nothing for every row", o.only, onlyCeiling)
+	}
+	if o.ceilingFor <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
+		return o, errors.New("-ceiling-for, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
 	}
 	return o, nil
 }
@@ -110,6 +134,15 @@ func edgeRows() []edgeRow {
 		{Name: "flood POST malformed order", Flood: "malformed", Expect: "400"},
 		{Name: "bot farm: one address", Bot: true},
 	}
+}
+
+// rows are the edge's rows each round runs: every one, or with -only
+// ceiling the sale alone, which is the ceiling's hot SKU.
+func (o edgeOptions) rows() []edgeRow {
+	if o.only == onlyCeiling {
+		return slices.DeleteFunc(edgeRows(), func(row edgeRow) bool { return row.Name != edgeAlone })
+	}
+	return edgeRows()
 }
 
 // buyersServed are the answers a buyer expects: an order, or sold out.
@@ -159,13 +192,26 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 	}
 	url := "http://127.0.0.1:" + ports["NGINX_PORT"]
 	env := stackEnv(o.state)
+	db, err := openStackDB(o.state)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	db.SetMaxOpenConns(1)
 	// The shipped defaults: no setting of the replicas' own.
 	if _, err := commandEnv(ctx, env, stderr, o.stack, "replicas", "3"); err != nil {
 		return err
 	}
+	c := &ceiling{o: o, env: env, url: url, db: db, stderr: stderr}
 	var runs []edgeRun
+	var ceil []ceilingRun
 	for round := 1; round <= o.rounds; round++ {
-		for _, row := range edgeRows() {
+		got, err := c.runKind(ctx, round, floodLoad)
+		ceil = append(ceil, got...)
+		if err != nil {
+			return err
+		}
+		for _, row := range o.rows() {
 			fmt.Fprintf(stderr, "\n== round %d/%d: %s\n", round, o.rounds, row.Name)
 			r, err := runEdgeRow(ctx, o, env, url, round, row, stderr)
 			if err != nil {
@@ -174,21 +220,40 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 			fmt.Fprintf(stderr, "== %s: buyers %s, %.0f/s; flood %s, %.0f/s; verify %s\n", row.Name,
 				statuses(r.Buyers.Statuses), r.buyersRate(), statuses(r.Flood.Statuses), r.floodRate(), edgeVerdict(r.Verify))
 			runs = append(runs, r)
+			if row.Name == edgeAlone {
+				ceil = append(ceil, hotCeiling(r))
+			}
+		}
+		got, err = c.runKind(ctx, round, selloutLoad)
+		ceil = append(ceil, got...)
+		if err != nil {
+			return err
 		}
 	}
 
 	command := strings.Join(argv, " ")
 	cores := runtime.NumCPU()
+	ceilTbl := ceilingTable(o, ceil)
+	goals := ceilingGoals(ceil)
 	tbl := edgeTable(runs)
 	bots := botTable(o, runs)
 	notes := edgeNotes(runs)
 	fmt.Fprintln(stdout)
+	fmt.Fprint(stdout, ceilTbl, "\n", goals, "\n")
 	fmt.Fprint(stdout, tbl, "\n", bots, notes)
 	fmt.Fprintf(stdout, "\n%d CPU cores (runtime.NumCPU). Command: %s\n", cores, command)
-	if err := writeEdgeReport(o, tbl, bots, notes, cores, command); err != nil {
+	if err := writeEdgeReport(o, ceilingReport(o, ceilTbl, goals), tbl, bots, notes, cores, command); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(o.out, "report.md"))
+	for _, r := range ceil {
+		// The hot SKU's verdict is the sale alone's, which the loop below
+		// reports under its own name.
+		if !r.Verify.OK && r.Row.Kind != aloneLoad {
+			fmt.Fprintf(stdout, "FAILED: shop verify, ceiling, %s, round %d\n", r.Row.Name, r.Round)
+			return errVerifyFailed
+		}
+	}
 	for _, r := range runs {
 		if !r.Verify.OK {
 			fmt.Fprintf(stdout, "FAILED: shop verify, %s, round %d\n", r.Row.Name, r.Round)
@@ -206,8 +271,7 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 	if _, err := commandEnv(ctx, env, stderr, o.stack, "shop", "seed", "--products", "1", "--stock", strconv.Itoa(o.units)); err != nil {
 		return r, err
 	}
-	name := strings.NewReplacer(" ", "-", "/", "", ":", "").Replace(row.Name)
-	base := filepath.Join(o.out, "runs", fmt.Sprintf("%d-%s", round, name))
+	base := filepath.Join(o.out, "runs", fmt.Sprintf("%d-%s", round, runSlug(row.Name)))
 
 	var flood *exec.Cmd
 	var floodEnd time.Time
@@ -261,11 +325,29 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 	return r, err
 }
 
+// roundRun is one row's run in one round: of the edge's table (edgeRun)
+// or of the ceiling's (ceilingRun). The medians and the ratios to another
+// row of the same round are taken alike for both.
+type roundRun interface {
+	roundNo() int
+	rowName() string
+	verified() bool
+}
+
+func (r edgeRun) roundNo() int    { return r.Round }
+func (r edgeRun) rowName() string { return r.Row.Name }
+func (r edgeRun) verified() bool  { return r.Verify.OK }
+
+// runSlug is a row's name as part of its files' names.
+func runSlug(name string) string {
+	return strings.NewReplacer(" ", "-", "/", "", ":", "").Replace(name)
+}
+
 // allVerified is "ok" when every run's verify found the invariants held,
 // else "FAIL".
-func allVerified(runs []edgeRun) string {
+func allVerified[T roundRun](runs []T) string {
 	for _, r := range runs {
-		if !r.Verify.OK {
+		if !r.verified() {
 			return "FAIL"
 		}
 	}
@@ -280,21 +362,22 @@ func edgeVerdict(v verifyReport) string {
 }
 
 // roundOf returns the run of row name in round, if there is one.
-func roundOf(runs []edgeRun, name string, round int) (edgeRun, bool) {
-	i := slices.IndexFunc(runs, func(r edgeRun) bool { return r.Row.Name == name && r.Round == round })
+func roundOf[T roundRun](runs []T, name string, round int) (T, bool) {
+	i := slices.IndexFunc(runs, func(r T) bool { return r.rowName() == name && r.roundNo() == round })
 	if i < 0 {
-		return edgeRun{}, false
+		var none T
+		return none, false
 	}
 	return runs[i], true
 }
 
 // rowRuns returns the rounds of row name.
-func rowRuns(runs []edgeRun, name string) []edgeRun {
-	return slices.DeleteFunc(slices.Clone(runs), func(r edgeRun) bool { return r.Row.Name != name })
+func rowRuns[T roundRun](runs []T, name string) []T {
+	return slices.DeleteFunc(slices.Clone(runs), func(r T) bool { return r.rowName() != name })
 }
 
 // medianOf is the median of f over runs.
-func medianOf(runs []edgeRun, f func(edgeRun) float64) float64 {
+func medianOf[T any](runs []T, f func(T) float64) float64 {
 	xs := make([]float64, len(runs))
 	for i, r := range runs {
 		xs[i] = f(r)
@@ -302,16 +385,23 @@ func medianOf(runs []edgeRun, f func(edgeRun) float64) float64 {
 	return median(xs)
 }
 
-// ratioTo is the median over runs of each run's buyers' rate over that of
-// row name in the same round.
-func ratioTo(all, runs []edgeRun, name string) float64 {
-	return medianOf(runs, func(r edgeRun) float64 {
-		base, ok := roundOf(all, name, r.Round)
-		if !ok || base.buyersRate() <= 0 {
+// ratioTo is the median over runs of each run's rate over that of row name
+// in the same round.
+func ratioTo[T roundRun](all, runs []T, name string, rate func(T) float64) float64 {
+	return medianOf(runs, func(r T) float64 {
+		base, ok := roundOf(all, name, r.roundNo())
+		if !ok || rate(base) <= 0 {
 			return 0
 		}
-		return r.buyersRate() / base.buyersRate()
+		return rate(r) / rate(base)
 	})
+}
+
+// ratioCell renders ratioTo with the median rates of runs and of row name
+// beside it: the ratio is the median of each round's, not the ratio of the
+// medians, and the two may differ.
+func ratioCell[T roundRun](all, runs []T, name string, rate func(T) float64) string {
+	return fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(all, runs, name, rate), medianOf(runs, rate), medianOf(rowRuns(all, name), rate))
 }
 
 // limitCounts sums a result's 429s and 503s over runs, the limits that
@@ -357,10 +447,10 @@ func edgeTable(runs []edgeRun) string {
 			floodLimits = limitCounts(rr, func(r edgeRun) loadResult { return r.Flood }, row.Expect)
 		}
 		rate := medianOf(rr, edgeRun.buyersRate)
-		vsAlone := fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(runs, rr, edgeAlone), rate, medianOf(rowRuns(runs, edgeAlone), edgeRun.buyersRate))
+		vsAlone := ratioCell(runs, rr, edgeAlone, edgeRun.buyersRate)
 		vsHealthz := "–"
 		if row.Flood != "" {
-			vsHealthz = fmt.Sprintf("%.2f× (%.0f vs %.0f)", ratioTo(runs, rr, edgeHealthz), rate, medianOf(rowRuns(runs, edgeHealthz), edgeRun.buyersRate))
+			vsHealthz = ratioCell(runs, rr, edgeHealthz, edgeRun.buyersRate)
 		}
 		line(row.Name, flood, floodLimits, fmt.Sprintf("%.0f", rate), vsAlone, vsHealthz,
 			ms(medianOf(rr, func(r edgeRun) float64 { return r.Buyers.P99Ms })),
@@ -414,7 +504,7 @@ func edgeNotes(runs []edgeRun) string {
 		if len(rr) == 0 {
 			continue
 		}
-		x := ratioTo(runs, rr, edgeHealthz)
+		x := ratioTo(runs, rr, edgeHealthz, edgeRun.buyersRate)
 		verdict := "met"
 		if x < 0.9 {
 			verdict = "NOT met"
@@ -429,10 +519,13 @@ func edgeNotes(runs []edgeRun) string {
 	return b.String()
 }
 
-// writeEdgeReport writes report.md to o.out.
-func writeEdgeReport(o edgeOptions, tbl, bots, notes string, cores int, command string) error {
+// writeEdgeReport writes report.md to o.out: the ceiling's section, then
+// the edge's tables.
+func writeEdgeReport(o edgeOptions, ceiling, tbl, bots, notes string, cores int, command string) error {
 	var b strings.Builder
-	b.WriteString("# The public edge under floods\n\n")
+	b.WriteString("# The public edge\n\n")
+	b.WriteString(ceiling)
+	b.WriteString("\n## Under floods\n\n")
 	fmt.Fprintf(&b, "Through nginx on the private stack (three replicas, one MariaDB, one Redis), with the shipped defaults. "+
 		"Each sale: one product with %d units, %d buyers (each a different user, %d at once, from %d loopback addresses). "+
 		"A flood: %d clients for %s from %d other addresses, the buyers starting %s in. "+

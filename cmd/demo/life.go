@@ -382,9 +382,13 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 
 // openStackDB opens the stack's MariaDB, database shop.
 func openStackDB(state string) (*sql.DB, error) {
-	ports, err := readEnvFile(filepath.Join(state, "ports.env"))
+	path := filepath.Join(state, "ports.env")
+	ports, err := readEnvFile(path)
 	if err != nil {
 		return nil, err
+	}
+	if ports["MYSQL_PORT"] == "" {
+		return nil, fmt.Errorf("%s: no MYSQL_PORT", path)
 	}
 	cfg := mysql.NewConfig()
 	cfg.User, cfg.Net, cfg.Addr, cfg.DBName, cfg.ParseTime = "root", "tcp", "127.0.0.1:"+ports["MYSQL_PORT"], "shop", true

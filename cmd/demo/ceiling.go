@@ -1,0 +1,306 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// The ceiling (the first table of make bench-edge): how close the sale's
+// routes come to the most the stack answers on this machine. GET /healthz
+// asks nothing of Redis or MySQL, so its rate is what nginx, the replicas'
+// HTTP stack and the load generator manage together: the ceiling. Each
+// other row's rate is divided by the /healthz rate of the same round: a
+// cached product page; the hot SKU (the edge's sale alone, one product with
+// many units, reused rather than run twice); and the seeds' sellout (many
+// products with one unit each, thousands of buyers at once), whose MariaDB
+// statements per request are counted too, as bench-orders counts them.
+// The two GET rows are floods (bin/loadtest -for): through hey, with its
+// bookkeeping of every request, the load generator would measure itself
+// rather than the stack. Every load comes from a crowd of source
+// addresses, as the edge's sales do, so that nginx's per-address limits
+// are not what is measured.
+
+// The ceiling's rows, by name.
+const (
+	ceilingHealthz = "GET /healthz"
+	ceilingPage    = "cached page"
+	ceilingHot     = "hot SKU"
+	ceilingSellout = "sellout"
+)
+
+// ceilingKind is how a ceiling row's load is made, and when in a round it
+// runs: the floods first, then the edge's rows (the sale alone among
+// them), then the sellout.
+type ceilingKind int
+
+const (
+	floodLoad   ceilingKind = iota // a flood of one GET route
+	aloneLoad                      // the edge's sale alone
+	selloutLoad                    // the seeds' sellout
+)
+
+// ceilingRow is a row of the ceiling's table and its goals, each zero for
+// none.
+type ceilingRow struct {
+	Name     string
+	Kind     ceilingKind
+	Scenario string   // a flood's bin/loadtest scenario
+	Route    string   // a flood's route, for the table
+	Served   []string // the answers its rate counts
+	// MinRatio is the least share of the /healthz rate the row must keep,
+	// MaxP99Ms its slowest p99, MaxStatements the most MySQL statements
+	// per request it may cost.
+	MinRatio, MaxP99Ms, MaxStatements float64
+}
+
+// ceilingRows are the ceiling's rows in the table's order.
+func ceilingRows() []ceilingRow {
+	return []ceilingRow{
+		{Name: ceilingHealthz, Kind: floodLoad, Scenario: "healthz", Route: "`GET /healthz`", Served: []string{"200"}},
+		{Name: ceilingPage, Kind: floodLoad, Scenario: "hotread", Route: "`GET /api/v1/products/1`", Served: []string{"200"},
+			MinRatio: 0.85},
+		{Name: ceilingHot, Kind: aloneLoad, Served: buyersServed, MinRatio: 0.45},
+		{Name: ceilingSellout, Kind: selloutLoad, Served: buyersServed, MinRatio: 0.30, MaxP99Ms: 500, MaxStatements: 0.8},
+	}
+}
+
+// load describes the row's load for the table.
+func (row ceilingRow) load(o edgeOptions) string {
+	switch row.Kind {
+	case aloneLoad:
+		return fmt.Sprintf("%s: %d buyers of one %d-unit SKU, %d at once", row.Name, o.buyers, o.units, o.workers)
+	case selloutLoad:
+		return fmt.Sprintf("%s: %d products × 1 unit, %d buyers each, %d at once", row.Name, o.selloutSKUs, o.selloutBuyers,
+			o.selloutC)
+	}
+	what := row.Route
+	if row.Name != ceilingHealthz {
+		what = row.Name + ", " + row.Route
+	}
+	return fmt.Sprintf("%s: %d clients for %s", what, o.workers, o.ceilingFor)
+}
+
+// args are the load test's arguments of the row's load but its files.
+func (row ceilingRow) args(o edgeOptions, url string) []string {
+	if row.Kind == selloutLoad {
+		return []string{"-scenario", "sellout", "-url", url, "-skus", strconv.Itoa(o.selloutSKUs),
+			"-buyers", strconv.Itoa(o.selloutBuyers), "-c", strconv.Itoa(o.selloutC), "-src-n", strconv.Itoa(o.srcN)}
+	}
+	return []string{"-scenario", row.Scenario, "-url", url, "-sku", "1", "-for", o.ceilingFor.String(),
+		"-c", strconv.Itoa(o.workers), "-src-n", strconv.Itoa(o.srcN)}
+}
+
+// ceilingCounters are the MariaDB counters a ceiling row's statements are
+// counted by: Questions, every statement the clients sent (BEGIN and the
+// replicas' background work included), then bench-orders' own.
+var ceilingCounters = slices.Concat([]string{"Questions"}, statementCounters)
+
+// ceilingRun is one ceiling row in one round.
+type ceilingRun struct {
+	Round int
+	Row   ceilingRow
+	Load  loadResult
+	// Stmts are ceilingCounters' deltas over the load; nil for the hot
+	// SKU, which is the edge's sale alone and reads none.
+	Stmts  map[string]int64
+	Verify verifyReport
+}
+
+func (r ceilingRun) roundNo() int    { return r.Round }
+func (r ceilingRun) rowName() string { return r.Row.Name }
+func (r ceilingRun) verified() bool  { return r.Verify.OK }
+
+// rate is the run's counted answers per second.
+func (r ceilingRun) rate() float64 { return served(r.Load, r.Row.Served...) }
+
+func (r ceilingRun) p99() float64 { return r.Load.P99Ms }
+
+// statements is the MySQL statements per request: Questions' delta over
+// the requests.
+func (r ceilingRun) statements() float64 { return r.perRequest("Questions") }
+
+func (r ceilingRun) perRequest(counter string) float64 {
+	return perRequest(r.Stmts, counter, r.Load.Requests)
+}
+
+// hotCeiling is the ceiling's hot SKU in the round of alone, the edge's
+// sale alone: the same sale, so it is not run twice.
+func hotCeiling(alone edgeRun) ceilingRun {
+	i := slices.IndexFunc(ceilingRows(), func(row ceilingRow) bool { return row.Kind == aloneLoad })
+	return ceilingRun{Round: alone.Round, Row: ceilingRows()[i], Load: alone.Buyers, Verify: alone.Verify}
+}
+
+// ceiling runs the ceiling's own rows on the stack.
+type ceiling struct {
+	o      edgeOptions
+	env    []string // of every stack.sh command
+	url    string   // nginx
+	db     *sql.DB  // the stack's MariaDB, for its counters
+	stderr io.Writer
+}
+
+// runKind runs the ceiling's rows of kind k, in order, in round.
+func (c *ceiling) runKind(ctx context.Context, round int, k ceilingKind) ([]ceilingRun, error) {
+	var runs []ceilingRun
+	for _, row := range ceilingRows() {
+		if row.Kind != k {
+			continue
+		}
+		fmt.Fprintf(c.stderr, "\n== round %d/%d: ceiling, %s\n", round, c.o.rounds, row.Name)
+		r, err := c.run(ctx, round, row)
+		if err != nil {
+			return runs, fmt.Errorf("round %d, ceiling, %s: %w", round, row.Name, err)
+		}
+		fmt.Fprintf(c.stderr, "== ceiling, %s: %s, %.0f/s, p99 %s, %.2f MySQL statements a request; verify %s\n", row.Name,
+			statuses(r.Load.Statuses), r.rate(), ms(r.p99()), r.statements(), edgeVerdict(r.Verify))
+		runs = append(runs, r)
+	}
+	return runs, nil
+}
+
+// run reseeds the catalog for the row (a flood: the edge's one product; the
+// sellout: its products with one unit each), runs the row's load between
+// two readings of MariaDB's counters, and verifies the catalog: with the
+// sellout's acknowledged orders, or with none after a flood, which places
+// no order but must leave every invariant as it found it.
+func (c *ceiling) run(ctx context.Context, round int, row ceilingRow) (ceilingRun, error) {
+	o := c.o
+	r := ceilingRun{Round: round, Row: row}
+	products, units := 1, o.units
+	if row.Kind == selloutLoad {
+		products, units = o.selloutSKUs, 1
+	}
+	if _, err := commandEnv(ctx, c.env, c.stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products),
+		"--stock", strconv.Itoa(units)); err != nil {
+		return r, err
+	}
+	base := filepath.Join(o.out, "runs", fmt.Sprintf("%d-ceiling-%s", round, runSlug(row.Name)))
+	acks := base + ".acks"
+	args := append(row.args(o, c.url), "-json", base+".json")
+	if row.Kind == selloutLoad {
+		args = append(args, "-acks", acks)
+	} else if err := os.WriteFile(acks, nil, 0o644); err != nil {
+		return r, err
+	}
+	before, err := mysqlStatus(ctx, c.db, ceilingCounters)
+	if err != nil {
+		return r, err
+	}
+	if err := runLoadtest(ctx, o.loadtest, base+".log", io.Discard, args...); err != nil {
+		return r, err
+	}
+	after, err := mysqlStatus(ctx, c.db, ceilingCounters)
+	if err != nil {
+		return r, err
+	}
+	r.Stmts = counterDeltas(ceilingCounters, before, after)
+	if err := readJSON(base+".json", &r.Load); err != nil {
+		return r, err
+	}
+	r.Verify, err = verifySale(ctx, o.stack, acks, base+".verify.json", c.stderr, c.env...)
+	return r, err
+}
+
+// ceilingColumns are the ceiling table's headings.
+var ceilingColumns = []string{"load", "rate", "÷ `GET /healthz`", "p99", "MySQL statements/req",
+	"SELECT · UPDATE · INSERT · COMMIT /req", "verify"}
+
+// ceilingTable renders the ceiling's rows as one Markdown table of medians
+// over the rounds.
+func ceilingTable(o edgeOptions, runs []ceilingRun) string {
+	var b strings.Builder
+	mdLine(&b, ceilingColumns...)
+	fmt.Fprintf(&b, "|%s\n", strings.Repeat("---|", len(ceilingColumns)))
+	for _, row := range ceilingRows() {
+		rr := rowRuns(runs, row.Name)
+		if len(rr) == 0 {
+			continue
+		}
+		stmts, each := "–", "–"
+		if rr[0].Stmts != nil {
+			stmts = fmt.Sprintf("%.2f", medianOf(rr, ceilingRun.statements))
+			per := make([]string, len(statementCounters))
+			for i, counter := range statementCounters {
+				per[i] = fmt.Sprintf("%.2f", medianOf(rr, func(r ceilingRun) float64 { return r.perRequest(counter) }))
+			}
+			each = strings.Join(per, " · ")
+		}
+		mdLine(&b, row.load(o), fmt.Sprintf("%.0f/s (%s)", medianOf(rr, ceilingRun.rate), strings.Join(row.Served, " + ")),
+			ratioCell(runs, rr, ceilingHealthz, ceilingRun.rate), ms(medianOf(rr, ceilingRun.p99)), stmts, each, allVerified(rr))
+	}
+	return b.String()
+}
+
+// mdLine writes one line of a Markdown table.
+func mdLine(w io.Writer, cells ...string) { fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | ")) }
+
+// ceilingGoals states each of the ceiling's goals, met or not, with its
+// figure: the median over the rounds, as in the table.
+func ceilingGoals(runs []ceilingRun) string {
+	var b strings.Builder
+	for _, row := range ceilingRows() {
+		rr := rowRuns(runs, row.Name)
+		if len(rr) == 0 {
+			continue
+		}
+		if row.MinRatio > 0 {
+			x := ratioTo(runs, rr, ceilingHealthz, ceilingRun.rate)
+			fmt.Fprintf(&b, "goal: %s ≥ %.2f× GET /healthz: %.2f×, %s\n", row.Name, row.MinRatio, x, goalVerdict(x >= row.MinRatio))
+		}
+		if row.MaxP99Ms > 0 {
+			p := medianOf(rr, ceilingRun.p99)
+			fmt.Fprintf(&b, "goal: %s p99 ≤ %s: %s, %s\n", row.Name, ms(row.MaxP99Ms), ms(p), goalVerdict(p <= row.MaxP99Ms))
+		}
+		if row.MaxStatements > 0 {
+			s := medianOf(rr, ceilingRun.statements)
+			fmt.Fprintf(&b, "goal: %s ≤ %.2f MySQL statements per request: %.2f, %s\n", row.Name, row.MaxStatements, s,
+				goalVerdict(s <= row.MaxStatements))
+		}
+	}
+	return b.String()
+}
+
+func goalVerdict(met bool) string {
+	if met {
+		return "met"
+	}
+	return "NOT met"
+}
+
+// ceilingReport is the ceiling's section of report.md: what was run, the
+// table, the goals and what the columns mean.
+func ceilingReport(o edgeOptions, tbl, goals string) string {
+	var b strings.Builder
+	b.WriteString("## The ceiling\n\n")
+	fmt.Fprintf(&b, "Through nginx on the private stack (three replicas, one MariaDB, one Redis), with the shipped defaults: "+
+		"how close the sale's routes come to `GET /healthz`, which asks nothing of Redis or MySQL, so that its rate is "+
+		"what nginx, the replicas' HTTP stack and the load generator manage together on this machine. Each round runs "+
+		"`GET /healthz` and the cached page as floods (`bin/loadtest -for %s`, %d clients), then the rows under floods "+
+		"below (the first of which, the sale alone, is the hot SKU here), then the sellout after `shop seed --products %d "+
+		"--stock 1`. Every load comes from %d loopback addresses. %d round(s); every figure is the median over them.\n\n",
+		o.ceilingFor, o.workers, o.selloutSKUs, o.srcN, o.rounds)
+	b.WriteString(tbl)
+	b.WriteString("\n")
+	b.WriteString(goals)
+	b.WriteString(`
+- **rate**: the answers counted (in brackets) per second: a flood's ` + "`200`" + `s per second of the flood, the buyers'
+  ` + "`201`" + ` and ` + "`409`" + ` (sold out) per second of the sale.
+- **÷ ` + "`GET /healthz`" + `**: the rate over the same round's ` + "`GET /healthz`" + ` rate, the median of the rounds' ratios;
+  the absolute medians beside.
+- **p99**: of every answer (a flood's answered requests; hey's timings of a sale's).
+- **MySQL statements/req**: the growth of MariaDB's ` + "`Questions`" + ` (` + "`SHOW GLOBAL STATUS`" + `: every statement a client sent,
+  BEGIN and the replicas' background work included) from right before to right after the load, over its requests;
+  beside it ` + "`Com_select`, `Com_update`, `Com_insert`, `Com_commit`" + ` alike. The hot SKU is the sale alone below,
+  which does not read them.
+- **verify**: ` + "`shop verify --acks`" + ` after each load, ok only if every round's was: with the sellout's acknowledged
+  orders, and with none after a flood, which places no order.
+`)
+	return b.String()
+}

@@ -1,0 +1,221 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeCeiling is a run of the ceiling's row name over one second: rate
+// counted answers (the buyers' split into 201s and 409s), p99Ms, and, but
+// for the hot SKU, questions MySQL statements over 20000 requests, a tenth
+// of them each of the four counted kinds.
+func fakeCeiling(round int, name string, rate, p99Ms float64, questions int64, ok bool) ceilingRun {
+	rows := ceilingRows()
+	row := rows[slices.IndexFunc(rows, func(r ceilingRow) bool { return r.Name == name })]
+	r := ceilingRun{Round: round, Row: row, Verify: verifyReport{OK: ok}}
+	r.Load = loadResult{Requests: 20000, Seconds: 1, P99Ms: p99Ms, Statuses: map[string]int{"200": int(rate)}}
+	if row.Kind != floodLoad {
+		r.Load.Statuses = map[string]int{"201": int(rate) / 4, "409": int(rate) - int(rate)/4, "503": 7}
+	}
+	if row.Kind != aloneLoad {
+		r.Stmts = map[string]int64{"Questions": questions}
+		for _, c := range statementCounters {
+			r.Stmts[c] = 2000
+		}
+	}
+	return r
+}
+
+// fakeCeilingRounds are three rounds in which the medians of the ratios to
+// /healthz differ from the ratios of the medians: the page keeps 0.70×,
+// 0.90× and 0.70× (median 0.70) of 10000, 9000 and 11000 a second, whose
+// median rates give 7700 / 10000 = 0.77×.
+func fakeCeilingRounds() []ceilingRun {
+	var runs []ceilingRun
+	for i, hz := range []float64{10000, 9000, 11000} {
+		round := i + 1
+		page := []float64{7000, 8100, 7700}[i]
+		hot := []float64{5000, 3600, 4400}[i]     // 0.50×, 0.40×, 0.40×
+		sellout := []float64{2000, 2250, 3080}[i] // 0.20×, 0.25×, 0.28×
+		runs = append(runs,
+			fakeCeiling(round, ceilingHealthz, hz, 20, 200, true),
+			fakeCeiling(round, ceilingPage, page, 30, 0, round != 2),
+			fakeCeiling(round, ceilingHot, hot, []float64{300, 350, 320}[i], 0, true),
+			fakeCeiling(round, ceilingSellout, sellout, []float64{400, 600, 450}[i], []int64{18000, 14000, 22000}[i], true))
+	}
+	return runs
+}
+
+func TestCeilingTable(t *testing.T) {
+	o, err := parseEdge(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tbl := ceilingTable(o, fakeCeilingRounds())
+	if n := strings.Count(tbl, "\n"); n != 2+4 {
+		t.Errorf("%d lines, want the heading, its rule and 4 rows:\n%s", n, tbl)
+	}
+	col := func(name string) int { return slices.Index(ceilingColumns, name) }
+	for _, tt := range []struct {
+		load string
+		want map[string]string
+	}{
+		{"`GET /healthz`: 200 clients for 5s", map[string]string{"rate": "10000/s (200)", "÷ `GET /healthz`": "1.00× (10000 vs 10000)",
+			"p99": "20ms", "MySQL statements/req": "0.01", "verify": "ok"}},
+		{"cached page, `GET /api/v1/products/1`: 200 clients for 5s", map[string]string{"rate": "7700/s (200)",
+			"÷ `GET /healthz`": "0.70× (7700 vs 10000)", "MySQL statements/req": "0.00", "verify": "FAIL"}},
+		{"hot SKU: 6000 buyers of one 5000-unit SKU, 200 at once", map[string]string{"rate": "4400/s (201 + 409)",
+			"÷ `GET /healthz`": "0.40× (4400 vs 10000)", "p99": "320ms", "MySQL statements/req": "–",
+			"SELECT · UPDATE · INSERT · COMMIT /req": "–"}},
+		{"sellout: 5000 products × 1 unit, 4 buyers each, 4000 at once", map[string]string{"rate": "2250/s (201 + 409)",
+			"÷ `GET /healthz`": "0.25× (2250 vs 10000)", "p99": "450ms", "MySQL statements/req": "0.90",
+			"SELECT · UPDATE · INSERT · COMMIT /req": "0.10 · 0.10 · 0.10 · 0.10", "verify": "ok"}},
+	} {
+		row := cellsOf(t, tbl, tt.load)
+		for name, want := range tt.want {
+			if got := row[col(name)]; got != want {
+				t.Errorf("%s: %s = %q, want %q", tt.load, name, got, want)
+			}
+		}
+	}
+	if tbl := ceilingTable(o, fakeCeilingRounds()[:2]); strings.Contains(tbl, "hot SKU") || strings.Contains(tbl, "sellout") {
+		t.Errorf("rows that did not run are shown:\n%s", tbl)
+	}
+}
+
+func TestCeilingGoals(t *testing.T) {
+	goals := ceilingGoals(fakeCeilingRounds())
+	want := []string{
+		"goal: cached page ≥ 0.85× GET /healthz: 0.70×, NOT met",
+		"goal: hot SKU ≥ 0.45× GET /healthz: 0.40×, NOT met",
+		"goal: sellout ≥ 0.30× GET /healthz: 0.25×, NOT met",
+		"goal: sellout p99 ≤ 500ms: 450ms, met",
+		"goal: sellout ≤ 0.80 MySQL statements per request: 0.90, NOT met",
+	}
+	if got := strings.Split(strings.TrimSpace(goals), "\n"); !slices.Equal(got, want) {
+		t.Errorf("goals:\n%s\nwant:\n%s", goals, strings.Join(want, "\n"))
+	}
+
+	// Every round well within each goal, and one exactly on each bound.
+	var runs []ceilingRun
+	for round := 1; round <= 3; round++ {
+		runs = append(runs,
+			fakeCeiling(round, ceilingHealthz, 10000, 20, 0, true),
+			fakeCeiling(round, ceilingPage, 9000, 30, 0, true),
+			fakeCeiling(round, ceilingHot, 4500, 300, 0, true),
+			fakeCeiling(round, ceilingSellout, 3500, 500, 16000, true))
+	}
+	goals = ceilingGoals(runs)
+	if strings.Contains(goals, "NOT met") || strings.Count(goals, ", met\n") != 5 {
+		t.Errorf("goals met, and on their bounds, read:\n%s", goals)
+	}
+	for _, want := range []string{"0.90×, met", "0.45×, met", "0.35×, met", "500ms: 500ms, met", "request: 0.80, met"} {
+		if !strings.Contains(goals, want) {
+			t.Errorf("goals lack %q:\n%s", want, goals)
+		}
+	}
+	if goals := ceilingGoals(runs[:1]); goals != "" {
+		t.Errorf("the /healthz row alone has no goal, but:\n%s", goals)
+	}
+}
+
+// The hot SKU is the edge's sale alone of the same round, its buyers and
+// its verdict.
+func TestHotCeiling(t *testing.T) {
+	alone := edgeRun{Round: 2, Row: edgeRows()[0], Verify: verifyReport{OK: true},
+		Buyers: loadResult{Seconds: 4, P99Ms: 310, Statuses: map[string]int{"201": 5000, "409": 1000, "503": 3}}}
+	r := hotCeiling(alone)
+	if r.Round != 2 || r.Row.Name != ceilingHot || r.rate() != 1500 || r.p99() != 310 || !r.Verify.OK || r.Stmts != nil {
+		t.Errorf("hot SKU of the sale alone: %+v, rate %.0f", r, r.rate())
+	}
+}
+
+func TestParseEdge(t *testing.T) {
+	o, err := parseEdge(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o.only != "" || o.ceilingFor != 5*time.Second || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
+		o.workers != 200 || o.srcN != crowdSources || o.rounds != 3 {
+		t.Errorf("defaults %+v", o)
+	}
+	if got := o.rows(); !slices.Equal(got, edgeRows()) {
+		t.Errorf("by default a round runs %v", got)
+	}
+	o, err = parseEdge([]string{"-only", "ceiling"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := o.rows(); len(got) != 1 || got[0].Name != edgeAlone {
+		t.Errorf("-only ceiling runs the edge's rows %v, want the sale alone", got)
+	}
+	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
+		{"-sellout-c", "0"}, {"extra"}} {
+		if _, err := parseEdge(bad); err == nil {
+			t.Errorf("parseEdge(%q) accepted", bad)
+		}
+	}
+}
+
+// The ceiling's flood and sellout ask bin/loadtest for what the table says
+// they are: 200 clients from the crowd for -ceiling-for, the seeds' sale.
+func TestCeilingArgs(t *testing.T) {
+	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := ceilingRows()
+	want := [][]string{
+		{"-scenario", "healthz", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
+		{"-scenario", "hotread", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
+		nil,
+		{"-scenario", "sellout", "-url", "U", "-skus", "5000", "-buyers", "4", "-c", "4000", "-src-n", "99"},
+	}
+	for i, row := range rows {
+		if row.Kind == aloneLoad {
+			continue
+		}
+		if got := row.args(o, "U"); !slices.Equal(got, want[i]) {
+			t.Errorf("%s: %q, want %q", row.Name, got, want[i])
+		}
+	}
+	if !slices.Equal(ceilingCounters, []string{"Questions", "Com_select", "Com_update", "Com_insert", "Com_commit"}) {
+		t.Errorf("counters %q", ceilingCounters)
+	}
+}
+
+// report.md opens with the ceiling, its goals and its notes, then the
+// edge's tables.
+func TestEdgeReportCeilingFirst(t *testing.T) {
+	o, err := parseEdge([]string{"-out", t.TempDir(), "-only", "ceiling"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := []edgeRun{{Round: 1, Row: edgeRows()[0], Verify: verifyReport{OK: true},
+		Buyers: loadResult{Seconds: 4, Statuses: map[string]int{"201": 5000, "409": 1000}}}}
+	ceil := fakeCeilingRounds()
+	tbl := ceilingTable(o, ceil)
+	if err := writeEdgeReport(o, ceilingReport(o, tbl, ceilingGoals(ceil)), edgeTable(runs), botTable(o, runs), edgeNotes(runs), 2,
+		"bin/demo -edge -only ceiling"); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(o.out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	md := string(data)
+	order := []string{"# The public edge", "## The ceiling", "| load | rate |", "goal: cached page", "- **rate**",
+		"## Under floods", "| row | flood served/s", "| alone |", "Command: `bin/demo -edge -only ceiling`"}
+	at := -1
+	for _, s := range order {
+		i := strings.Index(md, s)
+		if i <= at {
+			t.Errorf("report.md: %q at %d, not after what comes before it:\n%s", s, i, md)
+		}
+		at = i
+	}
+}
