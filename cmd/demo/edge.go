@@ -231,10 +231,17 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 		}
 	}
 
+	// Once: how stale a page another replica serves may be.
+	fmt.Fprintf(stderr, "\n== page staleness\n")
+	stale, err := probeStaleness(ctx, o, env, ports["REPLICA_PORTS"], stderr)
+	if err != nil {
+		return err
+	}
+
 	command := strings.Join(argv, " ")
 	cores := runtime.NumCPU()
 	ceilTbl := ceilingTable(o, ceil)
-	goals := ceilingGoals(ceil)
+	goals := ceilingGoals(ceil) + stalenessLine(stale)
 	tbl := edgeTable(runs)
 	bots := botTable(o, runs)
 	notes := edgeNotes(runs)
@@ -260,8 +267,21 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 			return errVerifyFailed
 		}
 	}
+	switch {
+	case !stale.Verify.OK:
+		fmt.Fprintln(stdout, "FAILED: shop verify, page staleness")
+		return errVerifyFailed
+	case stale.Own > 0 || stale.Missed > 0:
+		fmt.Fprintf(stdout, "FAILED: page staleness: a replica served its own order's page stale %d times, and %d pages did not show an order within %s\n",
+			stale.Own, stale.Missed, stalenessLimit)
+		return errStalePages
+	}
 	return nil
 }
+
+// errStalePages is a page that broke the staleness promise (see
+// probeStaleness).
+var errStalePages = errors.New("product pages staler than promised")
 
 // runEdgeRow reseeds the product, starts the row's flood and, after its
 // warm-up, the buyers (or the bot farm); once both have ended, it verifies
