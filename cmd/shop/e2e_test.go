@@ -365,6 +365,55 @@ func fleetVars(t *testing.T, db *testenv.DB, extra map[string]string) func() map
 	}
 }
 
+// What one replica learns of a product reaches the others through the
+// announcements: a page another replica holds shows each order (with a
+// TTL of a minute, only the announcement drops it), and a sell-out found
+// on one is refused by the other from memory, without a read of its own:
+// stock raised behind the service's back is not seen.
+func TestOneReplicasChangesReachTheOthers(t *testing.T) {
+	db := testenv.MySQL(t)
+	vars := fleetVars(t, db, map[string]string{"SHOP_CACHE_LOCAL_TTL": "1m"})
+	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "2"); code != 0 {
+		t.Fatal(out)
+	}
+	a, b := startReplica(t, vars()), startReplica(t, vars())
+	// A replica believes no other's sell-out for 2 s after it subscribed
+	// (it may have missed a return that came after it: stock.soldOutQuiet).
+	time.Sleep(2*time.Second + 100*time.Millisecond)
+	client := &http.Client{Timeout: 30 * time.Second}
+	if n := productStock(t, client, b.url, 1); n != 2 {
+		t.Fatalf("before the orders, the other replica's page shows %d, want 2", n)
+	}
+	for user, left := range []int{1, 0} {
+		code, body, err := postOrder(client, a.url, 1, user+1)
+		if err != nil || code != 201 {
+			t.Fatalf("order of user %d: %d %s %v", user+1, code, body, err)
+		}
+		if n := productStock(t, client, a.url, 1); n != left {
+			t.Fatalf("right after its 201, the page of the replica that placed it shows %d, want %d", n, left)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for n := productStock(t, client, b.url, 1); n != left; n = productStock(t, client, b.url, 1) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the other replica's page still shows %d, want %d", n, left)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := db.Gorm.Exec("UPDATE products SET stock = 1 WHERE id = 1").Error; err != nil {
+		t.Fatal(err)
+	}
+	if code, body, err := postOrder(client, b.url, 1, 3); err != nil || code != 409 {
+		t.Errorf("after a sell-out found on the other replica: %d %s %v; want 409 from memory", code, body, err)
+	}
+	if err := db.Gorm.Exec("UPDATE products SET stock = 0 WHERE id = 1").Error; err != nil {
+		t.Fatal(err)
+	}
+	if code, out := shop(t, db, "verify"); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
 // Each replica remembers the products it found sold out and refuses them
 // without asking MySQL; a reseed must make all three forget at once.
 func TestReseedClearsSoldOutOnEveryReplica(t *testing.T) {

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -87,6 +88,9 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_READY_GRACE", "-1s"},
 		{"SHOP_READY_GRACE", "10"},
 		{"SHOP_READY_GRACE", "6m"},
+		{"SHOP_CACHE_LOCAL_TTL", "-1s"},
+		{"SHOP_CACHE_LOCAL_TTL", "1"},
+		{"SHOP_CACHE_LOCAL_TTL", "2m"},
 	}
 	base := serveBase(t)
 	for _, tt := range tests {
@@ -102,6 +106,15 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	if _, err := loadConfig(env(nil)); err != nil {
 		t.Errorf("defaults rejected: %v", err)
+	}
+}
+
+// SHOP_CACHE_LOCAL_TTL defaults to 1s and takes 0 (no copy of the pages).
+func TestConfigCacheLocalTTL(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": time.Second, "0": 0, "250ms": 250 * time.Millisecond, "1m": time.Minute} {
+		if got := testConfig(t, map[string]string{"SHOP_CACHE_LOCAL_TTL": v}).CacheLocalTTL; got != want {
+			t.Errorf("SHOP_CACHE_LOCAL_TTL=%q: %s; want %s", v, got, want)
+		}
 	}
 }
 
