@@ -34,10 +34,18 @@ func (f *fakeLimiter) Check(ctx context.Context, key string, l ratelimit.Limit) 
 }
 
 // countingOrders places every order it is asked for and counts them.
-type countingOrders struct{ n atomic.Int64 }
+type countingOrders struct {
+	n       atomic.Int64
+	soldOut atomic.Bool // every product, from memory
+}
+
+func (o *countingOrders) KnownSoldOut(int64) bool { return o.soldOut.Load() }
 
 func (o *countingOrders) PlaceOrder(_ context.Context, sku, user int64, _ string) (stock.Order, error) {
 	o.n.Add(1)
+	if o.soldOut.Load() {
+		return stock.Order{}, stock.ErrSoldOut
+	}
 	return stock.Order{ID: 1, SKUID: sku, UserID: user, Status: stock.StatusPaid, CreatedAt: time.Now()}, nil
 }
 
@@ -117,6 +125,20 @@ func TestOrderOverItsLimit(t *testing.T) {
 	if len(lim.keys) != 3 {
 		t.Errorf("the limiter was asked %d times; want 3, not for the malformed order", len(lim.keys))
 	}
+
+	// A product known sold out is refused from memory before the limit is
+	// asked, but for an order with a key, which may be a replay.
+	orders.soldOut.Store(true)
+	if res := post(t, srv.URL, ""); res.StatusCode != 409 {
+		t.Errorf("over the limit, a product known sold out: %d; want 409", res.StatusCode)
+	}
+	if res := post(t, srv.URL, "placed"); res.StatusCode != 201 {
+		t.Errorf("over the limit, a product known sold out, a key that placed an order: %d; want 201", res.StatusCode)
+	}
+	if len(lim.keys) != 4 {
+		t.Errorf("the limiter was asked %d times; want 4: for the key, not for the order refused from memory", len(lim.keys))
+	}
+	orders.soldOut.Store(false)
 
 	lim.wait, lim.err = 0, errors.New("redis: connection refused")
 	if res := post(t, srv.URL, ""); res.StatusCode != 201 {

@@ -20,6 +20,13 @@ type Orders interface {
 	PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (stock.Order, error)
 }
 
+// soldOutMemory is what Orders may know without a round trip: products
+// known to be sold out (*stock.Service, from this replica's findings and
+// the others' announcements).
+type soldOutMemory interface {
+	KnownSoldOut(sku int64) bool
+}
+
 // Products reads products; *cache.Products implements it. The answer may
 // come from a cache, so its stock may lag.
 type Products interface {

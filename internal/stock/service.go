@@ -208,6 +208,11 @@ func (s *Service) ForgetSoldOut(sku int64) { s.Raised(sku, 0) }
 // under an older token, heard later, is not believed (SoldOutElsewhere).
 func (s *Service) Raised(sku, fence int64) { s.soldOut.raise(sku, fence) }
 
+// KnownSoldOut reports whether this Service refuses sku's orders from
+// memory, found sold out here or elsewhere (PlaceOrder answers them
+// ErrSoldOut without a round trip, but for a key's replay).
+func (s *Service) KnownSoldOut(sku int64) bool { return s.soldOut.has(sku) }
+
 // SoldOutElsewhere tells this Service that another replica found product
 // sku sold out under the SKU's lock with fencing token fence, so that it
 // refuses the product's orders from memory too, without a read of its own.
