@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"iter"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,22 +27,32 @@ import (
 // rather than the stack. Every load comes from a crowd of source
 // addresses, as the edge's sales do, so that nginx's per-address limits
 // are not what is measured.
+//
+// The orders' own client is hey, every request through the load test's
+// tap (an HTTP forward proxy in the same process): one more HTTP hop than
+// the flood's, on the same cores as the stack. So /healthz is measured
+// that way too, at the hot SKU's concurrency and at the sellout's, and
+// each order row is also divided by its own: the like-for-like ratio,
+// which tells what the order costs beyond what its client costs.
 
 // The ceiling's rows, by name.
 const (
-	ceilingHealthz = "GET /healthz"
-	ceilingPage    = "cached page"
-	ceilingHot     = "hot SKU"
-	ceilingSellout = "sellout"
+	ceilingHealthz    = "GET /healthz"
+	ceilingPage       = "cached page"
+	ceilingHotTap     = "GET /healthz like hot SKU"
+	ceilingHot        = "hot SKU"
+	ceilingSelloutTap = "GET /healthz like sellout"
+	ceilingSellout    = "sellout"
 )
 
 // ceilingKind is how a ceiling row's load is made, and when in a round it
-// runs: the floods first, then the edge's rows (the sale alone among
-// them), then the sellout.
+// runs: the floods first, then /healthz through the orders' client, then
+// the edge's rows (the sale alone among them), then the sellout.
 type ceilingKind int
 
 const (
 	floodLoad   ceilingKind = iota // a flood of one GET route
+	tapLoad                        // GET /healthz through hey and the tap, as an order row sends its requests
 	aloneLoad                      // the edge's sale alone
 	selloutLoad                    // the seeds' sellout
 )
@@ -54,6 +65,12 @@ type ceilingRow struct {
 	Scenario string   // a flood's bin/loadtest scenario
 	Route    string   // a flood's route, for the table
 	Served   []string // the answers its rate counts
+	// Like is the order row whose concurrency a tapLoad row takes.
+	Like ceilingKind
+	// SameClient names the row whose load comes through the same client
+	// at the same concurrency: an order row's tapLoad row, which the
+	// like-for-like ratio divides by; "" for none.
+	SameClient string
 	// MinRatio is the least share of the /healthz rate the row must keep,
 	// MaxP99Ms its slowest p99, MaxStatements the most MySQL statements
 	// per request it may cost.
@@ -66,14 +83,42 @@ func ceilingRows() []ceilingRow {
 		{Name: ceilingHealthz, Kind: floodLoad, Scenario: "healthz", Route: "`GET /healthz`", Served: []string{"200"}},
 		{Name: ceilingPage, Kind: floodLoad, Scenario: "hotread", Route: "`GET /api/v1/products/1`", Served: []string{"200"},
 			MinRatio: 0.85},
-		{Name: ceilingHot, Kind: aloneLoad, Served: buyersServed, MinRatio: 0.45},
-		{Name: ceilingSellout, Kind: selloutLoad, Served: buyersServed, MinRatio: 0.30, MaxP99Ms: 500, MaxStatements: 0.8},
+		{Name: ceilingHotTap, Kind: tapLoad, Scenario: "healthz", Served: []string{"200"}, Like: aloneLoad, SameClient: ceilingHotTap},
+		{Name: ceilingHot, Kind: aloneLoad, Served: buyersServed, SameClient: ceilingHotTap, MinRatio: 0.45},
+		{Name: ceilingSelloutTap, Kind: tapLoad, Scenario: "healthz", Served: []string{"200"}, Like: selloutLoad,
+			SameClient: ceilingSelloutTap},
+		{Name: ceilingSellout, Kind: selloutLoad, Served: buyersServed, SameClient: ceilingSelloutTap, MinRatio: 0.30,
+			MaxP99Ms: 500, MaxStatements: 0.8},
 	}
+}
+
+// atOnce is how many of a tapLoad row's requests are in flight at once:
+// as many as its order row's.
+func (row ceilingRow) atOnce(o edgeOptions) int {
+	if row.Like == selloutLoad {
+		return o.selloutC
+	}
+	return o.workers
+}
+
+// tapRequests is how many requests a tapLoad row sends: -tap-n, rounded
+// up to a multiple of its concurrency, since the load test would rather
+// lower the concurrency to a divisor of them (hey drops a remainder).
+func (row ceilingRow) tapRequests(o edgeOptions) int {
+	c := row.atOnce(o)
+	return (o.tapN + c - 1) / c * c
 }
 
 // load describes the row's load for the table.
 func (row ceilingRow) load(o edgeOptions) string {
 	switch row.Kind {
+	case tapLoad:
+		like := ceilingHot
+		if row.Like == selloutLoad {
+			like = ceilingSellout
+		}
+		return fmt.Sprintf("`GET /healthz` through hey and the tap, as the %s: %d requests, %d at once", like,
+			row.tapRequests(o), row.atOnce(o))
 	case aloneLoad:
 		return fmt.Sprintf("%s: %d buyers of one %d-unit SKU, %d at once", row.Name, o.buyers, o.units, o.workers)
 	case selloutLoad:
@@ -89,9 +134,15 @@ func (row ceilingRow) load(o edgeOptions) string {
 
 // args are the load test's arguments of the row's load but its files.
 func (row ceilingRow) args(o edgeOptions, url string) []string {
-	if row.Kind == selloutLoad {
+	switch row.Kind {
+	case selloutLoad:
 		return []string{"-scenario", "sellout", "-url", url, "-skus", strconv.Itoa(o.selloutSKUs),
 			"-buyers", strconv.Itoa(o.selloutBuyers), "-c", strconv.Itoa(o.selloutC), "-src-n", strconv.Itoa(o.srcN)}
+	case tapLoad:
+		// No -for: the load test sends -n requests through hey and its
+		// tap, as it sends the buyers'.
+		return []string{"-scenario", row.Scenario, "-url", url, "-n", strconv.Itoa(row.tapRequests(o)),
+			"-c", strconv.Itoa(row.atOnce(o)), "-src-n", strconv.Itoa(o.srcN)}
 	}
 	return []string{"-scenario", row.Scenario, "-url", url, "-sku", "1", "-for", o.ceilingFor.String(),
 		"-c", strconv.Itoa(o.workers), "-src-n", strconv.Itoa(o.srcN)}
@@ -209,20 +260,15 @@ func (c *ceiling) run(ctx context.Context, round int, row ceilingRow) (ceilingRu
 }
 
 // ceilingColumns are the ceiling table's headings.
-var ceilingColumns = []string{"load", "rate", "÷ `GET /healthz`", "p99", "MySQL statements/req",
+var ceilingColumns = []string{"load", "rate", "÷ `GET /healthz`", "÷ /healthz, same client", "p99", "MySQL statements/req",
 	"SELECT · UPDATE · INSERT · COMMIT /req", "verify"}
 
 // ceilingTable renders the ceiling's rows as one Markdown table of medians
 // over the rounds.
 func ceilingTable(o edgeOptions, runs []ceilingRun) string {
 	var b strings.Builder
-	mdLine(&b, ceilingColumns...)
-	fmt.Fprintf(&b, "|%s\n", strings.Repeat("---|", len(ceilingColumns)))
-	for _, row := range ceilingRows() {
-		rr := rowRuns(runs, row.Name)
-		if len(rr) == 0 {
-			continue
-		}
+	mdHeading(&b, ceilingColumns...)
+	for row, rr := range ceilingRowsRun(runs) {
 		stmts, each := "–", "–"
 		if rr[0].Stmts != nil {
 			stmts = fmt.Sprintf("%.2f", medianOf(rr, ceilingRun.statements))
@@ -232,24 +278,44 @@ func ceilingTable(o edgeOptions, runs []ceilingRun) string {
 			}
 			each = strings.Join(per, " · ")
 		}
+		same := "–"
+		if row.SameClient != "" {
+			same = ratioCell(runs, rr, row.SameClient, ceilingRun.rate)
+		}
 		mdLine(&b, row.load(o), fmt.Sprintf("%.0f/s (%s)", medianOf(rr, ceilingRun.rate), strings.Join(row.Served, " + ")),
-			ratioCell(runs, rr, ceilingHealthz, ceilingRun.rate), ms(medianOf(rr, ceilingRun.p99)), stmts, each, allVerified(rr))
+			ratioCell(runs, rr, ceilingHealthz, ceilingRun.rate), same, ms(medianOf(rr, ceilingRun.p99)), stmts, each,
+			allVerified(rr))
 	}
 	return b.String()
+}
+
+// ceilingRowsRun yields, in the table's order, each ceiling row that ran,
+// with its runs.
+func ceilingRowsRun(runs []ceilingRun) iter.Seq2[ceilingRow, []ceilingRun] {
+	return func(yield func(ceilingRow, []ceilingRun) bool) {
+		for _, row := range ceilingRows() {
+			if rr := rowRuns(runs, row.Name); len(rr) > 0 && !yield(row, rr) {
+				return
+			}
+		}
+	}
 }
 
 // mdLine writes one line of a Markdown table.
 func mdLine(w io.Writer, cells ...string) { fmt.Fprintf(w, "| %s |\n", strings.Join(cells, " | ")) }
 
+// mdHeading writes a Markdown table's headings and the rule under them.
+func mdHeading(w io.Writer, columns ...string) {
+	mdLine(w, columns...)
+	fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(columns)))
+}
+
 // ceilingGoals states each of the ceiling's goals, met or not, with its
-// figure: the median over the rounds, as in the table.
+// figure: the median over the rounds, as in the table; then each order
+// row's like-for-like ratio, which no goal is set on.
 func ceilingGoals(runs []ceilingRun) string {
 	var b strings.Builder
-	for _, row := range ceilingRows() {
-		rr := rowRuns(runs, row.Name)
-		if len(rr) == 0 {
-			continue
-		}
+	for row, rr := range ceilingRowsRun(runs) {
 		if row.MinRatio > 0 {
 			x := ratioTo(runs, rr, ceilingHealthz, ceilingRun.rate)
 			fmt.Fprintf(&b, "goal: %s ≥ %.2f× GET /healthz: %.2f×, %s\n", row.Name, row.MinRatio, x, goalVerdict(x >= row.MinRatio))
@@ -263,6 +329,13 @@ func ceilingGoals(runs []ceilingRun) string {
 			fmt.Fprintf(&b, "goal: %s ≤ %.2f MySQL statements per request: %.2f, %s\n", row.Name, row.MaxStatements, s,
 				goalVerdict(s <= row.MaxStatements))
 		}
+	}
+	for row, rr := range ceilingRowsRun(runs) {
+		if row.SameClient == "" || row.SameClient == row.Name || len(rowRuns(runs, row.SameClient)) == 0 {
+			continue
+		}
+		fmt.Fprintf(&b, "like for like: %s ÷ %s (the same client, hey through the tap, at the same concurrency): %s\n",
+			row.Name, row.SameClient, ratioCell(runs, rr, row.SameClient, ceilingRun.rate))
 	}
 	return b.String()
 }
@@ -282,9 +355,11 @@ func ceilingReport(o edgeOptions, tbl, goals string) string {
 	fmt.Fprintf(&b, "Through nginx on the private stack (three replicas, one MariaDB, one Redis), with the shipped defaults: "+
 		"how close the sale's routes come to `GET /healthz`, which asks nothing of Redis or MySQL, so that its rate is "+
 		"what nginx, the replicas' HTTP stack and the load generator manage together on this machine. Each round runs "+
-		"`GET /healthz` and the cached page as floods (`bin/loadtest -for %s`, %d clients), then the rows under floods "+
-		"below (the first of which, the sale alone, is the hot SKU here), then the sellout after `shop seed --products %d "+
-		"--stock 1`. Every load comes from %d loopback addresses. %d round(s); every figure is the median over them.\n\n",
+		"`GET /healthz` and the cached page as floods (`bin/loadtest -for %s`, %d clients), then `GET /healthz` through "+
+		"the orders' own client (hey through the load test's tap, `-n`, at the hot SKU's and at the sellout's concurrency), "+
+		"then the rows under floods below (the first of which, the sale alone, is the hot SKU here), then the sellout after "+
+		"`shop seed --products %d --stock 1`. Every load comes from %d loopback addresses. %d round(s); every figure is "+
+		"the median over them.\n\n",
 		o.ceilingFor, o.workers, o.selloutSKUs, o.srcN, o.rounds)
 	b.WriteString(tbl)
 	b.WriteString("\n")
@@ -293,7 +368,13 @@ func ceilingReport(o edgeOptions, tbl, goals string) string {
 - **rate**: the answers counted (in brackets) per second: a flood's ` + "`200`" + `s per second of the flood, the buyers'
   ` + "`201`" + ` and ` + "`409`" + ` (sold out) per second of the sale.
 - **÷ ` + "`GET /healthz`" + `**: the rate over the same round's ` + "`GET /healthz`" + ` rate, the median of the rounds' ratios;
-  the absolute medians beside.
+  the absolute medians beside. The goals are set on this one.
+- **÷ /healthz, same client**: like for like. The orders' load generator is hey, and it sends every request
+  through the tap, an HTTP forward proxy in ` + "`bin/loadtest`" + `: one more HTTP hop than the flood's clients make, and
+  on the same cores as the stack, so part of what an order row loses against the flood's ` + "`/healthz`" + ` is its
+  client's cost, not the order's. This column divides the hot SKU by ` + "`GET /healthz`" + ` sent the same way at the same
+  concurrency, and the sellout likewise, in the same round; the absolute medians beside. What is left is what the
+  order itself costs beyond answering ` + "`/healthz`" + `.
 - **p99**: of every answer (a flood's answered requests; hey's timings of a sale's).
 - **MySQL statements/req**: the growth of MariaDB's ` + "`Questions`" + ` (` + "`SHOW GLOBAL STATUS`" + `: every statement a client sent,
   BEGIN and the replicas' background work included) from right before to right after the load, over its requests;

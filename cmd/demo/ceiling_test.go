@@ -12,13 +12,14 @@ import (
 // fakeCeiling is a run of the ceiling's row name over one second: rate
 // counted answers (the buyers' split into 201s and 409s), p99Ms, and, but
 // for the hot SKU, questions MySQL statements over 20000 requests, a tenth
-// of them each of the four counted kinds.
+// of them each of the four counted kinds. /healthz through the tap is
+// answered 200, as the flood is.
 func fakeCeiling(round int, name string, rate, p99Ms float64, questions int64, ok bool) ceilingRun {
 	rows := ceilingRows()
 	row := rows[slices.IndexFunc(rows, func(r ceilingRow) bool { return r.Name == name })]
 	r := ceilingRun{Round: round, Row: row, Verify: verifyReport{OK: ok}}
 	r.Load = loadResult{Requests: 20000, Seconds: 1, P99Ms: p99Ms, Statuses: map[string]int{"200": int(rate)}}
-	if row.Kind != floodLoad {
+	if row.Kind == aloneLoad || row.Kind == selloutLoad {
 		r.Load.Statuses = map[string]int{"201": int(rate) / 4, "409": int(rate) - int(rate)/4, "503": 7}
 	}
 	if row.Kind != aloneLoad {
@@ -33,18 +34,25 @@ func fakeCeiling(round int, name string, rate, p99Ms float64, questions int64, o
 // fakeCeilingRounds are three rounds in which the medians of the ratios to
 // /healthz differ from the ratios of the medians: the page keeps 0.70×,
 // 0.90× and 0.70× (median 0.70) of 10000, 9000 and 11000 a second, whose
-// median rates give 7700 / 10000 = 0.77×.
+// median rates give 7700 / 10000 = 0.77×. So do the like-for-like ratios:
+// the hot SKU keeps 0.625×, 0.60× and 0.50× (median 0.60) of /healthz
+// through the tap, 4400 vs 8000 = 0.55× by the medians; the sellout 0.40×,
+// 0.50×, 0.55× (0.50×), 2250 vs 5000 = 0.45×.
 func fakeCeilingRounds() []ceilingRun {
 	var runs []ceilingRun
 	for i, hz := range []float64{10000, 9000, 11000} {
 		round := i + 1
 		page := []float64{7000, 8100, 7700}[i]
-		hot := []float64{5000, 3600, 4400}[i]     // 0.50×, 0.40×, 0.40×
+		hotTap := []float64{8000, 6000, 8800}[i]
+		hot := []float64{5000, 3600, 4400}[i] // 0.50×, 0.40×, 0.40×
+		selloutTap := []float64{5000, 4500, 5600}[i]
 		sellout := []float64{2000, 2250, 3080}[i] // 0.20×, 0.25×, 0.28×
 		runs = append(runs,
 			fakeCeiling(round, ceilingHealthz, hz, 20, 200, true),
 			fakeCeiling(round, ceilingPage, page, 30, 0, round != 2),
+			fakeCeiling(round, ceilingHotTap, hotTap, 40, 100, true),
 			fakeCeiling(round, ceilingHot, hot, []float64{300, 350, 320}[i], 0, true),
+			fakeCeiling(round, ceilingSelloutTap, selloutTap, 900, 100, true),
 			fakeCeiling(round, ceilingSellout, sellout, []float64{400, 600, 450}[i], []int64{18000, 14000, 22000}[i], true))
 	}
 	return runs
@@ -56,8 +64,8 @@ func TestCeilingTable(t *testing.T) {
 		t.Fatal(err)
 	}
 	tbl := ceilingTable(o, fakeCeilingRounds())
-	if n := strings.Count(tbl, "\n"); n != 2+4 {
-		t.Errorf("%d lines, want the heading, its rule and 4 rows:\n%s", n, tbl)
+	if n := strings.Count(tbl, "\n"); n != 2+6 {
+		t.Errorf("%d lines, want the heading, its rule and 6 rows:\n%s", n, tbl)
 	}
 	col := func(name string) int { return slices.Index(ceilingColumns, name) }
 	for _, tt := range []struct {
@@ -65,15 +73,21 @@ func TestCeilingTable(t *testing.T) {
 		want map[string]string
 	}{
 		{"`GET /healthz`: 200 clients for 5s", map[string]string{"rate": "10000/s (200)", "÷ `GET /healthz`": "1.00× (10000 vs 10000)",
-			"p99": "20ms", "MySQL statements/req": "0.01", "verify": "ok"}},
+			"÷ /healthz, same client": "–", "p99": "20ms", "MySQL statements/req": "0.01", "verify": "ok"}},
 		{"cached page, `GET /api/v1/products/1`: 200 clients for 5s", map[string]string{"rate": "7700/s (200)",
-			"÷ `GET /healthz`": "0.70× (7700 vs 10000)", "MySQL statements/req": "0.00", "verify": "FAIL"}},
+			"÷ `GET /healthz`": "0.70× (7700 vs 10000)", "÷ /healthz, same client": "–", "MySQL statements/req": "0.00",
+			"verify": "FAIL"}},
+		{"`GET /healthz` through hey and the tap, as the hot SKU: 20000 requests, 200 at once", map[string]string{
+			"rate": "8000/s (200)", "÷ `GET /healthz`": "0.80× (8000 vs 10000)", "÷ /healthz, same client": "1.00× (8000 vs 8000)",
+			"p99": "40ms", "verify": "ok"}},
 		{"hot SKU: 6000 buyers of one 5000-unit SKU, 200 at once", map[string]string{"rate": "4400/s (201 + 409)",
-			"÷ `GET /healthz`": "0.40× (4400 vs 10000)", "p99": "320ms", "MySQL statements/req": "–",
-			"SELECT · UPDATE · INSERT · COMMIT /req": "–"}},
+			"÷ `GET /healthz`": "0.40× (4400 vs 10000)", "÷ /healthz, same client": "0.60× (4400 vs 8000)", "p99": "320ms",
+			"MySQL statements/req": "–", "SELECT · UPDATE · INSERT · COMMIT /req": "–"}},
+		{"`GET /healthz` through hey and the tap, as the sellout: 20000 requests, 4000 at once", map[string]string{
+			"rate": "5000/s (200)", "÷ /healthz, same client": "1.00× (5000 vs 5000)", "p99": "900ms"}},
 		{"sellout: 5000 products × 1 unit, 4 buyers each, 4000 at once", map[string]string{"rate": "2250/s (201 + 409)",
-			"÷ `GET /healthz`": "0.25× (2250 vs 10000)", "p99": "450ms", "MySQL statements/req": "0.90",
-			"SELECT · UPDATE · INSERT · COMMIT /req": "0.10 · 0.10 · 0.10 · 0.10", "verify": "ok"}},
+			"÷ `GET /healthz`": "0.25× (2250 vs 10000)", "÷ /healthz, same client": "0.50× (2250 vs 5000)", "p99": "450ms",
+			"MySQL statements/req": "0.90", "SELECT · UPDATE · INSERT · COMMIT /req": "0.10 · 0.10 · 0.10 · 0.10", "verify": "ok"}},
 	} {
 		row := cellsOf(t, tbl, tt.load)
 		for name, want := range tt.want {
@@ -95,6 +109,8 @@ func TestCeilingGoals(t *testing.T) {
 		"goal: sellout ≥ 0.30× GET /healthz: 0.25×, NOT met",
 		"goal: sellout p99 ≤ 500ms: 450ms, met",
 		"goal: sellout ≤ 0.80 MySQL statements per request: 0.90, NOT met",
+		"like for like: hot SKU ÷ GET /healthz like hot SKU (the same client, hey through the tap, at the same concurrency): 0.60× (4400 vs 8000)",
+		"like for like: sellout ÷ GET /healthz like sellout (the same client, hey through the tap, at the same concurrency): 0.50× (2250 vs 5000)",
 	}
 	if got := strings.Split(strings.TrimSpace(goals), "\n"); !slices.Equal(got, want) {
 		t.Errorf("goals:\n%s\nwant:\n%s", goals, strings.Join(want, "\n"))
@@ -121,6 +137,9 @@ func TestCeilingGoals(t *testing.T) {
 	if goals := ceilingGoals(runs[:1]); goals != "" {
 		t.Errorf("the /healthz row alone has no goal, but:\n%s", goals)
 	}
+	if strings.Contains(goals, "like for like") {
+		t.Errorf("a like-for-like line without /healthz through the tap:\n%s", goals)
+	}
 }
 
 // The hot SKU is the edge's sale alone of the same round, its buyers and
@@ -139,7 +158,7 @@ func TestParseEdge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.only != "" || o.ceilingFor != 5*time.Second || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
+	if o.only != "" || o.ceilingFor != 5*time.Second || o.tapN != 20000 || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
 		o.workers != 200 || o.srcN != crowdSources || o.rounds != 3 {
 		t.Errorf("defaults %+v", o)
 	}
@@ -153,7 +172,7 @@ func TestParseEdge(t *testing.T) {
 	if got := o.rows(); len(got) != 1 || got[0].Name != edgeAlone {
 		t.Errorf("-only ceiling runs the edge's rows %v, want the sale alone", got)
 	}
-	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
+	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-tap-n", "0"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
 		{"-sellout-c", "0"}, {"extra"}} {
 		if _, err := parseEdge(bad); err == nil {
 			t.Errorf("parseEdge(%q) accepted", bad)
@@ -162,9 +181,11 @@ func TestParseEdge(t *testing.T) {
 }
 
 // The ceiling's flood and sellout ask bin/loadtest for what the table says
-// they are: 200 clients from the crowd for -ceiling-for, the seeds' sale.
+// they are: 200 clients from the crowd for -ceiling-for, the seeds' sale;
+// /healthz through hey (no -for) at the hot SKU's and the sellout's
+// concurrency, -tap-n rounded up to a multiple of it.
 func TestCeilingArgs(t *testing.T) {
-	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99"})
+	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99", "-tap-n", "10100"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +193,9 @@ func TestCeilingArgs(t *testing.T) {
 	want := [][]string{
 		{"-scenario", "healthz", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
 		{"-scenario", "hotread", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
+		{"-scenario", "healthz", "-url", "U", "-n", "10200", "-c", "200", "-src-n", "99"},
 		nil,
+		{"-scenario", "healthz", "-url", "U", "-n", "12000", "-c", "4000", "-src-n", "99"},
 		{"-scenario", "sellout", "-url", "U", "-skus", "5000", "-buyers", "4", "-c", "4000", "-src-n", "99"},
 	}
 	for i, row := range rows {
@@ -208,8 +231,8 @@ func TestEdgeReportCeilingFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := string(data)
-	order := []string{"# The public edge", "## The ceiling", "| load | rate |", "goal: cached page", "- **rate**",
-		"## Under floods", "| row | flood served/s", "| alone |", "Command: `bin/demo -edge -only ceiling`"}
+	order := []string{"# The public edge", "## The ceiling", "| load | rate |", "goal: cached page", "like for like: hot SKU",
+		"- **rate**", "- **÷ /healthz, same client**", "## Under floods", "| row | flood served/s", "| alone |", "Command: `bin/demo -edge -only ceiling`"}
 	at := -1
 	for _, s := range order {
 		i := strings.Index(md, s)

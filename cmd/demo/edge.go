@@ -37,7 +37,8 @@ import (
 //
 // Before that table, the ceiling's (ceiling.go): GET /healthz, a cached
 // product page, the sale alone and the seeds' sellout, each as a share of
-// the /healthz rate, from the same rounds.
+// the /healthz rate, from the same rounds; the order rows also as a share
+// of /healthz sent through their own client.
 
 // edgeOptions are `bin/demo -edge`'s flags.
 type edgeOptions struct {
@@ -58,6 +59,7 @@ type edgeOptions struct {
 
 	only          string        // "ceiling": the ceiling's rows alone
 	ceilingFor    time.Duration // how long the ceiling's GET floods last
+	tapN          int           // requests of the ceiling's GET /healthz through hey and the tap
 	selloutSKUs   int
 	selloutBuyers int
 	selloutC      int
@@ -83,8 +85,10 @@ func parseEdge(args []string) (edgeOptions, error) {
 	fs.IntVar(&o.floodSrcN, "flood-src-n", 4096, "the flood's source addresses, other than the buyers'")
 	fs.DurationVar(&o.warmUp, "warm-up", 2*time.Second, "how long a flood runs before the buyers come")
 	fs.IntVar(&o.bots, "bots", 10000, "the bot farm's user ids, all from one address")
-	fs.StringVar(&o.only, "only", "", onlyCeiling+": run only the ceiling's rows (GET /healthz, the cached page, the sale alone, the sellout); empty: every row")
+	fs.StringVar(&o.only, "only", "", onlyCeiling+": run only the ceiling's rows (GET /healthz, the cached page, GET /healthz through hey and the tap, the sale alone, the sellout); empty: every row")
 	fs.DurationVar(&o.ceilingFor, "ceiling-for", 5*time.Second, "how long each of the ceiling's GET floods lasts")
+	fs.IntVar(&o.tapN, "tap-n", 20000, "requests of each of the ceiling's GET /healthz rows through hey and the tap (the orders' client), "+
+		"rounded up to a multiple of its concurrency: a few seconds' worth")
 	fs.IntVar(&o.selloutSKUs, "sellout-skus", 5000, "the ceiling's sellout: products, one unit each")
 	fs.IntVar(&o.selloutBuyers, "sellout-buyers", 4, "the ceiling's sellout: buyers per product")
 	fs.IntVar(&o.selloutC, "sellout-c", 4000, "the ceiling's sellout: buyers at once")
@@ -103,8 +107,8 @@ func parseEdge(args []string) (edgeOptions, error) {
 	if o.only != "" && o.only != onlyCeiling {
 		return o, fmt.Errorf("-only %q: want %s, or nothing for every row", o.only, onlyCeiling)
 	}
-	if o.ceilingFor <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
-		return o, errors.New("-ceiling-for, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
+	if o.ceilingFor <= 0 || o.tapN <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
+		return o, errors.New("-ceiling-for, -tap-n, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
 	}
 	return o, nil
 }
@@ -206,10 +210,12 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 	var runs []edgeRun
 	var ceil []ceilingRun
 	for round := 1; round <= o.rounds; round++ {
-		got, err := c.runKind(ctx, round, floodLoad)
-		ceil = append(ceil, got...)
-		if err != nil {
-			return err
+		for _, k := range []ceilingKind{floodLoad, tapLoad} {
+			got, err := c.runKind(ctx, round, k)
+			ceil = append(ceil, got...)
+			if err != nil {
+				return err
+			}
 		}
 		for _, row := range o.rows() {
 			fmt.Fprintf(stderr, "\n== round %d/%d: %s\n", round, o.rounds, row.Name)
@@ -224,7 +230,7 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 				ceil = append(ceil, hotCeiling(r))
 			}
 		}
-		got, err = c.runKind(ctx, round, selloutLoad)
+		got, err := c.runKind(ctx, round, selloutLoad)
 		ceil = append(ceil, got...)
 		if err != nil {
 			return err
