@@ -289,7 +289,7 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	}
 	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-src-n", strconv.Itoa(b.o.srcN),
 		"-json", base+".json", "-acks", base+".acks")
-	if err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
+	if _, err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
 		return p, err
 	}
 	after, err := b.snapshot(ctx)
@@ -382,19 +382,21 @@ func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
 	return s, err
 }
 
-// runLoadtest runs the load test with args to its end, its output in log.
-func runLoadtest(ctx context.Context, bin, log string, stderr io.Writer, args ...string) error {
+// runLoadtest runs the load test with args to its end, its output in log,
+// and returns the CPU time it took (user and system): on this machine the
+// load generator competes with the stack for the same cores.
+func runLoadtest(ctx context.Context, bin, log string, stderr io.Writer, args ...string) (time.Duration, error) {
 	f, err := os.Create(log)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer f.Close()
 	load := exec.CommandContext(ctx, bin, args...)
 	load.Stdout, load.Stderr = f, io.MultiWriter(f, stderr)
 	if err := load.Run(); err != nil {
-		return fmt.Errorf("loadtest: %w (see %s)", err, log)
+		return 0, fmt.Errorf("loadtest: %w (see %s)", err, log)
 	}
-	return nil
+	return load.ProcessState.UserTime() + load.ProcessState.SystemTime(), nil
 }
 
 // concatFiles writes the files' contents, one after the other, to path.

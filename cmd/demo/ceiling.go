@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The ceiling (the first table of make bench-edge): how close the sale's
@@ -33,7 +34,9 @@ import (
 // the flood's, on the same cores as the stack. So /healthz is measured
 // that way too, at the hot SKU's concurrency and at the sellout's, and
 // each order row is also divided by its own: the like-for-like ratio,
-// which tells what the order costs beyond what its client costs.
+// which tells what the order costs beyond what its client costs. For
+// every row, the CPU each process group spent over the load (cpu.go)
+// tells where the time went.
 
 // The ceiling's rows, by name.
 const (
@@ -162,6 +165,7 @@ type ceilingRun struct {
 	// SKU, which is the edge's sale alone and reads none.
 	Stmts  map[string]int64
 	Verify verifyReport
+	CPU    cpuUse
 }
 
 func (r ceilingRun) roundNo() int    { return r.Round }
@@ -185,7 +189,7 @@ func (r ceilingRun) perRequest(counter string) float64 {
 // sale alone: the same sale, so it is not run twice.
 func hotCeiling(alone edgeRun) ceilingRun {
 	i := slices.IndexFunc(ceilingRows(), func(row ceilingRow) bool { return row.Kind == aloneLoad })
-	return ceilingRun{Round: alone.Round, Row: ceilingRows()[i], Load: alone.Buyers, Verify: alone.Verify}
+	return ceilingRun{Round: alone.Round, Row: ceilingRows()[i], Load: alone.Buyers, Verify: alone.Verify, CPU: alone.CPU}
 }
 
 // ceiling runs the ceiling's own rows on the stack.
@@ -209,8 +213,8 @@ func (c *ceiling) runKind(ctx context.Context, round int, k ceilingKind) ([]ceil
 		if err != nil {
 			return runs, fmt.Errorf("round %d, ceiling, %s: %w", round, row.Name, err)
 		}
-		fmt.Fprintf(c.stderr, "== ceiling, %s: %s, %.0f/s, p99 %s, %.2f MySQL statements a request; verify %s\n", row.Name,
-			statuses(r.Load.Statuses), r.rate(), ms(r.p99()), r.statements(), edgeVerdict(r.Verify))
+		fmt.Fprintf(c.stderr, "== ceiling, %s: %s, %.0f/s, p99 %s, %.2f MySQL statements a request; CPU %s; verify %s\n",
+			row.Name, statuses(r.Load.Statuses), r.rate(), ms(r.p99()), r.statements(), r.CPU, edgeVerdict(r.Verify))
 		runs = append(runs, r)
 	}
 	return runs, nil
@@ -244,7 +248,10 @@ func (c *ceiling) run(ctx context.Context, round int, row ceilingRow) (ceilingRu
 	if err != nil {
 		return r, err
 	}
-	if err := runLoadtest(ctx, o.loadtest, base+".log", io.Discard, args...); err != nil {
+	r.CPU, err = measureCPU(o.state, func() (time.Duration, error) {
+		return runLoadtest(ctx, o.loadtest, base+".log", io.Discard, args...)
+	})
+	if err != nil {
 		return r, err
 	}
 	after, err := mysqlStatus(ctx, c.db, ceilingCounters)
@@ -285,6 +292,37 @@ func ceilingTable(o edgeOptions, runs []ceilingRun) string {
 		mdLine(&b, row.load(o), fmt.Sprintf("%.0f/s (%s)", medianOf(rr, ceilingRun.rate), strings.Join(row.Served, " + ")),
 			ratioCell(runs, rr, ceilingHealthz, ceilingRun.rate), same, ms(medianOf(rr, ceilingRun.p99)), stmts, each,
 			allVerified(rr))
+	}
+	return b.String()
+}
+
+// cpuColumns are the headings of where the time goes.
+var cpuColumns = slices.Concat([]string{"row", "requests"}, cpuGroupColumns(), []string{"machine busy"})
+
+// cpuGroupColumns are the headings of the groups' µs per request.
+func cpuGroupColumns() []string {
+	cols := make([]string, len(cpuGroups))
+	for i, g := range cpuGroups {
+		cols[i] = g + " µs/req"
+	}
+	return cols
+}
+
+// cpuTable renders where the time goes: for each ceiling row, each
+// process group's CPU over the load in µs per request, and the machine's
+// busy share, medians over the rounds; "–" for what was not read.
+func cpuTable(runs []ceilingRun) string {
+	var b strings.Builder
+	mdHeading(&b, cpuColumns...)
+	for row, rr := range ceilingRowsRun(runs) {
+		cells := []string{row.Name, fmt.Sprintf("%.0f", medianOf(rr, func(r ceilingRun) float64 { return float64(r.Load.Requests) }))}
+		for _, g := range cpuGroups {
+			cells = append(cells, orDash("%.0f", medianKnown(rr, func(r ceilingRun) float64 {
+				return r.CPU.perRequest(g, r.Load.Requests)
+			})))
+		}
+		busy := medianKnown(rr, func(r ceilingRun) float64 { return r.CPU.busy() })
+		mdLine(&b, append(cells, orDash("%.0f%%", busy*100))...)
 	}
 	return b.String()
 }
@@ -348,8 +386,8 @@ func goalVerdict(met bool) string {
 }
 
 // ceilingReport is the ceiling's section of report.md: what was run, the
-// table, the goals and what the columns mean.
-func ceilingReport(o edgeOptions, tbl, goals string) string {
+// table, the goals and what the columns mean, then where the time went.
+func ceilingReport(o edgeOptions, tbl, goals, cpu string) string {
 	var b strings.Builder
 	b.WriteString("## The ceiling\n\n")
 	fmt.Fprintf(&b, "Through nginx on the private stack (three replicas, one MariaDB, one Redis), with the shipped defaults: "+
@@ -382,6 +420,18 @@ func ceilingReport(o edgeOptions, tbl, goals string) string {
   which does not read them.
 - **verify**: ` + "`shop verify --acks`" + ` after each load, ok only if every round's was: with the sellout's acknowledged
   orders, and with none after a flood, which places no order.
+`)
+	b.WriteString("\n### Where the time goes\n\n")
+	b.WriteString(cpu)
+	b.WriteString(`
+- **µs/req**: CPU time (user and system) each process group spent over the row's load, over its requests: the
+  load generator (` + "`bin/loadtest`" + `'s own rusage: hey, the tap, or the flood's clients), the three ` + "`shop serve`" + `
+  replicas, MariaDB, every Redis server, and nginx's master and workers, read from ` + "`/proc/PID/stat`" + ` right
+  before and right after the load by the pids the stack recorded. The groups together, times the rate, is how
+  many of the machine's cores they kept busy.
+- **machine busy**: the share of all cores' time that was not idle over the load (` + "`/proc/stat`" + `); other
+  processes of the machine count in it too.
+- "–": not read (no ` + "`/proc`" + ` on this system, or a process that ended during the load).
 `)
 	return b.String()
 }

@@ -146,9 +146,11 @@ func TestCeilingGoals(t *testing.T) {
 // its verdict.
 func TestHotCeiling(t *testing.T) {
 	alone := edgeRun{Round: 2, Row: edgeRows()[0], Verify: verifyReport{OK: true},
-		Buyers: loadResult{Seconds: 4, P99Ms: 310, Statuses: map[string]int{"201": 5000, "409": 1000, "503": 3}}}
+		Buyers: loadResult{Seconds: 4, P99Ms: 310, Statuses: map[string]int{"201": 5000, "409": 1000, "503": 3}},
+		CPU:    cpuUse{Seconds: map[string]float64{cpuLoadtest: 3}, Busy: 0.9, Machine: true}}
 	r := hotCeiling(alone)
-	if r.Round != 2 || r.Row.Name != ceilingHot || r.rate() != 1500 || r.p99() != 310 || !r.Verify.OK || r.Stmts != nil {
+	if r.Round != 2 || r.Row.Name != ceilingHot || r.rate() != 1500 || r.p99() != 310 || !r.Verify.OK || r.Stmts != nil ||
+		r.CPU.Seconds[cpuLoadtest] != 3 || r.CPU.Busy != 0.9 {
 		t.Errorf("hot SKU of the sale alone: %+v, rate %.0f", r, r.rate())
 	}
 }
@@ -222,7 +224,7 @@ func TestEdgeReportCeilingFirst(t *testing.T) {
 		Buyers: loadResult{Seconds: 4, Statuses: map[string]int{"201": 5000, "409": 1000}}}}
 	ceil := fakeCeilingRounds()
 	tbl := ceilingTable(o, ceil)
-	if err := writeEdgeReport(o, ceilingReport(o, tbl, ceilingGoals(ceil)), edgeTable(runs), botTable(o, runs), edgeNotes(runs), 2,
+	if err := writeEdgeReport(o, ceilingReport(o, tbl, ceilingGoals(ceil), cpuTable(ceil)), edgeTable(runs), botTable(o, runs), edgeNotes(runs), 2,
 		"bin/demo -edge -only ceiling"); err != nil {
 		t.Fatal(err)
 	}
@@ -232,7 +234,8 @@ func TestEdgeReportCeilingFirst(t *testing.T) {
 	}
 	md := string(data)
 	order := []string{"# The public edge", "## The ceiling", "| load | rate |", "goal: cached page", "like for like: hot SKU",
-		"- **rate**", "- **÷ /healthz, same client**", "## Under floods", "| row | flood served/s", "| alone |", "Command: `bin/demo -edge -only ceiling`"}
+		"- **rate**", "- **÷ /healthz, same client**", "### Where the time goes", "| row | requests | loadtest µs/req |",
+		"- **µs/req**", "## Under floods", "| row | flood served/s", "| alone |", "Command: `bin/demo -edge -only ceiling`"}
 	at := -1
 	for _, s := range order {
 		i := strings.Index(md, s)

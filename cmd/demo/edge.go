@@ -38,7 +38,7 @@ import (
 // Before that table, the ceiling's (ceiling.go): GET /healthz, a cached
 // product page, the sale alone and the seeds' sellout, each as a share of
 // the /healthz rate, from the same rounds; the order rows also as a share
-// of /healthz sent through their own client.
+// of /healthz sent through their own client; and where the CPU went.
 
 // edgeOptions are `bin/demo -edge`'s flags.
 type edgeOptions struct {
@@ -162,6 +162,9 @@ type edgeRun struct {
 	// Outlasted is set when the buyers were still buying when the flood
 	// ended: part of the sale ran without it.
 	Outlasted bool
+	// CPU is what the buyers' load cost the machine (the flood's load
+	// test aside); the ceiling's hot SKU reads it from the sale alone.
+	CPU cpuUse
 }
 
 // served is the rate of a result's answers with the given statuses.
@@ -223,8 +226,8 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 			if err != nil {
 				return fmt.Errorf("round %d, %s: %w", round, row.Name, err)
 			}
-			fmt.Fprintf(stderr, "== %s: buyers %s, %.0f/s; flood %s, %.0f/s; verify %s\n", row.Name,
-				statuses(r.Buyers.Statuses), r.buyersRate(), statuses(r.Flood.Statuses), r.floodRate(), edgeVerdict(r.Verify))
+			fmt.Fprintf(stderr, "== %s: buyers %s, %.0f/s; flood %s, %.0f/s; CPU over the buyers %s; verify %s\n", row.Name,
+				statuses(r.Buyers.Statuses), r.buyersRate(), statuses(r.Flood.Statuses), r.floodRate(), r.CPU, edgeVerdict(r.Verify))
 			runs = append(runs, r)
 			if row.Name == edgeAlone {
 				ceil = append(ceil, hotCeiling(r))
@@ -247,15 +250,16 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 	command := strings.Join(argv, " ")
 	cores := runtime.NumCPU()
 	ceilTbl := ceilingTable(o, ceil)
+	cpuTbl := cpuTable(ceil)
 	goals := ceilingGoals(ceil) + stalenessLine(stale)
 	tbl := edgeTable(runs)
 	bots := botTable(o, runs)
 	notes := edgeNotes(runs)
 	fmt.Fprintln(stdout)
-	fmt.Fprint(stdout, ceilTbl, "\n", goals, "\n")
+	fmt.Fprint(stdout, ceilTbl, "\n", goals, "\n", cpuTbl, "\n")
 	fmt.Fprint(stdout, tbl, "\n", bots, notes)
 	fmt.Fprintf(stdout, "\n%d CPU cores (runtime.NumCPU). Command: %s\n", cores, command)
-	if err := writeEdgeReport(o, ceilingReport(o, ceilTbl, goals), tbl, bots, notes, cores, command); err != nil {
+	if err := writeEdgeReport(o, ceilingReport(o, ceilTbl, goals, cpuTbl), tbl, bots, notes, cores, command); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(o.out, "report.md"))
@@ -328,7 +332,10 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 	} else {
 		args = append(args, "-n", strconv.Itoa(o.buyers), "-src-n", strconv.Itoa(o.srcN))
 	}
-	loadErr := runLoadtest(ctx, o.loadtest, base+".log", io.Discard, args...)
+	var loadErr error
+	r.CPU, loadErr = measureCPU(o.state, func() (time.Duration, error) {
+		return runLoadtest(ctx, o.loadtest, base+".log", io.Discard, args...)
+	})
 	if flood != nil {
 		r.Outlasted = time.Now().After(floodEnd)
 		if err := flood.Wait(); err != nil && loadErr == nil {
