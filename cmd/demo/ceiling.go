@@ -427,10 +427,12 @@ func ceilingReport(o edgeOptions, tbl, goals, cpu string) string {
 - **µs/req**: CPU time (user and system) each process group spent over the row's load, over its requests: the
   load generator (` + "`bin/loadtest`" + `'s own rusage: hey, the tap, or the flood's clients), the three ` + "`shop serve`" + `
   replicas, MariaDB, every Redis server, and nginx's master and workers, read from ` + "`/proc/PID/stat`" + ` right
-  before and right after the load by the pids the stack recorded. The groups together, times the rate, is how
-  many of the machine's cores they kept busy.
-- **machine busy**: the share of all cores' time that was not idle over the load (` + "`/proc/stat`" + `); other
-  processes of the machine count in it too.
+  before and right after the load by the pids the stack recorded. The groups together, times the rate, is about
+  how many of the machine's cores they kept busy while the rate was measured.
+- **machine busy**: the share of all cores' time that was not idle (` + "`/proc/stat`" + `) over the same span: the load
+  test's whole run, its start and its end included, which the rate's seconds leave out and which keep the machine
+  less busy, so it may read below what the groups times the rate say. Other processes of the machine count in it
+  too.
 - "–": not read (no ` + "`/proc`" + ` on this system, or a process that ended during the load).
 `)
 	return b.String()
