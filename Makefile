@@ -25,7 +25,7 @@ bench-lock:
 bench-orders:
 	scripts/bench-orders.sh
 
-## bench-edge: the ceiling (GET /healthz, a cached page, the hot SKU, the sellout; rates as shares of /healthz), then hot-SKU buyers through nginx alone and under floods of public routes, and a bot farm behind one address, on a private stack; two tables
+## bench-edge: the ceiling (GET /healthz, a cached page, the hot SKU, the sellout; rates as shares of /healthz), with the CPU per request of each process and how stale a page may be, then hot-SKU buyers through nginx alone and under floods of public routes, and a bot farm behind one address, on a private stack
 bench-edge:
 	scripts/bench-edge.sh
 

@@ -8,7 +8,10 @@
 # running `bin/demo -edge`. Extra arguments go to bin/demo -edge
 # (-rounds, -units, -buyers, -c, -src-n, -flooders, -flood-for,
 # -flood-src-n, -warm-up, -bots, -ceiling-for, -sellout-skus,
-# -sellout-buyers, -sellout-c; -only ceiling runs the ceiling's rows alone).
+# -sellout-buyers, -sellout-c, -tap-n; -only ceiling runs the ceiling's
+# rows alone). The ceiling also measures GET /healthz through the orders'
+# own client (hey and the load test's tap), where the CPU of each process
+# goes, and how stale a product page another replica serves may be.
 #
 # Environment: SHOP_STATE (default .state/bench-edge), BENCH_OUT (default
 # out/bench-edge).
