@@ -141,6 +141,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	}
 	catalog := stock.NewCatalog(db)
 	public := catalog.Public(publicPoolSize, stock.DefaultGateWait)
+	// MariaDB returns a batch's orders with the INSERT; elsewhere, or when
+	// MySQL does not answer at start, they are read back after it.
+	versionCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	returning, err := stock.Returning(versionCtx, ordersDB)
+	cancel()
+	if err != nil {
+		log.Warn("orders are read back after their INSERT", "err", err)
+	}
 	restocks := notify.New(rdb, cfg.RedisPrefix)
 	var pages *cache.Pages
 	if cfg.CacheLocalTTL > 0 {
@@ -158,7 +166,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	transitions := registerTransitions(reg)
 	orders := stock.NewService(ordersDB, locker, stock.Options{
 		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
-		PayWindow: cfg.PayWindow, Concurrency: ordersPoolSize, Reads: readsDB, Public: public, Cache: products, Logger: log,
+		PayWindow: cfg.PayWindow, Returning: returning, Concurrency: ordersPoolSize, Reads: readsDB, Public: public, Cache: products, Logger: log,
 		BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn,
 		Returned:    announceReturn(restocks, log),
 		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
@@ -68,6 +69,29 @@ func OpenOrders(dsn string, maxConns int) (*gorm.DB, error) {
 		"SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
 		fmt.Sprintf("SET SESSION innodb_lock_wait_timeout = %d", int(ordersLockWait.Seconds())),
 	}}, maxConns)
+}
+
+// Returning reports whether the server db talks to takes INSERT …
+// RETURNING: MariaDB from 10.5 on does; MySQL (8.4) does not.
+func Returning(ctx context.Context, db *gorm.DB) (bool, error) {
+	var version string
+	if err := db.WithContext(ctx).Raw("SELECT VERSION()").Scan(&version).Error; err != nil {
+		return false, fmt.Errorf("stock: server version: %w", err)
+	}
+	return returningIn(version), nil
+}
+
+// returningIn reads a VERSION(): "10.11.19-MariaDB-0+deb12u1" takes
+// RETURNING, "8.4.3" does not.
+func returningIn(version string) bool {
+	if !strings.Contains(version, "MariaDB") {
+		return false
+	}
+	var major, minor int
+	if _, err := fmt.Sscanf(version, "%d.%d", &major, &minor); err != nil {
+		return false
+	}
+	return major > 10 || major == 10 && minor >= 5
 }
 
 // parseDSN reads dsn as every pool of the service uses it.

@@ -88,3 +88,20 @@ func TestConnLost(t *testing.T) {
 		}
 	}
 }
+
+// Which servers take INSERT … RETURNING, by their VERSION().
+func TestReturningIn(t *testing.T) {
+	for version, want := range map[string]bool{
+		"10.11.19-MariaDB-0+deb12u1": true,
+		"11.4.2-MariaDB":             true,
+		"10.5.0-MariaDB":             true,
+		"10.4.34-MariaDB":            false,
+		"8.4.3":                      false,
+		"8.0.36-0ubuntu0.22.04.1":    false,
+		"MariaDB":                    false,
+	} {
+		if got := returningIn(version); got != want {
+			t.Errorf("%q: %v, want %v", version, got, want)
+		}
+	}
+}

@@ -407,7 +407,7 @@ func arrivals(batch []*ticket) (first, last time.Time) {
 // or has no counter) is short: record returns it, errCareful for the fast
 // attempt, whose judgement assumed it would not.
 func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
-	placed, err := insertOrders(tx, sku, sl.sold, s.opt.PayWindow)
+	placed, err := insertOrders(tx, sku, sl.sold, s.opt.PayWindow, s.opt.Returning)
 	if err != nil {
 		return err
 	}
@@ -547,7 +547,7 @@ func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
 // consecutive (innodb_autoinc_lock_mode=2, auto_increment_increment), and
 // pay_by is MySQL's to set. A single paid order needs no read: its id comes
 // back with the INSERT, and it has no pay_by.
-func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duration) (map[int64]Order, error) {
+func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duration, returning bool) (map[int64]Order, error) {
 	status, payBy := StatusPaid, "NULL"
 	if payWindow > 0 {
 		status, payBy = StatusReserved, fmt.Sprintf("UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND", payWindow.Microseconds())
@@ -563,6 +563,9 @@ func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duratio
 		b.WriteString("(?, ?, ?, ?, ?, ?, " + payBy + ")")
 		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt, status)
 		users = append(users, o.UserID)
+	}
+	if returning {
+		return insertReturning(tx, b.String(), args, len(orders))
 	}
 	res, err := tx.Statement.ConnPool.ExecContext(tx.Statement.Context, b.String(), args...)
 	if err != nil {
@@ -585,6 +588,27 @@ func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duratio
 		placed[o.UserID] = o
 	}
 	return placed, nil
+}
+
+// insertReturning runs insert, an INSERT of n orders, with RETURNING
+// (MariaDB 10.5 and later): the orders come back as MySQL wrote them — their
+// ids, pay_by by MySQL's clock — in the INSERT's own round trip.
+func insertReturning(tx *gorm.DB, insert string, args []any, n int) (map[int64]Order, error) {
+	rows, err := tx.Statement.ConnPool.QueryContext(tx.Statement.Context,
+		insert+" RETURNING id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by", args...)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	placed := make(map[int64]Order, n)
+	for rows.Next() {
+		var o Order
+		if err := rows.Scan(&o.ID, &o.SKUID, &o.UserID, &o.IdempotencyKey, &o.Fence, &o.CreatedAt, &o.Status, &o.PayBy); err != nil {
+			return nil, err
+		}
+		placed[o.UserID] = o
+	}
+	return placed, rows.Err()
 }
 
 // classifyTx is classify for the error of a batch's transaction, on ctx,

@@ -67,6 +67,10 @@ type Options struct {
 	// memory, without a query, unless ForgetSoldOut clears it first; zero
 	// means DefaultSoldOutTTL, negative turns the memory off.
 	SoldOutTTL time.Duration
+	// Returning says that MySQL takes INSERT … RETURNING (MariaDB 10.5 and
+	// later; see Returning): the orders a batch inserts come back with
+	// the INSERT, not from a read after it.
+	Returning bool
 	// UserLimit is the most orders one user may hold over all products;
 	// zero turns the limit off, and with it every statement it costs. An
 	// order beyond it is ErrUserLimit (see userlimit.go). The limit holds
