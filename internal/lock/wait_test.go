@@ -308,9 +308,12 @@ func TestWakeOnReleaseWithoutFencing(t *testing.T) {
 
 		holder := obtain(t, a, "k")
 		got := obtainAsync(b, "k")
-		waitFor(t, "the waiter subscribed and flagged the key", func() bool {
+		// Registered for a wake-up too (Waiting): a release announced
+		// between its subscription and its registration would be missed,
+		// and only its backoff, an hour here, would retry.
+		waitFor(t, "the waiter subscribed, flagged the key and waits for a wake-up", func() bool {
 			return subscribers(c, prefix+"released") == 1 &&
-				c.Exists(ctx, a.Key("k")+":waiting").Val() == 1
+				c.Exists(ctx, a.Key("k")+":waiting").Val() == 1 && b.Stats().Waiting == 1
 		})
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
