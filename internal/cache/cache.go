@@ -783,11 +783,7 @@ func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error
 
 // tell invalidates e's product and announces e.
 func (p *Products) tell(ctx context.Context, e notify.Event) error {
-	_, err := p.invalidate(ctx, []int64{e.SKU}, func(pipe redis.Pipeliner) {
-		if p.opt.Announcer != nil {
-			p.opt.Announcer.Queue(ctx, pipe, e)
-		}
-	})
+	_, err := p.invalidate(ctx, []int64{e.SKU}, e)
 	if p.opt.Pages != nil {
 		p.opt.Pages.Forget(e.SKU)
 	}
@@ -799,14 +795,15 @@ func (p *Products) tell(ctx context.Context, e notify.Event) error {
 
 // invalidate drops the entries of ids and bumps their generations (see
 // Invalidate) in one pipeline: on a Redis Cluster go-redis splits it by
-// master, one round trip to each at once. It returns how many of the ids
-// had an entry.
+// master, one round trip to each at once, with the announcements (see
+// Options.Announcer) after the deletes. It returns how many of the ids had
+// an entry.
 //
 // An id's generation is bumped before its entry is dropped, on the one
 // connection to its master, so the two need no script: a load that read
 // MySQL before the change and writes after the bump is refused (fill.lua),
 // and one that wrote before the bump is dropped with the entry.
-func (p *Products) invalidate(ctx context.Context, ids []int64, also ...func(redis.Pipeliner)) (int, error) {
+func (p *Products) invalidate(ctx context.Context, ids []int64, announce ...notify.Event) (int, error) {
 	pipe := p.rdb.Pipeline()
 	dels := make([]*redis.IntCmd, len(ids))
 	for i, id := range ids {
@@ -816,8 +813,10 @@ func (p *Products) invalidate(ctx context.Context, ids []int64, also ...func(red
 	}
 	// After the deletes: a replica told of the change reads the entry after
 	// it is gone.
-	for _, fn := range also {
-		fn(pipe)
+	if p.opt.Announcer != nil {
+		for _, e := range announce {
+			p.opt.Announcer.Queue(ctx, pipe, e)
+		}
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err

@@ -304,7 +304,7 @@ func (s *Service) judge(sku, fence int64, batch []*ticket, f facts) sale {
 		case f.product != nil && f.product.window().admits(sku, t.arrived) != nil:
 			v.err = f.product.window().admits(sku, t.arrived)
 		case left <= 0:
-			v.err = fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+			v.err = soldOutError(sku)
 		case f.held.byUser(t.user) || buying[t.user]:
 			v.err = fmt.Errorf("%w: user %d, sku %d", ErrAlreadyOrdered, t.user, sku)
 		case f.counts != nil && s.limitReached(f.counts, t.user) != nil:
@@ -468,7 +468,7 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 	case now.Stock <= 0:
 		// Sold out means no unit left, nothing else: a stock above zero
 		// but below n is a batch to place again, not a sold-out product.
-		return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		return soldOutError(sku)
 	}
 	return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d; stock %d, now %d)",
 		ErrBusy, sku, read.Fence, now.Fence, read.Stock, now.Stock)

@@ -195,6 +195,19 @@ func (s *Service) refuse(q *queue, refusal func(*ticket) error) (left bool) {
 	return len(kept) > 0
 }
 
+// refusedFromMemory answers every order queued for sku ErrSoldOut when this
+// Service knows the product sold out (soldOut), and reports whether it did.
+func (s *Service) refusedFromMemory(sku int64, q *queue) bool {
+	if !s.soldOut.has(sku) {
+		return false
+	}
+	s.fail(q, 0, soldOutError(sku))
+	return true
+}
+
+// soldOutError is ErrSoldOut for product sku.
+func soldOutError(sku int64) error { return fmt.Errorf("%w: sku %d", ErrSoldOut, sku) }
+
 // arrivals returns the seq the next order queued for q will get.
 func (s *Service) arrivals(q *queue) uint64 {
 	s.mu.Lock()
@@ -205,8 +218,7 @@ func (s *Service) arrivals(q *queue) uint64 {
 // drain places the orders queued for sku, turn by turn, until none is left.
 func (s *Service) drain(sku int64, q *queue) {
 	for s.pending(sku, q) {
-		if s.soldOut.has(sku) {
-			s.fail(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+		if s.refusedFromMemory(sku, q) {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), TurnTimeout)
@@ -236,8 +248,7 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 	defer release()
 	// A product found sold out while the slot was awaited — here or, by
 	// its announcement, elsewhere — is refused without a read.
-	if s.soldOut.has(sku) {
-		s.fail(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
+	if s.refusedFromMemory(sku, q) {
 		return false
 	}
 	// A product another replica sold out is refused without the lock.
@@ -262,9 +273,8 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 	}
 	// The holder that released the lock has most likely announced the
 	// sell-out it found before it did.
-	if s.soldOut.has(sku) {
+	if s.refusedFromMemory(sku, q) {
 		s.release(ctx, lease)
-		s.fail(q, 0, fmt.Errorf("%w: sku %d", ErrSoldOut, sku))
 		return lease.Contended()
 	}
 	batch := s.take(sku, q, s.opt.Batch)
@@ -305,7 +315,7 @@ func (s *Service) obtain(ctx context.Context, sku int64, stock int) (*lock.Lease
 		// Most often the holder that kept the lock announced the sell-out
 		// it found before releasing it.
 		if s.soldOut.has(sku) {
-			return fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+			return soldOutError(sku)
 		}
 		if stock -= s.opt.Batch; stock > 0 {
 			return nil

@@ -275,7 +275,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 				return o, classify(ctx, "place order", err)
 			}
 		}
-		return Order{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		return Order{}, soldOutError(sku)
 	}
 	// Queued only once the buyer's counter exists: the transaction only
 	// locks counters, it never makes them.
@@ -393,7 +393,7 @@ func inStock(db *gorm.DB, sku int64) (Product, error) {
 		return Product{}, notFound(err, sku)
 	}
 	if p.Stock <= 0 {
-		return Product{}, fmt.Errorf("%w: sku %d", ErrSoldOut, sku)
+		return Product{}, soldOutError(sku)
 	}
 	return p, nil
 }
