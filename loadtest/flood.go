@@ -32,6 +32,9 @@ func flood(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	if err := raiseFileLimit(uint64(len(o.urls)*max(srcs.conns(), o.concurrency) + 256)); err != nil {
 		return fmt.Errorf("%w: lower -c or -src-n", err)
 	}
+	// The flood's span starts before its deadline is set, so that it is
+	// never shorter than -for.
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, o.flood)
 	defer cancel()
 	next := requests(o)
@@ -45,7 +48,6 @@ func flood(ctx context.Context, o options, stdout, stderr io.Writer) error {
 	)
 	fmt.Fprintf(stderr, "loadtest: flood of %s for %s, %d clients, from %d source address(es), to %v\n",
 		o.scenario, o.flood, o.concurrency, o.srcN, o.urls)
-	start := time.Now()
 	for range o.concurrency {
 		wg.Add(1)
 		go func() {
