@@ -64,13 +64,14 @@ func StartEtcdCluster(tb testing.TB) *EtcdCluster {
 	tb.Helper()
 	bin := os.Getenv(EtcdBinEnv)
 	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("etcd"); err != nil {
-			if testing.Short() {
-				tb.Skipf("etcd: %v; -short runs skip tests that need servers", err)
-			}
-			tb.Fatalf("etcd: %v (install etcd-server or set %s)", err, EtcdBinEnv)
+		bin = "etcd"
+	}
+	bin, err := exec.LookPath(bin)
+	if err != nil {
+		if testing.Short() {
+			tb.Skipf("etcd: %v; -short runs skip tests that need servers", err)
 		}
+		tb.Fatalf("etcd: %v (install etcd-server or set %s)", err, EtcdBinEnv)
 	}
 	c := &EtcdCluster{tb: tb, bin: bin, dir: tb.TempDir()}
 	peers := make([]string, etcdMembers)
