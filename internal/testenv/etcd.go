@@ -127,6 +127,9 @@ func (c *EtcdCluster) Endpoint(i int) string { return c.members[i].client }
 // member was killed would fill the test's output with its retries.
 func (c *EtcdCluster) Client(tb testing.TB, endpoints ...string) *clientv3.Client {
 	tb.Helper()
+	if len(endpoints) == 0 {
+		endpoints = c.Endpoints()
+	}
 	return EtcdClient(tb, endpoints...)
 }
 
