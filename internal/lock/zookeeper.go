@@ -162,9 +162,9 @@ func (z *ZooKeeper) timeout() time.Duration {
 
 // validity is how long after a request that the server answered was sent
 // the session is sure to live: the timeout, less a tenth for the touch a
-// follower has not yet passed on to the leader, which expires sessions
-// (followers report them every half tick; a session lasts 2 to 20 ticks by
-// default, and at least 10 here).
+// follower has not yet passed on to the leader, which expires sessions.
+// Followers report touches every half tick, so the margin covers it for a
+// session of at least 5 ticks (the server allows 2 to 20 by default).
 func (z *ZooKeeper) validity() time.Duration { return z.timeout() * 9 / 10 }
 
 // event takes the client's session events; it runs on the client's
@@ -176,7 +176,7 @@ func (z *ZooKeeper) event(ev zk.Event) {
 	z.mu.Lock()
 	defer z.mu.Unlock()
 	if z.sess != nil {
-		z.sess.cancel(fmt.Errorf("%w: ZooKeeper session 0x%x expired", ErrNotHeld, z.sess.id))
+		z.sess.end(fmt.Errorf("%w: ZooKeeper session 0x%x expired", ErrNotHeld, z.sess.id))
 	}
 }
 
@@ -193,11 +193,21 @@ func (z *ZooKeeper) sessionFor(id int64) *zkSession {
 		return s
 	}
 	if s := z.sess; s != nil && s.id != id {
-		s.cancel(fmt.Errorf("%w: ZooKeeper session 0x%x was replaced by 0x%x", ErrNotHeld, s.id, id))
+		s.end(fmt.Errorf("%w: ZooKeeper session 0x%x was replaced by 0x%x", ErrNotHeld, s.id, id))
 	}
 	ctx, cancel := context.WithCancelCause(context.Background())
 	z.sess = &zkSession{id: id, ctx: ctx, cancel: cancel, leases: map[*Lease]struct{}{}}
 	return z.sess
+}
+
+// end cancels s and, at once rather than on their AfterFuncs' goroutines,
+// its leases: a holder is told before the call that ends s returns. The
+// caller holds ZooKeeper.mu.
+func (s *zkSession) end(cause error) {
+	s.cancel(cause)
+	for l := range s.leases {
+		l.cancel(fmt.Errorf("lease on %q: %w", l.key, cause))
+	}
 }
 
 // confirm records that the server answered a request of session s sent at
@@ -232,7 +242,7 @@ func (z *ZooKeeper) lapse(s *zkSession) {
 		s.timer.Reset(d)
 		return
 	}
-	s.cancel(fmt.Errorf("%w: ZooKeeper session 0x%x unanswered since %s: the server may have expired it",
+	s.end(fmt.Errorf("%w: ZooKeeper session 0x%x unanswered since %s: the server may have expired it",
 		ErrNotHeld, s.id, s.until.Add(-z.validity()).Format(time.StampMilli)))
 }
 
@@ -291,7 +301,7 @@ func (z *ZooKeeper) Close() error {
 		z.conn.Close()
 		z.mu.Lock()
 		if z.sess != nil {
-			z.sess.cancel(fmt.Errorf("%w: the ZooKeeper lock was closed", ErrNotHeld))
+			z.sess.end(fmt.Errorf("%w: the ZooKeeper lock was closed", ErrNotHeld))
 		}
 		z.mu.Unlock()
 	})
@@ -328,10 +338,19 @@ func (z *ZooKeeper) TryObtain(ctx context.Context, key string) (*Lease, error) {
 	return z.obtain(ctx, key, nil, false)
 }
 
+// errZooKeeperClosed ends the obtains of a closed lock at once: its
+// requests fail as a lost connection's do, and would be retried.
+var errZooKeeperClosed = errors.New("lock: the ZooKeeper lock is closed")
+
 func (z *ZooKeeper) obtain(ctx context.Context, key string, still func(context.Context) error, wait bool) (*Lease, error) {
 	dir, err := z.dir(key)
 	if err != nil {
 		return nil, err
+	}
+	select {
+	case <-z.done:
+		return nil, fmt.Errorf("lock: obtain %q: %w", key, errZooKeeperClosed)
+	default:
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, z.opt.Wait)
 	defer cancel()
@@ -394,6 +413,11 @@ func (z *ZooKeeper) contend(ctx, waitCtx context.Context, key, dir string, still
 	for try := 0; ; try++ {
 		if try > 0 && !sleep(waitCtx, min(time.Duration(try)*20*time.Millisecond, 200*time.Millisecond)) {
 			return nil, gaveUp(lastErr)
+		}
+		select {
+		case <-z.done:
+			return nil, fmt.Errorf("lock: obtain %q: %w", key, errZooKeeperClosed)
+		default:
 		}
 		node, err := z.create(waitCtx, dir)
 		if retryable(err) {

@@ -165,16 +165,55 @@ func (c gatedConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// requests is a dialer that counts the requests a client sends, pings
+// left out: the client writes each request whole, in one Write.
+type requests struct{ n atomic.Int64 }
+
+func (r *requests) dial(network, addr string, timeout time.Duration) (net.Conn, error) {
+	c, err := net.DialTimeout(network, addr, timeout)
+	return countingConn{c, r}, err
+}
+
+type countingConn struct {
+	net.Conn
+	r *requests
+}
+
+func (c countingConn) Write(p []byte) (int, error) {
+	// A request is its length, xid and opcode; a ping's xid is -2.
+	if len(p) >= 8 && !(p[4] == 0xff && p[5] == 0xff && p[6] == 0xff && p[7] == 0xfe) {
+		c.r.n.Add(1)
+	}
+	return c.Conn.Write(p)
+}
+
 func testZooKeeperUncontended(t *testing.T, ens *testenv.ZooKeeperEnsemble) {
 	ctx := context.Background()
 	root := zkRoot()
-	z := newZooKeeper(t, ens, lock.ZooKeeperOptions{Root: root})
+	var count requests
+	z := newZooKeeper(t, ens, lock.ZooKeeperOptions{Root: root}, zk.WithDialer(count.dial))
 	in := newInspector(t, ens)
 	dir := root + "/sku1"
 
+	// The first obtain of a key creates its znode (and Root's).
+	l0, err := z.Obtain(ctx, "sku1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l0.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := count.n.Load()
 	l, err := z.Obtain(ctx, "sku1")
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A create, then the listing and the Exists that reads the czxid.
+	if n := count.n.Load() - before; n != 3 {
+		t.Errorf("an uncontended obtain sent %d requests, want 3", n)
+	}
+	if l.Fence() <= l0.Fence() {
+		t.Errorf("fence %d not above the one before, %d", l.Fence(), l0.Fence())
 	}
 	if czxid, n := in.holder(t, dir); czxid != l.Fence() || n != 1 || l.Fence() <= 0 {
 		t.Fatalf("server: holder's czxid %d of %d contenders, lease's fence %d", czxid, n, l.Fence())
@@ -185,11 +224,18 @@ func testZooKeeperUncontended(t *testing.T, ens *testenv.ZooKeeperEnsemble) {
 	if _, err := z.TryObtain(ctx, "sku1"); !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("TryObtain of a held key: %v, want ErrNotObtained", err)
 	}
+	before = count.n.Load()
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if !errors.Is(context.Cause(l.Context()), context.Canceled) && l.Context().Err() == nil {
+	if n := count.n.Load() - before; n != 1 {
+		t.Errorf("a release sent %d requests, want 1 (a delete)", n)
+	}
+	if l.Context().Err() == nil {
 		t.Fatal("a released lease's context is not done")
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Errorf("a second release: %v, want the first's result", err)
 	}
 	if _, n := in.holder(t, dir); n != 0 {
 		t.Fatalf("after release the key has %d contenders", n)
@@ -198,13 +244,20 @@ func testZooKeeperUncontended(t *testing.T, ens *testenv.ZooKeeperEnsemble) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer l2.Release(ctx)
 	if l2.Fence() <= l.Fence() {
 		t.Fatalf("second fence %d not above first %d", l2.Fence(), l.Fence())
 	}
-	if s := z.Stats(); s.Attempts < 2 {
-		t.Fatalf("stats %+v: want at least 2 attempts", s)
+	if s := z.Stats(); s.Attempts < 3 {
+		t.Fatalf("stats %+v: want at least 3 attempts", s)
 	}
+	z.Close()
+	if l2.Context().Err() == nil || !errors.Is(context.Cause(l2.Context()), lock.ErrNotHeld) {
+		t.Errorf("a lease of a closed lock: %v, want lost", context.Cause(l2.Context()))
+	}
+	if _, err := z.Obtain(ctx, "sku1"); err == nil || errors.Is(err, lock.ErrNotObtained) {
+		t.Errorf("obtain on a closed lock: %v, want it closed", err)
+	}
+	in.settles(t, dir, 0) // closing the session deleted its znode
 }
 
 func testZooKeeperExclusion(t *testing.T, ens *testenv.ZooKeeperEnsemble) {
