@@ -556,7 +556,9 @@ func (z *ZooKeeper) unhold(s *zkSession, l *Lease) {
 func (z *ZooKeeper) create(waitCtx context.Context, dir string) (string, error) {
 	guid := strings.ToLower(rand.Text())
 	prefix := dir + "/_c_" + guid + "-lock-"
-	for made := false; ; made = true {
+	// The server deletes an empty container a moment after it is made, at
+	// worst: a few rounds of mkdir and create.
+	for made := 0; ; made++ {
 		z.attempts.Add(1)
 		id := z.conn.SessionID()
 		type created struct {
@@ -584,7 +586,7 @@ func (z *ZooKeeper) create(waitCtx context.Context, dir string) (string, error) 
 		switch {
 		case c.err == nil:
 			return c.path, nil
-		case errors.Is(c.err, zk.ErrNoNode) && !made:
+		case errors.Is(c.err, zk.ErrNoNode) && made < 3:
 			if err := z.mkdir(waitCtx, dir); err != nil {
 				return "", err
 			}
