@@ -766,7 +766,7 @@ func TestMySQLRestart(t *testing.T) {
 	t.Run("TokensAfterCrash", func(t *testing.T) {
 		dsn := srv.Database(t)
 		ctx := context.Background()
-		l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * time.Second, MaxBackoff: 20 * time.Millisecond})
+		l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MaxBackoff: 20 * time.Millisecond})
 		keys := []string{"a", "b", "c"}
 		last := map[string]int64{}
 		for range 3 {
@@ -781,12 +781,15 @@ func TestMySQLRestart(t *testing.T) {
 				}
 			}
 		}
-		paused := newMySQL(t, dsn, lock.MySQLOptions{TTL: time.Second, After: frozen})
+		// Long enough to outlast the crash and restart on a busy machine.
+		paused := newMySQL(t, dsn, lock.MySQLOptions{TTL: 4 * time.Second, After: frozen})
 		held := obtain(t, paused, "held")
 		last["held"] = held.Fence()
 
+		crashed := time.Now()
 		srv.Kill()
 		srv.Restart()
+		t.Logf("crashed and restarted in %v", time.Since(crashed))
 
 		for _, k := range keys {
 			if _, f, _ := mysqlHolder(t, l, k); f != last[k] {
