@@ -1,0 +1,810 @@
+package lock_test
+
+import (
+	"bufio"
+	"context"
+	"database/sql"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-sql-driver/mysql"
+
+	"shop/internal/lock"
+	"shop/internal/testenv"
+)
+
+// mysqlPool opens a pool of its own on dsn, closed when the test ends.
+func mysqlPool(t *testing.T, dsn string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+// newMySQL returns a MySQL lock on a pool of its own on dsn: each is
+// another process as far as the lock knows.
+func newMySQL(t *testing.T, dsn string, opt lock.MySQLOptions) *lock.MySQL {
+	t.Helper()
+	l := lock.NewMySQL(mysqlPool(t, dsn), opt)
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// mysqlHolder is l.Holder, failing the test on an error.
+func mysqlHolder(t *testing.T, l *lock.MySQL, key string) (owner string, fence int64, until time.Time) {
+	t.Helper()
+	owner, fence, until, err := l.Holder(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return owner, fence, until
+}
+
+// mysqlHeldBy fails the test unless key is held on the server by the
+// holding whose token is fence.
+func mysqlHeldBy(t *testing.T, l *lock.MySQL, key string, fence int64) {
+	t.Helper()
+	owner, got, until := mysqlHolder(t, l, key)
+	if owner == "" || got != fence {
+		t.Fatalf("%q on the server: owner %q, fence %d, until %v; want held with fence %d", key, owner, got, until, fence)
+	}
+}
+
+// mysqlNow is the server's clock.
+func mysqlNow(t *testing.T, db *sql.DB) time.Time {
+	t.Helper()
+	var us int64
+	if err := db.QueryRow("SELECT TIMESTAMPDIFF(MICROSECOND, '1970-01-01', UTC_TIMESTAMP(6))").Scan(&us); err != nil {
+		t.Fatal(err)
+	}
+	return time.UnixMicro(us)
+}
+
+// withSession returns dsn with session settings that a caller's DSN may
+// bring: MariaDB's SIMULTANEOUS_ASSIGNMENT (the UPDATE part of an INSERT …
+// ON DUPLICATE KEY UPDATE sees the old row in every assignment), affected
+// rows counted as found rows, and a session time zone far from UTC.
+func withSession(t *testing.T, dsn string) string {
+	t.Helper()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ClientFoundRows = true
+	if cfg.Params == nil {
+		cfg.Params = map[string]string{}
+	}
+	cfg.Params["sql_mode"] = "'STRICT_TRANS_TABLES,SIMULTANEOUS_ASSIGNMENT'"
+	cfg.Params["time_zone"] = "'+05:00'"
+	return cfg.FormatDSN()
+}
+
+// The take, renewal and release statements on the real server, on every
+// path (a new row, a held one, a free one, an expired one), whichever order
+// the server assigns the columns of the UPDATE in, whether it reports found
+// or changed rows, and whatever the session's time zone: holders of other
+// settings agree on who holds the key.
+func TestMySQLStatementsInEverySession(t *testing.T) {
+	base := testenv.MySQL(t).DSN
+	for _, tc := range []struct{ name, dsn string }{
+		{"default", base},
+		{"simultaneous assignment, found rows, +05:00", withSession(t, base)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			if tc.dsn != base {
+				var mode, zone string
+				if err := mysqlPool(t, tc.dsn).QueryRow("SELECT @@sql_mode, @@time_zone").Scan(&mode, &zone); err != nil {
+					t.Fatal(err)
+				}
+				if !strings.Contains(mode, "SIMULTANEOUS_ASSIGNMENT") || zone != "+05:00" {
+					t.Fatalf("session sql_mode %q, time_zone %q: the settings did not take", mode, zone)
+				}
+			}
+			key := "k:" + testenv.Name()
+			l := newMySQL(t, tc.dsn, lock.MySQLOptions{TTL: 2 * time.Second})
+			// Every take is by a holder of the session under test; one of the
+			// default session checks that they agree on who holds the key.
+			other := newMySQL(t, tc.dsn, lock.MySQLOptions{TTL: 2 * time.Second})
+			db := mysqlPool(t, base)
+			before := mysqlNow(t, db)
+
+			// A new row: taken, with a token from the clock.
+			a, err := l.TryObtain(ctx, key)
+			if err != nil {
+				t.Fatalf("TryObtain of a new key: %v", err)
+			}
+			owner, fence, until := mysqlHolder(t, l, key)
+			if owner == "" || fence != a.Fence() {
+				t.Fatalf("after the insert: owner %q, fence %d; want held with fence %d", owner, fence, a.Fence())
+			}
+			if a.Fence() < before.UnixMicro() {
+				t.Errorf("first token %d is below the server's clock %d µs", a.Fence(), before.UnixMicro())
+			}
+			if now := mysqlNow(t, db); !until.After(now) || until.After(now.Add(2*time.Second)) {
+				t.Errorf("lease until %v, want in (%v, +2s]", until, now)
+			}
+
+			// A held row: left as it is, for a holder of either session.
+			for _, l2 := range []*lock.MySQL{other, newMySQL(t, base, lock.MySQLOptions{})} {
+				if _, err := l2.TryObtain(ctx, key); !errors.Is(err, lock.ErrNotObtained) {
+					t.Fatalf("TryObtain of a held key = %v, want ErrNotObtained", err)
+				}
+			}
+			if o, f, u := mysqlHolder(t, l, key); o != owner || f != fence || !u.Equal(until) {
+				t.Fatalf("a refused take changed the row: %q %d %v, was %q %d %v", o, f, u, owner, fence, until)
+			}
+
+			// Release frees the row and keeps its counter.
+			if err := a.Release(ctx); err != nil {
+				t.Fatalf("Release: %v", err)
+			}
+			if o, f, _ := mysqlHolder(t, l, key); o != "" || f != a.Fence() {
+				t.Fatalf("after release: owner %q, fence %d; want free with fence %d", o, f, a.Fence())
+			}
+
+			// A free row: taken with a larger token.
+			b, err := other.TryObtain(ctx, key)
+			if err != nil {
+				t.Fatalf("TryObtain of a free key: %v", err)
+			}
+			if b.Fence() <= a.Fence() {
+				t.Errorf("token %d after %d", b.Fence(), a.Fence())
+			}
+			mysqlHeldBy(t, l, key, b.Fence())
+			// The lease is b's own, not what was left of a's (released
+			// before it ran out).
+			if _, _, u := mysqlHolder(t, l, key); !u.After(until) {
+				t.Errorf("the free row taken runs out at %v, no later than the released lease's %v", u, until)
+			}
+			if err := b.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			// An expired row: taken by another; the expired holder's
+			// release neither succeeds nor frees the new holder.
+			paused := newMySQL(t, tc.dsn, lock.MySQLOptions{TTL: 200 * time.Millisecond, After: frozen})
+			c := obtain(t, paused, key)
+			waitFor(t, "the paused lease runs out on the server", func() bool {
+				o, _, _ := mysqlHolder(t, l, key)
+				return o == ""
+			})
+			d, err := other.TryObtain(ctx, key)
+			if err != nil {
+				t.Fatalf("TryObtain of an expired key: %v", err)
+			}
+			if d.Fence() <= c.Fence() || c.Fence() <= b.Fence() {
+				t.Errorf("tokens %d, %d, %d: not increasing", b.Fence(), c.Fence(), d.Fence())
+			}
+			if err := c.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+				t.Errorf("release of the expired lease = %v, want ErrNotHeld", err)
+			}
+			mysqlHeldBy(t, l, key, d.Fence())
+			if err := d.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			// Renewal: a lease of 300ms held for a second stays held.
+			short := newMySQL(t, tc.dsn, lock.MySQLOptions{TTL: 300 * time.Millisecond})
+			e := obtain(t, short, key)
+			first := e.Until()
+			time.Sleep(time.Second)
+			if err := e.Context().Err(); err != nil {
+				t.Fatalf("renewed lease lost: %v", context.Cause(e.Context()))
+			}
+			mysqlHeldBy(t, l, key, e.Fence())
+			if !e.Until().After(first.Add(500 * time.Millisecond)) {
+				t.Errorf("Until %v after a second, was %v: not renewed", e.Until(), first)
+			}
+			if err := e.Release(ctx); err != nil {
+				t.Fatalf("release of a renewed lease: %v", err)
+			}
+
+			// A lease that ran out, with nobody taking the key over, is not
+			// released as if it had been held.
+			f := obtain(t, paused, key)
+			waitFor(t, "the paused lease runs out on the server", func() bool {
+				o, _, _ := mysqlHolder(t, l, key)
+				return o == ""
+			})
+			if err := f.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+				t.Errorf("release of a lease that ran out = %v, want ErrNotHeld", err)
+			}
+		})
+	}
+}
+
+func TestMySQLObtainRelease(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	l := newMySQL(t, dsn, lock.MySQLOptions{})
+	ctx := context.Background()
+	a := obtain(t, l, "sku:1")
+	mysqlHeldBy(t, l, "sku:1", a.Fence())
+	if s := l.Stats(); s.Attempts != 1 || s.Waiting != 0 {
+		t.Errorf("Stats after an uncontended obtain = %+v, want one attempt, nobody waiting", s)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Context().Err(); err == nil {
+		t.Error("a released lease's Context is not done")
+	}
+	if o, f, _ := mysqlHolder(t, l, "sku:1"); o != "" || f != a.Fence() {
+		t.Fatalf("after release: owner %q, fence %d", o, f)
+	}
+	b := obtain(t, l, "sku:1")
+	if b.Fence() <= a.Fence() {
+		t.Errorf("second token %d, first %d", b.Fence(), a.Fence())
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Errorf("second Release = %v, want the first's result", err)
+	}
+	long := strings.Repeat("x", 256)
+	if _, err := l.Obtain(ctx, long); err == nil || errors.Is(err, lock.ErrNotObtained) {
+		t.Errorf("Obtain of a 256-byte key = %v, want an error of its own", err)
+	}
+}
+
+// Holders in three processes, four goroutines each: never two inside at
+// once, tokens strictly increasing in the order of holding, and a counter
+// row in MySQL, read and written back under the lock with fenced UPDATEs,
+// loses no increment.
+func TestMySQLMutualExclusion(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	db := mysqlPool(t, dsn)
+	ctx := context.Background()
+	if _, err := db.Exec("CREATE TABLE counter (id INT PRIMARY KEY, n INT NOT NULL, fence BIGINT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO counter VALUES (1, 0, 0)"); err != nil {
+		t.Fatal(err)
+	}
+	const processes, workers, rounds = 3, 4, 8
+	var (
+		inside, overlaps atomic.Int32
+		mu               sync.Mutex
+		fences           []int64
+		wg               sync.WaitGroup
+		errs             = make(chan error, processes*workers*rounds)
+	)
+	var locks []*lock.MySQL
+	for range processes {
+		l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 30 * time.Second, MaxBackoff: 20 * time.Millisecond})
+		locks = append(locks, l)
+		for range workers {
+			wg.Go(func() {
+				for range rounds {
+					lease, err := l.Obtain(ctx, "sku:1")
+					if err != nil {
+						errs <- err
+						return
+					}
+					if inside.Add(1) > 1 {
+						overlaps.Add(1)
+					}
+					mu.Lock()
+					fences = append(fences, lease.Fence())
+					mu.Unlock()
+					var n int
+					if err := db.QueryRow("SELECT n FROM counter WHERE id = 1").Scan(&n); err != nil {
+						errs <- err
+					}
+					time.Sleep(time.Millisecond)
+					res, err := db.Exec("UPDATE counter SET n = ?, fence = ? WHERE id = 1 AND fence < ?", n+1, lease.Fence(), lease.Fence())
+					if err != nil {
+						errs <- err
+					} else if k, _ := res.RowsAffected(); k != 1 {
+						errs <- errors.New("a fenced write under the lock was refused")
+					}
+					inside.Add(-1)
+					if err := lease.Release(ctx); err != nil {
+						errs <- err
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := overlaps.Load(); n != 0 {
+		t.Errorf("%d holdings overlapped another", n)
+	}
+	var attempts uint64
+	for _, l := range locks {
+		attempts += l.Stats().Attempts
+	}
+	if attempts <= processes*workers*rounds {
+		t.Errorf("%d attempts for %d holdings: no process ever found the key held by another, the test proves nothing", attempts, processes*workers*rounds)
+	}
+	for i := 1; i < len(fences); i++ {
+		if fences[i] <= fences[i-1] {
+			t.Fatalf("token %d held after %d", fences[i], fences[i-1])
+		}
+	}
+	var n int
+	if err := db.QueryRow("SELECT n FROM counter WHERE id = 1").Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if want := processes * workers * rounds; n != want {
+		t.Errorf("counter = %d, want %d: increments were lost", n, want)
+	}
+}
+
+// A held key ends the wait after Wait, or at the context's end if that
+// comes first, with ErrNotObtained and the cause; the waiters of one
+// process wait in line, and only the first of them tries at the server.
+func TestMySQLWaitIsBounded(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	ctx := context.Background()
+	holder := newMySQL(t, dsn, lock.MySQLOptions{})
+	held := obtain(t, holder, "k")
+
+	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 300 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
+	start := time.Now()
+	_, err := l.Obtain(ctx, "k")
+	if elapsed := time.Since(start); elapsed < 300*time.Millisecond || elapsed > 1300*time.Millisecond {
+		t.Errorf("Obtain gave up after %v, want about 300ms", elapsed)
+	}
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Obtain = %v, want ErrNotObtained joined with DeadlineExceeded", err)
+	}
+
+	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start = time.Now()
+	_, err = newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * time.Second}).Obtain(short, "k")
+	if elapsed := time.Since(start); elapsed > time.Second {
+		t.Errorf("Obtain ran %v past its context's 100ms", elapsed)
+	}
+	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("Obtain = %v, want ErrNotObtained joined with DeadlineExceeded", err)
+	}
+
+	// Three waiters of one process: the first tries once, then sleeps for
+	// good; the two behind it never reach the server.
+	line := newMySQL(t, dsn, lock.MySQLOptions{Wait: 500 * time.Millisecond, MinBackoff: never, MaxBackoff: never})
+	got := make(chan error, 3)
+	for range 3 {
+		go func() {
+			_, err := line.Obtain(ctx, "k")
+			got <- err
+		}()
+	}
+	waitFor(t, "two waiters are in line behind the first", func() bool { return line.Stats().Waiting == 2 })
+	for range 3 {
+		if err := <-got; !errors.Is(err, lock.ErrNotObtained) {
+			t.Errorf("waiter = %v, want ErrNotObtained", err)
+		}
+	}
+	if n := line.Stats().Attempts; n != 1 {
+		t.Errorf("%d attempts at the server, want 1: only the first in line polls", n)
+	}
+	mysqlHeldBy(t, holder, "k", held.Fence())
+}
+
+// ObtainWhile's check runs before a retry, and its error ends the wait at
+// once, without the key.
+func TestMySQLObtainWhileStopsWaiting(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	ctx := context.Background()
+	holder := newMySQL(t, dsn, lock.MySQLOptions{})
+	held := obtain(t, holder, "k")
+	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MaxBackoff: 10 * time.Millisecond})
+	errSoldOut := errors.New("sold out")
+	var (
+		checks atomic.Int32
+		wanted atomic.Bool
+	)
+	wanted.Store(true)
+	ended := make(chan error, 1)
+	go func() {
+		lease, err := l.ObtainWhile(ctx, "k", func(context.Context) error {
+			checks.Add(1)
+			if !wanted.Load() {
+				return errSoldOut
+			}
+			return nil
+		})
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		ended <- err
+	}()
+	waitFor(t, "the waiter has checked", func() bool { return checks.Load() > 0 })
+	wanted.Store(false)
+	select {
+	case err := <-ended:
+		if !errors.Is(err, errSoldOut) {
+			t.Fatalf("ObtainWhile = %v, want the check's error", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("ObtainWhile still waits after its check failed")
+	}
+	mysqlHeldBy(t, holder, "k", held.Fence())
+}
+
+// A lease whose row changed hands behind its back (here by hand) is told
+// by its watchdog: its Context ends with ErrNotHeld, its renewals do not
+// extend the new holder's row, and its release does not free it.
+func TestMySQLLostLeaseCancelsContext(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	db := mysqlPool(t, dsn)
+	ctx := context.Background()
+	l := newMySQL(t, dsn, lock.MySQLOptions{TTL: 300 * time.Millisecond})
+	lease := obtain(t, l, "k")
+	if _, err := db.Exec("UPDATE shop_locks SET owner = 'intruder', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = 'k'"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, until := mysqlHolder(t, l, "k")
+	select {
+	case <-lease.Context().Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("lease Context not cancelled after the row changed hands")
+	}
+	if cause := context.Cause(lease.Context()); !errors.Is(cause, lock.ErrNotHeld) {
+		t.Errorf("cause = %v, want ErrNotHeld", cause)
+	}
+	if err := lease.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("Release = %v, want ErrNotHeld", err)
+	}
+	if o, _, u := mysqlHolder(t, l, "k"); o != "intruder" || !u.Equal(until) {
+		t.Errorf("the other holder's row: owner %q until %v, was intruder until %v", o, u, until)
+	}
+}
+
+// An attempt that ran, and whose reply was lost, gives the key back at
+// once rather than leaving it held for a TTL by a token nobody has:
+// TryObtain fails, and Obtain takes the key again within its wait. A
+// release whose reply was lost is a release.
+func TestMySQLReplyLost(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	ctx := context.Background()
+	cfg, err := mysql.ParseDSN(dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := testenv.StartProxy(t, cfg.Addr)
+	cfg.Addr = p.Addr
+	cfg.InterpolateParams = true // the statements go as text, for the proxy to spot
+	l := newMySQL(t, cfg.FormatDSN(), lock.MySQLOptions{TTL: time.Minute, Wait: 2 * time.Second})
+	take := []byte("INSERT INTO `shop_locks`")
+
+	cut := p.CutReply(take)
+	if lease, err := l.TryObtain(ctx, "k"); err == nil {
+		lease.Release(ctx)
+		t.Fatal("obtained although the reply was lost")
+	}
+	cutDone(t, cut)
+	owner, fence, _ := mysqlHolder(t, l, "k")
+	if fence == 0 {
+		t.Fatal("the cut take never ran: the test proves nothing")
+	}
+	if owner != "" {
+		t.Fatal("the failed take left the key held by a token nobody has")
+	}
+
+	attempts := l.Stats().Attempts
+	cut = p.CutReply(take)
+	lease, err := l.Obtain(ctx, "k")
+	cutDone(t, cut)
+	if err != nil {
+		t.Fatalf("Obtain with its first reply lost = %v, want the key taken again within the wait", err)
+	}
+	if n := l.Stats().Attempts - attempts; n != 2 {
+		t.Errorf("Obtain made %d attempts, want 2: the lost one and the next", n)
+	}
+	mysqlHeldBy(t, l, "k", lease.Fence())
+
+	cut = p.CutReply([]byte("UPDATE `shop_locks` SET owner"))
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release with its reply lost = %v, want released", err)
+	}
+	cutDone(t, cut)
+	if o, _, _ := mysqlHolder(t, l, "k"); o != "" {
+		t.Fatal("the key is still held after Release")
+	}
+}
+
+// mysqlHolderEnv tells a test binary started by TestMySQLCrashedHolderExpires
+// to be the holder: the DSN of the lock table.
+const mysqlHolderEnv = "SHOP_TEST_MYSQL_LOCK_HOLDER"
+
+// A holder whose process dies without releasing keeps the key until its
+// lease runs out on the server, about the TTL after its last renewal, and
+// no longer; the next holder's token is larger.
+func TestMySQLCrashedHolderExpires(t *testing.T) {
+	if dsn := os.Getenv(mysqlHolderEnv); dsn != "" {
+		mysqlHoldUntilKilled(t, dsn)
+		return
+	}
+	const ttl = time.Second
+	dsn := testenv.MySQL(t).DSN
+	cmd := exec.Command(os.Args[0], "-test.run=^TestMySQLCrashedHolderExpires$", "-test.count=1")
+	cmd.Env = append(os.Environ(), mysqlHolderEnv+"="+dsn)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	fence := make(chan int64, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if f, ok := strings.CutPrefix(sc.Text(), "fence "); ok {
+				n, _ := strconv.ParseInt(f, 10, 64)
+				fence <- n
+			}
+		}
+	}()
+	var a int64
+	select {
+	case a = <-fence:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the holder process did not obtain the lock")
+	}
+	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * ttl, MaxBackoff: 10 * time.Millisecond})
+	time.Sleep(ttl) // it renews
+	mysqlHeldBy(t, l, "k", a)
+	_, _, until := mysqlHolder(t, l, "k")
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	cmd.Wait()
+	if _, err := l.TryObtain(context.Background(), "k"); !errors.Is(err, lock.ErrNotObtained) {
+		t.Fatalf("TryObtain at once after the holder died = %v, want ErrNotObtained: the key is held until it expires", err)
+	}
+	b := obtain(t, l, "k")
+	took := time.Since(killed)
+	if time.Now().Before(until) {
+		t.Errorf("obtained before the dead holder's lease ran out at %v", until)
+	}
+	if took > ttl+time.Second {
+		t.Errorf("obtained %v after the holder died, want within about the TTL (%v)", took, ttl)
+	}
+	if b.Fence() <= a {
+		t.Errorf("token %d after the dead holder's %d", b.Fence(), a)
+	}
+	mysqlHeldBy(t, l, "k", b.Fence())
+}
+
+// mysqlHoldUntilKilled is the holder process: it obtains "k" with a TTL of
+// a second, tells its token on stdout, and holds on, renewing, until it is
+// killed (or a minute has passed).
+func mysqlHoldUntilKilled(t *testing.T, dsn string) {
+	db, err := sql.Open("mysql", dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := lock.NewMySQL(db, lock.MySQLOptions{TTL: time.Second})
+	lease := obtain(t, l, "k")
+	os.Stdout.WriteString("fence " + strconv.FormatInt(lease.Fence(), 10) + "\n")
+	select {
+	case <-lease.Context().Done():
+		t.Fatalf("the holder lost its lease: %v", context.Cause(lease.Context()))
+	case <-time.After(time.Minute):
+	}
+}
+
+// A holder paused past its lease (its watchdog frozen, as in a
+// stop-the-world pause) has its key taken over; when it resumes, MySQL
+// refuses its fenced write, and the row keeps the new holder's.
+func TestMySQLPausedHolderWriteRefused(t *testing.T) {
+	dsn := testenv.MySQL(t).DSN
+	db := mysqlPool(t, dsn)
+	ctx := context.Background()
+	if _, err := db.Exec("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(32) NOT NULL, fence BIGINT NOT NULL)"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec("INSERT INTO t VALUES (1, 'initial', 0)"); err != nil {
+		t.Fatal(err)
+	}
+	write := func(v string, fence int64) int64 {
+		t.Helper()
+		res, err := db.Exec("UPDATE t SET v = ?, fence = ? WHERE id = 1 AND fence < ?", v, fence, fence)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := res.RowsAffected()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+
+	paused := newMySQL(t, dsn, lock.MySQLOptions{TTL: 500 * time.Millisecond, After: frozen})
+	a := obtain(t, paused, "k")
+	if n := write("A before the pause", a.Fence()); n != 1 {
+		t.Fatalf("A's fenced write while it holds the key: %d rows", n)
+	}
+	_, _, until := mysqlHolder(t, paused, "k")
+
+	other := newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * time.Second, MaxBackoff: 20 * time.Millisecond})
+	b := obtain(t, other, "k")
+	if time.Now().Before(until) {
+		t.Errorf("B obtained before A's lease ran out at %v", until)
+	}
+	if b.Fence() <= a.Fence() {
+		t.Fatalf("B's token %d, A's %d", b.Fence(), a.Fence())
+	}
+	if n := write("B", b.Fence()); n != 1 {
+		t.Fatalf("B's fenced write: %d rows, want 1", n)
+	}
+
+	// A resumes, unaware: its watchdog never ran.
+	if err := a.Context().Err(); err != nil {
+		t.Fatalf("the paused holder's Context ended (%v): the pause was not one", err)
+	}
+	if n := write("A after the pause", a.Fence()); n != 0 {
+		t.Errorf("A's stale fenced write changed %d rows, want 0", n)
+	}
+	var (
+		v     string
+		fence int64
+	)
+	if err := db.QueryRow("SELECT v, fence FROM t WHERE id = 1").Scan(&v, &fence); err != nil {
+		t.Fatal(err)
+	}
+	if v != "B" || fence != b.Fence() {
+		t.Errorf("row = (%q, %d), want B's (%q, %d)", v, fence, "B", b.Fence())
+	}
+	if err := a.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
+		t.Errorf("A's release = %v, want ErrNotHeld", err)
+	}
+	mysqlHeldBy(t, other, "k", b.Fence())
+}
+
+// dialCounter counts the connections a pool failed to open.
+type dialCounter struct{ failed atomic.Int32 }
+
+func (d *dialCounter) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+	if err != nil {
+		d.failed.Add(1)
+	}
+	return c, err
+}
+
+// Restarts of a private MariaDB, which keeps its data: a clean one in the
+// middle of a holding, and a crash.
+func TestMySQLRestart(t *testing.T) {
+	srv := testenv.StartMariaDB(t)
+
+	// The holder's lease outlasts the restart: its renewals fail while the
+	// server is down, then succeed; nobody else obtains the key meanwhile;
+	// and the token after its release is larger.
+	t.Run("MidHold", func(t *testing.T) {
+		const ttl = 9 * time.Second // renewals every 3s
+		dsn := srv.Database(t)
+		ctx := context.Background()
+		cfg, err := mysql.ParseDSN(dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var dials dialCounter
+		cfg.DialFunc = dials.dial
+		conn, err := mysql.NewConnector(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		db := sql.OpenDB(conn)
+		t.Cleanup(func() { db.Close() })
+		holder := lock.NewMySQL(db, lock.MySQLOptions{TTL: ttl})
+		a := obtain(t, holder, "k")
+
+		other := newMySQL(t, dsn, lock.MySQLOptions{})
+		var (
+			stop     = make(chan struct{})
+			tried    sync.WaitGroup
+			obtained atomic.Int32
+			tries    atomic.Int32
+		)
+		tried.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+				tries.Add(1)
+				if l, err := other.TryObtain(ctx, "k"); err == nil {
+					obtained.Add(1)
+					l.Release(ctx)
+				}
+			}
+		})
+
+		before := a.Until()
+		srv.Stop()
+		waitFor(t, "a renewal fails", func() bool { return dials.failed.Load() > 0 })
+		srv.Restart()
+		waitFor(t, "a renewal succeeds", func() bool { return a.Until().After(before.Add(time.Second)) })
+		if err := a.Context().Err(); err != nil {
+			t.Fatalf("the lease did not survive the restart: %v", context.Cause(a.Context()))
+		}
+		mysqlHeldBy(t, other, "k", a.Fence())
+		close(stop)
+		tried.Wait()
+		if n := obtained.Load(); n != 0 || tries.Load() == 0 {
+			t.Fatalf("another process obtained the key %d times in %d tries while it was held", n, tries.Load())
+		}
+		if err := a.Release(ctx); err != nil {
+			t.Fatalf("release after the restart: %v", err)
+		}
+		b := obtain(t, other, "k")
+		if b.Fence() <= a.Fence() {
+			t.Errorf("token %d after the restart, %d before", b.Fence(), a.Fence())
+		}
+		t.Logf("%d dials failed during the restart", dials.failed.Load())
+	})
+
+	// Tokens after a crash and restart are larger than every token before
+	// it, and the rows kept their counters: the tokens do not rest on the
+	// clock alone. A key held at the crash is held until its lease runs
+	// out.
+	t.Run("TokensAfterCrash", func(t *testing.T) {
+		dsn := srv.Database(t)
+		ctx := context.Background()
+		l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MaxBackoff: 20 * time.Millisecond})
+		keys := []string{"a", "b", "c"}
+		last := map[string]int64{}
+		for range 3 {
+			for _, k := range keys {
+				lease := obtain(t, l, k)
+				if lease.Fence() <= last[k] {
+					t.Fatalf("%q: token %d after %d", k, lease.Fence(), last[k])
+				}
+				last[k] = lease.Fence()
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		// Long enough to outlast the crash and restart on a busy machine.
+		paused := newMySQL(t, dsn, lock.MySQLOptions{TTL: 4 * time.Second, After: frozen})
+		held := obtain(t, paused, "held")
+		last["held"] = held.Fence()
+
+		crashed := time.Now()
+		srv.Kill()
+		srv.Restart()
+		t.Logf("crashed and restarted in %v", time.Since(crashed))
+
+		for _, k := range keys {
+			if _, f, _ := mysqlHolder(t, l, k); f != last[k] {
+				t.Errorf("%q: counter %d after the crash, %d before", k, f, last[k])
+			}
+		}
+		mysqlHeldBy(t, l, "held", held.Fence())
+		for _, k := range append(keys, "held") {
+			lease := obtain(t, l, k)
+			if lease.Fence() <= last[k] {
+				t.Errorf("%q: token %d after the crash, %d before", k, lease.Fence(), last[k])
+			}
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	})
+}
