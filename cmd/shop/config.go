@@ -38,11 +38,16 @@ type config struct {
 	RedisPrefix     string
 	// RedlockAddrs are the independent masters of redlock mode.
 	RedlockAddrs []string
-	LockMode     string
-	LockTTL      time.Duration
-	LockWait     time.Duration
-	StockUpdate  string
-	Fencing      bool
+	// EtcdEndpoints are the members of the etcd cluster of etcd mode, and
+	// ZKServers the servers of the ZooKeeper ensemble of zookeeper mode;
+	// host:port each, as RedlockAddrs.
+	EtcdEndpoints []string
+	ZKServers     []string
+	LockMode      string
+	LockTTL       time.Duration
+	LockWait      time.Duration
+	StockUpdate   string
+	Fencing       bool
 	// OrderBatch is the most orders of one SKU one lock holder places in
 	// one transaction.
 	OrderBatch int
@@ -207,7 +212,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		MySQLDSN:        get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
 		RedisMasterName: getenv("SHOP_REDIS_MASTER_NAME"),
 		RedisPrefix:     get("SHOP_REDIS_PREFIX", "shop:"),
-		LockMode:        oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "local", "none"),
+		LockMode:        oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "mysql", "etcd", "zookeeper", "local", "none"),
 		LockTTL:         between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
 		LockWait:        between("SHOP_LOCK_WAIT", "2s", time.Millisecond, stock.MaxLockWait),
 		StockUpdate:     oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
@@ -277,6 +282,14 @@ func loadConfig(getenv func(string) string) (config, error) {
 	c.RedlockAddrs = addrs("SHOP_REDLOCK_ADDRS", "", "a master listed twice counts twice towards a majority")
 	if c.LockMode == "redlock" && len(c.RedlockAddrs) == 0 {
 		errs = append(errs, errors.New("SHOP_REDLOCK_ADDRS: redlock mode needs the independent Redis masters, comma-separated host:port"))
+	}
+	c.EtcdEndpoints = addrs("SHOP_ETCD_ENDPOINTS", "", "a member listed twice is dialled twice")
+	if c.LockMode == "etcd" && len(c.EtcdEndpoints) == 0 {
+		errs = append(errs, errors.New("SHOP_ETCD_ENDPOINTS: etcd mode needs the members of the etcd cluster, comma-separated host:port"))
+	}
+	c.ZKServers = addrs("SHOP_ZK_SERVERS", "", "a server listed twice is dialled twice")
+	if c.LockMode == "zookeeper" && len(c.ZKServers) == 0 {
+		errs = append(errs, errors.New("SHOP_ZK_SERVERS: zookeeper mode needs the servers of the ZooKeeper ensemble, comma-separated host:port"))
 	}
 	if err := checkAddr(c.HTTPAddr, true); err != nil {
 		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR: %w", err))

@@ -71,6 +71,11 @@ func TestConfigAddressesAndToken(t *testing.T) {
 		{"SHOP_REDLOCK_ADDRS", "redis://a:1,b:2,c:3", `drop the scheme "redis://"`},
 		{"SHOP_REDLOCK_ADDRS", "a:1,b:,c:3", dialPort},
 		{"SHOP_REDLOCK_ADDRS", "a:1,:2,c:3", "names no host"},
+		{"SHOP_ETCD_ENDPOINTS", "http://a:2379", `drop the scheme "http://"`},
+		{"SHOP_ETCD_ENDPOINTS", "a:2379,a:2379", `"a:2379" is listed twice`},
+		{"SHOP_ETCD_ENDPOINTS", "", "etcd mode needs the members"},
+		{"SHOP_ZK_SERVERS", "a:2181,b:", dialPort},
+		{"SHOP_ZK_SERVERS", "", "zookeeper mode needs the servers"},
 		{"SHOP_HTTP_ADDR", "h:abc", listenPort},
 		{"SHOP_HTTP_ADDR", ":65536", listenPort},
 		{"SHOP_HTTP_ADDR", "127.0.0.1:-1", listenPort},
@@ -88,8 +93,13 @@ func TestConfigAddressesAndToken(t *testing.T) {
 	for _, tt := range bad {
 		t.Run(tt.name+"="+tt.value, func(t *testing.T) {
 			vars := map[string]string{tt.name: tt.value}
-			if tt.name == "SHOP_REDLOCK_ADDRS" {
+			switch tt.name {
+			case "SHOP_REDLOCK_ADDRS":
 				vars["SHOP_LOCK_MODE"] = "redlock"
+			case "SHOP_ETCD_ENDPOINTS":
+				vars["SHOP_LOCK_MODE"] = "etcd"
+			case "SHOP_ZK_SERVERS":
+				vars["SHOP_LOCK_MODE"] = "zookeeper"
 			}
 			code, out := serveWith(base, vars)
 			if code != 2 {

@@ -178,7 +178,9 @@ func postOrder(client *http.Client, url string, sku, user int) (int, []byte, err
 // TestThreeReplicasSellEachUnitOnce is the acceptance run in small: three
 // `shop serve` on one MariaDB and a Redis — one server, a Redis Cluster of
 // three masters, a master managed by Sentinels — (and, in redlock mode,
-// three more Redis masters for the lock), every SKU wanted by four buyers
+// three more Redis masters for the lock; in the other families' modes, the
+// MySQL lock table, a private etcd cluster, a private ZooKeeper ensemble),
+// every SKU wanted by four buyers
 // at once through different replicas; then `shop verify --acks`. The seed
 // runs on the same Redis: on a Cluster its cache reset covers every master.
 func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
@@ -194,6 +196,24 @@ func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
 		// buyer may need more than the default 2 s wait.
 		sellEachUnitOnce(t, testenv.TopologyNamed(t, "single"), map[string]string{
 			"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": strings.Join(addrs, ","), "SHOP_LOCK_WAIT": "10s",
+		})
+	})
+	// The other families commit each hold on a server of their own (etcd
+	// and ZooKeeper on a majority of three): the same longer wait.
+	single := func(t *testing.T) testenv.Topology { return testenv.TopologyNamed(t, "single") }
+	t.Run("mysql", func(t *testing.T) {
+		sellEachUnitOnce(t, single(t), map[string]string{"SHOP_LOCK_MODE": "mysql", "SHOP_LOCK_WAIT": "10s"})
+	})
+	t.Run("etcd", func(t *testing.T) {
+		cluster := testenv.StartEtcdCluster(t)
+		sellEachUnitOnce(t, single(t), map[string]string{
+			"SHOP_LOCK_MODE": "etcd", "SHOP_ETCD_ENDPOINTS": strings.Join(cluster.Endpoints(), ","), "SHOP_LOCK_WAIT": "10s",
+		})
+	})
+	t.Run("zookeeper", func(t *testing.T) {
+		ensemble := testenv.StartZooKeeper(t)
+		sellEachUnitOnce(t, single(t), map[string]string{
+			"SHOP_LOCK_MODE": "zookeeper", "SHOP_ZK_SERVERS": strings.Join(ensemble.Servers(), ","), "SHOP_LOCK_WAIT": "10s",
 		})
 	})
 }

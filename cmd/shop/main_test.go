@@ -29,7 +29,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	tests := []struct {
 		name, value string
 	}{
-		{"SHOP_LOCK_MODE", "zookeeper"},
+		{"SHOP_LOCK_MODE", "consul"},
 		{"SHOP_LOCK_TTL", "five"},
 		{"SHOP_LOCK_TTL", "1ms"},
 		{"SHOP_LOCK_WAIT", "-1s"},

@@ -132,7 +132,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if n := len(cfg.RedlockAddrs); cfg.LockMode == "redlock" && n < 3 {
 		log.Warn("SHOP_REDLOCK_ADDRS has fewer than three masters: a majority of them survives no failure", "masters", n)
 	}
-	if cfg.Fencing && cfg.LockMode != "redis" && cfg.LockMode != "redlock" {
+	if cfg.Fencing && !fencedMode(cfg.LockMode) {
 		log.Warn("SHOP_FENCING=on has no effect: this lock mode gives no fencing tokens", "lock_mode", cfg.LockMode)
 	}
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -407,6 +407,12 @@ func newLocker(cfg config, after func(time.Duration) <-chan time.Time, hook redi
 		return lock.NewLocal(cfg.LockWait), func() {}, nil
 	case "none":
 		return lock.None{}, func() {}, nil
+	case "mysql":
+		return newMySQLLocker(cfg, after)
+	case "etcd":
+		return newEtcdLocker(cfg)
+	case "zookeeper":
+		return newZooKeeperLocker(cfg)
 	case "redlock":
 		nodes := make([]redis.Scripter, len(cfg.RedlockAddrs))
 		clients := make([]redis.UniversalClient, len(cfg.RedlockAddrs))
