@@ -60,8 +60,9 @@ find_bin() {
   return 1
 }
 
-# ensure_deps [race] installs MariaDB, Redis (server and redis-cli) and nginx
-# when they are missing;
+# ensure_deps [race] installs MariaDB, Redis (server and redis-cli), nginx,
+# etcd and ZooKeeper (the other lock families' servers) when they are
+# missing;
 # with "race", also a C compiler and the C library's headers when the one
 # `go test -race` would use (go env CC) cannot build a program: the race
 # detector needs cgo, and a bare Debian has neither gcc nor libc6-dev.
@@ -72,6 +73,8 @@ ensure_deps() {
   # redis-cli (Debian's redis-tools) builds the test Cluster and asks the Sentinels.
   { find_bin redis-server && find_bin redis-cli; } >/dev/null || { apt+=(redis-server redis-tools); brew+=(redis); }
   find_bin nginx >/dev/null || { apt+=(nginx); brew+=(nginx); }
+  find_bin etcd >/dev/null || { apt+=(etcd-server); brew+=(etcd); }
+  { zk_classpath && find_bin java; } >/dev/null || { apt+=(zookeeper); brew+=(zookeeper); }
   if [ "${1:-}" = race ] && ! cc_works; then apt+=(gcc libc6-dev); fi
   [ ${#apt[@]} -eq 0 ] && return 0
   log "installing ${apt[*]}"
@@ -80,7 +83,7 @@ ensure_deps() {
   elif command -v brew >/dev/null 2>&1; then
     [ ${#brew[@]} -eq 0 ] || brew install "${brew[@]}"
   else
-    die "please install ${apt[*]} (MariaDB or MySQL server, Redis, nginx, a C compiler): no apt-get or brew here"
+    die "please install ${apt[*]} (MariaDB or MySQL server, Redis, nginx, etcd, ZooKeeper, a C compiler): no apt-get or brew here"
   fi
   if [ "${1:-}" = race ] && ! cc_works; then
     die "no working C compiler ($(go_cc)), which go test -race needs: install one (Xcode's command line tools on macOS)"
@@ -108,7 +111,7 @@ cc_works() {
 # The system services that the Debian packages of the servers start and
 # enable on install, with the port each listens on by default: NAME:PORT.
 # SHOP_SERVICES replaces the list (the tests of these scripts use it).
-system_services() { echo "${SHOP_SERVICES-mariadb:3306 redis-server:6379 nginx:80}"; }
+system_services() { echo "${SHOP_SERVICES-mariadb:3306 redis-server:6379 nginx:80 etcd:2379 zookeeper:2181}"; }
 
 # init_system prints systemd when systemd runs this machine, else sysv (SysV
 # init, or a container without an init). SHOP_INIT_SYSTEM sets it (the
@@ -536,3 +539,8 @@ stop_pidfile() {
   fi
   rm -f "$file"
 }
+
+# The private servers of the other lock families: an etcd cluster and a
+# ZooKeeper ensemble (SHOP_LOCK_MODE=etcd, zookeeper).
+. "$(dirname "${BASH_SOURCE[0]}")/etcd.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/zookeeper.sh"

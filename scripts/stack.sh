@@ -34,6 +34,13 @@
 #   scripts/stack.sh kill-redis-master   (Sentinel) SIGKILL the master; once the
 #                                        Sentinels have promoted the replica, start
 #                                        it again, empty, to rejoin as a replica
+#   scripts/stack.sh kill-etcd-leader    (SHOP_LOCK_MODE=etcd) SIGKILL the etcd leader;
+#                                        once another leads, start it again on its data
+#   scripts/stack.sh kill-zk-leader      (SHOP_LOCK_MODE=zookeeper) the same for the
+#                                        ZooKeeper ensemble's leader
+#
+# The replicas of SHOP_LOCK_MODE=etcd or zookeeper start a private etcd
+# cluster or ZooKeeper ensemble of three on first use, which runs until down.
 #
 # Environment: SHOP_STATE (state directory, default .state/stack; up,
 # replicas and redis-up create it, and mark it as theirs with a file
@@ -131,14 +138,15 @@ wait_ready() {
 load_ports() {
   local p=()
   if [ ! -f "$ports" ]; then
-    mapfile -t p < <(free_ports 19)
+    mapfile -t p < <(free_ports 25)
     MYSQL_PORT=${p[0]} REDIS_PORTS=${p[*]:1:3} REPLICA_PORTS=${p[*]:4:3} CLUSTER_PORTS=${p[*]:7:3}
     SENTINEL_REDIS_PORTS=${p[*]:10:2} SENTINEL_PORTS=${p[*]:12:3} ADMIN_PORTS=${p[*]:16:3}
+    ETCD_PORTS=${p[*]:19:3} ZK_PORTS=${p[*]:22:3}
     NGINX_PORT=${NGINX_PORT:-8080}
     [ "$NGINX_PORT" != 0 ] || NGINX_PORT=${p[15]}
     ADMIN_TOKEN=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
   else
-    ADMIN_PORTS=
+    ADMIN_PORTS= ETCD_PORTS= ZK_PORTS=
     . "$ports"
   fi
   read -r -a redis_ports <<<"$REDIS_PORTS"
@@ -147,9 +155,17 @@ load_ports() {
   read -r -a cluster_ports <<<"$CLUSTER_PORTS"
   read -r -a sentinel_redis_ports <<<"$SENTINEL_REDIS_PORTS"
   read -r -a sentinel_ports <<<"$SENTINEL_PORTS"
+  read -r -a etcd_ports <<<"$ETCD_PORTS"
+  read -r -a zk_ports <<<"$ZK_PORTS"
   if [ ${#admin_ports[@]} -eq 0 ]; then
     # A stack from before the replicas had an operators' listener.
     mapfile -t admin_ports < <(free_ports 3)
+    [ ! -f "$ports" ] || save_ports
+  fi
+  if [ ${#etcd_ports[@]} -eq 0 ]; then
+    # A stack from before the etcd and ZooKeeper locks.
+    mapfile -t p < <(free_ports 6)
+    etcd_ports=("${p[@]:0:3}") zk_ports=("${p[@]:3:3}")
     [ ! -f "$ports" ] || save_ports
   fi
   [ -f "$ports" ] || save_ports
@@ -167,6 +183,8 @@ save_ports() {
     echo "SENTINEL_REDIS_PORTS='${sentinel_redis_ports[*]}'"
     echo "SENTINEL_PORTS='${sentinel_ports[*]}'"
     echo "ADMIN_PORTS='${admin_ports[*]}'"
+    echo "ETCD_PORTS='${etcd_ports[*]}'"
+    echo "ZK_PORTS='${zk_ports[*]}'"
   } >"$ports.new"
   mv "$ports.new" "$ports"
 }
@@ -184,7 +202,7 @@ claim_port() {
     die "port ${var[$i]} of $what (saved in $ports) is held by $holder, not by this stack: stop it, or run $0 up, which moves $what to a free port"
   while :; do
     port=$(free_port)
-    case " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} " in
+    case " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} ${etcd_ports[*]} ${zk_ports[*]} " in
       *" $port "*) ;;
       *) break ;;
     esac
@@ -237,6 +255,8 @@ shop_env() {
   echo "SHOP_MYSQL_DSN=root@tcp(127.0.0.1:$MYSQL_PORT)/shop?parseTime=true"
   redis_env
   echo "SHOP_REDLOCK_ADDRS=127.0.0.1:${redis_ports[0]},127.0.0.1:${redis_ports[1]},127.0.0.1:${redis_ports[2]}"
+  echo "SHOP_ETCD_ENDPOINTS=$(addr_list "${etcd_ports[@]}")"
+  echo "SHOP_ZK_SERVERS=$(addr_list "${zk_ports[@]}")"
   echo "SHOP_ADMIN_TOKEN=$ADMIN_TOKEN"
 }
 
@@ -327,6 +347,37 @@ start_topology() {
   esac
 }
 
+# lock_mode prints the SHOP_LOCK_MODE the replicas were last given (empty:
+# the default, redis).
+lock_mode() { sed -n 's/^SHOP_LOCK_MODE=//p' "$state/replica-settings" 2>/dev/null | tail -1; }
+
+# start_lock_servers starts the etcd cluster or the ZooKeeper ensemble when
+# the replicas' lock mode needs it, unless all of it runs. Once started
+# they run until down: the rows of other modes leave them alone. A set that
+# runs in part is stopped and started again on its data.
+start_lock_servers() {
+  case $(lock_mode) in
+    etcd)
+      set_running "$state/etcd" "${etcd_ports[@]}" && return 0
+      if [ -d "$state/etcd" ]; then
+        stop_etcd_cluster "$state/etcd"
+      else
+        claim_ports etcd_ports "the etcd cluster"
+      fi
+      start_etcd_cluster "$state/etcd" "${etcd_ports[@]}"
+      ;;
+    zookeeper)
+      set_running "$state/zookeeper" "${zk_ports[@]}" && return 0
+      if [ -d "$state/zookeeper" ]; then
+        stop_zk_ensemble "$state/zookeeper"
+      else
+        claim_ports zk_ports "the ZooKeeper ensemble"
+      fi
+      start_zk_ensemble "$state/zookeeper" "${zk_ports[@]}"
+      ;;
+  esac
+}
+
 # A replica drains on SIGTERM: it stops accepting, lets its in-flight
 # orders commit or roll back and answers them, within 30 seconds and a
 # short drain period. It is killed only if it takes longer than this.
@@ -396,6 +447,7 @@ start_replicas() {
   local n=$1 i
   shift
   printf '%s\n' "$@" | grep -v '^$' >"$state/replica-settings" || true
+  start_lock_servers
   for i in $(seq 1 "$n"); do start_replica "$i"; done
   for i in $(seq 1 "$n"); do wait_replica "$i"; done
   echo "$n" >"$state/replicas"
@@ -505,6 +557,7 @@ up() {
   set_topology
   load_ports
   start_servers
+  start_lock_servers
   local n=${REPLICAS:-$(cat "$state/replicas" 2>/dev/null || echo 3)} i sum started=() stale=()
   sum=$(binary_sum)
   for i in $(seq 1 "$n"); do
@@ -555,6 +608,8 @@ down() {
   for i in 0 1 2; do stop_pidfile "$state/redis$i/pid"; done
   stop_redis_set "$state/redis-cluster"
   stop_redis_set "$state/redis-sentinel"
+  [ ! -d "$state/etcd" ] || stop_etcd_cluster "$state/etcd"
+  [ ! -d "$state/zookeeper" ] || stop_zk_ensemble "$state/zookeeper"
   stop_pidfile "$state/mariadb/pid" 30 # InnoDB writes its buffers out
   rm -rf "$state"
   log "stack stopped, $state removed"
@@ -756,8 +811,42 @@ kill_redis_master() {
   log "Redis on :$old is back, a replica of :$new"
 }
 
+# kill_etcd_leader kills the etcd cluster's leader (SIGKILL), as a crash
+# would, waits until the others have elected a new one, and starts the
+# killed member again on its data; it returns once that member serves.
+kill_etcd_leader() {
+  local dir=$state/etcd old new
+  set_running "$dir" "${etcd_ports[@]}" || die "the etcd cluster is not running: $0 replicas N SHOP_LOCK_MODE=etcd first"
+  old=$(etcd_leader_dir "$dir") || die "the etcd cluster has no leader"
+  kill_etcd_member "$old"
+  log "etcd leader on :${old##*/} killed"
+  new=$(etcd_leader_dir "$dir") || die "no new etcd leader within 10s"
+  log "etcd elected :${new##*/}"
+  start_etcd_member "$dir" "${old##*/}"
+}
+
+# kill_zk_leader kills the ZooKeeper ensemble's leader (SIGKILL), waits
+# until the others have elected a new one, and starts the killed server
+# again on its data; it returns once that server follows.
+kill_zk_leader() {
+  local dir=$state/zookeeper old new deadline
+  set_running "$dir" "${zk_ports[@]}" || die "the ZooKeeper ensemble is not running: $0 replicas N SHOP_LOCK_MODE=zookeeper first"
+  old=$(zk_leader_dir "$dir") || die "the ZooKeeper ensemble has no leader"
+  zk_kill_server "$old"
+  log "ZooKeeper leader on :${old##*/} killed"
+  deadline=$((SECONDS + 30))
+  until new=$(zk_leader_dir "$dir"); do
+    [ $SECONDS -lt $deadline ] || die "no new ZooKeeper leader within 30s"
+    sleep 0.1
+  done
+  log "ZooKeeper elected :${new##*/}"
+  zk_start_server "$old"
+  zk_wait_serving "$old" 60 || die "ZooKeeper on :${old##*/} does not serve again"
+  log "ZooKeeper on :${old##*/} is back"
+}
+
 case ${1:-} in
-  kill-replica | start-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | shop) need_stack ;;
+  kill-replica | start-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | kill-etcd-leader | kill-zk-leader | shop) need_stack ;;
 esac
 case ${1:-} in
   up) repick=1; up ;;
@@ -788,7 +877,9 @@ case ${1:-} in
   restart-mariadb) load_ports; restart_mariadb ;;
   failover-redis) load_ports; failover_redis ;;
   kill-redis-master) load_ports; kill_redis_master ;;
+  kill-etcd-leader) load_ports; kill_etcd_leader ;;
+  kill-zk-leader) load_ports; kill_zk_leader ;;
   redis-up) repick=1; set_topology; load_ports; start_masters; start_topology; redis_env ;;
   shop) load_ports; run_shop "${@:2}" ;;
-  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|shop ARGS..." ;;
+  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|kill-etcd-leader|kill-zk-leader|shop ARGS..." ;;
 esac

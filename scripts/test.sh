@@ -89,5 +89,5 @@ go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ${TEST_PKGS:-./...}
 if [ "${SHOP_TEST_FLEET:-1}" != 0 ]; then
   log "the lock experiment on a small fleet behind nginx"
   SHOP_STATE="$tmp/stack" DEMO_OUT=out/test-fleet scripts/demo.sh -skus 200 -c 200 -ttl 300ms -pause 1s -hot-units 300 -hot-buyers 400 \
-    -fault-after 1s -fault-span 6s -life-units 100 -life-buyers 200 -resale-buyers 150 -life-c 50 -pay-window 6s -stall 2s
+    -fault-after 1s -fault-span 6s -life-units 100 -life-buyers 200 -resale-buyers 150 -life-c 50 -pay-window 6s -stall 2s -families=false
 fi
