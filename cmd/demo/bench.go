@@ -90,7 +90,9 @@ const benchJWTSecret = "bench-orders-jwt-secret-of-32-bytes"
 // service's default (the Redis lock, a SKU's queued orders in one
 // transaction), and the default with buyers authenticated by JWT (each
 // order carries an HS256 token the replica verifies), beside the default:
-// what verifying costs an order.
+// what verifying costs an order; then the default batch on each of the
+// seeds' other lock families (the MySQL lock table, etcd, ZooKeeper), each
+// beside the Redis lock.
 func benchConfigs() []benchConfig {
 	return []benchConfig{
 		{Name: "none, batch 1 (baseline)", Env: []string{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, Baseline: true},
@@ -98,6 +100,9 @@ func benchConfigs() []benchConfig {
 		{Name: "redis, default batch", Env: []string{"SHOP_LOCK_MODE=redis"}},
 		{Name: "redis, default batch, jwt", Env: []string{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret},
 			Load: []string{"-jwt-secret", benchJWTSecret}, Beside: "redis, default batch"},
+		{Name: "mysql, default batch", Env: []string{"SHOP_LOCK_MODE=mysql"}, Beside: "redis, default batch"},
+		{Name: "etcd, default batch", Env: []string{"SHOP_LOCK_MODE=etcd"}, Beside: "redis, default batch"},
+		{Name: "zookeeper, default batch", Env: []string{"SHOP_LOCK_MODE=zookeeper"}, Beside: "redis, default batch"},
 	}
 }
 

@@ -112,7 +112,8 @@ func TestBenchNotesSaleShort(t *testing.T) {
 
 func TestBenchConfigs(t *testing.T) {
 	want := [][]string{{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis"},
-		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret}}
+		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret},
+		{"SHOP_LOCK_MODE=mysql"}, {"SHOP_LOCK_MODE=etcd"}, {"SHOP_LOCK_MODE=zookeeper"}}
 	configs := benchConfigs()
 	if len(configs) != len(want) {
 		t.Fatalf("%d configurations, want %d", len(configs), len(want))

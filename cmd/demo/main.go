@@ -81,6 +81,7 @@ type options struct {
 	after    time.Duration // how long into the load a Redlock master is killed
 
 	faults     bool          // run the fault rows
+	families   bool          // run the rows of the other lock families (MySQL table, etcd, ZooKeeper)
 	faultAfter time.Duration // how long into the load a fault row's fault begins
 	faultSpan  time.Duration // a fault row's load is spread over at least this long
 
@@ -117,6 +118,7 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the stopped holder stays stopped (more than -ttl)")
 	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the Redlock master is killed")
 	fs.BoolVar(&o.faults, "faults", true, "run the fault rows (a replica killed, a rolling restart, Redis and MariaDB restarted, the Redis master failed over)")
+	fs.BoolVar(&o.families, "families", true, "run the rows of the seeds' other lock families: the MySQL lock table, etcd and ZooKeeper (sellout, hot SKU, a fault each)")
 	fs.Func("rows", "run only these rows of the table, by number: 17,18 (default all)", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -13,7 +13,7 @@ import (
 
 // row is one line of the experiment: a way of running the fleet.
 type row struct {
-	Lock     string // SHOP_LOCK_MODE: none, local, redis
+	Lock     string // SHOP_LOCK_MODE: none, local, redis, redlock, mysql, etcd, zookeeper
 	Update   string // SHOP_STOCK_UPDATE: naive, guarded
 	Fencing  bool
 	Replicas int
@@ -52,6 +52,8 @@ const (
 	faultMariaDB     = "restart-mariadb"
 	faultFailover    = "failover-redis"
 	faultKillMaster  = "kill-redis-master"
+	faultEtcdLeader  = "kill-etcd-leader"
+	faultZKLeader    = "kill-zk-leader"
 )
 
 // topologySentinel is stack.sh's REDIS_TOPOLOGY of a Sentinel-managed
@@ -63,7 +65,8 @@ const topologySentinel = "sentinel"
 // one product, more buyers than units, with and without the lock and the
 // coalescing of orders; then (unless -faults=false) the service's default
 // under faults, with buyers who retry; then (unless -life=false) the order
-// lifecycle: reservations paid or lapsing, their units returned and resold.
+// lifecycle: reservations paid or lapsing, their units returned and resold;
+// then (unless -families=false) the seeds' other lock families.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -93,6 +96,9 @@ func experiment(o options) []row {
 	}
 	if o.life {
 		rows = append(rows, lifeRows(o)...)
+	}
+	if o.families {
+		rows = append(rows, familyRows(o)...)
 	}
 	return rows
 }
@@ -133,6 +139,44 @@ func faultRows(o options) []row {
 	}
 }
 
+// familyRows are the seeds' other lock families on three replicas, each
+// with fencing: the sellout, the hot SKU (unless -hot-units is 0) and a
+// fault — the etcd leader or the ZooKeeper leader killed mid-sale, with
+// buyers who retry (unless -faults=false), and for the MySQL lock table a
+// holder stopped past its lease, without fencing (the unit sells twice) and
+// with it.
+func familyRows(o options) []row {
+	var rows []row
+	for _, f := range []struct{ lock, fault, name string }{
+		{"mysql", "", "the MySQL lock table"},
+		{"etcd", faultEtcdLeader, "etcd"},
+		{"zookeeper", faultZKLeader, "ZooKeeper"},
+	} {
+		rows = append(rows, row{Lock: f.lock, Update: "guarded", Fencing: true, Replicas: 3, MustHold: true, WantSold: int64(o.skus),
+			Shows: f.name + ": the seeds' sellout under this family's lock"})
+		if o.hotUnits > 0 {
+			rows = append(rows, row{Lock: f.lock, Update: "guarded", Fencing: true, Replicas: 3, Hot: true, MustHold: true,
+				WantSold: int64(min(o.hotUnits, o.hotBuyers)),
+				Shows:    f.name + ": the hot SKU, each lock holder placing the SKU's queued orders in one transaction"})
+		}
+		if f.fault != "" {
+			if !o.faults {
+				continue
+			}
+			rows = append(rows, row{Lock: f.lock, Update: "guarded", Fencing: true, Replicas: 3, Fault: f.fault, Retry: true,
+				MustHold: true, WantSold: int64(o.skus),
+				Shows: f.name + ": its leader is killed (SIGKILL) mid-sale; the others elect a new one, the sessions and their locks survive, and the killed server rejoins"})
+			continue
+		}
+		rows = append(rows,
+			row{Lock: f.lock, Update: "naive", Replicas: 3, TTL: o.ttl, Pause: true, MustRace: true,
+				Shows: f.name + ": a holder stopped past its lease's expiry; another takes the expired row, and the stopped holder's write lands anyway"},
+			row{Lock: f.lock, Update: "naive", Fencing: true, Replicas: 3, TTL: o.ttl, Pause: true, MustHold: true, WantSold: int64(o.skus),
+				Shows: f.name + ": the same stop with fencing: the table's counter gave the new holder a larger token, and MySQL refuses the stopped holder's write"})
+	}
+	return rows
+}
+
 // hotRows are the hot SKU: one product, more buyers than units.
 func hotRows(o options) []row {
 	sold := int64(min(o.hotUnits, o.hotBuyers))
@@ -150,8 +194,9 @@ func hotRows(o options) []row {
 // the first, which also holds the product cache.
 func (r row) KilledMaster() int { return 3 }
 
-// tokens reports whether the row's lock gives fencing tokens.
-func (r row) tokens() bool { return r.Lock == "redis" || r.Lock == "redlock" }
+// tokens reports whether the row's lock gives fencing tokens: all but the
+// in-process mutex and none.
+func (r row) tokens() bool { return r.Lock != "none" && r.Lock != "local" }
 
 func (r row) fencing() string {
 	if !r.tokens() {
@@ -244,6 +289,10 @@ func (r row) faultName() string {
 		return "Redis master failed over"
 	case faultKillMaster:
 		return "Redis master killed"
+	case faultEtcdLeader:
+		return "etcd leader killed"
+	case faultZKLeader:
+		return "ZooKeeper leader killed"
 	}
 	return r.Fault
 }

@@ -98,7 +98,7 @@ func TestOutcome(t *testing.T) {
 }
 
 func TestReport(t *testing.T) {
-	o, err := parse([]string{"-skus", "200", "-out", t.TempDir()})
+	o, err := parse([]string{"-skus", "200", "-out", t.TempDir(), "-families=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,7 +198,7 @@ func TestReport(t *testing.T) {
 }
 
 func TestHotRows(t *testing.T) {
-	o, err := parse([]string{"-hot-units", "300", "-hot-buyers", "400"})
+	o, err := parse([]string{"-hot-units", "300", "-hot-buyers", "400", "-families=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,7 +257,7 @@ func TestReadEnvFile(t *testing.T) {
 }
 
 func TestPauseAndFaultRows(t *testing.T) {
-	o, err := parse([]string{"-skus", "200", "-pause", "1500ms"})
+	o, err := parse([]string{"-skus", "200", "-pause", "1500ms", "-families=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -311,6 +311,58 @@ func TestPauseAndFaultRows(t *testing.T) {
 	}
 	if _, err := parse([]string{"-fault-after", "3s", "-fault-span", "2s"}); err == nil {
 		t.Error("a fault after the end of the sale was accepted")
+	}
+}
+
+// The seeds' other lock families follow every other row: on three
+// replicas with fencing, each family's sellout and hot SKU must hold; the
+// etcd and ZooKeeper leaders are killed mid-sale (fault rows, gone with
+// -faults=false), and a MySQL-table holder is stopped past its lease, which
+// oversells without fencing and holds with it.
+func TestFamilyRows(t *testing.T) {
+	o, err := parse([]string{"-skus", "200", "-hot-units", "300", "-hot-buyers", "400"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := experiment(o)
+	first := slices.IndexFunc(rows, func(r row) bool { return r.Lock == "mysql" })
+	if first != 21 || len(rows) != 31 {
+		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them", len(rows), first)
+	}
+	var got []string
+	for _, r := range rows[first:] {
+		got = append(got, r.slug())
+		if !r.tokens() || r.fencing() == "-" || r.Replicas != 3 {
+			t.Errorf("%s: a family row on three replicas with tokens", r.label())
+		}
+		switch {
+		case r.Pause && !r.Fencing:
+			if !r.MustRace || r.MustHold || r.TTL != o.ttl {
+				t.Errorf("%s: must race", r.label())
+			}
+		case !r.MustHold || r.WantSold != map[bool]int64{false: 200, true: 300}[r.Hot]:
+			t.Errorf("%s: must hold, selling every unit: %v, %d", r.label(), r.MustHold, r.WantSold)
+		}
+	}
+	want := []string{
+		"mysql-guarded-x3-fencing-on", "hot-mysql-guarded-x3-fencing-on-batch-default",
+		"mysql-naive-x3-fencing-off-pause", "mysql-naive-x3-fencing-on-pause",
+		"etcd-guarded-x3-fencing-on", "hot-etcd-guarded-x3-fencing-on-batch-default", "etcd-guarded-x3-fencing-on-kill-etcd-leader",
+		"zookeeper-guarded-x3-fencing-on", "hot-zookeeper-guarded-x3-fencing-on-batch-default", "zookeeper-guarded-x3-fencing-on-kill-zk-leader",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("family rows %q, want %q", got, want)
+	}
+	for _, r := range rows[first:] {
+		if r.Fault != "" && !r.Retry {
+			t.Errorf("%s: its buyers must retry", r.label())
+		}
+	}
+	if o, _ := parse([]string{"-faults=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Fault != "" }) {
+		t.Error("-faults=false kept the families' fault rows")
+	}
+	if o, _ := parse([]string{"-families=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Lock == "etcd" }) {
+		t.Error("-families=false kept the family rows")
 	}
 }
 
