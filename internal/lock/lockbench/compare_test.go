@@ -75,16 +75,16 @@ const (
 // (Pub/sub traffic does not pass the round-trip hook; commandstats counts
 // PUBLISH inside the release script and the SUBSCRIBE.)
 var contenders = []contender{
-	{"ours", oursWith(func(c *redis.Client, o *lock.RedisOptions) { o.Subscriber = c })},
-	{"ours, backoff only", oursWith(nil)},
-	{"redsync", newRedsync},
-	{"bsm/redislock", newBSM},
+	{name: "ours", new: oursWith(func(c *redis.Client, o *lock.RedisOptions) { o.Subscriber = c })},
+	{name: "ours, backoff only", new: oursWith(nil)},
+	{name: "redsync", new: newRedsync},
+	{name: "bsm/redislock", new: newBSM},
 }
 
 // floor is no lock at all, only the two round trips every lock here needs
 // at the least (SET NX PX, DEL): the uncontended rows' lower bound. It is
 // not a peer.
-var floor = contender{"(floor: SET NX PX + DEL)", func(c *redis.Client, prefix string) locker { return floorLocker{c, prefix} }}
+var floor = contender{name: "(floor: SET NX PX + DEL)", new: func(c *redis.Client, prefix string) locker { return floorLocker{c, prefix} }}
 
 type floorLocker struct {
 	c      *redis.Client
@@ -101,7 +101,28 @@ func (f floorLocker) obtain(ctx context.Context, key string) (func(context.Conte
 
 type contender struct {
 	name string
-	new  func(c *redis.Client, prefix string) locker
+	// new makes a Redis lock on c, a client of the contender's own.
+	new func(c *redis.Client, prefix string) locker
+	// family, for a lock on another kind of server (see families), sets
+	// up its servers and client once and returns what makes its locks and
+	// what counts its traffic. Its rows are not peers of ours: the lines
+	// "÷ ours" compare them with our Redis lock instead.
+	family func(e *bench) (func(prefix string) locker, meter)
+}
+
+// rig is a contender set up: its locks' maker and its meter.
+type rig struct {
+	newLocker func(prefix string) locker
+	m         meter
+}
+
+func (e *bench) rig(c contender) rig {
+	if c.family != nil {
+		newLocker, m := c.family(e)
+		return rig{newLocker, m}
+	}
+	cl := e.newClient()
+	return rig{func(prefix string) locker { return c.new(cl.c, prefix) }, &redisMeter{e: e, cl: cl}}
 }
 
 // locker is what the harness drives. obtain waits at most the contender's
@@ -210,6 +231,7 @@ func (l bsmLocker) obtain(ctx context.Context, key string) (func(context.Context
 // row is one line of the table. Fields that do not apply are NaN.
 type row struct {
 	scenario, name string
+	family         bool    // a lock on another kind of server: not a peer
 	acqPerSec      float64 // acquisitions per second (uncontended: 1e9/ns per op)
 	nsPerOp        float64 // uncontended: one obtain+release
 	allocsPerAcq   float64 // all mallocs of the process during the run ÷ acquisitions (1 of them the harness's release func value, for every lock)
@@ -263,21 +285,47 @@ func (e *bench) newClient() client {
 	return client{c, h}
 }
 
-// measure runs body between two snapshots of commandstats, round trips and
-// mallocs and fills the per-acquisition columns of r. body must return only
-// when all its goroutines have stopped and every lease is released.
-func (e *bench) measure(cl client, r *row, body func() run) run {
-	runtime.GC()
-	if err := e.admin.ConfigResetStat(e.ctx).Err(); err != nil {
-		e.b.Fatalf("CONFIG RESETSTAT: %v", err)
+// meter counts what one contender's lock sent and what its server ran, for
+// the per-acquisition columns.
+type meter interface {
+	// start begins a measured run.
+	start()
+	// read returns the round trips the lock's client made since start, and
+	// the commands its server ran, by name.
+	read() (trips int64, cmds map[string]int64)
+}
+
+// redisMeter counts a Redis lock's round trips with a hook on its client,
+// and its server's commands with INFO commandstats (which the harness's own
+// INFO and CONFIG are left out of).
+type redisMeter struct {
+	e      *bench
+	cl     client
+	trips0 int64
+}
+
+func (m *redisMeter) start() {
+	if err := m.e.admin.ConfigResetStat(m.e.ctx).Err(); err != nil {
+		m.e.b.Fatalf("CONFIG RESETSTAT: %v", err)
 	}
-	trips0 := cl.hook.N()
+	m.trips0 = m.cl.hook.N()
+}
+
+func (m *redisMeter) read() (int64, map[string]int64) {
+	return m.cl.hook.N() - m.trips0, commandStats(m.e.b, m.e.ctx, m.e.admin)
+}
+
+// measure runs body between two snapshots of m and of mallocs and fills the
+// per-acquisition columns of r. body must return only when all its
+// goroutines have stopped and every lease is released.
+func (e *bench) measure(m meter, r *row, body func() run) run {
+	runtime.GC()
+	m.start()
 	var m0, m1 runtime.MemStats
 	runtime.ReadMemStats(&m0)
 	res := body()
 	runtime.ReadMemStats(&m1)
-	trips := cl.hook.N() - trips0
-	stats := commandStats(e.b, e.ctx, e.admin)
+	trips, stats := m.read()
 
 	var cmds int64
 	for _, n := range stats {
@@ -377,7 +425,7 @@ func mix(stats map[string]int64, acqs float64) string {
 }
 
 // uncontended: obtain+release of one key on one goroutine, for a while.
-func (e *bench) uncontended(cl client, l locker, r *row) {
+func (e *bench) uncontended(m meter, l locker, r *row) {
 	const key = "solo"
 	for range 200 { // load the scripts, warm the path
 		rel, err := l.obtain(e.ctx, key)
@@ -389,7 +437,7 @@ func (e *bench) uncontended(cl client, l locker, r *row) {
 		}
 	}
 	var elapsed time.Duration
-	res := e.measure(cl, r, func() run {
+	res := e.measure(m, r, func() run {
 		res := run{waits: make([]time.Duration, 0, 1<<16)}
 		start := time.Now()
 		for time.Since(start) < uncontendedFor {
@@ -417,7 +465,7 @@ func (e *bench) uncontended(cl client, l locker, r *row) {
 // started before the end are finished, and their leases released, before the
 // snapshot: acq/s counts the locks got within the window; waits, fails and
 // the per-acquisition columns count every obtain.
-func (e *bench) contended(cl client, l locker, r *row, keys []string) {
+func (e *bench) contended(m meter, l locker, r *row, keys []string) {
 	// Warm-up: every key once, spread over the workers (ours creates a key's
 	// fencing counter on its first use).
 	var wg sync.WaitGroup
@@ -443,7 +491,7 @@ func (e *bench) contended(cl client, l locker, r *row, keys []string) {
 
 	holders := make([]atomic.Int32, len(keys))
 	last := make([]atomic.Int32, len(keys)) // the worker that held a key last, +1
-	e.measure(cl, r, func() run {
+	e.measure(m, r, func() run {
 		per := make([]run, workers)
 		end := time.Now().Add(contendedFor)
 		var wg sync.WaitGroup
@@ -528,7 +576,7 @@ var columns = []column{
 	{head: "p99 wait", key: "p99", get: func(r row) float64 { return r.p99 }, format: duration},
 	{head: "fails", get: func(r row) float64 { return float64(r.fails) }, format: fixed(0), noRatio: true},
 	{head: "same holder", get: func(r row) float64 { return r.again }, format: percent, noRatio: true},
-	{head: "redis cmds/acq", key: "cmds/acq", get: func(r row) float64 { return r.cmdsPerAcq }, format: fixed(2)},
+	{head: "server cmds/acq", key: "cmds/acq", get: func(r row) float64 { return r.cmdsPerAcq }, format: fixed(2)},
 	{head: "round trips/acq", key: "trips/acq", get: func(r row) float64 { return r.tripsPerAcq }, format: fixed(2)},
 }
 
@@ -566,6 +614,37 @@ func meanSleep(d time.Duration) time.Duration {
 	return time.Since(start) / n
 }
 
+// familyRatio is one lock family's row ÷ ours, per column.
+type familyRatio struct {
+	name string
+	rs   []float64
+}
+
+// familyRatios returns, for each family's row of rows (one scenario's),
+// its figures ÷ those of the row named ratioOf, per column (NaN where it does
+// not apply).
+func familyRatios(rows []row) []familyRatio {
+	o := slices.IndexFunc(rows, func(r row) bool { return r.name == ratioOf })
+	if o < 0 {
+		return nil
+	}
+	var out []familyRatio
+	for _, r := range rows {
+		if !r.family {
+			continue
+		}
+		fr := familyRatio{name: r.name, rs: make([]float64, len(columns))}
+		for i, c := range columns {
+			fr.rs[i] = math.NaN()
+			if ours := c.get(rows[o]); !c.noRatio && ours != 0 {
+				fr.rs[i] = c.get(r) / ours
+			}
+		}
+		out = append(out, fr)
+	}
+	return out
+}
+
 // ratios returns, per column, ours ÷ the best peer in rows (one scenario's),
 // NaN where it does not apply, and the name of the row called ours ("" when
 // there is none).
@@ -585,7 +664,7 @@ func ratios(rows []row) (ours string, rs []float64) {
 		best := math.NaN()
 		for _, r := range rows {
 			x := c.get(r)
-			if strings.HasPrefix(r.name, oursFamily) || r.name == floor.name || math.IsNaN(x) {
+			if strings.HasPrefix(r.name, oursFamily) || r.name == floor.name || r.family || math.IsNaN(x) {
 				continue
 			}
 			if math.IsNaN(best) || (c.higher && x > best) || (!c.higher && x < best) {
@@ -622,9 +701,10 @@ func BenchmarkCompare(b *testing.B) {
 		}
 	}
 
-	clients := make([]client, len(contenders)+1) // the last for the floor
-	for i := range clients {
-		clients[i] = e.newClient()
+	all := append(slices.Clone(contenders), families...)
+	rigs := make([]rig, len(all)+1) // the last for the floor
+	for i, c := range append(slices.Clone(all), floor) {
+		rigs[i] = e.rig(c)
 	}
 	hot := []string{"hot"}
 	many := make([]string, manyKeys)
@@ -636,13 +716,13 @@ func BenchmarkCompare(b *testing.B) {
 		report       []string // column keys whose ratios are reported as metrics
 		rounds       int
 		floor        bool // with the floor row
-		run          func(client, locker, *row)
+		run          func(meter, locker, *row)
 	}{
 		{"uncontended, same key", "uncontended", []string{"ns/op", "allocs/op", "cmds/acq"}, uncontendedRounds, true, e.uncontended},
 		{fmt.Sprintf("%d goroutines, 1 key", workers), "contended", []string{"acq/s", "p99", "cmds/acq"}, 1, false,
-			func(cl client, l locker, r *row) { e.contended(cl, l, r, hot) }},
+			func(m meter, l locker, r *row) { e.contended(m, l, r, hot) }},
 		{fmt.Sprintf("%d goroutines, %d keys", workers, manyKeys), "manykeys", []string{"acq/s", "p99", "cmds/acq"}, 1, false,
-			func(cl client, l locker, r *row) { e.contended(cl, l, r, many) }},
+			func(m meter, l locker, r *row) { e.contended(m, l, r, many) }},
 	}
 
 	nan := math.NaN()
@@ -651,9 +731,9 @@ func BenchmarkCompare(b *testing.B) {
 		// Every contender runs the scenario in turn, rounds times; a
 		// contender's row is its median round by ns/op (rounds > 1 only for
 		// the short uncontended runs, which a 2-core machine makes noisy).
-		cs := contenders
+		cs := all
 		if sc.floor {
-			cs = append(slices.Clone(contenders), floor)
+			cs = append(slices.Clone(all), floor)
 		}
 		rounds := make([][]row, len(cs))
 		for round := range sc.rounds {
@@ -662,10 +742,14 @@ func BenchmarkCompare(b *testing.B) {
 			for j := range cs {
 				i := (j + round) % len(cs)
 				c := cs[i]
-				r := row{scenario: sc.name, name: c.name, acqPerSec: nan, nsPerOp: nan, allocsPerAcq: nan,
+				r := row{scenario: sc.name, name: c.name, family: c.family != nil, acqPerSec: nan, nsPerOp: nan, allocsPerAcq: nan,
 					p50: nan, p99: nan, again: nan, cmdsPerAcq: nan, tripsPerAcq: nan}
+				ri := i
+				if c.name == floor.name {
+					ri = len(all)
+				}
 				prefix := "bench:" + testenv.Name() + ":"
-				sc.run(clients[i], c.new(clients[i].c, prefix), &r)
+				sc.run(rigs[ri].m, rigs[ri].newLocker(prefix), &r)
 				rounds[i] = append(rounds[i], r)
 			}
 		}
@@ -699,6 +783,17 @@ func BenchmarkCompare(b *testing.B) {
 			}
 			fmt.Fprintf(tw, "\t%s\n", r.mix)
 		}
+		for _, fr := range familyRatios(rows) {
+			fmt.Fprintf(tw, "%s\t%s ÷ ours", rows[0].scenario, fr.name)
+			for i := range columns {
+				if x := fr.rs[i]; !math.IsNaN(x) && !math.IsInf(x, 0) {
+					fmt.Fprintf(tw, "\t%.2f×", x)
+				} else {
+					fmt.Fprint(tw, "\t-")
+				}
+			}
+			fmt.Fprint(tw, "\t\n")
+		}
 		name, rs := ratios(rows)
 		if name == "" {
 			continue
@@ -719,8 +814,11 @@ func BenchmarkCompare(b *testing.B) {
 	}
 	tw.Flush()
 	fmt.Printf("\n%q ÷ best peer: best = highest acq/s, lowest in every other column; so ours is ahead where the acq/s ratio is > 1 or another ratio is < 1.\n", oursName)
+	fmt.Println("<family> ÷ ours: that lock family's figure ÷ our Redis lock's (\"ours\"), column by column; acq/s below 1 or a wait above 1 is the family behind.")
 	fmt.Println("acq/s counts the locks got within the run; waits (time in obtain of the obtains that got the lock), fails (obtains that gave up)")
 	fmt.Println("and the per-acquisition columns also count the obtains finished after it. allocs/acq: all mallocs of the test process ÷ acquisitions.")
 	fmt.Println("same holder: share of acquisitions by the goroutine that held the key last (released it and got it straight back).")
-	fmt.Println("redis cmds/acq: INFO commandstats, commands run inside Lua scripts included; round trips/acq: a go-redis hook on the lock's client.")
+	fmt.Println("server cmds/acq: for Redis, INFO commandstats, commands run inside Lua scripts included; round trips/acq: a go-redis hook on the lock's client.")
+	fmt.Println("For the other families, see their meters: MariaDB's Questions and Com_* counters; etcd's RPCs and stream messages sent, counted by")
+	fmt.Println("gRPC interceptors on the lock's client; ZooKeeper's requests by opcode, read off the lock's connection as it writes them (pings included).")
 }
