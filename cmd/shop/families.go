@@ -2,6 +2,7 @@ package main
 
 import (
 	"database/sql"
+	"log/slog"
 	"fmt"
 	"time"
 
@@ -67,9 +68,12 @@ func newEtcdLocker(cfg config) (stock.Locker, func(), error) {
 	}, nil
 }
 
-// newZooKeeperLocker is the ZooKeeper lock, on a session of its own.
-func newZooKeeperLocker(cfg config) (stock.Locker, func(), error) {
-	l, err := lock.DialZooKeeper(cfg.ZKServers, lock.ZooKeeperOptions{Root: "/" + cfg.RedisPrefix + "lock", TTL: cfg.LockTTL, Wait: cfg.LockWait})
+// newZooKeeperLocker is the ZooKeeper lock, on a session of its own; the
+// client's messages go to log at debug level.
+func newZooKeeperLocker(cfg config, log *slog.Logger) (stock.Locker, func(), error) {
+	l, err := lock.DialZooKeeper(cfg.ZKServers, lock.ZooKeeperOptions{
+		Root: "/" + cfg.RedisPrefix + "lock", TTL: cfg.LockTTL, Wait: cfg.LockWait, Logger: log,
+	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: zookeeper: %w", err)
 	}

@@ -31,7 +31,7 @@ func testConfig(t *testing.T, vars map[string]string) config {
 // test ends.
 func testLocker(t *testing.T, vars map[string]string) stock.Locker {
 	t.Helper()
-	locker, closeLocker, err := newLocker(testConfig(t, vars), nil, nil)
+	locker, closeLocker, err := newLocker(testConfig(t, vars), nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -120,7 +120,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	// Fault injection exists only in a -tags failpoints build; here, in a
 	// default one, every hook is nil (internal/failpoint).
 	hooks := failpoint.New()
-	locker, closeLocker, err := newLocker(cfg, hooks.After, depErrors.RedisHook())
+	locker, closeLocker, err := newLocker(cfg, hooks.After, depErrors.RedisHook(), log)
 	if err != nil {
 		return err
 	}
@@ -400,7 +400,7 @@ func lockRedisOptions(cfg config, ttl time.Duration) *redis.UniversalOptions {
 // nil, is the timer their lease watchdogs sleep on (a failpoint's); hook,
 // when not nil, is added to each of their clients (the dependency errors'
 // count).
-func newLocker(cfg config, after func(time.Duration) <-chan time.Time, hook redis.Hook) (stock.Locker, func(), error) {
+func newLocker(cfg config, after func(time.Duration) <-chan time.Time, hook redis.Hook, log *slog.Logger) (stock.Locker, func(), error) {
 	opt := lock.RedisOptions{Prefix: cfg.RedisPrefix + "lock:", TTL: cfg.LockTTL, Wait: cfg.LockWait, After: after}
 	switch cfg.LockMode {
 	case "local":
@@ -412,7 +412,7 @@ func newLocker(cfg config, after func(time.Duration) <-chan time.Time, hook redi
 	case "etcd":
 		return newEtcdLocker(cfg)
 	case "zookeeper":
-		return newZooKeeperLocker(cfg)
+		return newZooKeeperLocker(cfg, log)
 	case "redlock":
 		nodes := make([]redis.Scripter, len(cfg.RedlockAddrs))
 		clients := make([]redis.UniversalClient, len(cfg.RedlockAddrs))

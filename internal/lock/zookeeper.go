@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
@@ -29,6 +30,9 @@ type ZooKeeperOptions struct {
 	TTL time.Duration
 	// Wait bounds how long Obtain waits for a held key; default 2s.
 	Wait time.Duration
+	// Logger is given the client's messages (connecting, a session
+	// granted, a connection lost) at debug level; nil drops them.
+	Logger *slog.Logger
 }
 
 func (opt ZooKeeperOptions) withDefaults() ZooKeeperOptions {
@@ -126,7 +130,7 @@ func DialZooKeeper(servers []string, opt ZooKeeperOptions, connOpts ...func(*zk.
 		}
 	}
 	conn, _, err := zk.Connect(servers, opt.TTL, theirs,
-		zk.WithLogger(zkLogger{negotiated: &z.negotiated}), zk.WithLogInfo(true), zk.WithEventCallback(z.event))
+		zk.WithLogger(zkLogger{negotiated: &z.negotiated, log: opt.Logger}), zk.WithLogInfo(true), zk.WithEventCallback(z.event))
 	if err != nil {
 		return nil, fmt.Errorf("lock: dial ZooKeeper %v: %w", servers, err)
 	}
@@ -135,11 +139,14 @@ func DialZooKeeper(servers []string, opt ZooKeeperOptions, connOpts ...func(*zk.
 	return z, nil
 }
 
-// zkLogger passes the client's messages on to zk.DefaultLogger and takes
-// from them the session timeout the server granted: the client logs it
-// ("authenticated: id=…, timeout=…") before it sends any request on the
-// session, and keeps no other record of it that it shows.
-type zkLogger struct{ negotiated *atomic.Int64 }
+// zkLogger passes the client's messages on to the lock's Logger, if any,
+// and takes from them the session timeout the server granted: the client
+// logs it ("authenticated: id=…, timeout=…") before it sends any request on
+// the session, and keeps no other record of it that it shows.
+type zkLogger struct {
+	negotiated *atomic.Int64
+	log        *slog.Logger
+}
 
 func (l zkLogger) Printf(format string, args ...any) {
 	if format == "authenticated: id=%d, timeout=%d" && len(args) == 2 {
@@ -147,7 +154,9 @@ func (l zkLogger) Printf(format string, args ...any) {
 			l.negotiated.Store(int64(ms) * int64(time.Millisecond))
 		}
 	}
-	zk.DefaultLogger.Printf(format, args...)
+	if l.log != nil {
+		l.log.Debug(fmt.Sprintf(format, args...), "component", "zookeeper")
+	}
 }
 
 // timeout returns the session timeout the server granted. Every answer on

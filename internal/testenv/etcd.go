@@ -60,7 +60,7 @@ type etcdMember struct {
 // killed when the test ends, and die with the test binary if that ends
 // first. The binary is etcd on PATH or SHOP_TEST_ETCD_BIN; a test that
 // cannot find it fails, or is skipped by -short.
-func StartEtcdCluster(tb testing.TB) *EtcdCluster {
+func StartEtcdCluster(tb testing.TB, opts ...Option) *EtcdCluster {
 	tb.Helper()
 	bin := os.Getenv(EtcdBinEnv)
 	if bin == "" {
@@ -73,7 +73,7 @@ func StartEtcdCluster(tb testing.TB) *EtcdCluster {
 		}
 		tb.Fatalf("etcd: %v (install etcd-server or set %s)", err, EtcdBinEnv)
 	}
-	c := &EtcdCluster{tb: tb, bin: bin, dir: tb.TempDir()}
+	c := &EtcdCluster{tb: tb, bin: bin, dir: dataDir(tb, opts)}
 	peers := make([]string, etcdMembers)
 	for i := range etcdMembers {
 		m := &etcdMember{name: fmt.Sprintf("m%d", i), client: "127.0.0.1:" + freePort(tb)}

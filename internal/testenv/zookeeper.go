@@ -70,7 +70,7 @@ func zkJars(home string) (string, error) {
 // start), and waits until it has a leader and every server serves. The
 // servers are killed when the test ends, and die with the test binary if
 // that ends first.
-func StartZooKeeper(tb testing.TB) *ZooKeeperEnsemble {
+func StartZooKeeper(tb testing.TB, opts ...Option) *ZooKeeperEnsemble {
 	tb.Helper()
 	home := os.Getenv(ZooKeeperHomeEnv)
 	if home == "" {
@@ -91,7 +91,7 @@ func StartZooKeeper(tb testing.TB) *ZooKeeperEnsemble {
 		tb.Fatalf("ZooKeeper (%s=%s): %v", ZooKeeperHomeEnv, home, err)
 	}
 	e := &ZooKeeperEnsemble{tb: tb, java: java, cp: cp}
-	root := tb.TempDir()
+	root := dataDir(tb, opts)
 	var quorum []string
 	for i := range 3 {
 		s := &zkServer{dir: filepath.Join(root, fmt.Sprint(i+1)), client: "127.0.0.1:" + freePort(tb)}

@@ -820,5 +820,6 @@ func BenchmarkCompare(b *testing.B) {
 	fmt.Println("same holder: share of acquisitions by the goroutine that held the key last (released it and got it straight back).")
 	fmt.Println("server cmds/acq: for Redis, INFO commandstats, commands run inside Lua scripts included; round trips/acq: a go-redis hook on the lock's client.")
 	fmt.Println("For the other families, see their meters: MariaDB's Questions and Com_* counters; etcd's RPCs and stream messages sent, counted by")
-	fmt.Println("gRPC interceptors on the lock's client; ZooKeeper's requests by opcode, read off the lock's connection as it writes them (pings included).")
+	fmt.Println("gRPC interceptors on the lock's client; ZooKeeper's requests by opcode, read off the lock's connection as it writes them (pings included),")
+	fmt.Println("whose round trips leave out the exists that its lock sends together with the children list.")
 }

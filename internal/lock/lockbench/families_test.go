@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -34,10 +35,19 @@ import (
 // etcd and ZooKeeper commit every write on a majority of three, so a figure
 // of theirs includes the replication that Redis and the MariaDB here do not
 // do (and would pay for in their own replicas, see docs/lock-families.md).
+//
+// etcd and ZooKeeper sync every write to disk on each member before they
+// answer it; the MariaDB here does not (innodb_flush_log_at_trx_commit=2,
+// as scripts/test.sh starts it), nor does the Redis (no persistence). The
+// rows "data on tmpfs" run the same clusters with their data in memory,
+// where a sync costs nothing: the difference is what the disk costs, the
+// rest what agreement among three costs.
 var families = []contender{
 	{name: "mysql lock table", family: mysqlFamily},
-	{name: "etcd, 3 members", family: etcdFamily},
-	{name: "zookeeper, 3 servers", family: zookeeperFamily},
+	{name: "etcd, 3 members", family: etcdFamily()},
+	{name: "etcd, 3 members, data on tmpfs", family: etcdFamily(testenv.OnTmpfs())},
+	{name: "zookeeper, 3 servers", family: zookeeperFamily()},
+	{name: "zookeeper, 3 servers, data on tmpfs", family: zookeeperFamily(testenv.OnTmpfs())},
 }
 
 // familyLocker is what the three families have in common.
@@ -106,16 +116,19 @@ func (c *counts) snapshot() map[string]int64 {
 // clientMeter is the meter of a family whose requests are counted on the
 // lock's own client as they are sent: each is a round trip, and what the
 // server runs.
+// riding names the requests that a lock sends together with another, in
+// the same round trip, which are not counted as round trips of their own.
 type clientMeter struct {
-	c    *counts
-	base map[string]int64
+	c      *counts
+	riding string
+	base   map[string]int64
 }
 
 func (m *clientMeter) start() { m.base = m.c.snapshot() }
 
 func (m *clientMeter) read() (int64, map[string]int64) {
 	cmds, sum := m.c.since(m.base)
-	return sum, cmds
+	return sum - cmds[m.riding], cmds
 }
 
 // mysqlFamily: the lock table in a database of its own on the test's
@@ -197,8 +210,12 @@ func (m *mysqlMeter) read() (int64, map[string]int64) {
 // etcdFamily: a private cluster of three members, and a client of the
 // lock's own whose every unary call and stream message sent is counted by
 // gRPC interceptors: the session's keep-alives and the watches included.
-func etcdFamily(e *bench) (func(prefix string) locker, meter) {
-	cluster := testenv.StartEtcdCluster(e.b)
+func etcdFamily(opts ...testenv.Option) func(e *bench) (func(prefix string) locker, meter) {
+	return func(e *bench) (func(prefix string) locker, meter) { return etcdRig(e, opts) }
+}
+
+func etcdRig(e *bench, opts []testenv.Option) (func(prefix string) locker, meter) {
+	cluster := testenv.StartEtcdCluster(e.b, opts...)
 	c := &counts{}
 	cli, err := clientv3.New(clientv3.Config{
 		Endpoints:   cluster.Endpoints(),
@@ -259,8 +276,12 @@ func (s countedStream) SendMsg(m any) error {
 // zookeeperFamily: a private ensemble of three servers, and a connection
 // of the lock's own whose every request is counted by its opcode as the
 // client writes it (a request is one write: length, xid, opcode, body).
-func zookeeperFamily(e *bench) (func(prefix string) locker, meter) {
-	ensemble := testenv.StartZooKeeper(e.b)
+func zookeeperFamily(opts ...testenv.Option) func(e *bench) (func(prefix string) locker, meter) {
+	return func(e *bench) (func(prefix string) locker, meter) { return zookeeperRig(e, opts) }
+}
+
+func zookeeperRig(e *bench, opts []testenv.Option) (func(prefix string) locker, meter) {
+	ensemble := testenv.StartZooKeeper(e.b, opts...)
 	c := &counts{}
 	dialer := func(network, address string, timeout time.Duration) (net.Conn, error) {
 		conn, err := net.DialTimeout(network, address, timeout)
@@ -269,10 +290,7 @@ func zookeeperFamily(e *bench) (func(prefix string) locker, meter) {
 		}
 		return &countedConn{Conn: conn, c: c}, nil
 	}
-	version := "?"
-	if stats, ok := zk.FLWSrvr(ensemble.Servers()[:1], 5*time.Second); ok && len(stats) > 0 {
-		version, _, _ = strings.Cut(stats[0].Version, "-")
-	}
+	version := zkVersion(ensemble.Servers()[0])
 	fmt.Printf("zookeeper: %s, 3 servers (private, loopback)\n", version)
 	var locks []*lock.ZooKeeper
 	e.b.Cleanup(func() {
@@ -288,7 +306,28 @@ func zookeeperFamily(e *bench) (func(prefix string) locker, meter) {
 		}
 		locks = append(locks, l)
 		return familyLock{l}
-	}, &clientMeter{c: c}
+	}, &clientMeter{c: c, riding: "exists"} // sent with the children list, for the znode's czxid
+}
+
+// zkVersion asks the ZooKeeper server at addr its version (srvr).
+func zkVersion(addr string) string {
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		return "?"
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("srvr")); err != nil {
+		return "?"
+	}
+	out, _ := io.ReadAll(c)
+	for line := range strings.Lines(string(out)) {
+		if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
+			v, _, _ = strings.Cut(v, ",")
+			return strings.TrimSpace(v)
+		}
+	}
+	return "?"
 }
 
 // countedConn counts the ZooKeeper requests written on it by opcode; the
