@@ -324,6 +324,7 @@ func zkVersion(addr string) string {
 	for line := range strings.Lines(string(out)) {
 		if v, ok := strings.CutPrefix(line, "Zookeeper version: "); ok {
 			v, _, _ = strings.Cut(v, ",")
+			v, _, _ = strings.Cut(v, "-") // Debian's build names no commit: 3.8.0-${mvngit.commit.id}
 			return strings.TrimSpace(v)
 		}
 	}
@@ -340,7 +341,7 @@ type countedConn struct {
 
 // zkOps names the opcodes of the requests a lock sends.
 var zkOps = map[int32]string{
-	1: "create", 2: "delete", 3: "exists", 4: "getData", 8: "getChildren", 11: "ping", 12: "getChildren2",
+	1: "create", 2: "delete", 3: "exists", 4: "getData", 8: "getChildren", 9: "sync", 11: "ping", 12: "getChildren2",
 	13: "check", 14: "multi", 15: "create2", 19: "createContainer", 101: "setWatches", -11: "close",
 }
 
