@@ -4,7 +4,8 @@
 # runs the lock experiment (bin/demo), and stops the stack however it ends.
 # The Sentinel rows start a Redis master, its replica and three Sentinels
 # when they come (REDIS_TOPOLOGY=sentinel scripts/stack.sh replicas ...):
-# about 10 seconds that the other rows do not need.
+# about 10 seconds that the other rows do not need; the etcd and ZooKeeper
+# rows start a cluster of three of their own (seconds, once each).
 # Extra arguments go to bin/demo (-skus, -buyers, -c, -ttl, -pause, ...).
 #
 # Environment: SHOP_STATE (default .state/demo), DEMO_OUT (default out/demo),
