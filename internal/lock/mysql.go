@@ -38,21 +38,9 @@ func (opt MySQLOptions) withDefaults() MySQLOptions {
 	if opt.Table == "" {
 		opt.Table = "shop_locks"
 	}
-	if opt.TTL <= 0 {
-		opt.TTL = 5 * time.Second
-	}
-	if opt.Wait <= 0 {
-		opt.Wait = 2 * time.Second
-	}
-	if opt.MinBackoff <= 0 {
-		opt.MinBackoff = 2 * time.Millisecond
-	}
-	if opt.MaxBackoff < opt.MinBackoff {
-		opt.MaxBackoff = max(100*time.Millisecond, opt.MinBackoff)
-	}
-	if opt.After == nil {
-		opt.After = time.After
-	}
+	// The lease and the wait take the Redis lock's defaults.
+	r := RedisOptions{TTL: opt.TTL, Wait: opt.Wait, MinBackoff: opt.MinBackoff, MaxBackoff: opt.MaxBackoff, After: opt.After}.withDefaults()
+	opt.TTL, opt.Wait, opt.MinBackoff, opt.MaxBackoff, opt.After = r.TTL, r.Wait, r.MinBackoff, r.MaxBackoff, r.After
 	return opt
 }
 

@@ -136,8 +136,6 @@ var errTimeout = errors.New("timed out waiting for the lock")
 
 // ours: shop/internal/lock.
 
-type oursLocker struct{ l *lock.Redis }
-
 // oursWith returns the constructor of our lock with the common options,
 // changed by tweak (if not nil).
 func oursWith(tweak func(*redis.Client, *lock.RedisOptions)) func(*redis.Client, string) locker {
@@ -146,19 +144,8 @@ func oursWith(tweak func(*redis.Client, *lock.RedisOptions)) func(*redis.Client,
 		if tweak != nil {
 			tweak(c, &opt)
 		}
-		return oursLocker{lock.NewRedis(c, opt)}
+		return leaseLocker{lock.NewRedis(c, opt)}
 	}
-}
-
-func (o oursLocker) obtain(ctx context.Context, key string) (func(context.Context) error, error) {
-	lease, err := o.l.Obtain(ctx, key)
-	switch {
-	case errors.Is(err, lock.ErrNotObtained):
-		return nil, fmt.Errorf("%w: %w", errTimeout, err)
-	case err != nil:
-		return nil, err
-	}
-	return lease.Release, nil
 }
 
 // redsync, on one Redis through its go-redis v9 pool.

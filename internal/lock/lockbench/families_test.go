@@ -50,14 +50,16 @@ var families = []contender{
 	{name: "zookeeper, 3 servers, data on tmpfs", family: zookeeperFamily(testenv.OnTmpfs())},
 }
 
-// familyLocker is what the three families have in common.
-type familyLocker interface {
-	Obtain(ctx context.Context, key string) (*lock.Lease, error)
+// leaseLocker drives a lock of shop/internal/lock, ours in Redis or one of
+// the families: ErrNotObtained is a timeout.
+type leaseLocker struct {
+	l interface {
+		Obtain(ctx context.Context, key string) (*lock.Lease, error)
+	}
 }
 
-// familyObtain is obtain for every family: ErrNotObtained is a timeout.
-func familyObtain(ctx context.Context, l familyLocker, key string) (func(context.Context) error, error) {
-	lease, err := l.Obtain(ctx, key)
+func (o leaseLocker) obtain(ctx context.Context, key string) (func(context.Context) error, error) {
+	lease, err := o.l.Obtain(ctx, key)
 	switch {
 	case errors.Is(err, lock.ErrNotObtained):
 		return nil, fmt.Errorf("%w: %w", errTimeout, err)
@@ -65,12 +67,6 @@ func familyObtain(ctx context.Context, l familyLocker, key string) (func(context
 		return nil, err
 	}
 	return lease.Release, nil
-}
-
-type familyLock struct{ l familyLocker }
-
-func (f familyLock) obtain(ctx context.Context, key string) (func(context.Context) error, error) {
-	return familyObtain(ctx, f.l, key)
 }
 
 // counts is a meter's tally of requests by name.
@@ -161,7 +157,7 @@ func mysqlFamily(e *bench) (func(prefix string) locker, meter) {
 	}
 	fmt.Printf("mysql lock table: MariaDB %s (private, loopback), one server\n", version)
 	return func(prefix string) locker {
-		return familyLock{lock.NewMySQL(pool, lock.MySQLOptions{TTL: ttl, Wait: wait, MinBackoff: minBackoff, MaxBackoff: maxBackoff})}
+		return leaseLocker{lock.NewMySQL(pool, lock.MySQLOptions{TTL: ttl, Wait: wait, MinBackoff: minBackoff, MaxBackoff: maxBackoff})}
 	}, &mysqlMeter{e: e, admin: admin}
 }
 
@@ -253,7 +249,7 @@ func etcdRig(e *bench, opts []testenv.Option) (func(prefix string) locker, meter
 	return func(prefix string) locker {
 		l := lock.NewEtcd(cli, lock.EtcdOptions{Prefix: "/" + prefix, TTL: ttl, Wait: wait})
 		locks = append(locks, l)
-		return familyLock{l}
+		return leaseLocker{l}
 	}, &clientMeter{c: c}
 }
 
@@ -305,7 +301,7 @@ func zookeeperRig(e *bench, opts []testenv.Option) (func(prefix string) locker, 
 			e.b.Fatalf("zookeeper: %v", err)
 		}
 		locks = append(locks, l)
-		return familyLock{l}
+		return leaseLocker{l}
 	}, &clientMeter{c: c, riding: "exists"} // sent with the children list, for the znode's czxid
 }
 
