@@ -2,8 +2,8 @@ package main
 
 import (
 	"database/sql"
-	"log/slog"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
