@@ -72,22 +72,11 @@ wait_etcd_member() {
 }
 
 # start_etcd_member DIR PORT starts the member DIR/PORT again on its data
-# (after kill_etcd_member, say) and waits until it serves again.
+# (after kill_pidfile DIR/PORT/pid, say: its data stay) and waits until it serves again.
 start_etcd_member() {
   launch_etcd_member "$1" "$2"
   wait_etcd_member "$1" "$2" 30 || { tail -20 "$1/$2/etcd.log" >&2; die "etcd member on $2 does not serve"; }
   log "etcd member on 127.0.0.1:$2 serves again"
-}
-
-# kill_etcd_member MEMBER_DIR stops a member at once (SIGKILL), as a crash
-# does, and waits until it has exited; its data stays.
-kill_etcd_member() {
-  local pid
-  [ -f "$1/pid" ] || return 0
-  pid=$(cat "$1/pid")
-  kill -9 "$pid" 2>/dev/null || true
-  for _ in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
-  rm -f "$1/pid"
 }
 
 # start_etcd_cluster DIR CLIENT_PORT... starts an etcd cluster of one member
@@ -106,7 +95,7 @@ start_etcd_cluster() {
     for port in "$@"; do
       need_free_port "$port" "etcd member in $dir/$port"
       # A peer port must be none of the client ports, which are still free.
-      until peer=$(free_port) && [[ $taken != *" $peer "* ]]; do :; done
+      peer=$(free_port_except "$taken")
       taken+="$peer "
       mkdir -p "$dir/$port"
       echo "$peer" >"$dir/$port/peer_port"

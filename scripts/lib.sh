@@ -349,6 +349,19 @@ free_port() {
   die "no free port found"
 }
 
+# free_port_except TAKEN prints a free port that is not in TAKEN, a list of
+# ports between spaces (" 1 2 "): the ports a server set has picked, still
+# free until its servers start.
+free_port_except() {
+  local p
+  while :; do
+    p=$(free_port)
+    case $1 in *" $p "*) continue ;; esac
+    echo "$p"
+    return 0
+  done
+}
+
 # free_ports N prints N distinct free ports (see free_port), one a line.
 free_ports() {
   local ports=() port
@@ -516,6 +529,21 @@ pid_alive() {
     state=$(ps -o stat= -p "$1" 2>/dev/null) || return 1
   fi
   [ "${state:0:1}" != Z ]
+}
+
+# kill_pidfile FILE kills the process whose pid FILE holds at once
+# (SIGKILL), as a crash would, waits until it has exited, and removes FILE.
+kill_pidfile() {
+  local pid
+  [ -f "$1" ] || return 0
+  pid=$(cat "$1")
+  if pid_alive "$pid"; then
+    kill -9 "$pid" 2>/dev/null || true
+    # Reaps it, quietly, when this shell started it.
+    wait "$pid" 2>/dev/null || true
+    for _ in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
+  fi
+  rm -f "$1"
 }
 
 # stop_pidfile FILE [SECONDS] stops the process whose pid FILE holds

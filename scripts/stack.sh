@@ -692,8 +692,7 @@ restart_redis() {
   local dir=$state/redis0 pid
   if serving "$dir" "${redis_ports[0]}"; then
     pid=$(cat "$dir/pid")
-    kill -9 "$pid"
-    while pid_alive "$pid"; do sleep 0.05; done
+    kill_pidfile "$dir/pid"
     log "Redis master 0 (pid $pid) killed"
   fi
   start_master 0
@@ -801,8 +800,7 @@ kill_redis_master() {
   dir=$state/redis-sentinel/$old
   serving "$dir" "$old" || die "the master on :$old is not running"
   pid=$(cat "$dir/pid")
-  kill -9 "$pid"
-  while pid_alive "$pid"; do sleep 0.05; done
+  kill_pidfile "$dir/pid"
   log "Redis master $sentinel_name on :$old (pid $pid) killed"
   new=$(wait_new_master "$old")
   log "the Sentinels promoted :$new"
@@ -818,7 +816,7 @@ kill_etcd_leader() {
   local dir=$state/etcd old new
   set_running "$dir" "${etcd_ports[@]}" || die "the etcd cluster is not running: $0 replicas N SHOP_LOCK_MODE=etcd first"
   old=$(etcd_leader_dir "$dir") || die "the etcd cluster has no leader"
-  kill_etcd_member "$old"
+  kill_pidfile "$old/pid"
   log "etcd leader on :${old##*/} killed"
   new=$(etcd_leader_dir "$dir") || die "no new etcd leader within 10s"
   log "etcd elected :${new##*/}"
@@ -832,7 +830,7 @@ kill_zk_leader() {
   local dir=$state/zookeeper old new deadline
   set_running "$dir" "${zk_ports[@]}" || die "the ZooKeeper ensemble is not running: $0 replicas N SHOP_LOCK_MODE=zookeeper first"
   old=$(zk_leader_dir "$dir") || die "the ZooKeeper ensemble has no leader"
-  zk_kill_server "$old"
+  kill_pidfile "$old/pid"
   log "ZooKeeper leader on :${old##*/} killed"
   deadline=$((SECONDS + 30))
   until new=$(zk_leader_dir "$dir"); do

@@ -7,7 +7,7 @@
 # An ensemble lives in one directory, a server per client port in
 # DIR/PORT: its zoo.cfg, data (with myid), zookeeper.log and pid. Everything
 # a server needs to start again is in its directory, so a script restarts
-# one (a failover drill) with zk_kill_server or zk_stop_server and then
+# one (a failover drill) with kill_pidfile or zk_stop_server and then
 # zk_start_server, then zk_wait_serving.
 #
 #   start_zk_ensemble DIR PORT...   start one server per client port, wait for a leader
@@ -15,7 +15,9 @@
 #   zk_leader_dir DIR               print the directory of the leader's server
 #   zk_start_server SERVER_DIR      start (again) the server of that directory
 #   zk_stop_server SERVER_DIR       stop it (SIGTERM, then SIGKILL)
-#   zk_kill_server SERVER_DIR       kill it at once (SIGKILL), as a crash does
+#   kill_pidfile SERVER_DIR/pid     (lib.sh) kill it at once (SIGKILL), as a crash does;
+#                                   its data stay: ZooKeeper logs a transaction before it
+#                                   acknowledges it
 #   zk_wait_serving SERVER_DIR [SECONDS]
 #                                   wait until it serves (leader or follower)
 #   zk_servers DIR                  print SHOP_ZK_SERVERS's value for DIR
@@ -91,34 +93,6 @@ zk_wait_serving() {
 # zk_stop_server SERVER_DIR stops the server in SERVER_DIR; its data stays.
 zk_stop_server() { stop_pidfile "$1/pid" 10; }
 
-# zk_kill_server SERVER_DIR kills the server in SERVER_DIR at once
-# (SIGKILL); its data stays: ZooKeeper logs a transaction before it
-# acknowledges it.
-zk_kill_server() {
-  local pid
-  [ -f "$1/pid" ] || return 0
-  pid=$(cat "$1/pid")
-  if pid_alive "$pid"; then
-    kill -9 "$pid" 2>/dev/null || true
-    # Reaps it, quietly, when this shell started it.
-    wait "$pid" 2>/dev/null || true
-    for _ in $(seq 1 50); do pid_alive "$pid" || break; sleep 0.1; done
-  fi
-  rm -f "$1/pid"
-}
-
-# zk_free_port TAKEN prints a free port that is not in TAKEN (a list of
-# ports between spaces): an ensemble's ports must differ.
-zk_free_port() {
-  local p
-  while :; do
-    p=$(free_port)
-    case $1 in *" $p "*) continue ;; esac
-    echo "$p"
-    return 0
-  done
-}
-
 # start_zk_ensemble DIR PORT... starts one ZooKeeper server per client
 # PORT, each in DIR/PORT, with quorum and election ports picked with
 # free_port, all at once (a JVM takes seconds to start), and waits until
@@ -134,9 +108,9 @@ start_zk_ensemble() {
     if [ -f "$dir/$port/zoo.cfg" ]; then
       servers+=("$(grep "^server\.$i=" "$dir/$port/zoo.cfg")")
     else
-      quorum=$(zk_free_port "$taken")
+      quorum=$(free_port_except "$taken")
       taken+="$quorum "
-      ep=$(zk_free_port "$taken")
+      ep=$(free_port_except "$taken")
       taken+="$ep "
       servers+=("server.$i=127.0.0.1:$quorum:$ep")
     fi
