@@ -9,7 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -45,10 +45,8 @@ type etcdMember struct {
 	args   []string
 	log    string
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited <-chan struct{} // closed once cmd has exited and been waited for
-	id     uint64          // the member's ID, once it has answered
+	proc
+	id atomic.Uint64 // the member's ID, once it has answered
 }
 
 // StartEtcdCluster starts three etcd members on free loopback ports, with
@@ -162,7 +160,7 @@ func (c *EtcdCluster) Leader(tb testing.TB) int {
 			if err != nil {
 				continue
 			}
-			m.setID(st.Header.MemberId)
+			m.id.Store(st.Header.MemberId)
 			if st.Leader != 0 && st.Leader == st.Header.MemberId {
 				leader = i
 				return true
@@ -170,7 +168,7 @@ func (c *EtcdCluster) Leader(tb testing.TB) int {
 			lead = st.Leader
 		}
 		for i, m := range c.members {
-			if lead != 0 && m.pid() != 0 && m.getID() == lead {
+			if lead != 0 && m.pid() != 0 && m.id.Load() == lead {
 				leader = i
 				return true
 			}
@@ -227,21 +225,9 @@ func (c *EtcdCluster) StartAll() {
 func (c *EtcdCluster) start(i int) {
 	c.tb.Helper()
 	m := c.members[i]
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		select {
-		case <-m.exited: // it died by itself: start it again
-		default:
-			c.tb.Fatalf("etcd member %s on %s is already running", m.name, m.client)
-		}
+	if _, err := m.start(exec.Command(c.bin, m.args...)); err != nil {
+		c.tb.Fatalf("start etcd member %s on %s: %v", m.name, m.client, err)
 	}
-	cmd := exec.Command(c.bin, m.args...)
-	exited, err := startTied(cmd)
-	if err != nil {
-		c.tb.Fatalf("start etcd member %s: %v", m.name, err)
-	}
-	m.cmd, m.exited = cmd, exited
 }
 
 // waitServing waits up to 20 s until member i answers a linearizable read,
@@ -284,7 +270,7 @@ func (c *EtcdCluster) waitServing(i int) {
 		}
 		cancelTry()
 		if err == nil {
-			m.setID(st.Header.MemberId)
+			m.id.Store(st.Header.MemberId)
 			return
 		}
 		if ctx.Err() != nil {
@@ -316,52 +302,4 @@ func (m *etcdMember) status(ctx context.Context) (*clientv3.StatusResponse, erro
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	return cl.Status(ctx, m.client)
-}
-
-func (m *etcdMember) kill() {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd == nil {
-		return
-	}
-	m.cmd.Process.Signal(syscall.SIGCONT) // a paused member must die too
-	m.cmd.Process.Kill()
-	<-m.exited
-	m.cmd, m.exited = nil, nil
-}
-
-func (m *etcdMember) signal(sig syscall.Signal) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd != nil {
-		m.cmd.Process.Signal(sig)
-	}
-}
-
-// pid is the member's process id, 0 while it is stopped or once it has
-// exited by itself.
-func (m *etcdMember) pid() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.cmd == nil {
-		return 0
-	}
-	select {
-	case <-m.exited:
-		return 0
-	default:
-	}
-	return m.cmd.Process.Pid
-}
-
-func (m *etcdMember) setID(id uint64) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.id = id
-}
-
-func (m *etcdMember) getID() uint64 {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.id
 }

@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -34,14 +33,12 @@ type MariaDBProc struct {
 	// Addr is where it listens, the same across restarts.
 	Addr string
 
-	tb     testing.TB
-	bin    string
-	dir    string
-	port   string
-	args   []string
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited <-chan struct{} // closed once cmd has exited and been waited for
+	tb   testing.TB
+	bin  string
+	dir  string
+	port string
+	args []string
+	proc
 }
 
 // StartMariaDB creates a data directory in a temporary directory of the
@@ -143,22 +140,15 @@ func (p *MariaDBProc) Database(tb testing.TB) string {
 // answers.
 func (p *MariaDBProc) Restart() {
 	p.tb.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		p.tb.Fatalf("mariadbd on %s is already running", p.Addr)
-	}
 	args := append([]string{"--no-defaults", "--datadir=" + filepath.Join(p.dir, "data"),
 		"--bind-address=127.0.0.1", "--port=" + p.port, "--socket=" + filepath.Join(p.dir, "mysqld.sock"),
 		"--pid-file=" + filepath.Join(p.dir, "mysqld.pid"), "--log-error=" + filepath.Join(p.dir, "mysqld.log"),
 		"--skip-log-bin", "--skip-name-resolve", "--max-connections=200", "--innodb-buffer-pool-size=32M",
 		"--innodb-log-file-size=16M", "--innodb-flush-log-at-trx-commit=1"}, p.args...)
-	cmd := exec.Command(p.bin, args...)
-	exited, err := startTied(cmd)
+	exited, err := p.start(exec.Command(p.bin, args...))
 	if err != nil {
-		p.tb.Fatalf("start mariadbd: %v", err)
+		p.tb.Fatalf("start mariadbd on %s: %v", p.Addr, err)
 	}
-	p.cmd, p.exited = cmd, exited
 	db, err := sql.Open("mysql", p.DSN(""))
 	if err != nil {
 		p.tb.Fatal(err)
@@ -173,7 +163,6 @@ func (p *MariaDBProc) Restart() {
 		}
 		select {
 		case <-exited:
-			p.cmd, p.exited = nil, nil
 			p.tb.Fatalf("mariadbd on %s exited at start: %v\n%s", p.Addr, err, p.logTail())
 		default:
 		}
@@ -194,35 +183,11 @@ func (p *MariaDBProc) logTail() string {
 
 // Stop shuts the server down cleanly (SIGTERM) and waits until it has
 // exited; its connections are closed.
-func (p *MariaDBProc) Stop() { p.end(syscall.SIGTERM) }
+func (p *MariaDBProc) Stop() { p.end(syscall.SIGTERM, time.Minute) }
 
 // Kill stops the server at once (SIGKILL), as a crash does: what it had
 // committed is on disk, and InnoDB recovers it at the next start.
-func (p *MariaDBProc) Kill() { p.end(syscall.SIGKILL) }
-
-func (p *MariaDBProc) end(sig syscall.Signal) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGCONT) // a paused server must end too
-	p.cmd.Process.Signal(sig)
-	select {
-	case <-p.exited:
-	case <-time.After(60 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.exited
-	}
-	p.cmd, p.exited = nil, nil
-}
+func (p *MariaDBProc) Kill() { p.kill() }
 
 // Pid is the server's process id, 0 while it is stopped.
-func (p *MariaDBProc) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
+func (p *MariaDBProc) Pid() int { return p.pid() }

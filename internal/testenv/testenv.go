@@ -176,13 +176,11 @@ type RedisProc struct {
 	// Addr is where it listens, the same across restarts.
 	Addr string
 
-	tb     testing.TB
-	bin    string
-	port   string
-	args   []string
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited <-chan struct{} // closed once cmd has exited and been waited for
+	tb   testing.TB
+	bin  string
+	port string
+	args []string
+	proc
 }
 
 // StartRedis starts a private redis-server without persistence on a free
@@ -221,18 +219,10 @@ func freePort(tb testing.TB) string {
 // persistence comes back after a crash. It waits until the server answers.
 func (p *RedisProc) Restart() {
 	p.tb.Helper()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		p.tb.Fatalf("redis-server on %s is already running", p.Addr)
-	}
 	args := append([]string{"--port", p.port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", p.tb.TempDir()}, p.args...)
-	cmd := exec.Command(p.bin, args...)
-	exited, err := startTied(cmd)
-	if err != nil {
-		p.tb.Fatalf("start redis-server: %v", err)
+	if _, err := p.start(exec.Command(p.bin, args...)); err != nil {
+		p.tb.Fatalf("start redis-server on %s: %v", p.Addr, err)
 	}
-	p.cmd, p.exited = cmd, exited
 	c := redis.NewClient(&redis.Options{Addr: p.Addr})
 	defer c.Close()
 	for deadline := time.Now().Add(10 * time.Second); c.Ping(context.Background()).Err() != nil; {
@@ -244,27 +234,10 @@ func (p *RedisProc) Restart() {
 }
 
 // Kill stops the server at once (SIGKILL), losing everything it held.
-func (p *RedisProc) Kill() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return
-	}
-	p.cmd.Process.Signal(syscall.SIGCONT) // a paused server must die too
-	p.cmd.Process.Kill()
-	<-p.exited
-	p.cmd, p.exited = nil, nil
-}
+func (p *RedisProc) Kill() { p.kill() }
 
 // Pid is the server's process id, 0 while it is stopped.
-func (p *RedisProc) Pid() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd == nil {
-		return 0
-	}
-	return p.cmd.Process.Pid
-}
+func (p *RedisProc) Pid() int { return p.pid() }
 
 // startTied starts cmd so that it cannot outlive the test binary, and
 // returns a channel closed once cmd has exited and been waited for. A test
@@ -302,14 +275,6 @@ func (p *RedisProc) Pause() { p.signal(syscall.SIGSTOP) }
 
 // Resume lets a paused server run again.
 func (p *RedisProc) Resume() { p.signal(syscall.SIGCONT) }
-
-func (p *RedisProc) signal(sig syscall.Signal) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cmd != nil {
-		p.cmd.Process.Signal(sig)
-	}
-}
 
 // Log is a log destination that a test reads while the code under test
 // writes to it from any goroutine.

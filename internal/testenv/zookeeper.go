@@ -35,9 +35,7 @@ type zkServer struct {
 	dir    string
 	client string // host:port
 
-	mu     sync.Mutex
-	cmd    *exec.Cmd
-	exited <-chan struct{}
+	proc
 }
 
 // zkJars returns the class path of a ZooKeeper server from home: its jar,
@@ -203,11 +201,6 @@ func (e *ZooKeeperEnsemble) killAll() {
 func (e *ZooKeeperEnsemble) start(i int) {
 	e.tb.Helper()
 	s := e.servers[i]
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd != nil {
-		e.tb.Fatalf("ZooKeeper server %d is already running", i+1)
-	}
 	out, err := os.OpenFile(filepath.Join(s.dir, "zookeeper.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		e.tb.Fatal(err)
@@ -221,11 +214,9 @@ func (e *ZooKeeperEnsemble) start(i int) {
 		"-cp", e.cp, "org.apache.zookeeper.server.quorum.QuorumPeerMain", filepath.Join(s.dir, "zoo.cfg"))
 	cmd.Dir = s.dir
 	cmd.Stdout, cmd.Stderr = out, out
-	exited, err := startTied(cmd)
-	if err != nil {
+	if _, err := s.start(cmd); err != nil {
 		e.tb.Fatalf("start ZooKeeper server %d: %v", i+1, err)
 	}
-	s.cmd, s.exited = cmd, exited
 }
 
 // waitServing waits until server i answers srvr with a mode: it is part
@@ -273,27 +264,5 @@ func mode(addr string) string {
 	return ""
 }
 
-func (s *zkServer) running() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return false
-	}
-	select {
-	case <-s.exited:
-		return false
-	default:
-		return true
-	}
-}
-
-func (s *zkServer) kill() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cmd == nil {
-		return
-	}
-	s.cmd.Process.Kill()
-	<-s.exited
-	s.cmd, s.exited = nil, nil
-}
+// running reports whether the server's process runs.
+func (s *zkServer) running() bool { return s.pid() != 0 }
