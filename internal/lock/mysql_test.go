@@ -378,12 +378,16 @@ func TestMySQLWaitIsBounded(t *testing.T) {
 	}
 
 	// Three waiters of one process: the first tries once, then sleeps for
-	// good; the two behind it never reach the server.
-	line := newMySQL(t, dsn, lock.MySQLOptions{Wait: 500 * time.Millisecond, MinBackoff: never, MaxBackoff: never})
+	// good; the two behind it never reach the server. Their waits end
+	// together (one deadline): a waiter whose own wait ended a moment
+	// after the first's would rightly be handed its turn and try once.
+	line := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MinBackoff: never, MaxBackoff: never})
+	together, cancelTogether := context.WithTimeout(ctx, 500*time.Millisecond)
+	defer cancelTogether()
 	got := make(chan error, 3)
 	for range 3 {
 		go func() {
-			_, err := line.Obtain(ctx, "k")
+			_, err := line.Obtain(together, "k")
 			got <- err
 		}()
 	}

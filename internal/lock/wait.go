@@ -111,6 +111,11 @@ func (w *waiter) obtain(ctx context.Context, key string, attempt attemptFunc, st
 	if !first && !w.line.lock(waitCtx, key) {
 		return nil, notObtained(waitCtx)
 	}
+	if !first && ended(waitCtx) {
+		// Handed the key as the wait ended: no try is left in it.
+		w.line.unlock(key)
+		return nil, notObtained(waitCtx)
+	}
 	if !first && still != nil {
 		// Waited in line behind a holder of this process.
 		if err := still(waitCtx); err != nil {
