@@ -139,26 +139,28 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	c, prefix := lockRedisOn(t, topo)
 	// A short TTL, so that every lease is renewed while it is held (a
 	// renewal has 400 ms to answer); the waiters flag the key and give up
-	// at once.
-	opt := lock.RedisOptions{TTL: 600 * time.Millisecond, Wait: 10 * time.Millisecond, Subscriber: c}
-	lockers := map[string]func(prefix string) keyLocker{
-		"redis": func(prefix string) keyLocker {
+	// at once. The holder waits longer: on a busy machine an answer that
+	// comes after the TTL is refused, and the holder must try again.
+	opt := lock.RedisOptions{TTL: 600 * time.Millisecond, Subscriber: c}
+	const holderWait, waiterWait = 5 * time.Second, 10 * time.Millisecond
+	lockers := map[string]func(prefix string, wait time.Duration) keyLocker{
+		"redis": func(prefix string, wait time.Duration) keyLocker {
 			o := opt
-			o.Prefix = prefix
+			o.Prefix, o.Wait = prefix, wait
 			l := lock.NewRedis(c, o)
 			t.Cleanup(func() { l.Close() })
 			return l
 		},
-		"redis without fencing": func(prefix string) keyLocker {
+		"redis without fencing": func(prefix string, wait time.Duration) keyLocker {
 			o := opt
-			o.Prefix, o.NoFencing = prefix, true
+			o.Prefix, o.Wait, o.NoFencing = prefix, wait, true
 			l := lock.NewRedis(c, o)
 			t.Cleanup(func() { l.Close() })
 			return l
 		},
-		"reentrant": func(prefix string) keyLocker {
+		"reentrant": func(prefix string, wait time.Duration) keyLocker {
 			o := opt
-			o.Prefix = prefix
+			o.Prefix, o.Wait = prefix, wait
 			l := lock.NewReentrant(c, o)
 			t.Cleanup(func() { l.Close() })
 			return ownerLock{l, lock.WithOwner(ctx, lock.NewOwner())}
@@ -166,7 +168,7 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	}
 	for name, newLocker := range lockers {
 		t.Run(name, func(t *testing.T) {
-			holder, waiter := newLocker(prefix+name+":"), newLocker(prefix+name+":")
+			holder, waiter := newLocker(prefix+name+":", holderWait), newLocker(prefix+name+":", waiterWait)
 			for _, key := range keysOnEachMaster(t, c, holder) {
 				lease, err := holder.Obtain(ctx, key)
 				if err != nil {
