@@ -412,29 +412,11 @@ func TestMySQLObtainWhileStopsWaiting(t *testing.T) {
 	held := obtain(t, holder, "k")
 	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MaxBackoff: 10 * time.Millisecond})
 	errSoldOut := errors.New("sold out")
-	var (
-		checks atomic.Int32
-		wanted atomic.Bool
-	)
-	wanted.Store(true)
-	ended := make(chan error, 1)
-	go func() {
-		lease, err := l.ObtainWhile(ctx, "k", func(context.Context) error {
-			checks.Add(1)
-			if !wanted.Load() {
-				return errSoldOut
-			}
-			return nil
-		})
-		if lease != nil {
-			lease.Release(ctx)
-		}
-		ended <- err
-	}()
-	waitFor(t, "the waiter has checked", func() bool { return checks.Load() > 0 })
-	wanted.Store(false)
+	w := obtainWhileAsync(ctx, l, "k", errSoldOut)
+	waitFor(t, "the waiter has checked", func() bool { return w.checks.Load() > 0 })
+	w.wanted.Store(false)
 	select {
-	case err := <-ended:
+	case err := <-w.ended:
 		if !errors.Is(err, errSoldOut) {
 			t.Fatalf("ObtainWhile = %v, want the check's error", err)
 		}

@@ -41,6 +41,38 @@ func obtainAsync(l interface {
 	return got
 }
 
+// stillWaiter is a caller of ObtainWhile (obtainWhileAsync): its check
+// passes while wanted is true, and counts its calls; ended gets
+// ObtainWhile's error.
+type stillWaiter struct {
+	checks atomic.Int32
+	wanted atomic.Bool
+	ended  chan error
+}
+
+// obtainWhileAsync starts ObtainWhile on l in a goroutine, with a check
+// that returns gone once w.wanted is false; a lease it gets is released.
+func obtainWhileAsync(ctx context.Context, l interface {
+	ObtainWhile(context.Context, string, func(context.Context) error) (*lock.Lease, error)
+}, key string, gone error) *stillWaiter {
+	w := &stillWaiter{ended: make(chan error, 1)}
+	w.wanted.Store(true)
+	go func() {
+		lease, err := l.ObtainWhile(ctx, key, func(context.Context) error {
+			w.checks.Add(1)
+			if !w.wanted.Load() {
+				return gone
+			}
+			return nil
+		})
+		if lease != nil {
+			lease.Release(ctx)
+		}
+		w.ended <- err
+	}()
+	return w
+}
+
 // obtained is what an Obtain of obtainAsync returned.
 type obtained struct {
 	lease *lock.Lease
@@ -261,32 +293,16 @@ func TestObtainWhileGivesUpWithoutTakingTheKey(t *testing.T) {
 				errSoldOut := errors.New("sold out")
 
 				holder := obtain(t, holders, "k")
-				var checks atomic.Int32
-				var wanted atomic.Bool
-				wanted.Store(true)
-				ended := make(chan error, 1)
-				go func() {
-					lease, err := l.ObtainWhile(ctx, "k", func(context.Context) error {
-						checks.Add(1)
-						if !wanted.Load() {
-							return errSoldOut
-						}
-						return nil
-					})
-					if lease != nil {
-						lease.Release(ctx)
-					}
-					ended <- err
-				}()
+				w := obtainWhileAsync(ctx, l, "k", errSoldOut)
 				waitFor(t, "the waiter waits", func() bool { return l.Stats().Waiting == 1 })
-				wanted.Store(false)
+				w.wanted.Store(false)
 				if err := holder.Release(ctx); err != nil {
 					t.Fatal(err)
 				}
-				if err := <-ended; !errors.Is(err, errSoldOut) {
+				if err := <-w.ended; !errors.Is(err, errSoldOut) {
 					t.Fatalf("ObtainWhile = %v, want the check's error", err)
 				}
-				if n := checks.Load(); n != 1 {
+				if n := w.checks.Load(); n != 1 {
 					t.Errorf("%d checks, want one, after the wake-up", n)
 				}
 				next := obtain(t, l, "k") // the waiter left the key free
