@@ -330,7 +330,7 @@ func (s *limitedShop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	key := r.Header.Get("Idempotency-Key")
 	s.mu.Lock()
 	s.attempts[key]++
-	n := s.attempts[key]
+	n, buyers := s.attempts[key], len(s.attempts)
 	s.mu.Unlock()
 	if n == 1 {
 		w.Header().Set("Retry-After", "1")
@@ -339,7 +339,7 @@ func (s *limitedShop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusCreated)
-	fmt.Fprintf(w, `{"order_id":%d,"sku_id":1,"user_id":1}`, len(s.attempts))
+	fmt.Fprintf(w, `{"order_id":%d,"sku_id":1,"user_id":1}`, buyers)
 }
 
 // -retry retries a 429 after its Retry-After; without -retry a 429 is the
