@@ -9,8 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"shop/internal/depmetrics"
+	"shop/internal/mysqldb"
 	"shop/internal/readiness"
-	"shop/internal/stock"
 )
 
 // readinessPoolSize is the MySQL readiness probe's own pool: one
@@ -28,7 +28,7 @@ const readinessPoolSize = 1
 // function: a draining replica keeps its metrics current, and /readyz
 // answers 503 then anyway.
 func newReadiness(ctx context.Context, cfg config, rdb redis.UniversalClient, reg prometheus.Registerer, log *slog.Logger) (func() []string, func(), error) {
-	db, err := stock.Open(cfg.MySQLDSN, readinessPoolSize)
+	db, err := mysqldb.Open(cfg.MySQLDSN, readinessPoolSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: readiness: %w", err)
 	}
@@ -37,7 +37,7 @@ func newReadiness(ctx context.Context, cfg config, rdb redis.UniversalClient, re
 		return nil, nil, fmt.Errorf("serve: readiness: %w", err)
 	}
 	tracker := readiness.New([]readiness.Dependency{
-		{Name: depmetrics.MySQL, Check: func(ctx context.Context) error { return stock.Ping(ctx, db) }},
+		{Name: depmetrics.MySQL, Check: func(ctx context.Context) error { return mysqldb.Ping(ctx, db) }},
 		{Name: depmetrics.Redis, Check: redisReady(rdb)},
 	}, readiness.Options{Grace: cfg.ReadyGrace, Registerer: reg, Logger: log})
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))

@@ -16,6 +16,7 @@ import (
 
 	"shop/internal/cache"
 	"shop/internal/handler"
+	"shop/internal/mysqldb"
 	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
@@ -158,7 +159,7 @@ func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
 // A seed that cannot reach MySQL wrote nothing and may be retried: 503 busy
 // with Retry-After, not a 500.
 func TestSeedWithMySQLDownIsBusy(t *testing.T) {
-	deadDB, err := stock.Open("root@tcp("+deadAddr(t)+")/shop?parseTime=true", 4)
+	deadDB, err := mysqldb.Open("root@tcp("+deadAddr(t)+")/shop?parseTime=true", 4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"shop/internal/failpoint"
 	"shop/internal/handler"
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 	"shop/internal/notify"
 	"shop/internal/ratelimit"
 	"shop/internal/readiness"
@@ -89,21 +90,21 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 
 	reg := prometheus.NewRegistry()
 	depErrors := depmetrics.New(reg)
-	db, err := stock.Open(cfg.MySQLDSN, publicPoolSize)
+	db, err := mysqldb.Open(cfg.MySQLDSN, publicPoolSize)
 	if err != nil {
 		return err
 	}
 	if sqlDB, err := db.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	readsDB, err := stock.Open(cfg.MySQLDSN, orderReadsPoolSize)
+	readsDB, err := mysqldb.Open(cfg.MySQLDSN, orderReadsPoolSize)
 	if err != nil {
 		return err
 	}
 	if sqlDB, err := readsDB.DB(); err == nil {
 		defer sqlDB.Close()
 	}
-	ordersDB, err := stock.OpenOrders(cfg.MySQLDSN, ordersPoolSize)
+	ordersDB, err := mysqldb.OpenOrders(cfg.MySQLDSN, ordersPoolSize)
 	if err != nil {
 		return err
 	}
@@ -144,7 +145,7 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	// MariaDB returns a batch's orders with the INSERT; elsewhere, or when
 	// MySQL does not answer at start, they are read back after it.
 	versionCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	returning, err := stock.Returning(versionCtx, ordersDB)
+	returning, err := mysqldb.Returning(versionCtx, ordersDB)
 	cancel()
 	if err != nil {
 		log.Warn("orders are read back after their INSERT", "err", err)

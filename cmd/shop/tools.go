@@ -17,6 +17,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
 
+	"shop/internal/mysqldb"
 	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/migrations"
@@ -24,7 +25,7 @@ import (
 
 // openDB connects to MySQL for a one-shot command; close releases the pool.
 func openDB(dsn string) (db *gorm.DB, close func(), err error) {
-	db, err = stock.Open(dsn, 4)
+	db, err = mysqldb.Open(dsn, 4)
 	if err != nil {
 		return nil, nil, err
 	}

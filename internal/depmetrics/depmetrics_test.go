@@ -13,7 +13,7 @@ import (
 
 	"shop/internal/depmetrics"
 	"shop/internal/lock"
-	"shop/internal/stock"
+	"shop/internal/mysqldb"
 	"shop/internal/testenv"
 )
 
@@ -148,7 +148,7 @@ func TestRedisFailuresCounted(t *testing.T) {
 // registry, and the registry.
 func watchedDB(t *testing.T, dsn string) (*gorm.DB, *prometheus.Registry) {
 	t.Helper()
-	g, err := stock.Open(dsn, 4)
+	g, err := mysqldb.Open(dsn, 4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"shop/internal/mysqldb"
 	"shop/internal/stock"
 )
 
@@ -36,7 +37,7 @@ const (
 	orderTimeout = stock.TurnTimeout
 	// commitBound is the longest a COMMIT, once sent, waits for MySQL's
 	// answer: the orders' pool's read timeout.
-	commitBound = stock.OrdersIOTimeout
+	commitBound = mysqldb.OrdersIOTimeout
 	// answerBound is what the order path may still spend after COMMIT
 	// and before the answer: the cache invalidation. The lock is released
 	// after the answer.

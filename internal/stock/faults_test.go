@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -68,7 +69,7 @@ func TestCatalogMySQLDownIsBusy(t *testing.T) {
 	}
 	down := ln.Addr().String()
 	ln.Close() // nothing listens there now
-	g, err := stock.Open("root@tcp("+down+")/shop", 2)
+	g, err := mysqldb.Open("root@tcp("+down+")/shop", 2)
 	if err != nil {
 		t.Fatal(err)
 	}

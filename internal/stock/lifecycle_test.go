@@ -10,6 +10,7 @@ import (
 	"gorm.io/gorm"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -36,9 +37,9 @@ func pools(t *testing.T, test func(t *testing.T, open func(opt stock.Options) (*
 				var orders *gorm.DB
 				var err error
 				if dsn := snapshotDSN(t, db); pool == "orders pool" {
-					orders, err = stock.OpenOrders(dsn, 8)
+					orders, err = mysqldb.OpenOrders(dsn, 8)
 				} else {
-					orders, err = stock.Open(dsn, 8)
+					orders, err = mysqldb.Open(dsn, 8)
 				}
 				if err != nil {
 					t.Fatal(err)
@@ -477,7 +478,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 	}
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 5 * time.Second})
 	h := newHeld()
-	orders, err := stock.OpenOrders(db.DSN, 4)
+	orders, err := mysqldb.OpenOrders(db.DSN, 4)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -242,7 +243,7 @@ func TestStalledCommitAnsweredInTime(t *testing.T) {
 			letGo(t, holder)
 			<-held
 			acked := 0
-			budget := stock.TurnTimeout + stock.OrdersIOTimeout + stock.InvalidateTimeout
+			budget := stock.TurnTimeout + mysqldb.OrdersIOTimeout + stock.InvalidateTimeout
 			for i, ch := range answers {
 				var r result
 				select {
@@ -457,7 +458,7 @@ func TestOrdersUnderSnapshotIsolation(t *testing.T) {
 					opt.UserLimit = limit
 					// The reads' pool as a replica opens it, at the
 					// server's isolation level.
-					reads, err := stock.Open(dsn, 8)
+					reads, err := mysqldb.Open(dsn, 8)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm/clause"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 )
 
 // A batch — the orders of one SKU a lock holder took from the queue, in
@@ -180,7 +181,7 @@ func (s *Service) sell(ctx context.Context, lease *lock.Lease, sku int64, batch 
 			sl, err = s.sellIn(ctx, tx, after, lease.Fence(), sku, batch, careful)
 			return err
 		})
-		retry := errors.Is(err, errCareful) || duplicate(err)
+		retry := errors.Is(err, errCareful) || mysqldb.Duplicate(err)
 		switch {
 		case retry && attempt < maxCareful:
 			careful = true

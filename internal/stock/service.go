@@ -2,7 +2,6 @@ package stock
 
 import (
 	"context"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,6 +13,7 @@ import (
 	"gorm.io/gorm"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 )
 
 // Update selects how PlaceOrder writes the new stock.
@@ -330,17 +330,11 @@ func (s *Service) transaction(ctx context.Context, unknown error, about string, 
 		committing = true // what fails now is the COMMIT
 		return nil
 	})
-	if err != nil && committing && commitLost(err) {
+	if err != nil && committing && mysqldb.CommitLost(err) {
 		return fmt.Errorf("%w: %s: connection lost at COMMIT: %w", unknown, about, err)
 	}
 	return err
 }
-
-// commitLost reports whether err, the failure of a COMMIT, leaves its outcome
-// unknown: the connection failed, but not before the driver wrote anything
-// (driver.ErrBadConn is the driver's word that nothing was sent, so the
-// transaction rolled back).
-func commitLost(err error) bool { return connLost(err) && !errors.Is(err, driver.ErrBadConn) }
 
 // mayHaveCommitted reports whether an order transaction that ended with err
 // may have changed the product: it committed, or its outcome is unknown.
@@ -485,7 +479,7 @@ func classify(ctx context.Context, op string, err error) error {
 		return err
 	case ctx.Err() != nil:
 		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))
-	case transient(err):
+	case mysqldb.Transient(err):
 		return fmt.Errorf("%w: %w", ErrBusy, err)
 	}
 	return fmt.Errorf("stock: %s: %w", op, err)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -33,11 +34,11 @@ func BenchmarkSweep(b *testing.B) {
 	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1+sweptSKUs, units); err != nil {
 		b.Fatal(err)
 	}
-	orders, err := stock.OpenOrders(db.DSN, 16)
+	orders, err := mysqldb.OpenOrders(db.DSN, 16)
 	if err != nil {
 		b.Fatal(err)
 	}
-	reads, err := stock.Open(db.DSN, 16)
+	reads, err := mysqldb.Open(db.DSN, 16)
 	if err != nil {
 		b.Fatal(err)
 	}

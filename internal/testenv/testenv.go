@@ -22,7 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"gorm.io/gorm"
 
-	"shop/internal/stock"
+	"shop/internal/mysqldb"
 	"shop/migrations"
 )
 
@@ -117,10 +117,10 @@ func MySQLFrom(tb testing.TB, env string) *DB {
 }
 
 // Open returns a new pool on the database as a replica's orders' pool is
-// (stock.OpenOrders), closed when the test ends.
+// (mysqldb.OpenOrders), closed when the test ends.
 func (d *DB) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	g, err := stock.OpenOrders(d.DSN, 20)
+	g, err := mysqldb.OpenOrders(d.DSN, 20)
 	if err != nil {
 		tb.Fatal(err)
 	}

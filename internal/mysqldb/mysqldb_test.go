@@ -1,4 +1,4 @@
-package stock
+package mysqldb
 
 import (
 	"context"
@@ -13,13 +13,13 @@ import (
 	"github.com/go-sql-driver/mysql"
 )
 
-// Which failures are outages (503, retry) and which are not.
-func TestClassifyFaults(t *testing.T) {
+// Which failures are outages (the work may be retried) and which are not.
+func TestTransient(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &net.AddrError{Err: "connection refused"}}
 	tests := []struct {
 		name string
 		err  error
-		busy bool
+		busy bool // an outage: the work may be retried
 	}{
 		{"1040 too many connections", &mysql.MySQLError{Number: 1040}, true},
 		{"1053 server shutdown (MySQL: connection killed)", &mysql.MySQLError{Number: 1053}, true},
@@ -40,6 +40,7 @@ func TestClassifyFaults(t *testing.T) {
 		{"dial refused", refused, true},
 		{"reset", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
 		{"deadline", context.DeadlineExceeded, true},
+		{"canceled", context.Canceled, false},
 		{"1062 duplicate", &mysql.MySQLError{Number: 1062}, false},
 		{"1146 no such table", &mysql.MySQLError{Number: 1146}, false},
 		{"1064 syntax", &mysql.MySQLError{Number: 1064}, false},
@@ -47,12 +48,8 @@ func TestClassifyFaults(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := classify(context.Background(), "test", tt.err)
-			if got := errors.Is(err, ErrBusy); got != tt.busy {
-				t.Errorf("classify(%v) = %v: busy %v, want %v", tt.err, err, got, tt.busy)
-			}
-			if !errors.Is(err, tt.err) {
-				t.Errorf("classify(%v) = %v: lost the cause", tt.err, err)
+			if got := Transient(tt.err); got != tt.busy {
+				t.Errorf("Transient(%v) = %v, want %v", tt.err, got, tt.busy)
 			}
 		})
 	}
@@ -78,13 +75,13 @@ func TestConnLost(t *testing.T) {
 		{errors.New("boom"), false},
 	}
 	for _, tt := range tests {
-		if got := connLost(tt.err); got != tt.lost {
-			t.Errorf("connLost(%v) = %v, want %v", tt.err, got, tt.lost)
+		if got := ConnLost(tt.err); got != tt.lost {
+			t.Errorf("ConnLost(%v) = %v, want %v", tt.err, got, tt.lost)
 		}
 		// A COMMIT the driver never sent (ErrBadConn) rolled back.
 		want := tt.lost && !errors.Is(tt.err, driver.ErrBadConn)
-		if got := commitLost(tt.err); got != want {
-			t.Errorf("commitLost(%v) = %v, want %v", tt.err, got, want)
+		if got := CommitLost(tt.err); got != want {
+			t.Errorf("CommitLost(%v) = %v, want %v", tt.err, got, want)
 		}
 	}
 }

@@ -1,4 +1,8 @@
-package stock
+// Package mysqldb opens the service's MySQL pools — their drivers, session
+// settings and limits — and is the one place that reads MySQL's failures:
+// which of them are an outage to retry, a lost connection, or a duplicate
+// key.
+package mysqldb
 
 import (
 	"context"
@@ -27,7 +31,7 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 	}
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("stock: open mysql: %w", err)
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	return openPool(connector, maxConns)
 }
@@ -63,7 +67,7 @@ func OpenOrders(dsn string, maxConns int) (*gorm.DB, error) {
 	cfg.ReadTimeout, cfg.WriteTimeout = OrdersIOTimeout, OrdersIOTimeout
 	connector, err := mysql.NewConnector(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("stock: open mysql: %w", err)
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	return openPool(session{connector, []string{
 		"SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
@@ -76,7 +80,7 @@ func OpenOrders(dsn string, maxConns int) (*gorm.DB, error) {
 func Returning(ctx context.Context, db *gorm.DB) (bool, error) {
 	var version string
 	if err := db.WithContext(ctx).Raw("SELECT VERSION()").Scan(&version).Error; err != nil {
-		return false, fmt.Errorf("stock: server version: %w", err)
+		return false, fmt.Errorf("mysqldb: server version: %w", err)
 	}
 	return returningIn(version), nil
 }
@@ -98,7 +102,7 @@ func returningIn(version string) bool {
 func parseDSN(dsn string) (*mysql.Config, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
-		return nil, fmt.Errorf("stock: open mysql: %w", err)
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	// Send each statement with its arguments in one round trip instead of
 	// preparing, executing and closing it in three.
@@ -122,7 +126,7 @@ func openPool(connector driver.Connector, maxConns int) (*gorm.DB, error) {
 	})
 	if err != nil {
 		sqlDB.Close()
-		return nil, fmt.Errorf("stock: open mysql: %w", err)
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	sqlDB.SetMaxOpenConns(maxConns)
 	sqlDB.SetMaxIdleConns(maxConns)
@@ -145,12 +149,12 @@ func (c session) Connect(ctx context.Context) (driver.Conn, error) {
 	exec, ok := conn.(driver.ExecerContext)
 	if !ok {
 		conn.Close()
-		return nil, fmt.Errorf("stock: a MySQL connection of type %T cannot execute statements", conn)
+		return nil, fmt.Errorf("mysqldb: a MySQL connection of type %T cannot execute statements", conn)
 	}
 	for _, q := range c.statements {
 		if _, err := exec.ExecContext(ctx, q, nil); err != nil {
 			conn.Close()
-			return nil, fmt.Errorf("stock: %s: %w", q, err)
+			return nil, fmt.Errorf("mysqldb: %s: %w", q, err)
 		}
 	}
 	return conn, nil
@@ -165,7 +169,7 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 	return sqlDB.PingContext(ctx)
 }
 
-// MySQL error numbers this package reacts to.
+// MySQL error numbers this package reads.
 const (
 	errCheckRead       = 1020 // a locking read of a row changed since the snapshot (innodb_snapshot_isolation)
 	errTooManyConns    = 1040
@@ -196,8 +200,8 @@ func outage(n uint16) bool {
 	return false
 }
 
-// mysqlErrorNumber returns the MySQL error number in err's chain, or 0.
-func mysqlErrorNumber(err error) uint16 {
+// errorNumber returns the MySQL error number in err's chain, or 0.
+func errorNumber(err error) uint16 {
 	var me *mysql.MySQLError
 	if errors.As(err, &me) {
 		return me.Number
@@ -205,27 +209,26 @@ func mysqlErrorNumber(err error) uint16 {
 	return 0
 }
 
-// duplicate reports whether err is MySQL refusing a row that one of the
-// table's unique indexes already holds. Which index, and which row, is asked
-// of MySQL (the careful attempt reads the orders the buyers hold), never
-// read out of the message: servers word
-// it differently (MySQL 8.0.19 and later name the key
+// Duplicate reports whether err is MySQL refusing a row that one of the
+// table's unique indexes already holds. Which index, and which row, is for
+// the caller to ask MySQL, never to read out of the message: servers word it
+// differently (MySQL 8.0.19 and later name the key
 // 'orders.uq_orders_user_sku', MariaDB and older MySQL 'uq_orders_user_sku').
-func duplicate(err error) bool { return mysqlErrorNumber(err) == errDupEntry }
+func Duplicate(err error) bool { return errorNumber(err) == errDupEntry }
 
-// transient reports whether err means the database could not do the work now
+// Transient reports whether err means the database could not do the work now
 // (it is down, unreachable, shutting down, read-only, or gave up on a lock or
-// on the statement) rather than that the work was wrong: such errors become
-// ErrBusy.
-func transient(err error) bool {
-	return errors.Is(err, context.DeadlineExceeded) || connLost(err) || outage(mysqlErrorNumber(err))
+// on the statement) rather than that the work was wrong: the work may be
+// retried, and the service answers it as busy.
+func Transient(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || ConnLost(err) || outage(errorNumber(err))
 }
 
-// connLost reports whether err is the connection failing rather than MySQL
+// ConnLost reports whether err is the connection failing rather than MySQL
 // answering: the connection broke, was closed, or could not be made. A
 // context's end is not one of them (database/sql checks it before it sends
 // a COMMIT), although context.DeadlineExceeded passes for a net.Error.
-func connLost(err error) bool {
+func ConnLost(err error) bool {
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
@@ -233,3 +236,9 @@ func connLost(err error) bool {
 	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, mysql.ErrInvalidConn) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr)
 }
+
+// CommitLost reports whether err, the failure of a COMMIT, leaves its
+// outcome unknown: the connection failed, but not before the driver wrote
+// anything (driver.ErrBadConn is the driver's word that nothing was sent, so
+// the transaction rolled back).
+func CommitLost(err error) bool { return ConnLost(err) && !errors.Is(err, driver.ErrBadConn) }
