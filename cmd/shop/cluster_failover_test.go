@@ -20,6 +20,7 @@ import (
 	"shop/internal/lock"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // The sale of TestSaleThroughClusterFailover: failoverSKUs products of
@@ -56,7 +57,7 @@ const (
 //     woken by a release after it: wake-on-release moved to the new master;
 //   - buyers who retry 502, 503, 504 and transport errors with their own
 //     Idempotency-Key are all answered 201 or 409 sold_out, exactly the
-//     stock is sold, and stock.Verify finds every invariant and every
+//     stock is sold, and verify.Sale finds every invariant and every
 //     acknowledged order.
 func TestSaleThroughClusterFailover(t *testing.T) {
 	for _, fault := range []struct {
@@ -465,11 +466,11 @@ func postKeyedOrder(ctx context.Context, client *http.Client, url string, sku, u
 
 // checkFailoverSale checks the sale's outcome: every buyer answered 201 or
 // 409 sold_out, exactly the stock sold, and every invariant and every
-// acknowledged order in MySQL (stock.Verify).
+// acknowledged order in MySQL (verify.Sale).
 func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answers []buyerAnswer) {
 	t.Helper()
 	var (
-		acks           []stock.Ack
+		acks           []verify.Ack
 		statuses       = map[string]int{}
 		retried, tries int
 		unanswered     []string
@@ -485,7 +486,7 @@ func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answer
 		case !a.answered():
 			unanswered = append(unanswered, fmt.Sprintf("user %d sku %d: %d %s %v after %d tries", a.user, a.sku, a.status, a.body, a.err, a.tries))
 		case a.status == http.StatusCreated:
-			var ack stock.Ack
+			var ack verify.Ack
 			if err := json.Unmarshal(a.body, &ack); err != nil || ack.OrderID == 0 {
 				t.Errorf("user %d's 201 names no order: %s", a.user, a.body)
 			}
@@ -513,7 +514,7 @@ func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answer
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	report, err := stock.Verify(ctx, db.Gorm, acks)
+	report, err := verify.Sale(ctx, db.Gorm, acks)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -85,7 +85,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "seed":
 		return seed(ctx, args, getenv, stdout)
 	case "verify":
-		return verify(ctx, args, getenv, stdout)
+		return verifySale(ctx, args, getenv, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, args, getenv, stdout)
 	case "help", "-h", "--help":

@@ -18,6 +18,7 @@ import (
 
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // env returns a getenv over m.
@@ -409,7 +410,7 @@ func TestReadAcks(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "acks")
 	os.WriteFile(path, []byte("1\n\n 2 \n3\n4 5\t6\n"), 0o600)
 	got, err := readAcks(path)
-	if err != nil || len(got) != 4 || got[2] != (stock.Ack{OrderID: 3}) || got[3] != (stock.Ack{OrderID: 4, SKUID: 5, UserID: 6}) {
+	if err != nil || len(got) != 4 || got[2] != (verify.Ack{OrderID: 3}) || got[3] != (verify.Ack{OrderID: 4, SKUID: 5, UserID: 6}) {
 		t.Errorf("readAcks = %v, %v", got, err)
 	}
 	for _, bad := range []string{"1\nx\n", "1\n2 3\n", "1\n2 3 4 5\n", "1\n2 3 -4\n"} {

@@ -20,6 +20,7 @@ import (
 	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 const testAdminToken = "a-token-of-24-characters"
@@ -92,7 +93,7 @@ func TestSeedThatCommittedIsNotAFailure(t *testing.T) {
 			t.Errorf("warning shows internals: %q", s)
 		}
 	}
-	if r, err := stock.Verify(context.Background(), db.Gorm, nil); err != nil || r.Products != 7 || r.Stock != 14 {
+	if r, err := verify.Sale(context.Background(), db.Gorm, nil); err != nil || r.Products != 7 || r.Stock != 14 {
 		t.Errorf("catalog after the seed: %+v, %v; want 7 products of 2 units", r, err)
 	}
 
@@ -107,7 +108,7 @@ func TestSeedThatCommittedIsNotAFailure(t *testing.T) {
 			t.Errorf("shop seed with Redis down does not say %q:\n%s", want, out.String())
 		}
 	}
-	if r, err := stock.Verify(context.Background(), db.Gorm, nil); err != nil || r.Products != 5 {
+	if r, err := verify.Sale(context.Background(), db.Gorm, nil); err != nil || r.Products != 5 {
 		t.Errorf("catalog after shop seed: %+v, %v; want 5 products", r, err)
 	}
 }

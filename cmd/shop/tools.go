@@ -20,6 +20,7 @@ import (
 	"shop/internal/mysqldb"
 	"shop/internal/notify"
 	"shop/internal/stock"
+	"shop/internal/verify"
 	"shop/migrations"
 )
 
@@ -175,14 +176,14 @@ func saleWindow(startsAt, endsAt string) (stock.Window, error) {
 var errSeededWithWarnings = errors.New("seed: the catalog WAS seeded, but not everything after it was done (see the warnings); " +
 	"do not seed again to fix it: that would delete every order placed since")
 
-func verify(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
+func verifySale(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := newFlags("verify")
 	acksPath := fs.String("acks", "", "file of acknowledged orders, one per line: \"order_id\" or \"order_id sku_id user_id\"")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	var acks []stock.Ack
+	var acks []verify.Ack
 	if *acksPath != "" {
 		var err error
 		if acks, err = readAcks(*acksPath); err != nil {
@@ -198,12 +199,12 @@ func verify(ctx context.Context, args []string, getenv func(string) string, stdo
 		return err
 	}
 	defer closeDB()
-	report, err := stock.Verify(ctx, db, acks)
+	report, err := verify.Sale(ctx, db, acks)
 	if err != nil {
 		return err
 	}
 	if cfg.UserLimit > 0 {
-		c, err := stock.VerifyUserLimit(ctx, db, cfg.UserLimit)
+		c, err := verify.UserLimit(ctx, db, cfg.UserLimit)
 		if err != nil {
 			return err
 		}
@@ -213,7 +214,7 @@ func verify(ctx context.Context, args []string, getenv func(string) string, stdo
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		if err := enc.Encode(struct {
-			stock.Report
+			verify.Report
 			OK bool `json:"ok"`
 		}{report, report.OK()}); err != nil {
 			return err
@@ -229,13 +230,13 @@ func verify(ctx context.Context, args []string, getenv func(string) string, stdo
 
 // readAcks reads the acks file at path: one acknowledged order per line,
 // `order_id` or `order_id sku_id user_id`; blank lines are skipped.
-func readAcks(path string) ([]stock.Ack, error) {
+func readAcks(path string) ([]verify.Ack, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("verify: %w", err)
 	}
 	defer f.Close()
-	acks, err := stock.ReadAcks(f)
+	acks, err := verify.ReadAcks(f)
 	if err != nil {
 		return nil, fmt.Errorf("verify: %s: %w", path, err)
 	}

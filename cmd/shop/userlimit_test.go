@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // Three replicas with SHOP_USER_LIMIT=3, each of a few users ordering many
@@ -134,13 +134,13 @@ func TestVerifyDetectsUserOverLimit(t *testing.T) {
 	}
 	code, out = limited("1", "verify", "--json")
 	var r struct {
-		OK     bool          `json:"ok"`
-		Checks []stock.Check `json:"checks"`
+		OK     bool           `json:"ok"`
+		Checks []verify.Check `json:"checks"`
 	}
 	if err := json.Unmarshal([]byte(out), &r); err != nil {
 		t.Fatalf("verify --json: %v\n%s", err, out)
 	}
-	want := stock.Check{Name: "orders per user <= 1", Violations: 1, Examples: []string{"user 7 orders 2"}}
+	want := verify.Check{Name: "orders per user <= 1", Violations: 1, Examples: []string{"user 7 orders 2"}}
 	if found := r.Checks[len(r.Checks)-1]; code != 1 || r.OK || fmt.Sprint(found) != fmt.Sprint(want) {
 		t.Errorf("verify --json with SHOP_USER_LIMIT=1: exit %d, ok %v, last check %+v; want %+v", code, r.OK, found, want)
 	}

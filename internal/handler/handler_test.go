@@ -22,6 +22,7 @@ import (
 	"shop/internal/readiness"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 const adminToken = "s3cret"
@@ -155,9 +156,9 @@ func errorCode(t *testing.T, r response) string {
 	return code
 }
 
-func (a *api) state(t *testing.T) stock.Report {
+func (a *api) state(t *testing.T) verify.Report {
 	t.Helper()
-	r, err := stock.Verify(context.Background(), a.db.Gorm, nil)
+	r, err := verify.Sale(context.Background(), a.db.Gorm, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func TestRepeatOrderOnMySQL8(t *testing.T) {
 			if !errors.Is(err, stock.ErrAlreadyOrdered) {
 				t.Fatalf("second order of user 7: %v, want ErrAlreadyOrdered", err)
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 1 {
+			if r := report(t, db); !r.OK() || r.Orders != 1 {
 				t.Errorf("want one order:\n%s", r)
 			}
 		})

@@ -53,7 +53,7 @@ func TestKilledOrderIsBusy(t *testing.T) {
 				if err := row.Rollback().Error; err != nil {
 					t.Fatal(err)
 				}
-				if r := verify(t, db); !r.OK() || r.Orders != 0 || r.Stock != 5 {
+				if r := report(t, db); !r.OK() || r.Orders != 0 || r.Stock != 5 {
 					t.Errorf("a killed order changed the database:\n%s", r)
 				}
 			})

@@ -95,7 +95,7 @@ func TestStaleFenceRaisesCounter(t *testing.T) {
 						t.Errorf("buyer %d, row fenced at %d: %v; want ErrBusy and ErrStaleFence", i+1, rowFence, err)
 					}
 				}
-				if r := verify(t, db); r.Orders != 0 || r.Stock != 5 {
+				if r := report(t, db); r.Orders != 0 || r.Stock != 5 {
 					t.Errorf("a refused write changed the database:\n%s", r)
 				}
 				want := []raise{{stock.LockKey(1), rowFence}}

@@ -13,6 +13,7 @@ import (
 	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // payWindow is the tests' payment window: long enough that nothing lapses
@@ -139,7 +140,7 @@ func wantSettled(t *testing.T, db *testenv.DB, sku int64, units int, ids []int64
 // verified fails unless shop verify's checks hold.
 func verified(t *testing.T, db *testenv.DB) {
 	t.Helper()
-	r, err := stock.Verify(context.Background(), db.Gorm, nil)
+	r, err := verify.Sale(context.Background(), db.Gorm, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

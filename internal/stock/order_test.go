@@ -15,6 +15,7 @@ import (
 	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // An idempotency key belongs to its buyer and is compared exactly: another
@@ -49,7 +50,7 @@ func TestIdempotencyKeysBelongToTheirBuyer(t *testing.T) {
 			if o, err := svc.PlaceOrder(ctx, 1, 1, "shared-key"); err != nil || !o.Replayed || o.ID != first.ID {
 				t.Errorf("user 1's key again: %+v, %v; want the replay of order %d", o, err, first.ID)
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 4 {
+			if r := report(t, db); !r.OK() || r.Orders != 4 {
 				t.Errorf("want the four orders:\n%s", r)
 			}
 		})
@@ -150,7 +151,7 @@ func TestBuyerNearItsDeadlineIsNotTaken(t *testing.T) {
 			t.Errorf("buyer %d beside it: %v", []int64{1, 3}[i], r.err)
 		}
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 2 {
+	if r := report(t, db); !r.OK() || r.Orders != 2 {
 		t.Errorf("want the orders of users 1 and 3:\n%s", r)
 	}
 	if n := userOrders(t, db, 2); n != 0 {
@@ -206,7 +207,7 @@ func TestBatchEndsAtItsEarliestDeadline(t *testing.T) {
 	if err := row.Rollback().Error; err != nil {
 		t.Fatal(err)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 0 || r.Stock != 10 {
+	if r := report(t, db); !r.OK() || r.Orders != 0 || r.Stock != 10 {
 		t.Errorf("a batch cut short wrote:\n%s", r)
 	}
 }
@@ -268,7 +269,7 @@ func TestStalledCommitAnsweredInTime(t *testing.T) {
 			if acked != want {
 				t.Errorf("%d orders acknowledged, want %d", acked, want)
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 3 {
+			if r := report(t, db); !r.OK() || r.Orders != 3 {
 				t.Errorf("want the three orders, committed:\n%s", r)
 			}
 		})
@@ -509,9 +510,9 @@ func TestOrdersUnderSnapshotIsolation(t *testing.T) {
 				if counts["placed"] != want {
 					t.Errorf("%d orders placed, want %d", counts["placed"], want)
 				}
-				r := verify(t, db)
+				r := report(t, db)
 				if limit > 0 {
-					c, err := stock.VerifyUserLimit(context.Background(), db.Gorm, limit)
+					c, err := verify.UserLimit(context.Background(), db.Gorm, limit)
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -143,7 +143,7 @@ func TestLostReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
 				if committed {
 					want, told = len(buyers), txs
 				}
-				if r := verify(t, db); !r.OK() || r.Orders != int64(want) {
+				if r := report(t, db); !r.OK() || r.Orders != int64(want) {
 					t.Errorf("want %d orders:\n%s", want, r)
 				}
 				if n := cache.of(1); n != told {
@@ -195,7 +195,7 @@ func TestLostRestockReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
 			if got := product(t, db, 1); got.InitialStock != want.InitialStock || got.Stock != want.Stock {
 				t.Errorf("MySQL after the restock: initial_stock %d, stock %d; want %d, %d", got.InitialStock, got.Stock, want.InitialStock, want.Stock)
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 1 {
+			if r := report(t, db); !r.OK() || r.Orders != 1 {
 				t.Errorf("want 1 order:\n%s", r)
 			}
 			if n, err := rdb.Exists(ctx, l.Key(stock.LockKey(1))).Result(); err != nil || n != 0 {

@@ -143,7 +143,7 @@ func TestBatchSellsStockInArrivalOrder(t *testing.T) {
 	if st := svc.Stats(); st.Batches != 1 || st.Orders != 6 {
 		t.Errorf("stats %+v: want the six orders in one transaction", st)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 3 || r.Stock != 0 {
+	if r := report(t, db); !r.OK() || r.Orders != 3 || r.Stock != 0 {
 		t.Errorf("want three orders and no stock left:\n%s", r)
 	}
 }
@@ -214,7 +214,7 @@ func TestBatchRefusesRepeatBuyersAndReplaysKeys(t *testing.T) {
 	} else {
 		checkOrder(t, db, r.order, 1, 13)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 6 || r.Stock != 4 || earlier.ID == first.order.ID {
+	if r := report(t, db); !r.OK() || r.Orders != 6 || r.Stock != 4 || earlier.ID == first.order.ID {
 		t.Errorf("want the orders of users 7, 8, 9, 11, 12 and 13 only:\n%s", r)
 	}
 }
@@ -243,7 +243,7 @@ func TestBatchLostLeaseWritesNothing(t *testing.T) {
 	if st := svc.Stats(); st.Batches != 1 || st.Orders != 3 {
 		t.Errorf("stats %+v: want one transaction of three orders", st)
 	}
-	if r := verify(t, db); r.Orders != 0 || r.Stock != 5 {
+	if r := report(t, db); r.Orders != 0 || r.Stock != 5 {
 		t.Errorf("the batch of a lost lease was not rolled back:\n%s", r)
 	}
 }
@@ -275,7 +275,7 @@ func TestBatchBuyerLeavesQueue(t *testing.T) {
 	if st := svc.Stats(); st.Orders != 1 {
 		t.Errorf("stats %+v: the buyer who left was placed", st)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 1 || r.Stock != 4 {
+	if r := report(t, db); !r.OK() || r.Orders != 1 || r.Stock != 4 {
 		t.Errorf("want the order of the buyer who stayed only:\n%s", r)
 	}
 }
@@ -309,7 +309,7 @@ func TestBatchColdSKUNotStuckBehindHot(t *testing.T) {
 			t.Errorf("hot buyer %d: %v", i+1, r.err)
 		}
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 101 {
+	if r := report(t, db); !r.OK() || r.Orders != 101 {
 		t.Errorf("want 101 orders:\n%s", r)
 	}
 }
@@ -371,7 +371,7 @@ func TestBatchIdsUnderAutoincLockMode2(t *testing.T) {
 	if st := svc.Stats(); st.Batches != skus {
 		t.Errorf("stats %+v: want one transaction per SKU", st)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != skus*buyers {
+	if r := report(t, db); !r.OK() || r.Orders != skus*buyers {
 		t.Fatalf("want every buyer's order:\n%s", r)
 	}
 	t.Logf("%d of %d batches got ids interleaved with another's", interleaved, skus)
@@ -482,7 +482,7 @@ func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 	if st := svc.Stats(); st.Batches != 0 {
 		t.Errorf("stats %+v: the waiters ran a transaction to learn it", st)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 1 {
+	if r := report(t, db); !r.OK() || r.Orders != 1 {
 		t.Errorf("want the holder's order only:\n%s", r)
 	}
 }
@@ -552,7 +552,7 @@ func TestBatchLargerThanStockTakesWhatIsLeft(t *testing.T) {
 	if q := spy.touching("FOR UPDATE"); len(q) > 0 {
 		t.Errorf("the batch ran a careful attempt: %q", q)
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 2 {
+	if r := report(t, db); !r.OK() || r.Orders != 2 {
 		t.Errorf("want 2 orders:\n%s", r)
 	}
 }

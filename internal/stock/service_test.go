@@ -75,7 +75,7 @@ func TestPlaceOrderRules(t *testing.T) {
 	if _, err := svc.PlaceOrder(ctx, 1, 9, ""); !errors.Is(err, stock.ErrSoldOut) {
 		t.Fatalf("third buyer of two units: %v, want ErrSoldOut", err)
 	}
-	r := verify(t, db)
+	r := report(t, db)
 	if !r.OK() || r.Orders != 2 || stockOf(t, db, 1) != 0 || stockOf(t, db, 2) != 2 {
 		t.Errorf("after the rules: stock(1)=%d stock(2)=%d\n%s", stockOf(t, db, 1), stockOf(t, db, 2), r)
 	}
@@ -98,7 +98,7 @@ func TestPlaceOrderIdempotencyKey(t *testing.T) {
 	if _, err := svc.PlaceOrder(ctx, 2, 7, "key-1"); !errors.Is(err, stock.ErrIdempotencyMismatch) {
 		t.Errorf("same key, other SKU: %v, want ErrIdempotencyMismatch", err)
 	}
-	if r := verify(t, db); r.Orders != 1 || stockOf(t, db, 1) != 4 || stockOf(t, db, 2) != 5 {
+	if r := report(t, db); r.Orders != 1 || stockOf(t, db, 1) != 4 || stockOf(t, db, 2) != 5 {
 		t.Errorf("want one order and one unit taken:\n%s", r)
 	}
 }
@@ -115,7 +115,7 @@ func TestPlaceOrderBusyWritesNothing(t *testing.T) {
 	if !errors.Is(err, stock.ErrBusy) || !errors.Is(err, lock.ErrNotObtained) {
 		t.Fatalf("err = %v, want ErrBusy wrapping ErrNotObtained", err)
 	}
-	if r := verify(t, db); r.Orders != 0 || r.Stock != 1 {
+	if r := report(t, db); r.Orders != 0 || r.Stock != 1 {
 		t.Errorf("a refused order changed the database:\n%s", r)
 	}
 }
@@ -141,7 +141,7 @@ func TestPlaceOrderLostLeaseRollsBack(t *testing.T) {
 	if !errors.Is(err, stock.ErrBusy) || !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("err = %v, want ErrBusy wrapping ErrNotHeld", err)
 	}
-	if r := verify(t, db); r.Orders != 0 || r.Stock != 1 {
+	if r := report(t, db); r.Orders != 0 || r.Stock != 1 {
 		t.Errorf("the transaction of a lost lease was not rolled back:\n%s", r)
 	}
 }
@@ -222,7 +222,7 @@ func TestBeforeWriteAfterRunsBetweenTransactionAndRelease(t *testing.T) {
 				if commit {
 					want = len(users)
 				}
-				if r := verify(t, db); !r.OK() || r.Orders != int64(want) {
+				if r := report(t, db); !r.OK() || r.Orders != int64(want) {
 					t.Errorf("want %d orders:\n%s", want, r)
 				}
 			})

@@ -14,6 +14,7 @@ import (
 	"shop/internal/lock"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // fleet is several replicas of the order path on one database: each has its
@@ -175,9 +176,10 @@ func (f *fleet) stats() (batches, orders uint64) {
 	return batches, orders
 }
 
-func verify(t *testing.T, db *testenv.DB) stock.Report {
+// report is what shop verify finds in db.
+func report(t *testing.T, db *testenv.DB) verify.Report {
 	t.Helper()
-	r, err := stock.Verify(context.Background(), db.Gorm, nil)
+	r, err := verify.Sale(context.Background(), db.Gorm, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -230,7 +232,7 @@ func TestExperiment(t *testing.T) {
 			tt.cfg.hook = rendezvous(time.Second)
 			f := newFleet(t, db, rdb, prefix, tt.cfg)
 			out := f.sellOut(t, skus, buyers)
-			r := verify(t, db)
+			r := report(t, db)
 			t.Logf("created %d, sold out %d, other %d; %s", out.created, out.soldOut, out.other, r)
 
 			if out.other > 0 {
@@ -271,7 +273,7 @@ func TestHotSKUExperiment(t *testing.T) {
 			tt.cfg.hook = rendezvous(200 * time.Millisecond)
 			f := newFleet(t, db, rdb, prefix, tt.cfg)
 			out := f.sellHot(t, units, buyers)
-			r := verify(t, db)
+			r := report(t, db)
 			batches, orders := f.stats()
 			t.Logf("created %d, sold out %d, other %d; %d orders in %d transactions; %s",
 				out.created, out.soldOut, out.other, orders, batches, r)
@@ -436,7 +438,7 @@ func oneUnit(t *testing.T) (*testenv.DB, *redis.Client, string) {
 // MySQL; without, gone through and the oversell reported by Verify.
 func checkStaleWriter(t *testing.T, db *testenv.DB, fencing bool, who string, err error, want ...error) {
 	t.Helper()
-	r := verify(t, db)
+	r := report(t, db)
 	t.Logf("%s: %v; %s", who, err, r)
 	if !fencing {
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // BenchmarkSweep measures what the expiry sweep costs: how many lapsed
@@ -166,7 +167,7 @@ func BenchmarkSweep(b *testing.B) {
 	if swept != b.N {
 		b.Errorf("swept %d reservations, want %d", swept, b.N)
 	}
-	if r, err := stock.Verify(ctx, db.Gorm, nil); err != nil || !r.OK() {
+	if r, err := verify.Sale(ctx, db.Gorm, nil); err != nil || !r.OK() {
 		b.Errorf("verify after the benchmark: %+v, %v", r, err)
 	}
 	p99 := func(d []time.Duration) float64 {

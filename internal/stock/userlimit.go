@@ -28,6 +28,9 @@ var ErrUserLimit = errors.New("stock: user limit reached")
 // statement, never the gap locks and S→X upgrades that concurrent INSERT
 // IGNOREs or upserts inside it would take and deadlock on.
 
+// activeStatuses are the statuses of an order that holds its unit, as SQL.
+const activeStatuses = "('" + StatusReserved + "', '" + StatusPaid + "')"
+
 // ensureCounter makes sure user's counter exists, holding the orders the
 // user has now. With the limit off it does nothing; when the row exists it
 // is one read.

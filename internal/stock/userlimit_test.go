@@ -16,6 +16,7 @@ import (
 	"shop/internal/lock"
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // counterOf is user's row of user_orders: its count, and whether it exists.
@@ -83,7 +84,7 @@ func TestUserLimitOneOrder(t *testing.T) {
 	}
 	checkCounter(t, db, 7, 2)
 	checkCounter(t, db, 8, 1)
-	if r := verify(t, db); !r.OK() {
+	if r := report(t, db); !r.OK() {
 		t.Errorf("verify:\n%s", r)
 	}
 }
@@ -142,7 +143,7 @@ func TestUserLimitInBatch(t *testing.T) {
 	if n := stockOf(t, db, 1); n != 1 {
 		t.Errorf("stock of product 1 = %d after a replay and a repeat order, want 1", n)
 	}
-	if r := verify(t, db); !r.OK() {
+	if r := report(t, db); !r.OK() {
 		t.Errorf("verify:\n%s", r)
 	}
 }
@@ -204,10 +205,10 @@ func TestUserLimitAcrossReplicas(t *testing.T) {
 				t.Errorf("%d placed, %d refused at the limit, other errors %v; want %d and %d", placed, limited, others, limit, skus-limit)
 			}
 			checkCounter(t, db, 7, limit)
-			if r := verify(t, db); !r.OK() || r.Orders != limit || r.Stock != skus-limit {
+			if r := report(t, db); !r.OK() || r.Orders != limit || r.Stock != skus-limit {
 				t.Errorf("verify:\n%s", r)
 			}
-			if c, err := stock.VerifyUserLimit(ctx, db.Gorm, limit); err != nil || c.Violations != 0 {
+			if c, err := verify.UserLimit(ctx, db.Gorm, limit); err != nil || c.Violations != 0 {
 				t.Errorf("VerifyUserLimit = %+v, %v", c, err)
 			}
 		})
@@ -398,23 +399,4 @@ func TestUserCounterGoneIsBusy(t *testing.T) {
 		t.Errorf("retry: %v", err)
 	}
 	checkCounter(t, db, 7, 1)
-}
-
-// VerifyUserLimit names the users holding more orders than the limit.
-func TestVerifyUserLimit(t *testing.T) {
-	ctx := context.Background()
-	db := soldTwo(t) // users 10 and 20, one order each
-	if err := db.Gorm.Exec("INSERT INTO orders (sku_id, user_id) VALUES (3, 10)").Error; err != nil {
-		t.Fatal(err)
-	}
-	c, err := stock.VerifyUserLimit(ctx, db.Gorm, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if c.Name != "orders per user <= 1" || c.Violations != 1 || len(c.Examples) != 1 || c.Examples[0] != "user 10 orders 2" {
-		t.Errorf("limit 1: %+v, want user 10 with 2 orders", c)
-	}
-	if c, err := stock.VerifyUserLimit(ctx, db.Gorm, 2); err != nil || c.Violations != 0 {
-		t.Errorf("limit 2: %+v, %v; want no violation", c, err)
-	}
 }

@@ -115,7 +115,7 @@ func TestSaleWindowBeforeInsideAfter(t *testing.T) {
 			if n := locks.obtains.Load() - obtained; n != 0 {
 				t.Errorf("orders after the sale took the lock %d times, want none", n)
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 2 || r.Stock != 8 {
+			if r := report(t, db); !r.OK() || r.Orders != 2 || r.Stock != 8 {
 				t.Errorf("after the sale: want the 2 orders inside the window\n%s", r)
 			}
 		})
@@ -153,7 +153,7 @@ func TestSaleWindowJudgesArrivalInABatch(t *testing.T) {
 			t.Errorf("order %d that arrived at the end: %+v, %v; want ErrSaleEnded", i, r.order, r.err)
 		}
 	}
-	if r := verify(t, db); !r.OK() || r.Orders != 1 {
+	if r := report(t, db); !r.OK() || r.Orders != 1 {
 		t.Errorf("want one order\n%s", r)
 	}
 }
@@ -196,7 +196,7 @@ func TestSaleWindowClosedWhileOrdersWait(t *testing.T) {
 			if r := <-answers[1]; !errors.Is(r.err, stock.ErrSaleEnded) {
 				t.Errorf("order that arrived after the new end, read the open window before the lock: %+v, %v; want ErrSaleEnded", r.order, r.err)
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 1 || r.Stock != 9 {
+			if r := report(t, db); !r.OK() || r.Orders != 1 || r.Stock != 9 {
 				t.Errorf("want one order\n%s", r)
 			}
 		})
@@ -261,7 +261,7 @@ func TestRestockUnderTheLock(t *testing.T) {
 	if p.Fence <= holder.Fence() {
 		t.Errorf("row fence %d after the restock, not above the previous holder's token %d", p.Fence, holder.Fence())
 	}
-	if r := verify(t, db); !r.OK() {
+	if r := report(t, db); !r.OK() {
 		t.Errorf("after the restock:\n%s", r)
 	}
 }
@@ -294,7 +294,7 @@ func TestRestockClearsSoldOutMemory(t *testing.T) {
 					t.Errorf("order of user %d right after the restock: %v", user, err)
 				}
 			}
-			if r := verify(t, db); !r.OK() || r.Orders != 3 || r.Stock != 0 {
+			if r := report(t, db); !r.OK() || r.Orders != 3 || r.Stock != 0 {
 				t.Errorf("want 3 orders of 3 units\n%s", r)
 			}
 		})
@@ -330,7 +330,7 @@ func TestRestockUnderLoad(t *testing.T) {
 		}
 	}
 	wg.Wait()
-	r := verify(t, db)
+	r := report(t, db)
 	t.Logf("sold %d, restocked %d units: %s", sold.Load(), restocked.Load(), r.String())
 	if !r.OK() || r.InitialStock != 40+restocked.Load() || r.Orders != sold.Load() {
 		t.Errorf("after restocks under load: want initial stock %d and %d orders\n%s", 40+restocked.Load(), sold.Load(), r)

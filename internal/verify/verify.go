@@ -1,10 +1,14 @@
-package stock
+// Package verify checks a sale's invariants in MySQL: what `shop verify`
+// reports, and what the tests and the demo judge a sale by. It reads the
+// tables as they are, whatever wrote them, and changes nothing.
+package verify
 
 import (
 	"bufio"
 	"context"
 	"fmt"
 	"io"
+	"shop/internal/stock"
 	"slices"
 	"strconv"
 	"strings"
@@ -87,7 +91,7 @@ type StatusCounts struct {
 // Active is how many orders hold a unit: reserved and paid ones.
 func (s StatusCounts) Active() int64 { return s.Reserved + s.Paid }
 
-// Report is what Verify found.
+// Report is what Sale found.
 type Report struct {
 	Products     int64 `json:"products"`
 	InitialStock int64 `json:"initial_stock"`
@@ -144,7 +148,7 @@ func (r Report) String() string {
 // exampleLimit is how many offenders a Check lists.
 const exampleLimit = 10
 
-// The checks Verify makes, by name. An offender is counted by one check
+// The checks Sale makes, by name. An offender is counted by one check
 // only: a paid order with returned_at set is an order both paid and
 // returned, not also one whose returned_at is out of place.
 const (
@@ -164,9 +168,9 @@ const (
 
 // SQL of the checks.
 const (
-	activeStatuses   = "('" + StatusReserved + "', '" + StatusPaid + "')"
-	returnedStatuses = "('" + StatusCancelled + "', '" + StatusExpired + "')"
-	allStatuses      = "('" + StatusReserved + "', '" + StatusPaid + "', '" + StatusCancelled + "', '" + StatusExpired + "')"
+	activeStatuses   = "('" + stock.StatusReserved + "', '" + stock.StatusPaid + "')"
+	returnedStatuses = "('" + stock.StatusCancelled + "', '" + stock.StatusExpired + "')"
+	allStatuses      = "('" + stock.StatusReserved + "', '" + stock.StatusPaid + "', '" + stock.StatusCancelled + "', '" + stock.StatusExpired + "')"
 	// activeOrdersBySKU is a table of sku_id and n, its active orders.
 	activeOrdersBySKU = "(SELECT sku_id, COUNT(*) n FROM orders WHERE status IN " + activeStatuses + " GROUP BY sku_id)"
 	// refundOrderMismatch holds for a refund r whose order o (LEFT JOINed)
@@ -175,7 +179,7 @@ const (
 		OR o.status NOT IN ` + returnedStatuses + ` OR r.reason <> CONCAT('order_', o.status))`
 )
 
-// Verify checks the invariants of the sale against MySQL. Active orders are
+// Sale checks the invariants of the sale against MySQL. Active orders are
 // the reserved and paid ones, which hold a unit.
 //
 //   - every SKU has stock >= 0;
@@ -204,7 +208,7 @@ const (
 //
 // It returns an error only when it could not check; broken invariants are in
 // the Report.
-func Verify(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
+func Sale(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 	db = db.WithContext(ctx)
 	var r Report
 	err := db.Raw(`SELECT COUNT(*), COALESCE(SUM(initial_stock), 0), COALESCE(SUM(stock), 0) FROM products`).
@@ -217,7 +221,7 @@ func Verify(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 		COALESCE(SUM(status = ?), 0), COALESCE(SUM(status = ?), 0), COALESCE(SUM(status = ?), 0), COALESCE(SUM(status = ?), 0),
 		COALESCE(SUM(status = ? AND paid_at IS NULL AND payment_id IS NULL), 0),
 		(SELECT COUNT(*) FROM refunds) FROM orders`,
-		StatusReserved, StatusPaid, StatusCancelled, StatusExpired, StatusPaid).
+		stock.StatusReserved, stock.StatusPaid, stock.StatusCancelled, stock.StatusExpired, stock.StatusPaid).
 		Row().Scan(&r.Orders, &s.Reserved, &s.Paid, &s.Cancelled, &s.Expired, &r.PaidWithoutPayment, &r.Refunds)
 	if err != nil {
 		return r, fmt.Errorf("stock: verify: %w", err)
@@ -337,12 +341,12 @@ func runCheck(db *gorm.DB, name, count, examples string, args ...any) (Check, er
 	return c, nil
 }
 
-// VerifyUserLimit checks that no user holds more than limit active
+// UserLimit checks that no user holds more than limit active
 // (reserved or paid) orders over all products: the invariant of
-// Options.UserLimit, for a report of Verify when the limit is on. Cancelled
+// Options.UserLimit, for a report of Sale when the limit is on. Cancelled
 // and expired orders do not count. It returns an error only when it could
 // not check.
-func VerifyUserLimit(ctx context.Context, db *gorm.DB, limit int) (Check, error) {
+func UserLimit(ctx context.Context, db *gorm.DB, limit int) (Check, error) {
 	return runCheck(db.WithContext(ctx), fmt.Sprintf("orders per user <= %d", limit),
 		`SELECT COUNT(*) FROM (SELECT user_id FROM orders WHERE status IN `+activeStatuses+`
 			GROUP BY user_id HAVING COUNT(*) > ?) u`,

@@ -1,4 +1,4 @@
-package stock_test
+package verify_test
 
 import (
 	"context"
@@ -6,12 +6,12 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"gorm.io/gorm"
 
 	"shop/internal/stock"
 	"shop/internal/testenv"
+	"shop/internal/verify"
 )
 
 // soldTwo is a catalog of three products with two units each in which user
@@ -35,17 +35,17 @@ func soldTwo(t *testing.T) *testenv.DB {
 }
 
 // checkOf returns the report's check called name.
-func checkOf(t *testing.T, r stock.Report, name string) stock.Check {
+func checkOf(t *testing.T, r verify.Report, name string) verify.Check {
 	t.Helper()
-	i := slices.IndexFunc(r.Checks, func(c stock.Check) bool { return c.Name == name })
+	i := slices.IndexFunc(r.Checks, func(c verify.Check) bool { return c.Name == name })
 	if i < 0 {
 		t.Fatalf("no check %q in %+v", name, r.Checks)
 	}
 	return r.Checks[i]
 }
 
-func hasCheck(r stock.Report, name string) bool {
-	return slices.ContainsFunc(r.Checks, func(c stock.Check) bool { return c.Name == name })
+func hasCheck(r verify.Report, name string) bool {
+	return slices.ContainsFunc(r.Checks, func(c verify.Check) bool { return c.Name == name })
 }
 
 const (
@@ -76,11 +76,11 @@ func TestVerifyAcks(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			acks, err := stock.ReadAcks(strings.NewReader(tt.acks))
+			acks, err := verify.ReadAcks(strings.NewReader(tt.acks))
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := stock.Verify(context.Background(), db.Gorm, acks)
+			r, err := verify.Sale(context.Background(), db.Gorm, acks)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -111,7 +111,7 @@ func TestVerifyAcks(t *testing.T) {
 
 func TestVerifyWithoutAcksMakesNoAckCheck(t *testing.T) {
 	db := soldTwo(t)
-	r, err := stock.Verify(context.Background(), db.Gorm, nil)
+	r, err := verify.Sale(context.Background(), db.Gorm, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,12 +121,12 @@ func TestVerifyWithoutAcksMakesNoAckCheck(t *testing.T) {
 }
 
 func TestVerifyReadAcks(t *testing.T) {
-	acks, err := stock.ReadAcks(strings.NewReader("1\n\n  2 3 4 \n5\t6\t7\n"))
-	want := []stock.Ack{{OrderID: 1}, {OrderID: 2, SKUID: 3, UserID: 4}, {OrderID: 5, SKUID: 6, UserID: 7}}
+	acks, err := verify.ReadAcks(strings.NewReader("1\n\n  2 3 4 \n5\t6\t7\n"))
+	want := []verify.Ack{{OrderID: 1}, {OrderID: 2, SKUID: 3, UserID: 4}, {OrderID: 5, SKUID: 6, UserID: 7}}
 	if err != nil || !slices.Equal(acks, want) {
 		t.Errorf("ReadAcks = %v, %v; want %v", acks, err, want)
 	}
-	if acks, err := stock.ReadAcks(strings.NewReader("")); err != nil || acks == nil || len(acks) != 0 {
+	if acks, err := verify.ReadAcks(strings.NewReader("")); err != nil || acks == nil || len(acks) != 0 {
 		t.Errorf("an empty file: %v, %v; want no acks (and not nil: the acks are checked)", acks, err)
 	}
 	for _, bad := range []struct{ text, want string }{
@@ -136,7 +136,7 @@ func TestVerifyReadAcks(t *testing.T) {
 		{"1\n\n2 0 4\n", "line 3: sku_id \"0\" is not a positive integer"},
 		{"2 3 -4\n", "line 1: user_id \"-4\" is not a positive integer"},
 	} {
-		if _, err := stock.ReadAcks(strings.NewReader(bad.text)); err == nil || !strings.Contains(err.Error(), bad.want) {
+		if _, err := verify.ReadAcks(strings.NewReader(bad.text)); err == nil || !strings.Contains(err.Error(), bad.want) {
 			t.Errorf("ReadAcks(%q) = %v, want an error with %q", bad.text, err, bad.want)
 		}
 	}
@@ -190,8 +190,8 @@ func lifecycle(t *testing.T) *testenv.DB {
 }
 
 // failing returns the checks of r that found violations.
-func failing(r stock.Report) []stock.Check {
-	var out []stock.Check
+func failing(r verify.Report) []verify.Check {
+	var out []verify.Check
 	for _, c := range r.Checks {
 		if c.Violations > 0 {
 			out = append(out, c)
@@ -214,18 +214,18 @@ const (
 
 func TestVerifyLifecycleHolds(t *testing.T) {
 	db := lifecycle(t)
-	acks, err := stock.ReadAcks(strings.NewReader("1 1 10\n2 1 11\n3 2 10\n4 2 11\n5 3 10\n6 3 10\n"))
+	acks, err := verify.ReadAcks(strings.NewReader("1 1 10\n2 1 11\n3 2 10\n4 2 11\n5 3 10\n6 3 10\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := stock.Verify(context.Background(), db.Gorm, acks)
+	r, err := verify.Sale(context.Background(), db.Gorm, acks)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if f := failing(r); len(f) > 0 {
 		t.Errorf("a sale that holds, with orders in every status: %+v\n%s", f, r)
 	}
-	want := stock.StatusCounts{Reserved: 2, Paid: 2, Cancelled: 1, Expired: 1}
+	want := verify.StatusCounts{Reserved: 2, Paid: 2, Cancelled: 1, Expired: 1}
 	if r.Orders != 6 || r.ByStatus != want || r.ByStatus.Active() != 4 || r.Refunds != 2 || r.PaidWithoutPayment != 1 ||
 		r.Stock != 8 || r.InitialStock != 12 || r.Oversold != 0 || r.Acks != 6 {
 		t.Errorf("report %+v; want 6 orders %+v, 2 refunds, 1 paid without payment id, stock 8 of 12", r, want)
@@ -330,11 +330,11 @@ func TestVerifyLifecycleViolations(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r, err := stock.Verify(ctx, db.Gorm, nil)
+			r, err := verify.Sale(ctx, db.Gorm, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []stock.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}}
+			want := []verify.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}}
 			if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
 				t.Errorf("failing checks %+v, want only %+v\n%s", got, want, r)
 			}
@@ -352,15 +352,15 @@ func TestVerifyLifecycleViolations(t *testing.T) {
 // filters acknowledged orders on their status.
 func TestVerifyAcksInAnyStatus(t *testing.T) {
 	db := lifecycle(t)
-	acks, err := stock.ReadAcks(strings.NewReader("4 2 11\n5\n99\n"))
+	acks, err := verify.ReadAcks(strings.NewReader("4 2 11\n5\n99\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := stock.Verify(context.Background(), db.Gorm, acks)
+	r, err := verify.Sale(context.Background(), db.Gorm, acks)
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []stock.Check{{Name: ackExists, Violations: 1, Examples: []string{"order 99"}}}
+	want := []verify.Check{{Name: ackExists, Violations: 1, Examples: []string{"order 99"}}}
 	if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("failing checks %+v, want only %+v", got, want)
 	}
@@ -371,12 +371,12 @@ func TestVerifyAcksInAnyStatus(t *testing.T) {
 func TestVerifyUserLimitCountsActiveOrders(t *testing.T) {
 	db := lifecycle(t)
 	ctx := context.Background()
-	for limit, want := range map[int]stock.Check{
+	for limit, want := range map[int]verify.Check{
 		3: {Name: "orders per user <= 3"},
 		2: {Name: "orders per user <= 2", Violations: 1, Examples: []string{"user 10 orders 3"}},
 		1: {Name: "orders per user <= 1", Violations: 1, Examples: []string{"user 10 orders 3"}},
 	} {
-		c, err := stock.VerifyUserLimit(ctx, db.Gorm, limit)
+		c, err := verify.UserLimit(ctx, db.Gorm, limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -386,55 +386,21 @@ func TestVerifyUserLimitCountsActiveOrders(t *testing.T) {
 	}
 }
 
-// A seed deletes the refunds owed with the orders they are of.
-func TestSeedDeletesRefunds(t *testing.T) {
-	db := lifecycle(t)
+// UserLimit names the users holding more orders than the limit.
+func TestUserLimit(t *testing.T) {
 	ctx := context.Background()
-	catalog := stock.NewCatalog(db.Gorm)
-	if err := catalog.Seed(ctx, 2, 1); err != nil {
+	db := soldTwo(t) // users 10 and 20, one order each
+	if err := db.Gorm.Exec("INSERT INTO orders (sku_id, user_id) VALUES (3, 10)").Error; err != nil {
 		t.Fatal(err)
 	}
-	refunds, err := catalog.Refunds(ctx)
-	if err != nil || refunds == nil || len(refunds) != 0 {
-		t.Errorf("refunds after a seed: %v, %v; want none (an empty slice)", refunds, err)
-	}
-	r, err := stock.Verify(ctx, db.Gorm, nil)
+	c, err := verify.UserLimit(ctx, db.Gorm, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !r.OK() || r.Orders != 0 || r.Refunds != 0 || r.ByStatus != (stock.StatusCounts{}) {
-		t.Errorf("after a seed:\n%s", r)
+	if c.Name != "orders per user <= 1" || c.Violations != 1 || len(c.Examples) != 1 || c.Examples[0] != "user 10 orders 2" {
+		t.Errorf("limit 1: %+v, want user 10 with 2 orders", c)
 	}
-}
-
-// Refunds lists every refund owed, oldest first, then by order.
-func TestRefunds(t *testing.T) {
-	db := lifecycle(t)
-	ctx := context.Background()
-	if err := db.Gorm.Exec(`INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
-		(4, 'pay-4b', 11, 2, 'order_cancelled', '2025-01-01 10:25:00.123456')`).Error; err != nil {
-		t.Fatal(err)
-	}
-	got, err := stock.NewCatalog(db.Gorm).Refunds(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	at := func(min, micro int) time.Time { return time.Date(2025, 1, 1, 10, min, 0, micro*1000, time.UTC) }
-	want := []stock.Refund{
-		{OrderID: 5, UserID: 10, SKUID: 3, PaymentID: "pay-5", ReceivedAt: at(25, 0), Reason: stock.RefundOrderExpired},
-		{OrderID: 4, UserID: 11, SKUID: 2, PaymentID: "pay-4b", ReceivedAt: at(25, 123456), Reason: stock.RefundOrderCancelled},
-		{OrderID: 4, UserID: 11, SKUID: 2, PaymentID: "pay-4", ReceivedAt: at(30, 0), Reason: stock.RefundOrderCancelled},
-	}
-	if len(got) != len(want) {
-		t.Fatalf("Refunds = %+v, want %+v", got, want)
-	}
-	for i := range want {
-		if got[i].ReceivedAt.Location() != time.UTC || !got[i].ReceivedAt.Equal(want[i].ReceivedAt) {
-			t.Errorf("refund %d received at %v, want %v (UTC)", i, got[i].ReceivedAt, want[i].ReceivedAt)
-		}
-		got[i].ReceivedAt = want[i].ReceivedAt
-		if got[i] != want[i] {
-			t.Errorf("refund %d: %+v, want %+v", i, got[i], want[i])
-		}
+	if c, err := verify.UserLimit(ctx, db.Gorm, 2); err != nil || c.Violations != 0 {
+		t.Errorf("limit 2: %+v, %v; want no violation", c, err)
 	}
 }
