@@ -209,7 +209,7 @@ func TestUserLimitAcrossReplicas(t *testing.T) {
 				t.Errorf("verify:\n%s", r)
 			}
 			if c, err := verify.UserLimit(ctx, db.Gorm, limit); err != nil || c.Violations != 0 {
-				t.Errorf("VerifyUserLimit = %+v, %v", c, err)
+				t.Errorf("verify.UserLimit = %+v, %v", c, err)
 			}
 		})
 	}

@@ -368,7 +368,7 @@ func TestVerifyAcksInAnyStatus(t *testing.T) {
 
 // The user limit counts active orders: user 10 holds three (orders 1, 3
 // and 6) and an expired one (5).
-func TestVerifyUserLimitCountsActiveOrders(t *testing.T) {
+func TestUserLimitCountsActiveOrders(t *testing.T) {
 	db := lifecycle(t)
 	ctx := context.Background()
 	for limit, want := range map[int]verify.Check{
