@@ -45,86 +45,136 @@ const (
 	statusClientClosedRequest = 499
 )
 
+// answer is what a client is told of an error: the HTTP status, the error
+// code of the JSON error shape, and the message. An empty message is the
+// error's own: for a broken rule of input, the domain's words with the
+// API's field names (fieldName); otherwise err.Error(), which only the
+// HTTP layer's own errors, written for clients, come with.
+type answer struct {
+	err     error
+	status  int
+	code    string
+	message string
+}
+
+// answers is the one table of errors and what a client is told of them.
+// The first row whose error is in the chain answers, so the order is the
+// precedence:
+//
+//  1. an unknown outcome, first: it comes wrapped with ErrBusy, and only
+//     the retry its message asks for is safe; a change and a cancellation
+//     before an order's, which they are kinds of;
+//  2. the client that went away, whatever the work ran into then;
+//  3. the domain's rulings and the HTTP layer's refusals, which are final
+//     (no request carries two of them);
+//  4. an expired bearer token before the other bad tokens;
+//  5. the failures that a retry may get past (busy, a dependency down,
+//     the service stopping).
+//
+// Every other error is a 500 whose message says nothing of it. Every
+// exported error of package stock has a row (TestEveryDomainErrorHasAnAnswer).
+var answers = []answer{
+	{stock.ErrChangeOutcomeUnknown, http.StatusServiceUnavailable, "outcome_unknown",
+		"the change may or may not have been made; read the product before sending it again"},
+	{stock.ErrCancelOutcomeUnknown, http.StatusServiceUnavailable, "outcome_unknown",
+		"the cancellation may or may not have been made; send it again"},
+	{stock.ErrOutcomeUnknown, http.StatusServiceUnavailable, "outcome_unknown",
+		"the order may or may not have been placed; retry with the same Idempotency-Key"},
+	{errClientClosed, statusClientClosedRequest, "client_closed_request", ""},
+
+	{stock.ErrInvalid, http.StatusBadRequest, "invalid_argument", ""},
+	{stock.ErrNotFound, http.StatusNotFound, "not_found", "no such product"},
+	{stock.ErrOrderNotFound, http.StatusNotFound, "not_found", "no such order"},
+	{stock.ErrOrderExpired, http.StatusConflict, "order_expired", "the order's payment window ended; a payment for it is owed back"},
+	{stock.ErrOrderCancelled, http.StatusConflict, "order_cancelled", "the order was cancelled; a payment for it is owed back"},
+	{stock.ErrOrderPaid, http.StatusConflict, "order_paid", "the order is paid"},
+	{stock.ErrPaymentMismatch, http.StatusConflict, "payment_mismatch", "the order was paid by another payment"},
+	{stock.ErrSoldOut, http.StatusConflict, "sold_out", "the product is sold out"},
+	{stock.ErrAlreadyOrdered, http.StatusConflict, "already_ordered", "this user already ordered this product"},
+	{stock.ErrUserLimit, http.StatusConflict, "user_limit", "this user holds the most orders one user may"},
+	{stock.ErrSaleNotStarted, http.StatusForbidden, "sale_not_started", "the sale of this product has not started"},
+	{stock.ErrSaleEnded, http.StatusForbidden, "sale_ended", "the sale of this product has ended"},
+	{stock.ErrIdempotencyMismatch, http.StatusUnprocessableEntity, "idempotency_mismatch", "the Idempotency-Key was used for a different order"},
+	{errRouteNotFound, http.StatusNotFound, "not_found", ""},
+	{errAdminDisabled, http.StatusNotFound, "not_found", ""},
+	{errMethodNotAllowed, http.StatusMethodNotAllowed, "method_not_allowed", ""},
+	{errTooLarge, http.StatusRequestEntityTooLarge, "too_large", ""},
+	{errUnsupportedMedia, http.StatusUnsupportedMediaType, "unsupported_media_type", ""},
+	{errUnauthorized, http.StatusUnauthorized, "unauthorized", ""},
+	{errNoToken, http.StatusUnauthorized, "unauthorized", errNoToken.Error()},
+	{auth.ErrExpired, http.StatusUnauthorized, "unauthorized", "the bearer token has expired"},
+	// Why the verifier refused a token is for the log: a client learns
+	// nothing from it that a forger could use.
+	{errBadToken, http.StatusUnauthorized, "unauthorized",
+		"the bearer token is not valid: malformed, not signed by a trusted key, or not for this service"},
+	{errForbidden, http.StatusForbidden, "forbidden", errForbidden.Error()},
+	{errRateLimited, http.StatusTooManyRequests, "rate_limited", errRateLimited.Error()},
+
+	{stock.ErrBusy, http.StatusServiceUnavailable, "busy", "the service is busy, retry later"},
+	{stock.ErrStaleFence, http.StatusServiceUnavailable, "busy", "the service is busy, retry later"},
+	// Wrapped with the names of the dependencies only (handleReadyz), which
+	// an operator reading the answer wants to see.
+	{errUnavailable, http.StatusServiceUnavailable, "unavailable", ""},
+	{errStopping, http.StatusServiceUnavailable, "unavailable", errStopping.Error()},
+}
+
+// internal is the answer to every error without a row: nothing of it is
+// shown.
+var internal = answer{status: http.StatusInternalServerError, code: "internal", message: errInternal.Error()}
+
 // status maps an error to its HTTP status, error code and client-facing
-// message. It is the only place that does: every handler reports failures
-// through writeError. Messages of unknown errors are never shown.
+// message through answers. It is the only place that does: every handler
+// reports failures through writeError.
 func status(err error) (int, string, string) {
-	switch {
-	case errors.Is(err, stock.ErrChangeOutcomeUnknown):
-		// Before the order's case, which it is one of: a change has no
-		// key to retry with, and a restock sent again blindly may add its
-		// units twice.
-		return http.StatusServiceUnavailable, "outcome_unknown",
-			"the change may or may not have been made; read the product before sending it again"
-	case errors.Is(err, stock.ErrCancelOutcomeUnknown):
-		return http.StatusServiceUnavailable, "outcome_unknown",
-			"the cancellation may or may not have been made; send it again"
-	case errors.Is(err, stock.ErrOutcomeUnknown):
-		// First: it may come wrapped with ErrBusy, and only a retry with
-		// the same key is safe.
-		return http.StatusServiceUnavailable, "outcome_unknown",
-			"the order may or may not have been placed; retry with the same Idempotency-Key"
-	case errors.Is(err, errClientClosed):
-		return statusClientClosedRequest, "client_closed_request", err.Error()
-	case errors.Is(err, stock.ErrInvalid):
-		return http.StatusBadRequest, "invalid_argument", err.Error()
-	case errors.Is(err, stock.ErrNotFound):
-		return http.StatusNotFound, "not_found", "no such product"
-	case errors.Is(err, stock.ErrOrderNotFound):
-		return http.StatusNotFound, "not_found", "no such order"
-	case errors.Is(err, stock.ErrOrderExpired):
-		return http.StatusConflict, "order_expired", "the order's payment window ended; a payment for it is owed back"
-	case errors.Is(err, stock.ErrOrderCancelled):
-		return http.StatusConflict, "order_cancelled", "the order was cancelled; a payment for it is owed back"
-	case errors.Is(err, stock.ErrOrderPaid):
-		return http.StatusConflict, "order_paid", "the order is paid"
-	case errors.Is(err, stock.ErrPaymentMismatch):
-		return http.StatusConflict, "payment_mismatch", "the order was paid by another payment"
-	case errors.Is(err, errRouteNotFound), errors.Is(err, errAdminDisabled):
-		return http.StatusNotFound, "not_found", err.Error()
-	case errors.Is(err, errMethodNotAllowed):
-		return http.StatusMethodNotAllowed, "method_not_allowed", err.Error()
-	case errors.Is(err, stock.ErrSoldOut):
-		return http.StatusConflict, "sold_out", "the product is sold out"
-	case errors.Is(err, stock.ErrAlreadyOrdered):
-		return http.StatusConflict, "already_ordered", "this user already ordered this product"
-	case errors.Is(err, stock.ErrUserLimit):
-		return http.StatusConflict, "user_limit", "this user holds the most orders one user may"
-	case errors.Is(err, stock.ErrSaleNotStarted):
-		return http.StatusForbidden, "sale_not_started", "the sale of this product has not started"
-	case errors.Is(err, stock.ErrSaleEnded):
-		return http.StatusForbidden, "sale_ended", "the sale of this product has ended"
-	case errors.Is(err, stock.ErrIdempotencyMismatch):
-		return http.StatusUnprocessableEntity, "idempotency_mismatch", "the Idempotency-Key was used for a different order"
-	case errors.Is(err, errTooLarge):
-		return http.StatusRequestEntityTooLarge, "too_large", err.Error()
-	case errors.Is(err, errUnsupportedMedia):
-		return http.StatusUnsupportedMediaType, "unsupported_media_type", err.Error()
-	case errors.Is(err, errUnauthorized):
-		return http.StatusUnauthorized, "unauthorized", err.Error()
-	case errors.Is(err, errNoToken):
-		return http.StatusUnauthorized, "unauthorized", errNoToken.Error()
-	case errors.Is(err, errBadToken) && errors.Is(err, auth.ErrExpired):
-		return http.StatusUnauthorized, "unauthorized", "the bearer token has expired"
-	case errors.Is(err, errBadToken):
-		// Why the verifier refused it is for the log: a client learns
-		// nothing from it that a forger could use.
-		return http.StatusUnauthorized, "unauthorized",
-			"the bearer token is not valid: malformed, not signed by a trusted key, or not for this service"
-	case errors.Is(err, errForbidden):
-		return http.StatusForbidden, "forbidden", errForbidden.Error()
-	case errors.Is(err, errRateLimited):
-		return http.StatusTooManyRequests, "rate_limited", errRateLimited.Error()
-	case errors.Is(err, stock.ErrBusy):
-		return http.StatusServiceUnavailable, "busy", "the service is busy, retry later"
-	case errors.Is(err, errUnavailable):
-		// Wrapped with the names of the dependencies only (handleReadyz),
-		// which an operator reading the answer wants to see.
-		return http.StatusServiceUnavailable, "unavailable", err.Error()
-	case errors.Is(err, errStopping):
-		return http.StatusServiceUnavailable, "unavailable", errStopping.Error()
+	for _, a := range answers {
+		if !errors.Is(err, a.err) {
+			continue
+		}
+		msg := a.message
+		if msg == "" {
+			msg = ownMessage(err)
+		}
+		return a.status, a.code, msg
 	}
-	return http.StatusInternalServerError, "internal", errInternal.Error()
+	return internal.status, internal.code, internal.message
+}
+
+// ownMessage is err's own message for a client: a broken rule of input
+// phrased with the API's field names, or else err.Error().
+func ownMessage(err error) string {
+	var invalid *stock.InvalidError
+	if errors.As(err, &invalid) {
+		return invalid.Phrase(fieldName)
+	}
+	return err.Error()
+}
+
+// fieldName is what the API calls a field of the domain's rules of input:
+// the JSON field or header a client sent it in.
+func fieldName(f stock.Field) string {
+	switch f {
+	case stock.FieldSKU:
+		return "sku_id"
+	case stock.FieldUser:
+		return "user_id"
+	case stock.FieldProduct:
+		return "id"
+	case stock.FieldOrder:
+		return "the order id"
+	case stock.FieldIdempotencyKey:
+		return "Idempotency-Key"
+	case stock.FieldPaymentID:
+		return "payment_id"
+	case stock.FieldSaleStartsAt:
+		return "sale_starts_at"
+	case stock.FieldSaleEndsAt:
+		return "sale_ends_at"
+	case stock.FieldAddStock:
+		return "add_stock"
+	case stock.FieldInitialStock:
+		return "initial_stock"
+	}
+	return string(f) // products, stock: the seed's own names
 }
 
 type errorBody struct {

@@ -15,14 +15,6 @@ import (
 // MaxAddStock is the most units one change may add to a product.
 const MaxAddStock = 1_000_000_000
 
-// ErrChangeOutcomeUnknown means the connection to MySQL was lost after a
-// product change's COMMIT was sent: the change may or may not have been
-// made. It wraps ErrOutcomeUnknown, which is what it is; it is an error of
-// its own because a change, unlike an order, has no idempotency key to
-// retry with: only reading the product tells whether it was made, and a
-// restock sent again blindly may add its units twice.
-var ErrChangeOutcomeUnknown = fmt.Errorf("%w: a product change", ErrOutcomeUnknown)
-
 // Bound is a change to one side of a sale window.
 type Bound struct {
 	// Set says that the side changes; unset, At is ignored.
@@ -46,9 +38,9 @@ type Change struct {
 func (c Change) validate() error {
 	switch {
 	case !c.SaleStartsAt.Set && !c.SaleEndsAt.Set && c.AddStock == nil:
-		return fmt.Errorf("%w: give at least one of sale_starts_at, sale_ends_at, add_stock", ErrInvalid)
+		return invalidf("give at least one of %s, %s, %s", FieldSaleStartsAt, FieldSaleEndsAt, FieldAddStock)
 	case c.AddStock != nil && (*c.AddStock < 1 || *c.AddStock > MaxAddStock):
-		return fmt.Errorf("%w: add_stock must be an integer between 1 and %d", ErrInvalid, MaxAddStock)
+		return invalidf("%s must be an integer between 1 and %d", FieldAddStock, MaxAddStock)
 	}
 	return nil
 }
@@ -147,7 +139,7 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 			n = *c.AddStock
 		}
 		if int64(p.InitialStock)+int64(n) > math.MaxInt32 {
-			return fmt.Errorf("%w: sku %d: initial_stock %d + add_stock %d exceeds %d", ErrInvalid, sku, p.InitialStock, n, math.MaxInt32)
+			return invalidf("sku %d: %s %d + %s %d exceeds %d", sku, FieldInitialStock, p.InitialStock, FieldAddStock, n, math.MaxInt32)
 		}
 		set := "initial_stock = initial_stock + ?, stock = stock + ?, sale_starts_at = ?, sale_ends_at = ?"
 		args := []any{n, n, w.StartsAt, w.EndsAt}

@@ -221,10 +221,10 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, w Window, ifEmpty bool
 		return err
 	}
 	if n < 0 || n > 10_000_000 {
-		return fmt.Errorf("%w: products must be between 0 and 10000000", ErrInvalid)
+		return invalidf("%s must be between 0 and 10000000", FieldProducts)
 	}
 	if stock < 0 || stock > 1_000_000_000 {
-		return fmt.Errorf("%w: stock must be between 0 and 1000000000", ErrInvalid)
+		return invalidf("%s must be between 0 and 1000000000", FieldStock)
 	}
 	err = c.db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
 		if err := lockSeeds(conn); err != nil {
@@ -319,7 +319,7 @@ func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
 
 func validateID(id int64) error {
 	if id <= 0 {
-		return fmt.Errorf("%w: id must be a positive integer", ErrInvalid)
+		return invalidf("%s must be a positive integer", FieldProduct)
 	}
 	return nil
 }

@@ -36,11 +36,6 @@ import (
 // process is killed when: two replicas that find the same lapsed
 // reservations take the lock in turn, and the second finds none left.
 
-// ErrCancelOutcomeUnknown means the connection to MySQL was lost after a
-// cancellation's COMMIT was sent: the order may or may not have been
-// cancelled. Cancelling again is safe, and tells.
-var ErrCancelOutcomeUnknown = fmt.Errorf("%w: a cancellation", ErrOutcomeUnknown)
-
 const (
 	// lapsed selects the reservations whose payment window has ended.
 	lapsed = "status = 'reserved' AND pay_by <= UTC_TIMESTAMP(6)"
@@ -62,7 +57,7 @@ var paymentIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // of [A-Za-z0-9_-].
 func CheckPaymentID(id string) error {
 	if !paymentIDRE.MatchString(id) {
-		return fmt.Errorf("%w: payment_id must be 1-64 characters of A-Z a-z 0-9 _ -", ErrInvalid)
+		return invalidf("%s must be 1-64 characters of A-Z a-z 0-9 _ -", FieldPaymentID)
 	}
 	return nil
 }
@@ -414,9 +409,9 @@ func (s *Service) transitions(status string, n int) {
 func validateOrderOf(user, id int64) error {
 	switch {
 	case id <= 0:
-		return fmt.Errorf("%w: the order id must be a positive integer", ErrInvalid)
+		return invalidf("%s must be a positive integer", FieldOrder)
 	case user <= 0:
-		return fmt.Errorf("%w: user_id must be a positive integer", ErrInvalid)
+		return invalidf("%s must be a positive integer", FieldUser)
 	}
 	return nil
 }

@@ -475,18 +475,6 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 		ErrBusy, sku, read.Fence, now.Fence, read.Stock, now.Stock)
 }
 
-// staleFence is a fenced write that MySQL refused because the row's fence
-// was at or above the holder's token: ErrBusy and ErrStaleFence.
-type staleFence struct {
-	sku, token, row int64
-}
-
-func (e *staleFence) Error() string {
-	return fmt.Sprintf("%v: %v: sku %d: token %d, row has %d", ErrBusy, ErrStaleFence, e.sku, e.token, e.row)
-}
-
-func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
-
 // heldKey is a buyer's idempotency key: keys belong to their buyer.
 type heldKey struct {
 	user int64
@@ -610,19 +598,4 @@ func insertReturning(tx *gorm.DB, insert string, args []any, n int) (map[int64]O
 		placed[o.UserID] = o
 	}
 	return placed, rows.Err()
-}
-
-// classifyTx is classify for the error of a batch's transaction, on ctx,
-// the transaction's: work cut short because the lease was lost or the
-// batch's earliest deadline came is ErrBusy with that cause.
-func classifyTx(ctx context.Context, err error) error {
-	if errors.Is(err, ErrOutcomeUnknown) || errors.Is(err, ErrStaleFence) || errors.Is(err, ErrBusy) {
-		// MySQL's own verdict: a stale write refused says more than the
-		// lease lost that a watchdog may report a moment later.
-		return err
-	}
-	if cause := context.Cause(ctx); cause != nil && !isDomain(err) {
-		return fmt.Errorf("%w: %w", ErrBusy, cause)
-	}
-	return classify(ctx, "place order", err)
 }

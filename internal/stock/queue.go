@@ -205,9 +205,6 @@ func (s *Service) refusedFromMemory(sku int64, q *queue) bool {
 	return true
 }
 
-// soldOutError is ErrSoldOut for product sku.
-func soldOutError(sku int64) error { return fmt.Errorf("%w: sku %d", ErrSoldOut, sku) }
-
 // arrivals returns the seq the next order queued for q will get.
 func (s *Service) arrivals(q *queue) uint64 {
 	s.mu.Lock()

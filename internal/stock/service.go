@@ -469,53 +469,17 @@ func (s *Service) release(ctx context.Context, lease *lock.Lease) {
 	}
 }
 
-// classify wraps database failures that may pass with ErrBusy and leaves
-// domain errors as they are.
-func classify(ctx context.Context, op string, err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case errors.Is(err, ErrBusy), errors.Is(err, ErrOutcomeUnknown), isDomain(err):
-		return err
-	case ctx.Err() != nil:
-		return fmt.Errorf("%w: %w", ErrBusy, context.Cause(ctx))
-	case mysqldb.Transient(err):
-		return fmt.Errorf("%w: %w", ErrBusy, err)
-	}
-	return fmt.Errorf("stock: %s: %w", op, err)
-}
-
-// isDomain reports whether err is one of the domain's answers to a request
-// (input, product, buyer), not a failure.
-func isDomain(err error) bool {
-	for _, target := range []error{ErrInvalid, ErrNotFound, ErrSoldOut, ErrAlreadyOrdered, ErrIdempotencyMismatch,
-		ErrUserLimit, ErrSaleNotStarted, ErrSaleEnded, ErrOrderNotFound, ErrOrderExpired, ErrOrderCancelled, ErrOrderPaid,
-		ErrPaymentMismatch} {
-		if errors.Is(err, target) {
-			return true
-		}
-	}
-	return false
-}
-
 // CheckOrder returns an ErrInvalid error unless sku and user are positive
 // and idempotencyKey is empty or well formed: the rules an order is judged
 // by before anything is read or limited for it.
 func CheckOrder(sku, user int64, idempotencyKey string) error {
 	switch {
 	case sku <= 0:
-		return fmt.Errorf("%w: sku_id must be a positive integer", ErrInvalid)
+		return invalidf("%s must be a positive integer", FieldSKU)
 	case user <= 0:
-		return fmt.Errorf("%w: user_id must be a positive integer", ErrInvalid)
+		return invalidf("%s must be a positive integer", FieldUser)
 	case idempotencyKey != "":
 		return CheckIdempotencyKey(idempotencyKey)
 	}
 	return nil
-}
-
-func notFound(err error, id int64) error {
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return fmt.Errorf("%w: product %d", ErrNotFound, id)
-	}
-	return err
 }

@@ -8,60 +8,11 @@ package stock
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"regexp"
 	"strconv"
 	"time"
 
 	"shop/internal/lock"
-)
-
-// The errors of the domain. Callers compare with errors.Is; the returned
-// errors wrap these with detail.
-var (
-	// ErrInvalid marks a request that breaks the rules of input; its message
-	// says which and is meant for the client.
-	ErrInvalid = errors.New("invalid argument")
-	// ErrNotFound means there is no product with that id.
-	ErrNotFound = errors.New("stock: not found")
-	// ErrSoldOut means the product has no unit left.
-	ErrSoldOut = errors.New("stock: sold out")
-	// ErrAlreadyOrdered means the user already holds an order for the product.
-	ErrAlreadyOrdered = errors.New("stock: already ordered")
-	// ErrIdempotencyMismatch means an idempotency key was used before for a
-	// different order.
-	ErrIdempotencyMismatch = errors.New("stock: idempotency key reused for a different order")
-	// ErrBusy means the order could not be placed now and may succeed later:
-	// the SKU lock was not obtained in time or was lost, or MySQL or Redis
-	// did not answer. Nothing was written.
-	ErrBusy = errors.New("stock: busy")
-	// ErrStaleFence means MySQL refused a write because a newer lock holder
-	// had written the row: this holder's lease had expired. It is wrapped
-	// together with ErrBusy.
-	ErrStaleFence = errors.New("stock: stale fencing token")
-	// ErrOutcomeUnknown means the connection to MySQL was lost after COMMIT
-	// was sent: the order may or may not have been placed. Only a retry
-	// with the same idempotency key can tell.
-	ErrOutcomeUnknown = errors.New("stock: outcome unknown")
-	// ErrSaleNotStarted means the order arrived before the product's sale
-	// window opened.
-	ErrSaleNotStarted = errors.New("stock: sale not started")
-	// ErrSaleEnded means the order arrived once the product's sale window
-	// had closed.
-	ErrSaleEnded = errors.New("stock: sale ended")
-	// ErrOrderNotFound means the buyer has no order with that id: none
-	// exists, or it is another buyer's, which is not told apart.
-	ErrOrderNotFound = errors.New("stock: no such order")
-	// ErrOrderExpired means the order's payment window had ended: its unit
-	// goes back to the sale, or has gone.
-	ErrOrderExpired = errors.New("stock: order expired")
-	// ErrOrderCancelled means the buyer cancelled the order.
-	ErrOrderCancelled = errors.New("stock: order cancelled")
-	// ErrOrderPaid means the order is paid: it can no longer be cancelled.
-	ErrOrderPaid = errors.New("stock: order paid")
-	// ErrPaymentMismatch means the order was paid by another payment.
-	ErrPaymentMismatch = errors.New("stock: order paid by another payment")
 )
 
 // The statuses of an order. An order is active while it is reserved or
@@ -157,7 +108,7 @@ var idempotencyKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 // characters of [A-Za-z0-9_-].
 func CheckIdempotencyKey(k string) error {
 	if !idempotencyKeyRE.MatchString(k) {
-		return fmt.Errorf("%w: Idempotency-Key must be 1-64 characters of A-Z a-z 0-9 _ -", ErrInvalid)
+		return invalidf("%s must be 1-64 characters of A-Z a-z 0-9 _ -", FieldIdempotencyKey)
 	}
 	return nil
 }

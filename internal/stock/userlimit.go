@@ -2,16 +2,11 @@ package stock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 
 	"gorm.io/gorm"
 )
-
-// ErrUserLimit means the user already holds as many orders, over all
-// products, as one user may (Options.UserLimit).
-var ErrUserLimit = errors.New("stock: user limit reached")
 
 // The per-user limit (Options.UserLimit) must hold whatever replica or
 // batch an order goes through: two orders of one user for different SKUs

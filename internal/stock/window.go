@@ -29,21 +29,21 @@ var (
 func (w Window) Normalize() (Window, error) {
 	var out Window
 	for _, b := range []struct {
-		name string
+		name Field
 		in   *time.Time
 		out  **time.Time
-	}{{"sale_starts_at", w.StartsAt, &out.StartsAt}, {"sale_ends_at", w.EndsAt, &out.EndsAt}} {
+	}{{FieldSaleStartsAt, w.StartsAt, &out.StartsAt}, {FieldSaleEndsAt, w.EndsAt, &out.EndsAt}} {
 		if b.in == nil {
 			continue
 		}
 		t := b.in.UTC().Truncate(time.Microsecond)
 		if t.Before(earliestTime) || t.After(latestTime) {
-			return Window{}, fmt.Errorf("%w: %s must be between years 1000 and 9999", ErrInvalid, b.name)
+			return Window{}, invalidf("%s must be between years 1000 and 9999", b.name)
 		}
 		*b.out = &t
 	}
 	if out.StartsAt != nil && out.EndsAt != nil && !out.StartsAt.Before(*out.EndsAt) {
-		return Window{}, fmt.Errorf("%w: sale_starts_at must be before sale_ends_at", ErrInvalid)
+		return Window{}, invalidf("%s must be before %s", FieldSaleStartsAt, FieldSaleEndsAt)
 	}
 	return out, nil
 }
