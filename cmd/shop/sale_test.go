@@ -340,7 +340,7 @@ func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": deadAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	rdb, products := testCache(t, cfg, catalog)
-	orders := stock.NewService(db.Gorm, lock.NewLocal(time.Second), stock.Options{})
+	orders := stock.NewService(stock.Deps{DB: db.Gorm, Locks: lock.NewLocal(time.Second)}, stock.Settings{}, stock.Hooks{})
 	srv := httptest.NewServer(handler.New(handler.Deps{
 		Admin:      newProductAdmin(orders, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
 		AdminToken: testAdminToken,

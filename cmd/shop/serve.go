@@ -165,13 +165,14 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		lanes = ordersPoolSize
 	}
 	transitions := registerTransitions(reg)
-	orders := stock.NewService(ordersDB, locker, stock.Options{
-		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
-		PayWindow: cfg.PayWindow, Returning: returning, Concurrency: ordersPoolSize, Reads: readsDB, Public: public, Cache: products, Logger: log,
-		BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn,
+	orders := stock.NewService(stock.Deps{
+		DB: ordersDB, Reads: readsDB, Public: public, Locks: locker, Cache: products, Logger: log,
 		Returned:    announceReturn(restocks, log),
 		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },
-	})
+	}, stock.Settings{
+		Update: update, Fencing: cfg.Fencing, Batch: cfg.OrderBatch, Lanes: lanes, UserLimit: cfg.UserLimit,
+		PayWindow: cfg.PayWindow, Returning: returning, Concurrency: ordersPoolSize,
+	}, stock.Hooks{BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn})
 	registerOrderStats(reg, orders.Stats)
 	_, stopRestocks := restocks.Listen(func(e notify.Event) {
 		switch e.Kind {

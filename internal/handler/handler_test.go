@@ -57,7 +57,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 		t.Fatal(err)
 	}
 	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &testenv.Log{}}
-	orders := stock.NewService(db.Gorm, locks, stock.Options{Fencing: true, Cache: products})
+	orders := stock.NewService(stock.Deps{DB: db.Gorm, Locks: locks, Cache: products}, stock.Settings{Fencing: true}, stock.Hooks{})
 	srv := serve(t, both(handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   orders,
@@ -381,7 +381,7 @@ func TestRedisDownIsBusy(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	t.Cleanup(func() { dead.Close() })
 	srv := serve(t, both(handler.New(handler.Deps{
-		Orders:   stock.NewService(db.Gorm, lock.NewRedis(dead, lock.RedisOptions{}), stock.Options{}),
+		Orders:   stock.NewService(stock.Deps{DB: db.Gorm, Locks: lock.NewRedis(dead, lock.RedisOptions{})}, stock.Settings{}, stock.Hooks{}),
 		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
 		Stock:    catalog,
 		Ready:    probed(t, "redis", func(ctx context.Context) error { return dead.Ping(ctx).Err() }),

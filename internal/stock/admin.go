@@ -1,13 +1,13 @@
 package stock
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"shop/internal/lock"
 )
@@ -93,30 +93,29 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 	if err := c.validate(); err != nil {
 		return Product{}, err
 	}
-	// A slot, as an order transaction takes, so that a restock holding the
-	// SKU's lock never waits for a connection of the pool it shares with
-	// the orders.
-	release, err := s.slot(ctx, sku)
-	if err != nil {
-		return Product{}, err
-	}
-	defer release()
 	if c.AddStock == nil {
+		// A slot, as an order transaction takes, so that a change holding
+		// the row never waits for a connection of the pool it shares with
+		// the orders.
+		release, err := s.slot(ctx, sku)
+		if err != nil {
+			return Product{}, err
+		}
+		defer release()
 		p, err := s.changeProduct(ctx, nil, sku, c)
 		return p, classify(ctx, "change product", err)
 	}
-	lease, err := s.locks.Obtain(ctx, LockKey(sku))
+	var p Product
+	err := s.withLease(ctx, sku, func(ctx context.Context, lease *lock.Lease) error {
+		var err error
+		p, err = s.changeProduct(ctx, lease, sku, c)
+		if mayHaveCommitted(err) {
+			s.ForgetSoldOut(sku)
+		}
+		return err
+	})
 	if err != nil {
-		return Product{}, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
-	}
-	defer s.release(ctx, lease)
-	p, err := s.changeProduct(lease.Context(), lease, sku, c)
-	if mayHaveCommitted(err) {
-		s.ForgetSoldOut(sku)
-	}
-	if err != nil {
-		s.repairFence(ctx, err)
-		return Product{}, classifyTx(lease.Context(), err)
+		return Product{}, err
 	}
 	return p, nil
 }
@@ -126,9 +125,10 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 // order's is ErrOutcomeUnknown (see transaction).
 func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int64, c Change) (Product, error) {
 	var p Product
+	fence := s.fence(lease)
 	err := s.transaction(ctx, ErrChangeOutcomeUnknown, fmt.Sprintf("sku %d", sku), func(tx *gorm.DB) error {
-		if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Take(&p, sku).Error; err != nil {
-			return notFound(err, sku)
+		if found, err := read(tx, &p, sqlProductLocked, sku); err != nil || !found {
+			return cmp.Or(err, fmt.Errorf("%w: product %d", ErrNotFound, sku))
 		}
 		w, err := c.apply(p)
 		if err != nil {
@@ -141,40 +141,32 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 		if int64(p.InitialStock)+int64(n) > math.MaxInt32 {
 			return invalidf("sku %d: %s %d + %s %d exceeds %d", sku, FieldInitialStock, p.InitialStock, FieldAddStock, n, math.MaxInt32)
 		}
-		set := "initial_stock = initial_stock + ?, stock = stock + ?, sale_starts_at = ?, sale_ends_at = ?"
-		args := []any{n, n, w.StartsAt, w.EndsAt}
-		where, whereArgs := " WHERE id = ?", []any{sku}
-		var fence int64
-		if lease != nil {
-			fence = lease.Fence()
-		}
-		fenced := s.opt.Fencing && fence > 0
-		if fenced {
+		if fence == 0 {
+			// Without fencing an UPDATE that changes nothing (the same
+			// window again) counts no row: its count says nothing.
+			_, _, err := run(tx, sqlChangeProduct, n, n, w.StartsAt, w.EndsAt, sku)
+			if err != nil {
+				return err
+			}
+		} else {
 			if p.Fence >= fence {
 				return &staleFence{sku: sku, token: fence, row: p.Fence}
 			}
-			set += ", fence = ?"
-			args = append(args, fence)
-			where += " AND fence < ?"
-			whereArgs = append(whereArgs, fence)
-		}
-		res := tx.Exec("UPDATE products SET "+set+where, append(args, whereArgs...)...)
-		if res.Error != nil {
-			return res.Error
-		}
-		// Without fencing an UPDATE that changes nothing (the same window
-		// again) counts no row: only a fenced one, which always moves the
-		// fence, says something by its count. The row is locked, so the
-		// count is 1 unless the fence check above was wrong.
-		if fenced && res.RowsAffected != 1 {
-			return &staleFence{sku: sku, token: fence, row: p.Fence}
+			// A fenced UPDATE always moves the fence, so it counts its row.
+			// The row is locked, so the count is 1 unless the fence check
+			// above was wrong.
+			changed, _, err := run(tx, sqlChangeProductFenced, n, n, w.StartsAt, w.EndsAt, fence, sku, fence)
+			if err != nil {
+				return err
+			}
+			if changed != 1 {
+				return &staleFence{sku: sku, token: fence, row: p.Fence}
+			}
+			p.Fence = fence
 		}
 		p.InitialStock += n
 		p.Stock += n
 		p.SaleStartsAt, p.SaleEndsAt = w.StartsAt, w.EndsAt
-		if fenced {
-			p.Fence = fence
-		}
 		return nil
 	})
 	return p, err

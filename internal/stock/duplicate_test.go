@@ -40,8 +40,8 @@ func likeMySQL8(t *testing.T, db *testenv.DB) *gorm.DB {
 // writes through a pool worded like MySQL 8 and runs hook before each write.
 func sellerLikeMySQL8(t *testing.T, db *testenv.DB, batch int, hook func(context.Context, int64) func()) (*stock.Service, *lock.Redis) {
 	t.Helper()
-	_, l, _ := lined(t, db, 2, 10, stock.Options{}, lock.RedisOptions{})
-	svc := stock.NewService(likeMySQL8(t, db), l, stock.Options{Batch: batch, Fencing: true, BeforeWrite: hook})
+	_, l, _ := lined(t, db, 2, 10, options{}, lock.RedisOptions{})
+	svc := newService(likeMySQL8(t, db), l, options{Settings: stock.Settings{Batch: batch, Fencing: true}, Hooks: stock.Hooks{BeforeWrite: hook}})
 	return svc, l
 }
 

@@ -153,9 +153,6 @@ func (e *staleFence) Error() string {
 
 func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
 
-// soldOutError is ErrSoldOut for product sku.
-func soldOutError(sku int64) error { return fmt.Errorf("%w: sku %d", ErrSoldOut, sku) }
-
 // notFound is ErrNotFound for product id when err is gorm's "no row".
 func notFound(err error, id int64) error {
 	if errors.Is(err, gorm.ErrRecordNotFound) {
@@ -193,4 +190,28 @@ func classifyTx(ctx context.Context, err error) error {
 		return fmt.Errorf("%w: %w", ErrBusy, cause)
 	}
 	return classify(ctx, "place order", err)
+}
+
+// mayHaveCommitted reports whether a transaction that ended with err may
+// have changed the product: it committed, or its outcome is unknown.
+func mayHaveCommitted(err error) bool { return err == nil || errors.Is(err, ErrOutcomeUnknown) }
+
+// repairFence tells the lock, when err is a write refused for a stale fence,
+// how far the row's fence has gone, so that a counter that fell behind the
+// rows is raised and the next holder's token is above the fence (see
+// FenceRaiser). It runs once the transaction has ended, bounded and
+// detached from the buyer; a failure is logged and changes nothing else:
+// the order has failed anyway, and the next refusal tries again.
+func (s *Service) repairFence(ctx context.Context, err error) {
+	var stale *staleFence
+	r, ok := s.locks.(FenceRaiser)
+	if !ok || !errors.As(err, &stale) {
+		return
+	}
+	key := LockKey(stale.sku)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), raiseFenceTimeout)
+	defer cancel()
+	if err := r.RaiseFence(ctx, key, stale.row); err != nil {
+		s.log.WarnContext(ctx, "raise fencing counter", "key", key, "at_least", stale.row, "err", err)
+	}
 }

@@ -25,7 +25,7 @@ func TestKilledOrderIsBusy(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
 				db := testenv.MySQL(t)
-				svc, l, _ := lined(t, db, 1, 5, stock.Options{Batch: batch}, lock.RedisOptions{})
+				svc, l, _ := lined(t, db, 1, 5, options{Settings: stock.Settings{Batch: batch}}, lock.RedisOptions{})
 				row := db.Gorm.Begin()
 				defer row.Rollback()
 				if err := row.Exec("SELECT id FROM products WHERE id = 1 FOR UPDATE").Error; err != nil {

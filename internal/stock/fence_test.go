@@ -66,14 +66,13 @@ func TestStaleFenceRaisesCounter(t *testing.T) {
 				t.Parallel()
 				ctx := context.Background()
 				db := testenv.MySQL(t)
-				_, l, rdb := lined(t, db, 1, 5, stock.Options{}, lock.RedisOptions{})
+				_, l, rdb := lined(t, db, 1, 5, options{}, lock.RedisOptions{})
 				locker := &raisingLock{Redis: l, rdb: rdb}
 				if fail {
 					locker.fail = errors.New("redis: connection refused")
 				}
 				logs := &testenv.Log{}
-				svc := stock.NewService(db.Open(t), locker, stock.Options{Batch: batch, Fencing: true,
-					Logger: slog.New(slog.NewTextHandler(logs, nil))})
+				svc := newService(db.Open(t), locker, options{Settings: stock.Settings{Batch: batch, Fencing: true}, Logger: slog.New(slog.NewTextHandler(logs, nil))})
 				if err := db.Gorm.Exec("UPDATE products SET fence = ? WHERE id = 1", rowFence).Error; err != nil {
 					t.Fatal(err)
 				}

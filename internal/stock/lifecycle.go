@@ -1,6 +1,7 @@
 package stock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,12 +10,11 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"shop/internal/lock"
 )
 
-// An order placed with a payment window (Options.PayWindow) is a
+// An order placed with a payment window (Settings.PayWindow) is a
 // reservation: its unit is the buyer's until pay_by, by MySQL's clock, and
 // the sale's again after that unless the buyer paid. Every change of status
 // is one conditional UPDATE, decided by MySQL, never a read followed by a
@@ -37,13 +37,6 @@ import (
 // reservations take the lock in turn, and the second finds none left.
 
 const (
-	// lapsed selects the reservations whose payment window has ended.
-	lapsed = "status = 'reserved' AND pay_by <= UTC_TIMESTAMP(6)"
-	// payable selects the reservations that may still be paid or cancelled.
-	payable = "status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)"
-)
-
-const (
 	// sweepRows bounds the reservations of one SKU one sweep transaction
 	// returns; a sweep with more returns the rest in its next transaction.
 	sweepRows = 1000
@@ -62,7 +55,8 @@ func CheckPaymentID(id string) error {
 	return nil
 }
 
-// found is an order as lookUp read it, with what MySQL's clock says of it.
+// found is an order as readOrder read it, with what MySQL's clock says of
+// it.
 type found struct {
 	Order
 	// Lapsed says that the order is reserved and its payment window has
@@ -70,31 +64,26 @@ type found struct {
 	Lapsed bool `gorm:"column:lapsed"`
 }
 
-// lookUp reads user's order id, ErrOrderNotFound when the user has none of
-// that id.
-func lookUp(db *gorm.DB, user, id int64) (found, error) {
+// readOrder reads user's order id, ErrOrderNotFound when the user has none
+// of that id.
+func readOrder(db *gorm.DB, user, id int64) (found, error) {
 	var f found
-	res := db.Raw("SELECT *, ("+lapsed+") AS lapsed FROM orders WHERE id = ? AND user_id = ?", id, user).Scan(&f)
+	ok, err := read(db, &f, sqlOrderOf, id, user)
 	switch {
-	case res.Error != nil:
-		return found{}, res.Error
-	case res.RowsAffected == 0:
+	case err != nil:
+		return found{}, err
+	case !ok:
 		return found{}, fmt.Errorf("%w: order %d of user %d", ErrOrderNotFound, id, user)
 	}
 	return f, nil
 }
 
-// Order returns user's order id as MySQL has it now. Errors: ErrInvalid,
-// ErrOrderNotFound (also for another user's order), ErrBusy.
+// Order returns user's order id as MySQL has it now, read through
+// Deps.Public. Errors: ErrInvalid, ErrOrderNotFound (also for another
+// user's order), ErrBusy.
 func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
-	f, err := s.lookUp(ctx, user, id)
+	f, err := s.public.order(ctx, user, id)
 	return f.Order, err
-}
-
-// lookUp reads user's order id for a buyer's request, through
-// Options.Public. Errors: ErrInvalid, ErrOrderNotFound, ErrBusy.
-func (s *Service) lookUp(ctx context.Context, user, id int64) (found, error) {
-	return s.opt.Public.lookUp(ctx, user, id)
 }
 
 // Pay pays user's reservation id with paymentID, the payment provider's
@@ -121,7 +110,7 @@ func (s *Service) Pay(ctx context.Context, user, id int64, paymentID string) (Or
 	}
 	// A payment for an order that is not there is answered before it
 	// takes a slot of the order path.
-	if _, err := s.lookUp(ctx, user, id); err != nil {
+	if _, err := s.public.order(ctx, user, id); err != nil {
 		return Order{}, err
 	}
 	release, err := s.slot(ctx, 0)
@@ -134,13 +123,12 @@ func (s *Service) Pay(ctx context.Context, user, id int64, paymentID string) (Or
 }
 
 func (s *Service) pay(db *gorm.DB, user, id int64, paymentID string) (Order, error) {
-	res := db.Exec("UPDATE orders SET status = 'paid', payment_id = ?, paid_at = UTC_TIMESTAMP(6) WHERE id = ? AND user_id = ? AND "+payable,
-		paymentID, id, user)
-	if res.Error != nil {
-		return Order{}, res.Error
+	n, _, err := run(db, sqlPay, paymentID, id, user)
+	if err != nil {
+		return Order{}, err
 	}
-	paid := res.RowsAffected == 1
-	f, err := lookUp(db, user, id)
+	paid := n == 1
+	f, err := readOrder(db, user, id)
 	if err != nil {
 		if paid {
 			return Order{}, fmt.Errorf("%w: order %d was paid, then could not be read: %w", ErrBusy, id, err)
@@ -169,12 +157,11 @@ func (s *Service) pay(db *gorm.DB, user, id int64, paymentID string) (Order, err
 // reason, as a refund owed, and returns refused, the payment's answer. A
 // payment recorded before is left as it was.
 func (s *Service) oweRefund(db *gorm.DB, o Order, paymentID, reason string, refused error) error {
-	res := db.Exec("INSERT IGNORE INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))",
-		o.ID, paymentID, o.UserID, o.SKUID, reason)
-	if res.Error != nil {
-		return fmt.Errorf("record a refund owed for order %d: %w", o.ID, res.Error)
+	n, _, err := run(db, sqlOweRefund, o.ID, paymentID, o.UserID, o.SKUID, reason)
+	if err != nil {
+		return fmt.Errorf("record a refund owed for order %d: %w", o.ID, err)
 	}
-	if res.RowsAffected == 1 {
+	if n == 1 {
 		s.transitions("refund_owed", 1)
 	}
 	return fmt.Errorf("%w: order %d: the payment is owed back", refused, o.ID)
@@ -190,24 +177,21 @@ func (s *Service) oweRefund(db *gorm.DB, o Order, paymentID, reason string, refu
 // answer; nothing changed) and ErrCancelOutcomeUnknown (the COMMIT's
 // answer was lost: cancelling again tells).
 func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
-	f, err := s.lookUp(ctx, user, id)
+	f, err := s.public.order(ctx, user, id)
 	if err != nil {
 		return Order{}, err
 	}
 	if f.Status != StatusReserved || f.Lapsed {
 		return cancelled(f)
 	}
-	sku := f.SKUID
-	flipped, err := s.withSKU(ctx, sku, func(ctx context.Context, lease *lock.Lease) (int, error) {
-		return s.giveBack(ctx, lease, sku, StatusCancelled, "id = ? AND user_id = ? AND "+payable, id, user)
-	})
+	flipped, err := s.giveBack(ctx, f.SKUID, StatusCancelled, sqlCancellable, id, user)
 	switch {
 	case errors.Is(err, ErrOutcomeUnknown):
 		return Order{}, fmt.Errorf("%w: order %d: %w", ErrCancelOutcomeUnknown, id, err)
 	case err != nil:
 		return Order{}, err
 	}
-	if f, err = lookUp(s.reads.WithContext(ctx), user, id); err != nil {
+	if f, err = readOrder(s.reads.WithContext(ctx), user, id); err != nil {
 		if flipped > 0 {
 			err = fmt.Errorf("%w: order %d was cancelled, then could not be read: %w", ErrBusy, id, err)
 		}
@@ -237,16 +221,13 @@ func cancelled(f found) (Order, error) {
 // the others'.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	var skus []int64
-	err := s.reads.WithContext(ctx).Raw("SELECT DISTINCT sku_id FROM orders WHERE "+lapsed+" LIMIT ?", sweepSKUs).Scan(&skus).Error
-	if err != nil {
+	if _, err := read(s.reads.WithContext(ctx), &skus, sqlLapsedSKUs, sweepSKUs); err != nil {
 		return 0, classify(ctx, "sweep", err)
 	}
 	total := 0
 	var errs []error
 	for _, sku := range skus {
-		n, err := s.withSKU(ctx, sku, func(ctx context.Context, lease *lock.Lease) (int, error) {
-			return s.giveBack(ctx, lease, sku, StatusExpired, lapsed)
-		})
+		n, err := s.giveBack(ctx, sku, StatusExpired, sqlExpirable)
 		total += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("sku %d: %w", sku, err))
@@ -270,57 +251,19 @@ func (s *Service) RunSweeper(ctx context.Context, interval time.Duration) {
 		n, err := s.Sweep(sctx)
 		cancel()
 		if err != nil && ctx.Err() == nil {
-			s.opt.Logger.WarnContext(ctx, "sweep lapsed reservations", "returned", n, "err", err)
+			s.log.WarnContext(ctx, "sweep lapsed reservations", "returned", n, "err", err)
 		} else if n > 0 {
-			s.opt.Logger.InfoContext(ctx, "swept lapsed reservations", "returned", n)
+			s.log.InfoContext(ctx, "swept lapsed reservations", "returned", n)
 		}
 	}
 }
 
-// withSKU runs fn, which writes sku's stock, with an order slot and under
-// the SKU's lock, as a restock does, and tells everyone who remembers the
-// stock once fn may have given units back. It returns what fn returned.
-func (s *Service) withSKU(ctx context.Context, sku int64, fn func(ctx context.Context, lease *lock.Lease) (int, error)) (int, error) {
-	release, err := s.slot(ctx, sku)
-	if err != nil {
-		return 0, err
-	}
-	defer release()
-	lease, err := s.locks.Obtain(ctx, LockKey(sku))
-	if err != nil {
-		return 0, fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
-	}
-	defer s.release(ctx, lease)
-	n, err := fn(lease.Context(), lease)
-	if n > 0 || errors.Is(err, ErrOutcomeUnknown) {
-		var fence int64
-		if s.opt.Fencing {
-			fence = lease.Fence()
-		}
-		s.returned(ctx, sku, fence)
-	}
-	if err != nil {
-		s.repairFence(ctx, err)
-		return n, classifyTx(lease.Context(), err)
-	}
-	return n, nil
-}
-
-// returned tells this Service, the other replicas (Options.Returned) and
-// the cache that sku's stock went up under the hold with fencing token
-// fence (0: none).
-func (s *Service) returned(ctx context.Context, sku, fence int64) {
-	s.Raised(sku, fence)
-	if s.opt.Returned != nil {
-		s.opt.Returned(ctx, sku, fence)
-	}
-	s.invalidate(ctx, sku)
-}
-
-// giveBack is the transaction that ends reservations of sku and gives their
-// units back to the sale, under lease: it sets the orders that where
-// selects (with args) to status, at most sweepRows of them, and returns how
-// many it set. In one transaction, it
+// giveBack ends reservations of sku and gives their units back to the
+// sale: it sets the orders that where selects (with args) to status, at
+// most sweepRows of them, and returns how many it set. It runs with an order
+// slot and under the SKU's lock, as a restock does (withLease), and tells
+// everyone who remembers the stock once units may have come back. In one
+// transaction, it
 //
 //  1. locks the product's row, first, as every order transaction does, and
 //     checks the lease's fencing token against it;
@@ -330,80 +273,75 @@ func (s *Service) returned(ctx context.Context, sku, fence int64) {
 //  3. flips them, with the same condition again, stamping returned_at;
 //  4. adds back exactly as many units as rows the flip changed, with a
 //     fenced write, and takes the orders off their buyers' counters.
-func (s *Service) giveBack(ctx context.Context, lease *lock.Lease, sku int64, status, where string, args ...any) (int, error) {
-	fence := lease.Fence()
-	fenced := s.opt.Fencing && fence > 0
+func (s *Service) giveBack(ctx context.Context, sku int64, status, where string, args ...any) (int, error) {
 	flipped := 0
-	err := s.transaction(ctx, ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
-		flipped = 0
-		var p Product
-		if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select("id", "fence").Take(&p, sku).Error; err != nil {
-			return notFound(err, sku)
-		}
-		if fenced && p.Fence >= fence {
-			return &staleFence{sku: sku, token: fence, row: p.Fence}
-		}
-		var ends []Order
-		sel := "SELECT id, user_id FROM orders WHERE sku_id = ? AND " + where + " ORDER BY id LIMIT ? FOR UPDATE"
-		if err := tx.Raw(sel, append(append([]any{sku}, args...), sweepRows)...).Scan(&ends).Error; err != nil {
+	err := s.withLease(ctx, sku, func(ctx context.Context, lease *lock.Lease) error {
+		err := s.transaction(ctx, ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
+			flipped = 0
+			n, err := s.returnUnits(ctx, tx, s.fence(lease), sku, status, where, args)
+			flipped = n
+			return err
+		})
+		if !mayHaveCommitted(err) {
+			flipped = 0 // rolled back
 			return err
 		}
-		if len(ends) == 0 {
-			return nil
+		if flipped > 0 {
+			s.transitions(status, flipped)
 		}
-		ids, users := make([]int64, len(ends)), make([]int64, len(ends))
-		for i, o := range ends {
-			ids[i], users[i] = o.ID, o.UserID
+		if flipped > 0 || err != nil {
+			s.returned(ctx, sku, s.fence(lease))
 		}
-		res := tx.Exec("UPDATE orders SET status = ?, returned_at = UTC_TIMESTAMP(6) WHERE id IN ? AND sku_id = ? AND "+where,
-			append([]any{status, ids, sku}, args...)...)
-		if res.Error != nil {
-			return res.Error
-		}
-		if res.RowsAffected != int64(len(ends)) {
-			return fmt.Errorf("%w: sku %d: %d of %d locked orders changed", ErrBusy, sku, res.RowsAffected, len(ends))
-		}
-		n := len(ends)
-		set, setArgs := "stock = stock + ?", []any{n}
-		cond, condArgs := " WHERE id = ?", []any{sku}
-		if fenced {
-			set, setArgs = set+", fence = ?", append(setArgs, fence)
-			cond, condArgs = cond+" AND fence < ?", append(condArgs, fence)
-		}
-		res = tx.Exec("UPDATE products SET "+set+cond, append(setArgs, condArgs...)...)
-		if res.Error != nil {
-			return res.Error
-		}
-		if res.RowsAffected != 1 {
-			return &staleFence{sku: sku, token: fence, row: p.Fence}
-		}
-		if s.opt.UserLimit > 0 {
-			// A user holds one active order of a SKU: users has no repeats.
-			err := tx.Exec("UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders - 1 WHERE user_id IN ? AND orders > 0", users).Error
-			if err != nil {
-				return err
-			}
-		}
-		if s.opt.BeforeReturn != nil {
-			s.opt.BeforeReturn(ctx, sku)
-		}
-		flipped = n
-		return nil
+		return err
 	})
-	if err != nil && !errors.Is(err, ErrOutcomeUnknown) {
-		return 0, err
-	}
-	if flipped > 0 {
-		s.transitions(status, flipped)
-	}
 	return flipped, err
 }
 
-// transitions counts n orders that went to status (or refunds owed).
-func (s *Service) transitions(status string, n int) {
-	if s.opt.Transitions != nil {
-		s.opt.Transitions(status, n)
+// returnUnits is giveBack's transaction, on tx, under a lease whose fencing
+// token is fence (0: not fenced).
+func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64, status, where string, args []any) (int, error) {
+	var p Product
+	if found, err := read(tx, &p, sqlFenceLocked, sku); err != nil || !found {
+		return 0, cmp.Or(err, fmt.Errorf("%w: product %d", ErrNotFound, sku))
 	}
+	if fence > 0 && p.Fence >= fence {
+		return 0, &staleFence{sku: sku, token: fence, row: p.Fence}
+	}
+	var ends []Order
+	if _, err := read(tx, &ends, withCondition(sqlLockEnding, where), append(append([]any{sku}, args...), sweepRows)...); err != nil {
+		return 0, err
+	}
+	if len(ends) == 0 {
+		return 0, nil
+	}
+	ids, users := make([]int64, len(ends)), make([]int64, len(ends))
+	for i, o := range ends {
+		ids[i], users[i] = o.ID, o.UserID
+	}
+	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, ids, sku}, args...)...)
+	if err != nil {
+		return 0, err
+	}
+	if n != int64(len(ends)) {
+		return 0, fmt.Errorf("%w: sku %d: %d of %d locked orders changed", ErrBusy, sku, n, len(ends))
+	}
+	q, qargs := sqlReturnUnits, []any{len(ends), sku}
+	if fence > 0 {
+		q, qargs = sqlReturnUnitsFenced, []any{len(ends), fence, sku, fence}
+	}
+	if n, _, err := run(tx, q, qargs...); err != nil || n != 1 {
+		return 0, cmp.Or(err, error(&staleFence{sku: sku, token: fence, row: p.Fence}))
+	}
+	if s.set.UserLimit > 0 {
+		// A user holds one active order of a SKU: users has no repeats.
+		if _, _, err := run(tx, sqlUncountOrders, users); err != nil {
+			return 0, err
+		}
+	}
+	if s.hooks.BeforeReturn != nil {
+		s.hooks.BeforeReturn(ctx, sku)
+	}
+	return len(ends), nil
 }
 
 func validateOrderOf(user, id int64) error {

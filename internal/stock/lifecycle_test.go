@@ -25,10 +25,10 @@ const payWindow = time.Hour
 // READ with innodb_snapshot_isolation ON where the server has it — which
 // refuses a locking read of a row changed since the transaction's snapshot
 // (error 1020).
-func pools(t *testing.T, test func(t *testing.T, open func(opt stock.Options) (*stock.Service, *testenv.DB, *lock.Redis))) {
+func pools(t *testing.T, test func(t *testing.T, open func(opt options) (*stock.Service, *testenv.DB, *lock.Redis))) {
 	for _, pool := range []string{"orders pool", "repeatable read, snapshot isolation"} {
 		t.Run(pool, func(t *testing.T) {
-			test(t, func(opt stock.Options) (*stock.Service, *testenv.DB, *lock.Redis) {
+			test(t, func(opt options) (*stock.Service, *testenv.DB, *lock.Redis) {
 				t.Helper()
 				db := testenv.MySQL(t)
 				rdb, prefix := testenv.Redis(t)
@@ -55,7 +55,7 @@ func pools(t *testing.T, test func(t *testing.T, open func(opt stock.Options) (*
 				}
 				opt.Fencing = true
 				l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: time.Second})
-				return stock.NewService(orders, l, opt), db, l
+				return newService(orders, l, opt), db, l
 			})
 		})
 	}
@@ -168,9 +168,9 @@ func (h *held) hook(ctx context.Context, sku int64) {
 // another payment is a mismatch, and a buyer cannot pay or read another's
 // order.
 func TestPayReservation(t *testing.T) {
-	pools(t, func(t *testing.T, open func(stock.Options) (*stock.Service, *testenv.DB, *lock.Redis)) {
+	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
-		svc, db, _ := open(stock.Options{})
+		svc, db, _ := open(options{})
 		o, err := svc.PlaceOrder(ctx, 1, 7, "k1")
 		if err != nil {
 			t.Fatal(err)
@@ -213,9 +213,9 @@ func TestPayReservation(t *testing.T) {
 // unit once, and the buyer may order the product again, with a new key:
 // the old one replays the expired order.
 func TestLatePaymentAndReorder(t *testing.T) {
-	pools(t, func(t *testing.T, open func(stock.Options) (*stock.Service, *testenv.DB, *lock.Redis)) {
+	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
-		svc, db, _ := open(stock.Options{})
+		svc, db, _ := open(options{})
 		o, err := svc.PlaceOrder(ctx, 1, 7, "k1")
 		if err != nil {
 			t.Fatal(err)
@@ -266,10 +266,10 @@ func TestLatePaymentAndReorder(t *testing.T) {
 //     the window lapses and a sweep starts; the sweep's locking read waits
 //     for it and then finds the order paid, and returns nothing.
 func TestPayRacesExpiry(t *testing.T) {
-	pools(t, func(t *testing.T, open func(stock.Options) (*stock.Service, *testenv.DB, *lock.Redis)) {
+	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
 		h := newHeld()
-		svc, db, _ := open(stock.Options{BeforeReturn: h.hook})
+		svc, db, _ := open(options{Hooks: stock.Hooks{BeforeReturn: h.hook}})
 		o, err := svc.PlaceOrder(ctx, 1, 7, "")
 		if err != nil {
 			t.Fatal(err)
@@ -351,10 +351,10 @@ func wantZero(n int) error {
 //
 // A cancellation gives the unit back once, and again answers the same.
 func TestPayRacesCancel(t *testing.T) {
-	pools(t, func(t *testing.T, open func(stock.Options) (*stock.Service, *testenv.DB, *lock.Redis)) {
+	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
 		h := newHeld()
-		svc, db, _ := open(stock.Options{BeforeReturn: h.hook})
+		svc, db, _ := open(options{Hooks: stock.Hooks{BeforeReturn: h.hook}})
 		o, err := svc.PlaceOrder(ctx, 1, 7, "")
 		if err != nil {
 			t.Fatal(err)
@@ -436,8 +436,8 @@ func TestTwoReplicasSweep(t *testing.T) {
 				l = lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 5 * time.Second})
 			}
 			h := newHeld()
-			a := stock.NewService(db.Gorm, l, stock.Options{PayWindow: payWindow, Fencing: true, BeforeReturn: h.hook})
-			b := stock.NewService(db.Gorm, l, stock.Options{PayWindow: payWindow, Fencing: true})
+			a := newService(db.Gorm, l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true}, Hooks: stock.Hooks{BeforeReturn: h.hook}})
+			b := newService(db.Gorm, l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true}})
 			ids := lapsedReservations(t, a, db, 1, 40)
 			first := make(chan int, 1)
 			go func() {
@@ -483,7 +483,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc := stock.NewService(orders, l, stock.Options{PayWindow: payWindow, Fencing: true, BeforeReturn: h.hook})
+	svc := newService(orders, l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true}, Hooks: stock.Hooks{BeforeReturn: h.hook}})
 	ids := lapsedReservations(t, svc, db, 1, 3)
 	killed := make(chan error, 1)
 	go func() { _, err := svc.Sweep(ctx); killed <- err }()
@@ -519,7 +519,7 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 	for _, id := range ids {
 		wantStatus(t, db, id, stock.StatusReserved)
 	}
-	sweeper := stock.NewService(db.Gorm, l, stock.Options{PayWindow: payWindow, Fencing: true})
+	sweeper := newService(db.Gorm, l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true}})
 	if n, err := sweeper.Sweep(ctx); err != nil || n != 3 {
 		t.Errorf("the next sweep = %d, %v; want 3", n, err)
 	}
@@ -529,9 +529,9 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 // SHOP_USER_LIMIT counts active orders: a reservation that expired or was
 // cancelled frees its place, for another product or the same one again.
 func TestUserLimitAcrossReorders(t *testing.T) {
-	pools(t, func(t *testing.T, open func(stock.Options) (*stock.Service, *testenv.DB, *lock.Redis)) {
+	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
-		svc, db, _ := open(stock.Options{UserLimit: 1})
+		svc, db, _ := open(options{Settings: stock.Settings{UserLimit: 1}})
 		o, err := svc.PlaceOrder(ctx, 1, 7, "")
 		if err != nil {
 			t.Fatal(err)

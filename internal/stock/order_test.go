@@ -133,7 +133,7 @@ func TestRulesApplyInOneOrder(t *testing.T) {
 func TestBuyerNearItsDeadlineIsNotTaken(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 1, 10, stock.Options{}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 	holder := hold(t, l, 1)
 	short, cancel := context.WithTimeout(ctx, stock.MinTimeLeft+500*time.Millisecond)
 	defer cancel()
@@ -174,7 +174,7 @@ func mustDeadline(t *testing.T, ctx context.Context) time.Time {
 func TestBatchEndsAtItsEarliestDeadline(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 1, 10, stock.Options{}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 	row := db.Gorm.Begin()
 	defer row.Rollback()
 	if err := row.Exec("SELECT id FROM products WHERE id = 1 FOR UPDATE").Error; err != nil {
@@ -224,9 +224,9 @@ func TestStalledCommitAnsweredInTime(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			db := testenv.MySQL(t)
-			_, l, _ := lined(t, db, 1, 10, stock.Options{}, lock.RedisOptions{})
+			_, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 			orders, p := throughProxy(t, db)
-			svc := stock.NewService(orders, l, stock.Options{Batch: batch, Reads: db.Gorm})
+			svc := newService(orders, l, options{Settings: stock.Settings{Batch: batch}, Reads: db.Gorm})
 
 			users, keys := []int64{7, 8, 9}, []string{"", "key-8", ""}
 			holder := hold(t, l, 1)
@@ -284,15 +284,14 @@ func TestPartialStockIsNotSoldOut(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
 	var once sync.Once
-	svc, l, _ := lined(t, db, 1, 5, stock.Options{Update: stock.Naive, Fencing: true,
-		BeforeWrite: func(ctx context.Context, sku int64) func() {
-			once.Do(func() {
-				if err := db.Gorm.Exec("UPDATE products SET stock = 1, initial_stock = 1, fence = 1 WHERE id = ?", sku).Error; err != nil {
-					t.Error(err)
-				}
-			})
-			return nil
-		}}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 5, options{Settings: stock.Settings{Update: stock.Naive, Fencing: true}, Hooks: stock.Hooks{BeforeWrite: func(ctx context.Context, sku int64) func() {
+		once.Do(func() {
+			if err := db.Gorm.Exec("UPDATE products SET stock = 1, initial_stock = 1, fence = 1 WHERE id = ?", sku).Error; err != nil {
+				t.Error(err)
+			}
+		})
+		return nil
+	}}}, lock.RedisOptions{})
 	holder := hold(t, l, 1)
 	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3}, nil)
 	letGo(t, holder)
@@ -317,17 +316,16 @@ func TestBuyerWhoLeftIsNotPlacedOnRetry(t *testing.T) {
 	leaving, leave := context.WithCancel(ctx)
 	defer leave()
 	var once sync.Once
-	svc, l, _ := lined(t, db, 1, 10, stock.Options{
-		BeforeWrite: func(ctx context.Context, sku int64) func() {
-			once.Do(func() {
-				leave()
-				// Another replica's order of user 1 commits meanwhile.
-				if err := db.Gorm.Exec("INSERT INTO orders (sku_id, user_id) VALUES (1, 1)").Error; err != nil {
-					t.Error(err)
-				}
-			})
-			return nil
-		}}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 10, options{Hooks: stock.Hooks{BeforeWrite: func(ctx context.Context, sku int64) func() {
+		once.Do(func() {
+			leave()
+			// Another replica's order of user 1 commits meanwhile.
+			if err := db.Gorm.Exec("INSERT INTO orders (sku_id, user_id) VALUES (1, 1)").Error; err != nil {
+				t.Error(err)
+			}
+		})
+		return nil
+	}}}, lock.RedisOptions{})
 	holder := hold(t, l, 1)
 	a := queue(t, ctx, svc, 1, []int64{1}, nil)[0]
 	b := place(leaving, svc, 1, 2, "")
@@ -353,10 +351,10 @@ func TestBuyerWhoLeftIsNotPlacedOnRetry(t *testing.T) {
 func TestArrivalDuringAFailedReadIsSpared(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	_, l, _ := lined(t, db, 1, 10, stock.Options{}, lock.RedisOptions{})
+	_, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 	reads, p := throughProxy(t, db)
-	svc := stock.NewService(db.Open(t), l, stock.Options{Reads: reads})
-	held, release := p.HoldReply([]byte("SELECT `stock`"))
+	svc := newService(db.Open(t), l, options{Reads: reads})
+	held, release := p.HoldReply([]byte("SELECT stock, sale_starts_at"))
 	defer release(false)
 	first := place(ctx, svc, 1, 1, "")
 	<-held
@@ -401,7 +399,7 @@ func TestAnsweredAfterTheCacheIsTold(t *testing.T) {
 			ctx := context.Background()
 			db := testenv.MySQL(t)
 			cache := newBlockingCache(t)
-			svc, l, _ := lined(t, db, 1, 10, stock.Options{Batch: batch, Cache: cache}, lock.RedisOptions{})
+			svc, l, _ := lined(t, db, 1, 10, options{Settings: stock.Settings{Batch: batch}, Cache: cache}, lock.RedisOptions{})
 			holder := hold(t, l, 1)
 			answers := queue(t, ctx, svc, 1, []int64{1, 2}, nil)
 			letGo(t, holder)
@@ -469,7 +467,7 @@ func TestOrdersUnderSnapshotIsolation(t *testing.T) {
 						}
 					})
 					opt.Reads = reads
-					replicas = append(replicas, stock.NewService((&testenv.DB{DSN: dsn}).Open(t), l, opt))
+					replicas = append(replicas, newService((&testenv.DB{DSN: dsn}).Open(t), l, opt))
 				}
 				var (
 					wg     sync.WaitGroup

@@ -84,10 +84,10 @@ func TestLostReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
 				t.Parallel()
 				committed := cut == "COMMIT"
 				db := testenv.MySQL(t)
-				_, l, _ := lined(t, db, 1, 10, stock.Options{}, lock.RedisOptions{})
+				_, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 				orders, p := throughProxy(t, db)
 				cache := &invalidations{}
-				svc := stock.NewService(orders, l, stock.Options{Batch: batch, Cache: cache, Reads: db.Gorm})
+				svc := newService(orders, l, options{Settings: stock.Settings{Batch: batch}, Cache: cache, Reads: db.Gorm})
 
 				// Alone, each buyer's transaction loses a reply; in a
 				// batch, the one transaction of all three.
@@ -169,9 +169,9 @@ func TestLostRestockReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
 			db := testenv.MySQL(t)
 			// A lease that outlives the test: only a release frees the
 			// SKU's lock before the test ends.
-			_, l, rdb := lined(t, db, 1, 1, stock.Options{}, lock.RedisOptions{TTL: time.Minute})
+			_, l, rdb := lined(t, db, 1, 1, options{}, lock.RedisOptions{TTL: time.Minute})
 			pool, p := throughProxy(t, db)
-			svc := stock.NewService(pool, l, stock.Options{Fencing: true})
+			svc := newService(pool, l, options{Settings: stock.Settings{Fencing: true}})
 			if _, err := svc.PlaceOrder(ctx, 1, 1, ""); err != nil {
 				t.Fatal(err)
 			}

@@ -25,7 +25,7 @@ import (
 // takes (waiting long, so that queued orders stay queued while the test
 // holds a SKU's lock) and the Redis behind it. The Service has a pool of
 // its own; db.Gorm is the test's.
-func lined(t *testing.T, db *testenv.DB, n, units int, opt stock.Options, lockOpt lock.RedisOptions) (*stock.Service, *lock.Redis, *redis.Client) {
+func lined(t *testing.T, db *testenv.DB, n, units int, opt options, lockOpt lock.RedisOptions) (*stock.Service, *lock.Redis, *redis.Client) {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), n, units); err != nil {
@@ -37,7 +37,7 @@ func lined(t *testing.T, db *testenv.DB, n, units int, opt stock.Options, lockOp
 	}
 	lockOpt.Wait = 20 * time.Second
 	l := lock.NewRedis(rdb, lockOpt)
-	return stock.NewService(db.Open(t), l, opt), l, rdb
+	return newService(db.Open(t), l, opt), l, rdb
 }
 
 type result struct {
@@ -123,7 +123,7 @@ func checkOrder(t *testing.T, db *testenv.DB, o stock.Order, sku, user int64) {
 func TestBatchSellsStockInArrivalOrder(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 1, 3, stock.Options{Fencing: true}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 3, options{Settings: stock.Settings{Fencing: true}}, lock.RedisOptions{})
 
 	holder := hold(t, l, 1)
 	users := []int64{11, 12, 13, 14, 15, 16}
@@ -151,7 +151,7 @@ func TestBatchSellsStockInArrivalOrder(t *testing.T) {
 func TestBatchRefusesRepeatBuyersAndReplaysKeys(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 1, 10, stock.Options{}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 
 	earlier, err := svc.PlaceOrder(ctx, 1, 7, "")
 	if err != nil {
@@ -224,13 +224,11 @@ func TestBatchLostLeaseWritesNothing(t *testing.T) {
 	db := testenv.MySQL(t)
 	var rdb *redis.Client
 	var l *lock.Redis
-	svc, l, rdb := lined(t, db, 1, 5, stock.Options{
-		BeforeWrite: func(ctx context.Context, sku int64) func() {
-			rdb.Del(ctx, l.Key(stock.LockKey(sku))) // the lock vanishes (a failover, say)
-			<-ctx.Done()                            // the watchdog notices within TTL/3
-			return nil
-		},
-	}, lock.RedisOptions{TTL: 150 * time.Millisecond})
+	svc, l, rdb := lined(t, db, 1, 5, options{Hooks: stock.Hooks{BeforeWrite: func(ctx context.Context, sku int64) func() {
+		rdb.Del(ctx, l.Key(stock.LockKey(sku))) // the lock vanishes (a failover, say)
+		<-ctx.Done()                            // the watchdog notices within TTL/3
+		return nil
+	}}}, lock.RedisOptions{TTL: 150 * time.Millisecond})
 
 	holder := hold(t, l, 1)
 	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3}, nil)
@@ -251,7 +249,7 @@ func TestBatchLostLeaseWritesNothing(t *testing.T) {
 func TestBatchBuyerLeavesQueue(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 1, 5, stock.Options{}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 1, 5, options{}, lock.RedisOptions{})
 
 	holder := hold(t, l, 1)
 	leaving, leave := context.WithCancel(ctx)
@@ -285,7 +283,7 @@ func TestBatchBuyerLeavesQueue(t *testing.T) {
 func TestBatchColdSKUNotStuckBehindHot(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 2, 200, stock.Options{Concurrency: 2}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 2, 200, options{Settings: stock.Settings{Concurrency: 2}}, lock.RedisOptions{})
 
 	holder := hold(t, l, 1)
 	var hot []<-chan result
@@ -328,7 +326,7 @@ func TestBatchIdsUnderAutoincLockMode2(t *testing.T) {
 		t.Fatalf("innodb_autoinc_lock_mode = %d (%v), want 2: start the server with --innodb-autoinc-lock-mode=2", mode, err)
 	}
 	const skus, buyers = 8, 100
-	opt := stock.Options{Batch: buyers, BeforeWrite: barrier(skus, 5*time.Second)}
+	opt := options{Settings: stock.Settings{Batch: buyers}, Hooks: stock.Hooks{BeforeWrite: barrier(skus, 5*time.Second)}}
 	_, l, _ := lined(t, db, skus, buyers, opt, lock.RedisOptions{})
 	cfg, err := mysql.ParseDSN(db.DSN)
 	if err != nil {
@@ -339,7 +337,7 @@ func TestBatchIdsUnderAutoincLockMode2(t *testing.T) {
 	}
 	cfg.Params["auto_increment_increment"] = "3"
 	stepped := &testenv.DB{DSN: cfg.FormatDSN()}
-	svc := stock.NewService(stepped.Open(t), l, opt)
+	svc := newService(stepped.Open(t), l, opt)
 
 	var holders []*lock.Lease
 	answers := map[int64][]<-chan result{}
@@ -409,7 +407,7 @@ func barrier(n int, patience time.Duration) func(context.Context, int64) func() 
 func TestSoldOutRemembered(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, _, _ := lined(t, db, 2, 1, stock.Options{}, lock.RedisOptions{})
+	svc, _, _ := lined(t, db, 2, 1, options{}, lock.RedisOptions{})
 	if _, err := svc.PlaceOrder(ctx, 1, 1, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -455,7 +453,7 @@ func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 	t.Cleanup(func() { l.Close() })
 	other := lock.NewRedis(rdb, opt) // another replica's
 	t.Cleanup(func() { other.Close() })
-	svc := stock.NewService(db.Open(t), l, stock.Options{})
+	svc := newService(db.Open(t), l, options{})
 
 	holder := hold(t, other, 1)
 	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3}, nil)
@@ -494,9 +492,9 @@ func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 func TestSoldOutElsewhereRefusedWithoutAStatement(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, _, _ := lined(t, db, 1, 2, stock.Options{}, lock.RedisOptions{})
+	svc, _, _ := lined(t, db, 1, 2, options{}, lock.RedisOptions{})
 	spy := &statements{Interface: logger.Discard}
-	traced := stock.NewService(db.Open(t).Session(&gorm.Session{Logger: spy}), lock.NewLocal(time.Second), stock.Options{})
+	traced := newService(db.Open(t).Session(&gorm.Session{Logger: spy}), lock.NewLocal(time.Second), options{})
 	for _, s := range []*stock.Service{svc, traced} {
 		s.SoldOutElsewhere(1, 5)
 	}
@@ -527,7 +525,7 @@ func TestBatchLargerThanStockTakesWhatIsLeft(t *testing.T) {
 	}
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 20 * time.Second})
 	spy := &statements{Interface: logger.Discard}
-	svc := stock.NewService(db.Open(t).Session(&gorm.Session{Logger: spy}), l, stock.Options{Fencing: true})
+	svc := newService(db.Open(t).Session(&gorm.Session{Logger: spy}), l, options{Settings: stock.Settings{Fencing: true}})
 
 	holder := hold(t, l, 1)
 	answers := queue(t, ctx, svc, 1, []int64{1, 2, 3, 4}, nil)

@@ -30,10 +30,7 @@ type Refund struct {
 // down or refusing work for now).
 func (c *Catalog) Refunds(ctx context.Context) ([]Refund, error) {
 	refunds := []Refund{}
-	err := c.db.WithContext(ctx).Table("refunds").
-		Select("order_id", "user_id", "sku_id", "payment_id", "received_at", "reason").
-		Order("received_at, order_id, payment_id").Scan(&refunds).Error
-	if err != nil {
+	if _, err := read(c.db.WithContext(ctx), &refunds, sqlRefunds); err != nil {
 		return nil, classify(ctx, "refunds", err)
 	}
 	return refunds, nil

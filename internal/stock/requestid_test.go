@@ -27,7 +27,7 @@ func TestOrderLogsCarryTheRequestID(t *testing.T) {
 		t.Run(fmt.Sprint("batch ", batch), func(t *testing.T) {
 			log := &testenv.Log{}
 			logger := slog.New(requestid.LogHandler(slog.NewJSONHandler(log, nil)))
-			s, _, _ := seeded(t, 1, 5, stock.Options{Batch: batch, Cache: failingCache{}, Logger: logger})
+			s, _, _ := seeded(t, 1, 5, options{Settings: stock.Settings{Batch: batch}, Cache: failingCache{}, Logger: logger})
 			ctx := requestid.NewContext(context.Background(), "buyer-1")
 			if _, err := s.PlaceOrder(ctx, 1, 1, ""); err != nil {
 				t.Fatal(err)

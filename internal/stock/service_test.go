@@ -18,7 +18,7 @@ import (
 
 // seeded returns a Service with a Redis lock on a fresh database holding
 // products 1..n with units each.
-func seeded(t *testing.T, n, units int, opt stock.Options) (*stock.Service, *testenv.DB, *lock.Redis) {
+func seeded(t *testing.T, n, units int, opt options) (*stock.Service, *testenv.DB, *lock.Redis) {
 	t.Helper()
 	db := testenv.MySQL(t)
 	rdb, prefix := testenv.Redis(t)
@@ -26,7 +26,7 @@ func seeded(t *testing.T, n, units int, opt stock.Options) (*stock.Service, *tes
 		t.Fatal(err)
 	}
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 100 * time.Millisecond})
-	return stock.NewService(db.Gorm, l, opt), db, l
+	return newService(db.Gorm, l, opt), db, l
 }
 
 func stockOf(t *testing.T, db *testenv.DB, sku int64) int {
@@ -40,7 +40,7 @@ func stockOf(t *testing.T, db *testenv.DB, sku int64) int {
 
 func TestPlaceOrderRules(t *testing.T) {
 	ctx := context.Background()
-	svc, db, _ := seeded(t, 2, 2, stock.Options{Fencing: true})
+	svc, db, _ := seeded(t, 2, 2, options{Settings: stock.Settings{Fencing: true}})
 
 	o, err := svc.PlaceOrder(ctx, 1, 7, "")
 	if err != nil {
@@ -83,7 +83,7 @@ func TestPlaceOrderRules(t *testing.T) {
 
 func TestPlaceOrderIdempotencyKey(t *testing.T) {
 	ctx := context.Background()
-	svc, db, _ := seeded(t, 2, 5, stock.Options{})
+	svc, db, _ := seeded(t, 2, 5, options{})
 	first, err := svc.PlaceOrder(ctx, 1, 7, "key-1")
 	if err != nil {
 		t.Fatal(err)
@@ -105,7 +105,7 @@ func TestPlaceOrderIdempotencyKey(t *testing.T) {
 
 func TestPlaceOrderBusyWritesNothing(t *testing.T) {
 	ctx := context.Background()
-	svc, db, l := seeded(t, 1, 1, stock.Options{})
+	svc, db, l := seeded(t, 1, 1, options{})
 	holder, err := l.Obtain(ctx, stock.LockKey(1))
 	if err != nil {
 		t.Fatal(err)
@@ -129,14 +129,11 @@ func TestPlaceOrderLostLeaseRollsBack(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 150 * time.Millisecond})
-	svc := stock.NewService(db.Gorm, l, stock.Options{
-		Update: stock.Naive,
-		BeforeWrite: func(ctx context.Context, sku int64) func() {
-			rdb.Del(ctx, l.Key(stock.LockKey(sku))) // the lock vanishes (a failover, say)
-			<-ctx.Done()                            // the watchdog notices within TTL/3
-			return nil
-		},
-	})
+	svc := newService(db.Gorm, l, options{Settings: stock.Settings{Update: stock.Naive}, Hooks: stock.Hooks{BeforeWrite: func(ctx context.Context, sku int64) func() {
+		rdb.Del(ctx, l.Key(stock.LockKey(sku))) // the lock vanishes (a failover, say)
+		<-ctx.Done()                            // the watchdog notices within TTL/3
+		return nil
+	}}})
 	_, err := svc.PlaceOrder(ctx, 1, 7, "")
 	if !errors.Is(err, stock.ErrBusy) || !errors.Is(err, lock.ErrNotHeld) {
 		t.Fatalf("err = %v, want ErrBusy wrapping ErrNotHeld", err)
@@ -162,7 +159,7 @@ func TestBeforeWriteAfterRunsBetweenTransactionAndRelease(t *testing.T) {
 				if batch != 1 {
 					perTx = len(users)
 				}
-				opt := stock.Options{Batch: batch, Fencing: true}
+				opt := options{Settings: stock.Settings{Batch: batch, Fencing: true}}
 				if !commit {
 					// A naive write is a compare-and-set on the fence it
 					// read: moving the fence between the read and the

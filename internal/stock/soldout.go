@@ -1,6 +1,9 @@
 package stock
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 )
@@ -38,6 +41,60 @@ type soldOut struct {
 	raised map[int64]raise     // the last raise of each SKU, while it matters
 	allAt  time.Time           // the last raise of every product
 	known  int                 // entries added since the last sweep
+}
+
+// ForgetSoldOut makes this Service forget that product sku (every product
+// when sku is 0) was sold out: call it on every replica when stock goes up,
+// after the change has committed. It is Raised without a fencing token.
+func (s *Service) ForgetSoldOut(sku int64) { s.Raised(sku, 0) }
+
+// Raised makes this Service forget that product sku (every product when sku
+// is 0) was sold out, as ForgetSoldOut does, for a change made under the
+// SKU's lock with fencing token fence: a finding that it sold out made
+// under an older token, heard later, is not believed (SoldOutElsewhere).
+func (s *Service) Raised(sku, fence int64) { s.soldOut.raise(sku, fence) }
+
+// KnownSoldOut reports whether this Service refuses sku's orders from
+// memory, found sold out here or elsewhere (PlaceOrder answers them
+// ErrSoldOut without a round trip, but for a key's replay).
+func (s *Service) KnownSoldOut(sku int64) bool { return s.soldOut.has(sku) }
+
+// SoldOutElsewhere tells this Service that another replica found product
+// sku sold out under the SKU's lock with fencing token fence, so that it
+// refuses the product's orders from memory too, without a read of its own.
+// A finding older than a raise heard already is dropped (see soldOut).
+func (s *Service) SoldOutElsewhere(sku, fence int64) {
+	if sku > 0 && fence > 0 {
+		s.soldOut.heard(sku, fence)
+	}
+}
+
+// soldOutError is ErrSoldOut for product sku.
+func soldOutError(sku int64) error { return fmt.Errorf("%w: sku %d", ErrSoldOut, sku) }
+
+// stocked reads sku's stock and sale window before its lock, remembering a
+// product found sold out. Errors: ErrNotFound, ErrSoldOut, and MySQL's.
+func (s *Service) stocked(ctx context.Context, sku int64) (Product, error) {
+	gen := s.soldOut.generation()
+	var p Product
+	found, err := read(s.reads.WithContext(ctx), &p, sqlStockOf, sku)
+	switch {
+	case err != nil:
+	case !found:
+		err = fmt.Errorf("%w: product %d", ErrNotFound, sku)
+	case p.Stock <= 0:
+		err = soldOutError(sku)
+	}
+	s.learn(sku, gen, err)
+	return p, err
+}
+
+// learn remembers sku as sold out when err, the outcome of a read or a
+// transaction that began at generation gen, says it is.
+func (s *Service) learn(sku int64, gen uint64, err error) {
+	if errors.Is(err, ErrSoldOut) {
+		s.soldOut.mark(sku, gen)
+	}
 }
 
 // raise is what soldOut keeps of a raise of a SKU's stock.

@@ -3,16 +3,17 @@
 // any number of concurrent buyers and replicas.
 //
 // It knows nothing of HTTP. It declares what it needs from the outside — a
-// Locker and an Invalidator — and uses MySQL through gorm.
+// Locker and an Invalidator — and uses MySQL through gorm, every statement
+// of it in sql.go. Following one order through the code, the files read in
+// this order: order.go (an order's path: placed, queued, its turn),
+// queue.go, batch.go (the batch's transaction), tx.go, idempotency.go,
+// userlimit.go, soldout.go and announce.go (what the fleet is told).
+// lifecycle.go pays, cancels and expires orders; admin.go and seed.go
+// change products and reset the catalog; catalog.go reads for the public.
 package stock
 
 import (
-	"context"
-	"regexp"
-	"strconv"
 	"time"
-
-	"shop/internal/lock"
 )
 
 // The statuses of an order. An order is active while it is reserved or
@@ -67,48 +68,3 @@ type Order struct {
 
 // active reports whether o holds its unit: reserved or paid.
 func (o Order) active() bool { return o.Status == StatusReserved || o.Status == StatusPaid }
-
-// Locker gives exclusive leases on keys; internal/lock implements it.
-type Locker interface {
-	Obtain(ctx context.Context, key string) (*lock.Lease, error)
-}
-
-// FenceRaiser is what a Locker may do beyond Obtain (lock.Redis and
-// lock.Redlock do): raise key's fencing counter to at least atLeast, never
-// lower it. The order path calls it when MySQL refused a write because the
-// row's fence was at or above the holder's token. Usually a newer holder
-// wrote the row, and the counter is past it already; but if the counter
-// fell behind the rows — a Redis restarted empty starts it again from its
-// own clock, which may be behind the one that counted before — every holder
-// of the SKU would be refused until that clock caught up. Raising the
-// counter to the row's fence lets the next holder write.
-type FenceRaiser interface {
-	RaiseFence(ctx context.Context, key string, atLeast int64) error
-}
-
-// Invalidator is told when a product changed, so that a cache of products
-// drops what it holds; internal/cache implements it.
-type Invalidator interface {
-	Invalidate(ctx context.Context, sku int64) error
-}
-
-// SoldOutInvalidator is an Invalidator that can also tell every replica,
-// with the same invalidation, that the product sold out under the SKU's
-// lock with fencing token fence (Service.SoldOutElsewhere on each).
-type SoldOutInvalidator interface {
-	InvalidateSoldOut(ctx context.Context, sku, fence int64) error
-}
-
-// LockKey is the lock key that guards a SKU.
-func LockKey(sku int64) string { return "sku:" + strconv.FormatInt(sku, 10) }
-
-var idempotencyKeyRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
-// CheckIdempotencyKey returns an ErrInvalid error unless k is 1–64
-// characters of [A-Za-z0-9_-].
-func CheckIdempotencyKey(k string) error {
-	if !idempotencyKeyRE.MatchString(k) {
-		return invalidf("%s must be 1-64 characters of A-Z a-z 0-9 _ -", FieldIdempotencyKey)
-	}
-	return nil
-}

@@ -48,8 +48,8 @@ func newFleet(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, c 
 		default:
 			t.Fatalf("unknown lock mode %q", c.lockMode)
 		}
-		f.replicas = append(f.replicas, stock.NewService(db.Open(t), locker,
-			stock.Options{Update: c.update, Fencing: c.fencing, Batch: c.batch, BeforeWrite: c.hook}))
+		f.replicas = append(f.replicas, newService(db.Open(t), locker,
+			options{Settings: stock.Settings{Update: c.update, Fencing: c.fencing, Batch: c.batch}, Hooks: stock.Hooks{BeforeWrite: c.hook}}))
 	}
 	return f
 }
@@ -305,7 +305,7 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 		t.Run(fmt.Sprintf("fencing=%v", fencing), func(t *testing.T) {
 			t.Parallel()
 			db, rdb, prefix := oneUnit(t)
-			err := stopHolder(t, db, rdb, prefix, stock.Options{Update: stock.Naive, Fencing: fencing},
+			err := stopHolder(t, db, rdb, prefix, options{Settings: stock.Settings{Update: stock.Naive, Fencing: fencing}},
 				func(time.Duration) <-chan time.Time { return nil }, // stopped: no renewals
 				func(context.Context) func() { return nil })
 			checkStaleWriter(t, db, fencing, "A", err, stock.ErrStaleFence, stock.ErrBusy)
@@ -318,7 +318,7 @@ func TestFencingStopsPausedHolder(t *testing.T) {
 // until B, with a lock of its own, has bought the unit; then its
 // BeforeWrite hook returns resumed's func, and A writes what it read. It
 // returns A's error.
-func stopHolder(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, opt stock.Options,
+func stopHolder(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, opt options,
 	after func(time.Duration) <-chan time.Time, resumed func(ctx context.Context) func()) error {
 	t.Helper()
 	ctx := context.Background()
@@ -329,9 +329,9 @@ func stopHolder(t *testing.T, db *testenv.DB, rdb *redis.Client, prefix string, 
 		<-resume
 		return resumed(ctx)
 	}
-	a := stock.NewService(db.Open(t), lockA, opt)
+	a := newService(db.Open(t), lockA, opt)
 	lockB := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 5 * time.Second})
-	b := stock.NewService(db.Open(t), lockB, stock.Options{Update: opt.Update, Fencing: opt.Fencing})
+	b := newService(db.Open(t), lockB, options{Settings: stock.Settings{Update: opt.Update, Fencing: opt.Fencing}})
 
 	errA := make(chan error, 1)
 	go func() {
@@ -359,7 +359,7 @@ func TestStaleWriteOfAWakingHolderIsReportedAsSuch(t *testing.T) {
 			t.Parallel()
 			db, rdb, prefix := oneUnit(t)
 			thaw := make(chan struct{})
-			err := stopHolder(t, db, rdb, prefix, stock.Options{Update: stock.Naive, Fencing: true, Batch: batch},
+			err := stopHolder(t, db, rdb, prefix, options{Settings: stock.Settings{Update: stock.Naive, Fencing: true, Batch: batch}},
 				func(time.Duration) <-chan time.Time { // stopped until thawed
 					ch := make(chan time.Time, 1)
 					go func() { <-thaw; ch <- time.Now() }()
@@ -403,8 +403,7 @@ func TestFencingStopsReaderOfUncommittedWrite(t *testing.T) {
 			}
 
 			read := make(chan struct{})
-			b := stock.NewService(db.Open(t), lockB, stock.Options{Update: stock.Naive, Fencing: fencing,
-				BeforeWrite: func(context.Context, int64) func() { close(read); return nil }})
+			b := newService(db.Open(t), lockB, options{Settings: stock.Settings{Update: stock.Naive, Fencing: fencing}, Hooks: stock.Hooks{BeforeWrite: func(context.Context, int64) func() { close(read); return nil }}})
 			errB := make(chan error, 1)
 			go func() {
 				_, err := b.PlaceOrder(ctx, 1, 200, "")

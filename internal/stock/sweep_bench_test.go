@@ -44,7 +44,7 @@ func BenchmarkSweep(b *testing.B) {
 		b.Fatal(err)
 	}
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 2 * time.Second})
-	svc := stock.NewService(orders, l, stock.Options{PayWindow: time.Hour, Fencing: true, Concurrency: 16, Reads: reads})
+	svc := newService(orders, l, options{Settings: stock.Settings{PayWindow: time.Hour, Fencing: true, Concurrency: 16}, Reads: reads})
 
 	var user atomic.Int64
 	type sample struct {

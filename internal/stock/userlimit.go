@@ -8,7 +8,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// The per-user limit (Options.UserLimit) must hold whatever replica or
+// The per-user limit (Settings.UserLimit) must hold whatever replica or
 // batch an order goes through: two orders of one user for different SKUs
 // run under different SKU locks, on different replicas, at the same time,
 // so counting the user's orders and then inserting one is wrong. Each user
@@ -22,9 +22,6 @@ import (
 // locks rows that exist: record locks, taken in index order by one
 // statement, never the gap locks and S→X upgrades that concurrent INSERT
 // IGNOREs or upserts inside it would take and deadlock on.
-
-// activeStatuses are the statuses of an order that holds its unit, as SQL.
-const activeStatuses = "('" + StatusReserved + "', '" + StatusPaid + "')"
 
 // ensureCounter makes sure user's counter exists, holding the orders the
 // user has now. With the limit off it does nothing; when the row exists it
@@ -42,27 +39,27 @@ const activeStatuses = "('" + StatusReserved + "', '" + StatusPaid + "')"
 // one row when it waits, so it closes no cycle of waits with the order
 // transactions.
 func (s *Service) ensureCounter(ctx context.Context, user int64) error {
-	if s.opt.UserLimit <= 0 {
+	if s.set.UserLimit <= 0 {
 		return nil
 	}
 	db := s.reads.WithContext(ctx)
 	var n int64
-	if err := db.Raw("SELECT COUNT(*) FROM user_orders WHERE user_id = ?", user).Scan(&n).Error; err != nil {
+	if _, err := read(db, &n, sqlCounterExists, user); err != nil {
 		return classify(ctx, "order counter", err)
 	}
 	if n > 0 {
 		return nil
 	}
 	err := db.Transaction(func(tx *gorm.DB) error {
-		res := tx.Exec("INSERT IGNORE INTO user_orders (user_id, orders) VALUES (?, 0)", user)
-		if res.Error != nil || res.RowsAffected == 0 {
-			return res.Error
-		}
-		var orders int64
-		if err := tx.Raw("SELECT COUNT(*) FROM orders WHERE user_id = ? AND status IN "+activeStatuses, user).Scan(&orders).Error; err != nil || orders == 0 {
+		if made, _, err := run(tx, sqlNewCounter, user); err != nil || made == 0 {
 			return err
 		}
-		return tx.Exec("UPDATE user_orders SET orders = ? WHERE user_id = ?", orders, user).Error
+		var orders int64
+		if _, err := read(tx, &orders, sqlActiveOrdersOf, user); err != nil || orders == 0 {
+			return err
+		}
+		_, _, err := run(tx, sqlSetCounter, orders, user)
+		return err
 	})
 	return classify(ctx, "order counter", err)
 }
@@ -75,13 +72,8 @@ func lockCounters(tx *gorm.DB, users []int64) (map[int64]int, error) {
 		UserID int64 `gorm:"column:user_id"`
 		Orders int   `gorm:"column:orders"`
 	}
-	// FORCE INDEX: on a small table the optimizer may scan it whole, and
-	// a locking scan waits for, and locks, the counters of other users
-	// too — other transactions' buyers, whose own scans then wait for
-	// these: a deadlock. Through the primary key only the buyers' rows are
-	// locked, in key order.
-	err := tx.Raw("SELECT user_id, orders FROM user_orders FORCE INDEX (PRIMARY) WHERE user_id IN ? FOR UPDATE", users).Scan(&rows).Error
-	if err != nil {
+	// Through the primary key, in key order: see sqlLockCounters.
+	if _, err := read(tx, &rows, sqlLockCounters, users); err != nil {
 		return nil, err
 	}
 	counts := make(map[int64]int, len(rows))
@@ -97,11 +89,11 @@ func lockCounters(tx *gorm.DB, users []int64) (map[int64]int, error) {
 func (s *Service) limitReached(counts map[int64]int, user int64) error {
 	n, ok := counts[user]
 	switch {
-	case s.opt.UserLimit <= 0:
+	case s.set.UserLimit <= 0:
 		return nil
 	case !ok:
 		return fmt.Errorf("%w: user %d has no order counter (the catalog was reseeded meanwhile)", ErrBusy, user)
-	case n >= s.opt.UserLimit:
+	case n >= s.set.UserLimit:
 		return fmt.Errorf("%w: user %d holds %d orders, the most one user may", ErrUserLimit, user, n)
 	}
 	return nil
@@ -115,16 +107,16 @@ func (s *Service) limitReached(counts map[int64]int, user int64) error {
 // attempt, which did not look; nil for the careful one, which locked and
 // checked every counter (lockCounters), where it is a failure.
 func (s *Service) countOrders(tx *gorm.DB, users []int64, short error) error {
-	res := tx.Exec("UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders + 1 WHERE user_id IN ? AND orders < ?", users, s.opt.UserLimit)
+	n, _, err := run(tx, sqlCountOrders, users, s.set.UserLimit)
 	switch {
-	case res.Error != nil:
-		return res.Error
-	case res.RowsAffected == int64(len(users)):
+	case err != nil:
+		return err
+	case n == int64(len(users)):
 		return nil
 	case short != nil:
 		return short
 	}
-	return fmt.Errorf("stock: %d order counters raised for %d buyers", res.RowsAffected, len(users))
+	return fmt.Errorf("stock: %d order counters raised for %d buyers", n, len(users))
 }
 
 // limitCandidates are the users of batch whose counters the transaction

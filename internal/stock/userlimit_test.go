@@ -59,7 +59,7 @@ func checkCounter(t *testing.T, db *testenv.DB, user int64, want int) {
 // answered as such, not as the limit, and count nothing.
 func TestUserLimitOneOrder(t *testing.T) {
 	ctx := context.Background()
-	svc, db, _ := seeded(t, 3, 2, stock.Options{Batch: 1, UserLimit: 2, Fencing: true})
+	svc, db, _ := seeded(t, 3, 2, options{Settings: stock.Settings{Batch: 1, UserLimit: 2, Fencing: true}})
 	first, err := svc.PlaceOrder(ctx, 1, 7, "k1")
 	if err != nil {
 		t.Fatal(err)
@@ -95,7 +95,7 @@ func TestUserLimitOneOrder(t *testing.T) {
 func TestUserLimitInBatch(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l, _ := lined(t, db, 3, 2, stock.Options{UserLimit: 2}, lock.RedisOptions{})
+	svc, l, _ := lined(t, db, 3, 2, options{Settings: stock.Settings{UserLimit: 2}}, lock.RedisOptions{})
 	// User 7 reaches the limit with products 1 and 2, one under a key;
 	// user 5 leaves one unit of product 3.
 	first, err := svc.PlaceOrder(ctx, 1, 7, "k1")
@@ -171,8 +171,8 @@ func TestUserLimitAcrossReplicas(t *testing.T) {
 			var replicas []*stock.Service
 			for range 3 {
 				l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 30 * time.Second})
-				replicas = append(replicas, stock.NewService(db.Open(t), l,
-					stock.Options{Batch: batch, UserLimit: limit, Fencing: true, BeforeWrite: hook}))
+				replicas = append(replicas, newService(db.Open(t), l,
+					options{Settings: stock.Settings{Batch: batch, UserLimit: limit, Fencing: true}, Hooks: stock.Hooks{BeforeWrite: hook}}))
 			}
 			var (
 				mu      sync.Mutex
@@ -219,7 +219,7 @@ func TestUserLimitAcrossReplicas(t *testing.T) {
 // again.
 func TestSeedResetsUserCounters(t *testing.T) {
 	ctx := context.Background()
-	svc, db, _ := seeded(t, 3, 1, stock.Options{UserLimit: 1})
+	svc, db, _ := seeded(t, 3, 1, options{Settings: stock.Settings{UserLimit: 1}})
 	if _, err := svc.PlaceOrder(ctx, 1, 7, ""); err != nil {
 		t.Fatal(err)
 	}
@@ -287,7 +287,7 @@ func TestUserCountersStartAtOrdersPlacedWithLimitOff(t *testing.T) {
 	spy := &statements{Interface: logger.Discard}
 	traced := db.Open(t).Session(&gorm.Session{Logger: spy})
 	for _, batch := range []int{1, 0} {
-		off := stock.NewService(traced, l, stock.Options{Batch: batch})
+		off := newService(traced, l, options{Settings: stock.Settings{Batch: batch}})
 		if _, err := off.PlaceOrder(ctx, int64(batch+1), 7, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -302,7 +302,7 @@ func TestUserCountersStartAtOrdersPlacedWithLimitOff(t *testing.T) {
 		t.Error("a counter was made with the limit off")
 	}
 
-	on := stock.NewService(db.Open(t), l, stock.Options{UserLimit: 3})
+	on := newService(db.Open(t), l, options{Settings: stock.Settings{UserLimit: 3}})
 	if _, err := on.PlaceOrder(ctx, 3, 7, ""); err != nil {
 		t.Fatalf("third order under a limit of 3: %v", err)
 	}
@@ -359,7 +359,7 @@ func TestUserCounterMadeDuringReseed(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	svc := stock.NewService(db.Open(t), l, stock.Options{UserLimit: 2, Batch: 1})
+	svc := newService(db.Open(t), l, options{Settings: stock.Settings{UserLimit: 2, Batch: 1}})
 	answer := place(ctx, svc, 3, 7, "")
 	waitForStatement(t, db, "INSERT IGNORE INTO user_orders", answer)
 	if err := reseed.Commit().Error; err != nil {
@@ -376,13 +376,12 @@ func TestUserCounterMadeDuringReseed(t *testing.T) {
 func TestUserCounterGoneIsBusy(t *testing.T) {
 	ctx := context.Background()
 	var drop func()
-	svc, db, _ := seeded(t, 1, 1, stock.Options{Batch: 1, UserLimit: 1,
-		BeforeWrite: func(context.Context, int64) func() {
-			if drop != nil {
-				drop()
-			}
-			return nil
-		}})
+	svc, db, _ := seeded(t, 1, 1, options{Settings: stock.Settings{Batch: 1, UserLimit: 1}, Hooks: stock.Hooks{BeforeWrite: func(context.Context, int64) func() {
+		if drop != nil {
+			drop()
+		}
+		return nil
+	}}})
 	drop = func() {
 		drop = nil
 		if err := db.Gorm.Exec("DELETE FROM user_orders").Error; err != nil {

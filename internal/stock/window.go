@@ -62,25 +62,3 @@ func (w Window) admits(sku int64, at time.Time) error {
 	}
 	return nil
 }
-
-// arrival is the time an order that arrives now is judged by, to the
-// microsecond, as MySQL compares it with the window (see openWindow).
-func (s *Service) arrival() time.Time { return s.opt.Now().UTC().Truncate(time.Microsecond) }
-
-// windowColumns are what a read of a product's stock also reads, so that
-// the window costs no statement of its own.
-var windowColumns = []string{"sale_starts_at", "sale_ends_at"}
-
-// openWindow is the condition the fast attempt's stock write adds, as it
-// reads no window, so that the UPDATE itself — which sees the row as
-// committed now, and locks it — refuses orders that arrived outside it: its
-// arguments are the earliest and the latest arrival of the orders it sells.
-const openWindow = " AND (sale_starts_at IS NULL OR sale_starts_at <= ?) AND (sale_ends_at IS NULL OR sale_ends_at > ?)"
-
-// refuseOutside answers with its window's error every order queued for sku
-// that arrived outside w, the window a pre-lock read found, and reports
-// whether any order is left. Orders that arrive after the read are judged
-// in the transaction, against the row as MySQL has it then.
-func (s *Service) refuseOutside(sku int64, q *queue, w Window) (left bool) {
-	return s.refuse(q, func(t *ticket) error { return w.admits(sku, t.arrived) })
-}

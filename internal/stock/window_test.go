@@ -42,14 +42,14 @@ func (l *countingLocker) Obtain(ctx context.Context, key string) (*lock.Lease, e
 // naive update.
 var orderPaths = []struct {
 	name string
-	opt  stock.Options
+	opt  options
 }{
-	{"batch 1 guarded", stock.Options{Batch: 1, Fencing: true}},
-	{"batch 1 naive", stock.Options{Batch: 1, Fencing: true, Update: stock.Naive}},
-	{"batched guarded", stock.Options{Fencing: true}},
-	{"batched naive", stock.Options{Fencing: true, Update: stock.Naive}},
+	{"batch 1 guarded", options{Settings: stock.Settings{Batch: 1, Fencing: true}}},
+	{"batch 1 naive", options{Settings: stock.Settings{Batch: 1, Fencing: true, Update: stock.Naive}}},
+	{"batched guarded", options{Settings: stock.Settings{Fencing: true}}},
+	{"batched naive", options{Settings: stock.Settings{Fencing: true, Update: stock.Naive}}},
 	// The test servers are MariaDB, which takes INSERT … RETURNING.
-	{"batched guarded returning", stock.Options{Fencing: true, Returning: true}},
+	{"batched guarded returning", options{Settings: stock.Settings{Fencing: true, Returning: true}}},
 }
 
 // product reads product sku as MySQL has it.
@@ -80,7 +80,7 @@ func TestSaleWindowBeforeInsideAfter(t *testing.T) {
 			clk := newClock(opens.Add(-time.Second))
 			opt := path.opt
 			opt.Now = clk.now
-			svc := stock.NewService(db.Open(t), locks, opt)
+			svc := newService(db.Open(t), locks, opt)
 
 			refused := func(user int64, want error) {
 				t.Helper()
@@ -130,7 +130,7 @@ func TestSaleWindowJudgesArrivalInABatch(t *testing.T) {
 	db := testenv.MySQL(t)
 	closes := time.Date(2030, 1, 2, 11, 0, 0, 0, time.UTC)
 	clk := newClock(closes.Add(-time.Second))
-	svc, l := waking(t, db, 1, 10, stock.Options{Fencing: true, Now: clk.now})
+	svc, l := waking(t, db, 1, 10, options{Settings: stock.Settings{Fencing: true}, Now: clk.now})
 	if err := db.Gorm.Exec("UPDATE products SET sale_ends_at = ? WHERE id = 1", closes).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func TestSaleWindowClosedWhileOrdersWait(t *testing.T) {
 
 // waking is lined with a lock that wakes its waiters on release, and so
 // counts them (lock.Stats.Waiting).
-func waking(t *testing.T, db *testenv.DB, n, units int, opt stock.Options) (*stock.Service, *lock.Redis) {
+func waking(t *testing.T, db *testenv.DB, n, units int, opt options) (*stock.Service, *lock.Redis) {
 	t.Helper()
 	rdb, prefix := testenv.Redis(t)
 	if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), n, units); err != nil {
@@ -213,7 +213,7 @@ func waking(t *testing.T, db *testenv.DB, n, units int, opt stock.Options) (*sto
 	}
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 20 * time.Second, Subscriber: rdb})
 	t.Cleanup(func() { l.Close() })
-	return stock.NewService(db.Open(t), l, opt), l
+	return newService(db.Open(t), l, opt), l
 }
 
 // waitWaiting waits until n callers wait for a key of l.
@@ -236,7 +236,7 @@ func units(n int) *int { return &n }
 func TestRestockUnderTheLock(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, l := waking(t, db, 1, 2, stock.Options{Fencing: true})
+	svc, l := waking(t, db, 1, 2, options{Settings: stock.Settings{Fencing: true}})
 
 	holder := hold(t, l, 1)
 	done := make(chan error, 1)
@@ -306,7 +306,7 @@ func TestRestockClearsSoldOutMemory(t *testing.T) {
 func TestRestockUnderLoad(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
-	svc, _, _ := lined(t, db, 2, 20, stock.Options{Fencing: true}, lock.RedisOptions{})
+	svc, _, _ := lined(t, db, 2, 20, options{Settings: stock.Settings{Fencing: true}}, lock.RedisOptions{})
 	var (
 		wg              sync.WaitGroup
 		sold, restocked atomic.Int64
@@ -340,7 +340,7 @@ func TestRestockUnderLoad(t *testing.T) {
 // A change that is refused changes nothing.
 func TestChangeProductRefusalsChangeNothing(t *testing.T) {
 	ctx := context.Background()
-	svc, db, _ := seeded(t, 1, 1_000_000_000, stock.Options{Fencing: true})
+	svc, db, _ := seeded(t, 1, 1_000_000_000, options{Settings: stock.Settings{Fencing: true}})
 	starts := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 	ends := starts.Add(time.Hour)
 	if _, err := svc.ChangeProduct(ctx, 1, stock.Change{SaleStartsAt: stock.Bound{Set: true, At: &starts}, SaleEndsAt: stock.Bound{Set: true, At: &ends}}); err != nil {
@@ -384,7 +384,7 @@ func TestChangeProductRefusalsChangeNothing(t *testing.T) {
 // An unset bound is left as it is, a bound set to nil is cleared.
 func TestChangeProductBounds(t *testing.T) {
 	ctx := context.Background()
-	svc, db, _ := seeded(t, 1, 1, stock.Options{})
+	svc, db, _ := seeded(t, 1, 1, options{})
 	starts := time.Date(2030, 1, 1, 0, 0, 0, 123456789, time.FixedZone("CET", 3600))
 	ends := starts.Add(time.Hour)
 	p, err := svc.ChangeProduct(ctx, 1, stock.Change{SaleStartsAt: stock.Bound{Set: true, At: &starts}, SaleEndsAt: stock.Bound{Set: true, At: &ends}})

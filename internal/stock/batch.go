@@ -1,6 +1,7 @@
 package stock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,7 +10,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-	"gorm.io/gorm/clause"
 
 	"shop/internal/lock"
 	"shop/internal/mysqldb"
@@ -104,8 +104,8 @@ type facts struct {
 // answers each once the transaction has ended and the cache has been told.
 // The transaction ends, at the latest, at the earliest deadline of the
 // batch's orders: no statement runs for a buyer who has been answered, and
-// the COMMIT is bounded by the pool's read timeout (OpenOrders). ctx is for
-// what is logged.
+// the COMMIT is bounded by the pool's read timeout (mysqldb.OpenOrders).
+// ctx is for what is logged.
 func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) {
 	txCtx, cancel := earliest(lease.Context(), batch)
 	defer cancel()
@@ -130,9 +130,7 @@ func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch
 	var soldOutAt int64
 	if sale.soldOut {
 		s.soldOut.mark(sku, gen)
-		if s.opt.Fencing {
-			soldOutAt = lease.Fence()
-		}
+		soldOutAt = s.fence(lease)
 	}
 	if len(sale.sold) > 0 || soldOutAt > 0 {
 		s.changed(ctx, sku, soldOutAt)
@@ -173,7 +171,7 @@ func earliest(parent context.Context, batch []*ticket) (context.Context, context
 // sell runs batch's transaction: fast first (but for the naive update),
 // then careful, as many times as maxCareful allows.
 func (s *Service) sell(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) (sale, error) {
-	careful := s.opt.Update == Naive
+	careful := s.set.Update == Naive
 	for attempt := 0; ; attempt++ {
 		var sl sale
 		err := s.orderTx(ctx, lease, func(tx *gorm.DB, after *func()) error {
@@ -195,7 +193,7 @@ func (s *Service) sell(ctx context.Context, lease *lock.Lease, sku int64, batch 
 
 // sellIn is one attempt at batch's transaction, on tx.
 func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence, sku int64, batch []*ticket, careful bool) (sale, error) {
-	fenced := s.opt.Fencing && fence > 0
+	fenced := s.set.Fencing && fence > 0
 	hooked := false
 	if !careful {
 		sl := s.judge(sku, fence, batch, facts{})
@@ -204,8 +202,8 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 		}
 		s.beforeWrite(ctx, sku, after)
 		hooked = true
-		first, last := arrivals(batch)
-		had, ok, err := s.takeUnits(ctx, tx, sku, fenced, fence, len(sl.sold), first, last)
+		first, last := arrivalSpan(batch)
+		had, ok, err := takeUnits(tx, sku, fenced, fence, len(sl.sold), first, last)
 		if err != nil {
 			return sale{}, err
 		}
@@ -248,7 +246,7 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 		}
 		f.held = &h
 	}
-	if s.opt.UserLimit > 0 && read.Stock > 0 {
+	if s.set.UserLimit > 0 && read.Stock > 0 {
 		if users := limitCandidates(batch, f.held); len(users) > 0 {
 			if f.counts, err = lockCounters(tx, users); err != nil {
 				return sale{}, err
@@ -316,7 +314,7 @@ func (s *Service) judge(sku, fence int64, batch []*ticket, f facts) sale {
 			if t.key != "" {
 				underKey[k] = i
 			}
-			o := Order{SKUID: sku, UserID: t.user, Fence: fence, CreatedAt: s.opt.Now().UTC().Truncate(time.Microsecond)}
+			o := Order{SKUID: sku, UserID: t.user, Fence: fence, CreatedAt: s.now().UTC().Truncate(time.Microsecond)}
 			if t.key != "" {
 				o.IdempotencyKey = &t.key
 			}
@@ -338,60 +336,47 @@ func hasKeys(batch []*ticket) bool {
 }
 
 // readProduct reads sku's row for the careful attempt: with a lock for the
-// guarded update, so that nothing changes it until COMMIT; as the seeds read
-// it for the naive one.
+// guarded update, so that nothing changes it until COMMIT; as the source
+// articles read it for the naive one.
 func (s *Service) readProduct(tx *gorm.DB, sku int64) (Product, error) {
+	q := sqlSaleOf
+	if s.set.Update == Guarded {
+		q = sqlSaleOfLocked
+	}
 	var p Product
-	q := tx.Select(append([]string{"id", "stock", "fence"}, windowColumns...))
-	if s.opt.Update == Guarded {
-		q = q.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate})
+	found, err := read(tx, &p, q, sku)
+	if err == nil && !found {
+		err = fmt.Errorf("%w: product %d", ErrNotFound, sku)
 	}
-	if err := q.Take(&p, sku).Error; err != nil {
-		return Product{}, notFound(err, sku)
-	}
-	return p, nil
+	return p, err
 }
 
 // takeUnits is the fast attempt's stock write: one guarded UPDATE that
 // takes up to n units of sku — as many as the stock has — if the fence is
 // older than the holder's token (when fenced) and the sale window admits
-// every order of the batch. ok is false when the row refused, and then
-// nothing changed. had is the stock before, which the UPDATE hands back
-// through LAST_INSERT_ID(expr): MySQL's and MariaDB's way for a statement
-// to return a value of the row it wrote, in the same round trip (as had+1,
-// so that 0 is "no row"). With no stock left, nothing is written: the
-// fence moves only with a unit taken, and the COMMIT has nothing to flush.
-//
-// Both assignments read the row as it was: the fence's comes first, and
-// with SIMULTANEOUS_ASSIGNMENT (MariaDB) every assignment reads the old row.
-func (s *Service) takeUnits(ctx context.Context, tx *gorm.DB, sku int64, fenced bool, fence int64, n int, first, last time.Time) (had int, ok bool, err error) {
-	var set string
-	var args []any
+// every order of the batch, which arrived between first and last. ok is
+// false when the row refused, and then nothing changed. had is the stock
+// before, which the UPDATE hands back through LAST_INSERT_ID(expr): MySQL's
+// and MariaDB's way for a statement to return a value of the row it wrote,
+// in the same round trip. With no stock left, nothing is written: the fence
+// moves only with a unit taken, and the COMMIT has nothing to flush.
+func takeUnits(tx *gorm.DB, sku int64, fenced bool, fence int64, n int, first, last time.Time) (had int, ok bool, err error) {
+	q, args := sqlTakeUnits, []any{n, sku, first, last}
 	if fenced {
-		set, args = "fence = IF(stock > 0, ?, fence), ", []any{fence}
+		q, args = sqlTakeUnitsFenced, []any{fence, n, sku, first, last, fence}
 	}
-	set, args = set+"stock = LAST_INSERT_ID(stock + 1) - 1 - LEAST(stock, ?)", append(args, n)
-	where := " WHERE id = ?" + openWindow
-	args = append(args, sku, first, last)
-	if fenced {
-		where, args = where+" AND fence < ?", append(args, fence)
-	}
-	res, err := tx.Statement.ConnPool.ExecContext(ctx, "UPDATE products SET "+set+where, args...)
-	if err != nil {
-		return 0, false, err
-	}
-	id, err := res.LastInsertId()
+	_, id, err := run(tx, q, args...)
 	if err != nil || id == 0 {
 		return 0, false, err
 	}
 	return int(id - 1), true, nil
 }
 
-// arrivals returns the earliest and the latest arrival of the orders of
-// batch: openWindow's arguments, so that the window admits every order
+// arrivalSpan returns the earliest and the latest arrival of the orders of
+// batch: sqlOpenWindow's arguments, so that the window admits every order
 // between them — those the fast attempt refuses by another rule too, which
 // the window's comes before.
-func arrivals(batch []*ticket) (first, last time.Time) {
+func arrivalSpan(batch []*ticket) (first, last time.Time) {
 	first, last = batch[0].arrived, batch[0].arrived
 	for _, t := range batch[1:] {
 		if t.arrived.Before(first) {
@@ -408,7 +393,7 @@ func arrivals(batch []*ticket) (first, last time.Time) {
 // or has no counter) is short: record returns it, errCareful for the fast
 // attempt, whose judgement assumed it would not.
 func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
-	placed, err := insertOrders(tx, sku, sl.sold, s.opt.PayWindow, s.opt.Returning)
+	placed, err := insertOrders(tx, sku, sl.sold, s.set.PayWindow, s.set.Returning)
 	if err != nil {
 		return err
 	}
@@ -420,13 +405,13 @@ func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
 		sl.sold[i] = o
 		sl.verdicts[sl.sellers[i]].order = &sl.sold[i]
 	}
-	if s.opt.UserLimit > 0 {
+	if s.set.UserLimit > 0 {
 		return s.countOrders(tx, sellersOf(sl.sold), short)
 	}
 	return nil
 }
 
-// writeStock takes n units off product sku in the careful attempt. read is
+// writeStock takes n units off product sku in the careful attempt. was is
 // the row the transaction read.
 //
 // A fenced naive write is a compare-and-set on the fence it read, not only a
@@ -435,33 +420,31 @@ func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
 // read the old stock, and that next holder's token is newer than the row's,
 // yet the stock it read is stale. Any fenced write moves the fence, so an
 // unchanged fence means an unchanged row.
-func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, fence int64, n int) error {
-	var res *gorm.DB
+func (s *Service) writeStock(tx *gorm.DB, sku int64, was Product, fenced bool, fence int64, n int) error {
+	var q string
+	var args []any
 	switch {
-	case s.opt.Update == Guarded && fenced:
-		res = tx.Exec("UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?", n, fence, sku, n, fence)
-	case s.opt.Update == Guarded:
-		res = tx.Exec("UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?", n, sku, n)
+	case s.set.Update == Guarded && fenced:
+		q, args = sqlTakeGuardedFenced, []any{n, fence, sku, n, fence}
+	case s.set.Update == Guarded:
+		q, args = sqlTakeGuarded, []any{n, sku, n}
 	case fenced:
-		res = tx.Exec("UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?",
-			read.Stock-n, fence, sku, read.Fence, fence)
+		q, args = sqlWriteNaiveFenced, []any{was.Stock - n, fence, sku, was.Fence, fence}
 	default:
-		// The seeds' read-modify-write. Its row count proves nothing (a row
-		// already at the written value counts as unchanged), so it is not
-		// checked: this write never refuses.
-		return tx.Exec("UPDATE products SET stock = ? WHERE id = ?", read.Stock-n, sku).Error
+		// The source articles' read-modify-write. Its row count proves
+		// nothing (a row already at the written value counts as
+		// unchanged), so it is not checked: this write never refuses.
+		_, _, err := run(tx, sqlWriteNaive, was.Stock-n, sku)
+		return err
 	}
-	if res.Error != nil {
-		return res.Error
-	}
-	if res.RowsAffected == 1 {
-		return nil
+	if n, _, err := run(tx, q, args...); err != nil || n == 1 {
+		return err
 	}
 	// Refused: a newer holder wrote the row, or (naive) an older one wrote
 	// it after it was read. A locking read sees the row as committed now.
 	var now Product
-	if err := tx.Clauses(clause.Locking{Strength: clause.LockingStrengthUpdate}).Select("stock", "fence").Take(&now, sku).Error; err != nil {
-		return notFound(err, sku)
+	if found, err := read(tx, &now, sqlStockAndFenceLocked, sku); err != nil || !found {
+		return cmp.Or(err, fmt.Errorf("%w: product %d", ErrNotFound, sku))
 	}
 	switch {
 	case fenced && now.Fence >= fence:
@@ -472,67 +455,14 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, read Product, fenced bool, 
 		return soldOutError(sku)
 	}
 	return fmt.Errorf("%w: sku %d changed after it was read (fence %d, now %d; stock %d, now %d)",
-		ErrBusy, sku, read.Fence, now.Fence, read.Stock, now.Stock)
-}
-
-// heldKey is a buyer's idempotency key: keys belong to their buyer.
-type heldKey struct {
-	user int64
-	key  string
-}
-
-// held is what a batch's buyers already hold. A nil *held knows nothing.
-type held struct {
-	users map[int64]bool    // buyers with an order of this SKU
-	keys  map[heldKey]Order // orders under the batch's buyers' keys, of any SKU
-}
-
-func (h *held) byUser(user int64) bool { return h != nil && h.users[user] }
-
-func (h *held) byKey(k heldKey) (Order, bool) {
-	if h == nil {
-		return Order{}, false
-	}
-	o, ok := h.keys[k]
-	return o, ok
-}
-
-// heldOrders looks up, in one query, the batch's buyers' active orders of
-// sku and their orders under the batch's idempotency keys (of any SKU, in
-// any status).
-func heldOrders(tx *gorm.DB, sku int64, batch []*ticket) (held, error) {
-	users := make([]int64, 0, len(batch))
-	var keys []string
-	for _, t := range batch {
-		users = append(users, t.user)
-		if t.key != "" {
-			keys = append(keys, t.key)
-		}
-	}
-	q := tx.Where("user_id IN ? AND active_sku = ?", users, sku)
-	if len(keys) > 0 {
-		q = tx.Where("user_id IN ? AND (active_sku = ? OR idempotency_key IN ?)", users, sku, keys)
-	}
-	var found []Order
-	if err := q.Find(&found).Error; err != nil {
-		return held{}, err
-	}
-	h := held{users: map[int64]bool{}, keys: map[heldKey]Order{}}
-	for _, o := range found {
-		if o.SKUID == sku && o.active() {
-			h.users[o.UserID] = true
-		}
-		if o.IdempotencyKey != nil {
-			h.keys[heldKey{o.UserID, *o.IdempotencyKey}] = o
-		}
-	}
-	return h, nil
+		ErrBusy, sku, was.Fence, now.Fence, was.Stock, now.Stock)
 }
 
 // insertOrders inserts orders of sku, reserved until now plus payWindow by
 // MySQL's clock (paid when payWindow is 0), and returns them as MySQL has
-// them, by user. The orders are one INSERT, read back through the (user,
-// active SKU) unique index: a multi-row INSERT's ids need not be
+// them, by user. The orders are one INSERT. With returning (MariaDB 10.5
+// and later) they come back with it; otherwise they are read back through
+// the (user, active SKU) unique index: a multi-row INSERT's ids need not be
 // consecutive (innodb_autoinc_lock_mode=2, auto_increment_increment), and
 // pay_by is MySQL's to set. A single paid order needs no read: its id comes
 // back with the INSERT, and it has no pay_by.
@@ -541,61 +471,54 @@ func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duratio
 	if payWindow > 0 {
 		status, payBy = StatusReserved, fmt.Sprintf("UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND", payWindow.Microseconds())
 	}
-	var b strings.Builder
-	b.WriteString("INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by) VALUES ")
+	row := "(?, ?, ?, ?, ?, ?, " + payBy + ")"
+	insert := sqlInsertOrder + strings.Repeat(row+", ", len(orders)-1) + row
 	args := make([]any, 0, 6*len(orders))
 	users := make([]int64, 0, len(orders))
-	for i, o := range orders {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString("(?, ?, ?, ?, ?, ?, " + payBy + ")")
+	for _, o := range orders {
 		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt, status)
 		users = append(users, o.UserID)
 	}
-	if returning {
-		return insertReturning(tx, b.String(), args, len(orders))
-	}
-	res, err := tx.Statement.ConnPool.ExecContext(tx.Statement.Context, b.String(), args...)
-	if err != nil {
-		return nil, err
-	}
-	if len(orders) == 1 && payWindow <= 0 {
-		o := orders[0]
-		if o.ID, err = res.LastInsertId(); err != nil {
+	var placed []Order
+	switch {
+	case returning:
+		// MariaDB hands the orders back as it wrote them — their ids,
+		// pay_by by MySQL's clock — in the INSERT's own round trip.
+		if _, err := read(tx, &placed, insert+" RETURNING "+sqlOrderColumns, args...); err != nil {
 			return nil, err
 		}
-		o.Status = status
+	case len(orders) == 1 && payWindow <= 0:
+		o := orders[0]
+		_, id, err := run(tx, insert, args...)
+		if err != nil {
+			return nil, err
+		}
+		o.ID, o.Status = id, status
 		return map[int64]Order{o.UserID: o}, nil
+	default:
+		if _, _, err := run(tx, insert, args...); err != nil {
+			return nil, err
+		}
+		if _, err := read(tx, &placed, sqlOrdersOfUsers, users, sku); err != nil {
+			return nil, err
+		}
 	}
-	var rows []Order
-	if err := tx.Where("user_id IN ? AND active_sku = ?", users, sku).Find(&rows).Error; err != nil {
-		return nil, err
+	byUser := make(map[int64]Order, len(placed))
+	for _, o := range placed {
+		byUser[o.UserID] = o
 	}
-	placed := make(map[int64]Order, len(rows))
-	for _, o := range rows {
-		placed[o.UserID] = o
-	}
-	return placed, nil
+	return byUser, nil
 }
 
-// insertReturning runs insert, an INSERT of n orders, with RETURNING
-// (MariaDB 10.5 and later): the orders come back as MySQL wrote them — their
-// ids, pay_by by MySQL's clock — in the INSERT's own round trip.
-func insertReturning(tx *gorm.DB, insert string, args []any, n int) (map[int64]Order, error) {
-	rows, err := tx.Statement.ConnPool.QueryContext(tx.Statement.Context,
-		insert+" RETURNING id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by", args...)
-	if err != nil {
-		return nil, err
+// beforeWrite runs Hooks.BeforeWrite, keeping what it returns in after.
+func (s *Service) beforeWrite(ctx context.Context, sku int64, after *func()) {
+	if s.hooks.BeforeWrite != nil {
+		*after = s.hooks.BeforeWrite(ctx, sku)
 	}
-	defer rows.Close()
-	placed := make(map[int64]Order, n)
-	for rows.Next() {
-		var o Order
-		if err := rows.Scan(&o.ID, &o.SKUID, &o.UserID, &o.IdempotencyKey, &o.Fence, &o.CreatedAt, &o.Status, &o.PayBy); err != nil {
-			return nil, err
-		}
-		placed[o.UserID] = o
-	}
-	return placed, rows.Err()
+}
+
+// count counts a transaction that decided orders orders (Stats).
+func (s *Service) count(orders int) {
+	s.batches.Add(1)
+	s.batched.Add(uint64(orders))
 }

@@ -1,0 +1,27 @@
+package stock_test
+
+import (
+	"log/slog"
+	"time"
+
+	"gorm.io/gorm"
+
+	"shop/internal/stock"
+)
+
+// options is what a test sets of a Service beyond its pool and its lock:
+// its settings, its hooks, and the dependencies a test replaces.
+type options struct {
+	stock.Settings
+	stock.Hooks
+	Cache  stock.Invalidator
+	Reads  *gorm.DB
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// newService is a Service on db under locks, as o says.
+func newService(db *gorm.DB, locks stock.Locker, o options) *stock.Service {
+	return stock.NewService(stock.Deps{DB: db, Locks: locks, Cache: o.Cache, Reads: o.Reads, Logger: o.Logger, Now: o.Now},
+		o.Settings, o.Hooks)
+}

@@ -1,0 +1,152 @@
+package stock
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// A seed resets the catalog: products 1..n with their stock, and no order,
+// refund owed or order counter left from before, in one transaction. Seeds
+// of one database run one after the other, each holding the seed lock (a
+// MySQL user lock, sqlLockSeeds) from before its transaction begins until
+// after it ends.
+
+// seedBatch is how many products one INSERT carries.
+const seedBatch = 1000
+
+// seedLockWait bounds how long a seed waits for another seed of the same
+// database to end (the seed lock, seedLockName).
+const seedLockWait = 2 * time.Minute
+
+// NotEmptyError is what SeedWindowIfEmpty returns for a catalog that has
+// products: it left the catalog, and its orders, as they were.
+type NotEmptyError struct {
+	// Products is how many products the catalog has.
+	Products int64
+}
+
+func (e *NotEmptyError) Error() string {
+	return fmt.Sprintf("stock: the catalog has %d products: not seeded", e.Products)
+}
+
+// Seed replaces the catalog with products 1..n, each with stock units,
+// deletes every order, every refund owed and every user's order counter,
+// and raises the catalog's epoch (see Epoch), in one transaction.
+// Errors: ErrInvalid, ErrBusy (MySQL down or refusing work for now, or
+// another seed of the database still running after seedLockWait; a seed is
+// a reset, so it may be repeated whether or not the failed one committed).
+func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
+	return c.SeedWindow(ctx, n, stock, Window{})
+}
+
+// SeedWindow is Seed with every product on sale within w (see Window).
+// Errors: those of Seed, and ErrInvalid for a window Normalize refuses.
+func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error {
+	return c.seed(ctx, n, stock, w, false)
+}
+
+// SeedWindowIfEmpty is SeedWindow on a catalog without products only. A
+// catalog that has some is left as it is, orders included, and the error is
+// a *NotEmptyError. The check is made in the seed's transaction, under the
+// seeds' lock: of two runs at once on an empty catalog, one seeds and the
+// other then finds its products. Errors: those of SeedWindow, and
+// *NotEmptyError.
+func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window) error {
+	return c.seed(ctx, n, stock, w, true)
+}
+
+// seed is SeedWindow, or SeedWindowIfEmpty when ifEmpty is set. Every seed
+// of a database holds the seed lock, on a connection of its own, from
+// before its transaction begins until after it ends, so that seeds of one
+// database run one after the other and each sees what the one before
+// committed.
+func (c *Catalog) seed(ctx context.Context, n, stock int, w Window, ifEmpty bool) error {
+	w, err := w.Normalize()
+	if err != nil {
+		return err
+	}
+	if n < 0 || n > 10_000_000 {
+		return invalidf("%s must be between 0 and 10000000", FieldProducts)
+	}
+	if stock < 0 || stock > 1_000_000_000 {
+		return invalidf("%s must be between 0 and 1000000000", FieldStock)
+	}
+	err = c.db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		if err := lockSeeds(conn); err != nil {
+			return err
+		}
+		defer unlockSeeds(ctx, conn)
+		// At REPEATABLE READ whatever the server's default, so that its
+		// DELETEs lock the gaps too: an order counter made meanwhile
+		// (ensureCounter) waits for the seed, and then counts what it left.
+		return conn.Transaction(func(tx *gorm.DB) error {
+			if ifEmpty {
+				var products int64
+				if _, err := read(tx, &products, sqlCountProducts); err != nil {
+					return err
+				}
+				if products > 0 {
+					return &NotEmptyError{Products: products}
+				}
+			}
+			return resetCatalog(tx, n, stock, w)
+		}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
+	})
+	var notEmpty *NotEmptyError
+	if errors.As(err, &notEmpty) {
+		return notEmpty
+	}
+	return classify(ctx, "seed", err)
+}
+
+// lockSeeds takes the seed lock on conn, waiting up to seedLockWait.
+func lockSeeds(conn *gorm.DB) error {
+	var got sql.NullInt64
+	if _, err := read(conn, &got, sqlLockSeeds, int(seedLockWait.Seconds())); err != nil {
+		return fmt.Errorf("seed lock: %w", err)
+	}
+	if !got.Valid || got.Int64 != 1 {
+		return fmt.Errorf("%w: another seed of this database has been running for over %s", ErrBusy, seedLockWait)
+	}
+	return nil
+}
+
+// unlockSeeds gives the seed lock back once the transaction has ended,
+// even when ctx has. If that fails, the connection has broken, which ends
+// its session and with it the lock.
+func unlockSeeds(ctx context.Context, conn *gorm.DB) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_, _, _ = run(conn.WithContext(ctx), sqlUnlockSeeds)
+}
+
+// resetCatalog deletes every order, every refund owed, every user's order
+// counter and every product in tx, inserts products 1..n with stock units
+// each, on sale within w, and raises the catalog's epoch.
+func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
+	// The refunds owed are of the orders, and the per-user order counters
+	// count them.
+	for _, q := range []string{sqlDeleteOrders, sqlDeleteRefunds, sqlDeleteCounters, sqlDeleteProducts, sqlRaiseEpoch} {
+		if _, _, err := run(tx, q); err != nil {
+			return err
+		}
+	}
+	for first := 1; first <= n; first += seedBatch {
+		last := min(first+seedBatch-1, n)
+		args := make([]any, 0, (last-first+1)*sqlProductRowCount)
+		for id := first; id <= last; id++ {
+			args = append(args, id, fmt.Sprintf("Product %d", id), int64(100+id*37%9900), stock, stock, w.StartsAt, w.EndsAt)
+		}
+		insert := sqlInsertProduct + strings.Repeat(sqlProductRow+", ", last-first) + sqlProductRow
+		if _, _, err := run(tx, insert, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

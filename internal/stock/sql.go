@@ -1,0 +1,188 @@
+package stock
+
+import (
+	"fmt"
+
+	"gorm.io/gorm"
+)
+
+// Every statement the domain sends to MySQL is here, as its text, and each
+// runs the one way: through gorm's Exec (run) or Raw (read, readRows), on
+// the transaction or pool the caller has, so that every statement passes
+// gorm's callbacks (its logger, its context) and none is built by gorm.
+// What a statement may change, and how its answer is judged, is said where
+// it is used.
+
+// Products.
+const (
+	// sqlStockOf reads what a look at a product before its lock needs:
+	// whether it is there, its stock, and its sale window.
+	sqlStockOf = "SELECT stock, sale_starts_at, sale_ends_at FROM products WHERE id = ?"
+	// sqlSaleOf reads what a batch's careful attempt judges by, as the
+	// naive update reads it; sqlSaleOfLocked locks the row for the guarded
+	// update.
+	sqlSaleOf       = "SELECT id, stock, fence, sale_starts_at, sale_ends_at FROM products WHERE id = ?"
+	sqlSaleOfLocked = sqlSaleOf + " FOR UPDATE"
+	// sqlStockAndFenceLocked reads the row as committed now, locked.
+	sqlStockAndFenceLocked = "SELECT stock, fence FROM products WHERE id = ? FOR UPDATE"
+	// sqlFenceLocked locks the row first, as every write of a SKU's stock
+	// does, and reads its fence.
+	sqlFenceLocked = "SELECT id, fence FROM products WHERE id = ? FOR UPDATE"
+	// sqlProduct reads a whole product; sqlProductLocked locks it too.
+	sqlProduct       = "SELECT * FROM products WHERE id = ?"
+	sqlProductLocked = sqlProduct + " FOR UPDATE"
+	// sqlStock reads a product's stock alone.
+	sqlStock = "SELECT id, stock FROM products WHERE id = ?"
+	// sqlProductIDs reads every product's id, in order.
+	sqlProductIDs = "SELECT id FROM products ORDER BY id"
+	// sqlCatalogEpoch reads the catalog's epoch, which a seed raises.
+	sqlCatalogEpoch = "SELECT epoch FROM catalog_epoch WHERE id = 1"
+)
+
+// A batch's stock writes. A fenced write carries the lease's token and is
+// refused unless it is newer than the row's fence; every fenced write
+// moves the fence.
+const (
+	// sqlTakeUnits takes up to ? units, as many as the stock has, handing
+	// back the stock before through LAST_INSERT_ID(expr) (as stock+1, so
+	// that 0 is "no row"); sqlTakeUnitsFenced is the fenced form, which
+	// moves the fence only with a unit taken. Both assignments read the row
+	// as it was: the fence's comes first, and with SIMULTANEOUS_ASSIGNMENT
+	// (MariaDB) every assignment reads the old row. The condition admits
+	// orders that arrived between ? and ? within the sale window.
+	sqlTakeUnits       = "UPDATE products SET stock = LAST_INSERT_ID(stock + 1) - 1 - LEAST(stock, ?) WHERE id = ?" + sqlOpenWindow
+	sqlTakeUnitsFenced = "UPDATE products SET fence = IF(stock > 0, ?, fence), " +
+		"stock = LAST_INSERT_ID(stock + 1) - 1 - LEAST(stock, ?) WHERE id = ?" + sqlOpenWindow + " AND fence < ?"
+	// sqlOpenWindow admits every order that arrived between its two
+	// arguments, the earliest and the latest, within the sale window.
+	sqlOpenWindow = " AND (sale_starts_at IS NULL OR sale_starts_at <= ?) AND (sale_ends_at IS NULL OR sale_ends_at > ?)"
+	// The careful attempt's writes: guarded, which refuses to go below
+	// zero, and naive, the source articles' write of the value read minus
+	// the units sold, fenced as a compare-and-set on the fence read.
+	sqlTakeGuarded       = "UPDATE products SET stock = stock - ? WHERE id = ? AND stock >= ?"
+	sqlTakeGuardedFenced = "UPDATE products SET stock = stock - ?, fence = ? WHERE id = ? AND stock >= ? AND fence < ?"
+	sqlWriteNaive        = "UPDATE products SET stock = ? WHERE id = ?"
+	sqlWriteNaiveFenced  = "UPDATE products SET stock = ?, fence = ? WHERE id = ? AND fence = ? AND fence < ?"
+)
+
+// Orders.
+const (
+	// sqlOrderColumns are an order's columns as Order holds them.
+	sqlOrderColumns = "id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by"
+	// sqlInsertOrder is the start of a multi-row INSERT of orders, whose rows
+	// insertOrders writes with the status and pay_by of their kind.
+	sqlInsertOrder = "INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by) VALUES "
+	// sqlOrdersOfUsers reads users' active orders of a SKU through the
+	// (user, active SKU) unique index.
+	sqlOrdersOfUsers = "SELECT * FROM orders WHERE user_id IN ? AND active_sku = ?"
+	// sqlHeldOrders reads users' active orders of a SKU and their orders
+	// under keys, of any SKU and status.
+	sqlHeldOrders = "SELECT * FROM orders WHERE user_id IN ? AND (active_sku = ? OR idempotency_key IN ?)"
+	// sqlOrderByKey reads the order a user placed under a key.
+	sqlOrderByKey = "SELECT * FROM orders WHERE user_id = ? AND idempotency_key = ? LIMIT 1"
+	// sqlOrderOf reads a user's order, with whether its payment window has
+	// ended by MySQL's clock.
+	sqlOrderOf = "SELECT *, (" + sqlLapsed + ") AS lapsed FROM orders WHERE id = ? AND user_id = ?"
+)
+
+// The lifecycle: every change of an order's status is one conditional
+// UPDATE, decided by MySQL's clock (lifecycle.go).
+const (
+	// sqlLapsed selects the reservations whose payment window has ended.
+	sqlLapsed = "status = 'reserved' AND pay_by <= UTC_TIMESTAMP(6)"
+	// sqlPayable selects the reservations that may still be paid or
+	// cancelled: the exact complement of sqlLapsed among reservations.
+	sqlPayable = "status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)"
+	// sqlPay pays a user's payable reservation.
+	sqlPay = "UPDATE orders SET status = 'paid', payment_id = ?, paid_at = UTC_TIMESTAMP(6) WHERE id = ? AND user_id = ? AND " + sqlPayable
+	// sqlOweRefund records a payment owed back; the same payment again is
+	// the same refund.
+	sqlOweRefund = "INSERT IGNORE INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) " +
+		"VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"
+	// sqlLapsedSKUs finds SKUs with lapsed reservations, at most ? of them.
+	sqlLapsedSKUs = "SELECT DISTINCT sku_id FROM orders WHERE " + sqlLapsed + " LIMIT ?"
+	// sqlCancellable and sqlExpirable are what a cancellation and the sweep
+	// end: a user's payable reservation, and lapsed reservations.
+	sqlCancellable = "id = ? AND user_id = ? AND " + sqlPayable
+	sqlExpirable   = sqlLapsed
+	// sqlLockEnding locks, in id order, at most ? orders of a SKU that a
+	// condition (sqlCancellable, sqlExpirable) selects; sqlEnd ends them,
+	// with the same condition again, stamping returned_at.
+	sqlLockEnding = "SELECT id, user_id FROM orders WHERE sku_id = ? AND %s ORDER BY id LIMIT ? FOR UPDATE"
+	sqlEnd        = "UPDATE orders SET status = ?, returned_at = UTC_TIMESTAMP(6) WHERE id IN ? AND sku_id = ? AND %s"
+	// sqlReturnUnits adds units back; sqlReturnUnitsFenced is its fenced
+	// form.
+	sqlReturnUnits       = "UPDATE products SET stock = stock + ? WHERE id = ?"
+	sqlReturnUnitsFenced = "UPDATE products SET stock = stock + ?, fence = ? WHERE id = ? AND fence < ?"
+	// sqlRefunds lists every refund owed, oldest first.
+	sqlRefunds = "SELECT order_id, user_id, sku_id, payment_id, received_at, reason FROM refunds " +
+		"ORDER BY received_at, order_id, payment_id"
+)
+
+// The buyers' order counters of the user limit (userlimit.go). FORCE
+// INDEX: on a small table the optimizer may scan it whole, and a locking
+// scan waits for, and locks, the counters of other users too — other
+// transactions' buyers, whose own scans then wait for these: a deadlock.
+// Through the primary key only the buyers' rows are locked, in key order.
+const (
+	sqlCounterExists  = "SELECT COUNT(*) FROM user_orders WHERE user_id = ?"
+	sqlNewCounter     = "INSERT IGNORE INTO user_orders (user_id, orders) VALUES (?, 0)"
+	sqlActiveOrdersOf = "SELECT COUNT(*) FROM orders WHERE user_id = ? AND status IN ('" + StatusReserved + "', '" + StatusPaid + "')"
+	sqlSetCounter     = "UPDATE user_orders SET orders = ? WHERE user_id = ?"
+	sqlLockCounters   = "SELECT user_id, orders FROM user_orders FORCE INDEX (PRIMARY) WHERE user_id IN ? FOR UPDATE"
+	// sqlCountOrders raises only the counters under the limit (?).
+	sqlCountOrders = "UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders + 1 WHERE user_id IN ? AND orders < ?"
+	// sqlUncountOrders takes returned orders off their buyers' counters.
+	sqlUncountOrders = "UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders - 1 WHERE user_id IN ? AND orders > 0"
+)
+
+// A product change (admin.go).
+const (
+	sqlChangeProduct = "UPDATE products SET initial_stock = initial_stock + ?, stock = stock + ?, " +
+		"sale_starts_at = ?, sale_ends_at = ? WHERE id = ?"
+	sqlChangeProductFenced = "UPDATE products SET initial_stock = initial_stock + ?, stock = stock + ?, " +
+		"sale_starts_at = ?, sale_ends_at = ?, fence = ? WHERE id = ? AND fence < ?"
+)
+
+// A seed (seed.go). Its lock is a MySQL user lock (GET_LOCK), which is
+// server-wide, so it is named after the database, hashed to stay within the
+// 64 characters a lock name may have.
+const (
+	seedLockName       = "CONCAT('shop_seed_', MD5(COALESCE(DATABASE(), '')))"
+	sqlLockSeeds       = "SELECT GET_LOCK(" + seedLockName + ", ?)"
+	sqlUnlockSeeds     = "DO RELEASE_LOCK(" + seedLockName + ")"
+	sqlCountProducts   = "SELECT COUNT(*) FROM products"
+	sqlDeleteOrders    = "DELETE FROM orders"
+	sqlDeleteRefunds   = "DELETE FROM refunds"
+	sqlDeleteCounters  = "DELETE FROM user_orders"
+	sqlDeleteProducts  = "DELETE FROM products"
+	sqlRaiseEpoch      = "INSERT INTO catalog_epoch (id, epoch) VALUES (1, 1) ON DUPLICATE KEY UPDATE epoch = epoch + 1"
+	sqlInsertProduct   = "INSERT INTO products (id, name, price_cents, initial_stock, stock, fence, sale_starts_at, sale_ends_at) VALUES "
+	sqlProductRow      = "(?, ?, ?, ?, ?, 0, ?, ?)"
+	sqlProductRowCount = 7 // the arguments of sqlProductRow
+)
+
+// withCondition puts condition into a statement that has %s for it.
+func withCondition(statement, condition string) string { return fmt.Sprintf(statement, condition) }
+
+// run runs statement q with args on db and returns MySQL's answer: how many
+// rows it changed, and the id it handed back (LAST_INSERT_ID; 0 for none).
+func run(db *gorm.DB, q string, args ...any) (changed, id int64, err error) {
+	r := gorm.WithResult()
+	if err := db.Clauses(r).Exec(q, args...).Error; err != nil {
+		return 0, 0, err
+	}
+	// MySQL's driver knows both from the statement's answer: neither
+	// fails.
+	changed, _ = r.Result.RowsAffected()
+	id, _ = r.Result.LastInsertId()
+	return changed, id, nil
+}
+
+// read runs query q with args on db into dst, a struct or a slice of them
+// (by their gorm column names) or a value, and reports whether it read a
+// row.
+func read(db *gorm.DB, dst any, q string, args ...any) (bool, error) {
+	res := db.Raw(q, args...).Scan(dst)
+	return res.RowsAffected > 0, res.Error
+}
