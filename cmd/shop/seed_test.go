@@ -45,9 +45,8 @@ func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAd
 	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": redisAddr, "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	rdb, products := testCache(t, cfg, source)
 	srv := httptest.NewServer(handler.New(handler.Deps{
-		Seeder:     newSeeder(catalog, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
-		AdminToken: testAdminToken,
-	}).Admin)
+		Seeder: newSeeder(catalog, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
+	}, handler.Settings{AdminToken: testAdminToken}).Admin)
 	t.Cleanup(srv.Close)
 	return srv, products
 }

@@ -206,29 +206,30 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	gin.SetMode(gin.ReleaseMode)
 	drain := newDrainer()
 	h := handler.New(handler.Deps{
-		Logger:     log,
-		Orders:     orders,
-		Lifecycle:  orders,
-		Products:   products,
-		Pages:      handlerPages(pages),
-		Stock:      public,
-		Filter:     products,
-		Replays:    public,
-		Seeder:     newSeeder(catalog, products, restocks, log),
-		Admin:      newProductAdmin(orders, products, restocks, log),
-		Refunds:    catalog,
-		AdminToken: cfg.AdminToken,
-		Auth:       buyers,
+		Logger:    log,
+		Orders:    orders,
+		Lifecycle: orders,
+		Products:  products,
+		Pages:     handlerPages(pages),
+		Stock:     public,
+		Filter:    products,
+		Replays:   public,
+		Seeder:    newSeeder(catalog, products, restocks, log),
+		Admin:     newProductAdmin(orders, products, restocks, log),
+		Refunds:   catalog,
+		Auth:      buyers,
+		Limiter:   ratelimit.New(rdb, cfg.RedisPrefix+"limit:"),
+		Ready:     ready,
+		Stopping:  drain.Draining,
+		Registry:  reg,
+	}, handler.Settings{
+		AdminToken:     cfg.AdminToken,
+		TrustedProxies: cfg.TrustedProxies,
 		Limits: handler.Limits{
-			Limiter:   ratelimit.New(rdb, cfg.RedisPrefix+"limit:"),
 			User:      ratelimit.PerSecond(cfg.RateUser, cfg.RateUserBurst),
 			Client:    ratelimit.PerSecond(cfg.RateIP, 0),
 			AdminAuth: handler.AdminAuthLimit(),
 		},
-		TrustedProxies: cfg.TrustedProxies,
-		Ready:          ready,
-		Stopping:       drain.Draining,
-		Registry:       reg,
 	})
 
 	ln, err := net.Listen("tcp", cfg.HTTPAddr)

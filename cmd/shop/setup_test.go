@@ -129,7 +129,7 @@ func waitSeeds(t *testing.T, db *testenv.DB, n int) {
 		var waiting int
 		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
 			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND = 'Query'
-			AND (INFO LIKE 'INSERT INTO ` + "`products`" + `%' OR INFO LIKE 'SELECT GET_LOCK(%')`).Scan(&waiting).Error
+			AND (INFO LIKE 'INSERT INTO products %' OR INFO LIKE 'SELECT GET_LOCK(%')`).Scan(&waiting).Error
 		if err != nil {
 			t.Fatal(err)
 		}

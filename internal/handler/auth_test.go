@@ -41,6 +41,7 @@ func bearer(token string) map[string][]string {
 
 // placed records the orders a fake Orders was asked to place.
 type placed struct {
+	noSoldOut
 	mu     sync.Mutex
 	orders []stock.Order
 }
@@ -93,7 +94,7 @@ func authAPI(t *testing.T, v handler.Authenticator) (*api, *placed) {
 	if v != nil {
 		d.Auth = v
 	}
-	return &api{url: serve(t, both(handler.New(d))).URL}, p
+	return &api{url: serve(t, both(handler.New(d, handler.Settings{}))).URL}, p
 }
 
 func hsVerifier(t *testing.T) *auth.Verifier {
@@ -310,7 +311,7 @@ func TestAuthLifecycleRoutes(t *testing.T) {
 
 // fixedOrder is an Orders that places every order at once, the same one:
 // what is left of POST /api/v1/orders is the HTTP layer.
-type fixedOrder struct{}
+type fixedOrder struct{ noSoldOut }
 
 func (fixedOrder) PlaceOrder(_ context.Context, sku, user int64, _ string) (stock.Order, error) {
 	return stock.Order{ID: 1, SKUID: sku, UserID: user, CreatedAt: time.Unix(0, 0), Status: "reserved"}, nil
@@ -353,7 +354,7 @@ func BenchmarkAuth(b *testing.B) {
 			if bb.auth != nil {
 				d.Auth = bb.auth
 			}
-			h := both(handler.New(d))
+			h := both(handler.New(d, handler.Settings{}))
 			b.ReportAllocs()
 			for b.Loop() {
 				req := httptest.NewRequest("POST", "/api/v1/orders", strings.NewReader(bb.body))

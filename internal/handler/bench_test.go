@@ -58,7 +58,7 @@ func BenchmarkProductGET(b *testing.B) {
 		}
 	}
 	serve := func(p handler.Products) string {
-		srv := httptest.NewServer(both(handler.New(handler.Deps{Products: p, Stock: catalog})))
+		srv := httptest.NewServer(both(handler.New(handler.Deps{Products: p, Stock: catalog}, handler.Settings{})))
 		b.Cleanup(srv.Close)
 		return srv.URL
 	}

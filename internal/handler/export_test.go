@@ -16,9 +16,9 @@ func Routes() (public, admin gin.RoutesInfo) {
 	gin.SetMode(gin.ReleaseMode)
 	d := Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()}
 	m := newMetrics(d.Registry)
-	lim := newLimiter(Limits{}, d.Logger, d.Registry)
+	lim := newLimiter(nil, Limits{}, d.Logger, d.Registry)
 	pr, ar := gin.New(), gin.New()
 	addRoutes(pr, d, m, lim)
-	addAdminRoutes(ar, d, m, lim)
+	addAdminRoutes(ar, d, "", m, lim)
 	return pr.Routes(), ar.Routes()
 }

@@ -78,11 +78,10 @@ func newAPI(t *testing.T, adminToken string) *api {
 			}
 			return p, nil, products.Invalidate(ctx, id)
 		}),
-		Refunds:    catalog,
-		AdminToken: adminToken,
-		Ready:      probed(t, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }),
-		Registry:   a.reg,
-	})))
+		Refunds:  catalog,
+		Ready:    probed(t, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }),
+		Registry: a.reg,
+	}, handler.Settings{AdminToken: adminToken})))
 	a.url = srv.URL
 	return a
 }
@@ -385,7 +384,7 @@ func TestRedisDownIsBusy(t *testing.T) {
 		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
 		Stock:    catalog,
 		Ready:    probed(t, "redis", func(ctx context.Context) error { return dead.Ping(ctx).Err() }),
-	})))
+	}, handler.Settings{})))
 	a := &api{url: srv.URL, db: db}
 
 	r := a.order(t, `{"sku_id":1,"user_id":1}`, nil)

@@ -32,7 +32,7 @@ func TestReadyz(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := handler.New(handler.Deps{Ready: tt.ready, Stopping: func() bool { return tt.stopping }}).Public
+			h := handler.New(handler.Deps{Ready: tt.ready, Stopping: func() bool { return tt.stopping }}, handler.Settings{}).Public
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 			if rec.Code != tt.status || !strings.Contains(rec.Body.String(), tt.want) {

@@ -25,9 +25,8 @@ type RateLimiter interface {
 }
 
 // Limits are the API's rate limits. A zero Limit limits nothing, and with
-// no Limiter nothing is limited at all.
+// no Deps.Limiter nothing is limited at all.
 type Limits struct {
-	Limiter RateLimiter
 	// User bounds each buyer's orders (POST /api/v1/orders), counted once
 	// the request is known to be well formed and whose it is.
 	User ratelimit.Limit
@@ -78,6 +77,7 @@ func retryAfterHeader(err error) string {
 // limiter applies Limits and counts its decisions.
 type limiter struct {
 	Limits
+	store     RateLimiter // nil: nothing is limited
 	log       *slog.Logger
 	decisions *prometheus.CounterVec
 }
@@ -89,7 +89,7 @@ const (
 	limitAdminAuth = "admin_auth"
 )
 
-func newLimiter(l Limits, log *slog.Logger, reg prometheus.Registerer) *limiter {
+func newLimiter(store RateLimiter, l Limits, log *slog.Logger, reg prometheus.Registerer) *limiter {
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shop_rate_limit_total",
 		Help: "Rate limit decisions by limit (user: orders per buyer, client: requests per address, admin_auth: failed admin token checks per address) " +
@@ -101,7 +101,7 @@ func newLimiter(l Limits, log *slog.Logger, reg prometheus.Registerer) *limiter 
 			decisions.WithLabelValues(name, result)
 		}
 	}
-	return &limiter{Limits: l, log: log, decisions: decisions}
+	return &limiter{Limits: l, store: store, log: log, decisions: decisions}
 }
 
 // take takes one request from key's allowance under the limit name, lim:
@@ -110,19 +110,19 @@ func newLimiter(l Limits, log *slog.Logger, reg prometheus.Registerer) *limiter 
 // rate limit protects the sale, and an outage of it must not end the sale
 // too.
 func (l *limiter) take(c *gin.Context, name, key string, lim ratelimit.Limit) error {
-	if l.Limiter == nil || lim.IsZero() {
+	if l.store == nil || lim.IsZero() {
 		return nil
 	}
-	wait, err := l.Limiter.Take(c.Request.Context(), key, lim)
+	wait, err := l.store.Take(c.Request.Context(), key, lim)
 	return l.decide(c, name, wait, err)
 }
 
 // check is take without taking.
 func (l *limiter) check(c *gin.Context, name, key string, lim ratelimit.Limit) error {
-	if l.Limiter == nil || lim.IsZero() {
+	if l.store == nil || lim.IsZero() {
 		return nil
 	}
-	wait, err := l.Limiter.Check(c.Request.Context(), key, lim)
+	wait, err := l.store.Check(c.Request.Context(), key, lim)
 	return l.decide(c, name, wait, err)
 }
 

@@ -93,9 +93,9 @@ func TestOrderOverItsLimit(t *testing.T) {
 			}
 			return stock.Order{}, stock.ErrOrderNotFound
 		}),
-		Limits:   handler.Limits{Limiter: lim, User: ratelimit.PerSecond(5, 10)},
+		Limiter:  lim,
 		Registry: reg,
-	})))
+	}, handler.Settings{Limits: handler.Limits{User: ratelimit.PerSecond(5, 10)}})))
 
 	if res := post(t, srv.URL, ""); res.StatusCode != 429 || res.Header.Get("Retry-After") != "2" {
 		t.Errorf("over the limit: %d, Retry-After %q; want 429 and 2", res.StatusCode, res.Header.Get("Retry-After"))
@@ -200,7 +200,7 @@ func TestStockOfAnIdTheFilterRulesOut(t *testing.T) {
 			}
 			return nil
 		}),
-	})))
+	}, handler.Settings{})))
 	for path, want := range map[string]int{"/api/v1/products/101/stock": 404, "/api/v1/products/1/stock": 200} {
 		res, err := http.Get(srv.URL + path)
 		if err != nil {

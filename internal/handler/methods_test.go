@@ -51,7 +51,7 @@ func total(series map[string]float64) float64 {
 func TestMadeUpMethodsDoNotGrowMetrics(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	reg := prometheus.NewRegistry()
-	srv := serve(t, both(handler.New(handler.Deps{Registry: reg})))
+	srv := serve(t, both(handler.New(handler.Deps{Registry: reg}, handler.Settings{})))
 	for i := range 500 {
 		for _, path := range []string{"/api/v1/orders", "/nothing"} {
 			req, err := http.NewRequest(fmt.Sprintf("M%03d", i), srv.URL+path, nil)

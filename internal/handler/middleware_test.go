@@ -29,7 +29,7 @@ func TestPanicIsLoggedWithItsStack(t *testing.T) {
 		Logger:   slog.New(slog.NewJSONHandler(log, nil)),
 		Orders:   orderFunc(panickingOrder),
 		Registry: prometheus.NewRegistry(),
-	})))
+	}, handler.Settings{})))
 	r := send(t, "POST", srv.URL+"/api/v1/orders", `{"sku_id":1,"user_id":1}`, "panic-stack")
 	answer := response{status: r.status, raw: r.body}
 	if err := json.Unmarshal([]byte(r.body), &answer.body); err != nil {

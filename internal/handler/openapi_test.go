@@ -169,7 +169,7 @@ func TestOpenAPIOperationsAreServed(t *testing.T) {
 // GET /openapi.json serves the embedded description as JSON.
 func TestOpenAPIServed(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
-	srv := serve(t, both(handler.New(handler.Deps{})))
+	srv := serve(t, both(handler.New(handler.Deps{}, handler.Settings{})))
 	res, err := http.Get(srv.URL + "/openapi.json")
 	if err != nil {
 		t.Fatal(err)

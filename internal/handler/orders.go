@@ -77,7 +77,7 @@ func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) 
 		ctx, cancel := context.WithTimeout(c.Request.Context(), orderTimeout)
 		defer cancel()
 		var o stock.Order
-		if key == "" && knownSoldOut(orders, sku) {
+		if key == "" && orders.KnownSoldOut(sku) {
 			// Refused from memory: it costs nothing the limit guards, not
 			// even the limit's own round trip. (With a key the order may
 			// replay one, which takes a read: that one waits for the limit.)
@@ -99,13 +99,6 @@ func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) 
 		}
 		c.JSON(http.StatusCreated, newOrderResponse(o))
 	}
-}
-
-// knownSoldOut reports whether orders knows, from memory, that sku is
-// sold out.
-func knownSoldOut(orders Orders, sku int64) bool {
-	m, ok := orders.(soldOutMemory)
-	return ok && m.KnownSoldOut(sku)
 }
 
 // replayOver answers an order refused by its rate limit with limited: the

@@ -25,6 +25,15 @@ func (f orderFunc) PlaceOrder(ctx context.Context, sku, user int64, key string) 
 	return f(ctx, sku, user, key)
 }
 
+// KnownSoldOut knows of no product sold out: every order is asked of f.
+func (orderFunc) KnownSoldOut(int64) bool { return false }
+
+// noSoldOut is the memory of a fake Orders that knows of no product sold
+// out: every order is asked of its PlaceOrder.
+type noSoldOut struct{}
+
+func (noSoldOut) KnownSoldOut(int64) bool { return false }
+
 // An order whose COMMIT was sent but whose answer was lost may have been
 // placed: 503 outcome_unknown, which tells the client to retry with its
 // key, not busy (which says nothing was written) nor a 500.
@@ -37,7 +46,7 @@ func TestOutcomeUnknown(t *testing.T) {
 			return stock.Order{}, lost
 		}),
 		Registry: reg,
-	})))
+	}, handler.Settings{})))
 	a := &api{url: srv.URL}
 	r := a.order(t, `{"sku_id":1,"user_id":1}`, map[string][]string{"Idempotency-Key": {"k1"}})
 	if r.status != 503 || errorCode(t, r) != "outcome_unknown" || r.header.Get("Retry-After") == "" {
@@ -115,9 +124,8 @@ func TestChangeOutcomeUnknown(t *testing.T) {
 		Admin: handler.ChangeProductFunc(func(context.Context, int64, stock.Change) (stock.Product, []string, error) {
 			return stock.Product{}, nil, lost
 		}),
-		AdminToken: adminToken,
-		Registry:   prometheus.NewRegistry(),
-	})))
+		Registry: prometheus.NewRegistry(),
+	}, handler.Settings{AdminToken: adminToken})))
 	a := &api{url: srv.URL}
 	r := a.patch(t, "1", `{"add_stock":5}`)
 	if r.status != 503 || errorCode(t, r) != "outcome_unknown" || r.header.Get("Retry-After") == "" {

@@ -101,10 +101,9 @@ func TestRefundsFailures(t *testing.T) {
 		{errors.New("stock: refunds: Error 1146: Table 'refunds' doesn't exist"), 500, "internal"},
 	} {
 		srv := serve(t, both(handler.New(handler.Deps{
-			Logger:     slog.New(slog.DiscardHandler),
-			AdminToken: adminToken,
-			Refunds:    refundsFunc(func(context.Context) ([]stock.Refund, error) { return nil, tt.err }),
-		})))
+			Logger:  slog.New(slog.DiscardHandler),
+			Refunds: refundsFunc(func(context.Context) ([]stock.Refund, error) { return nil, tt.err }),
+		}, handler.Settings{AdminToken: adminToken})))
 		a := &api{url: srv.URL}
 		r := a.refunds(t, withToken)
 		if r.status != tt.status || errorCode(t, r) != tt.code {

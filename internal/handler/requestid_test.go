@@ -45,7 +45,7 @@ func tracedAPI(t *testing.T) (url string, log *testenv.Log, reg *prometheus.Regi
 		}
 		return stock.Order{ID: 1, SKUID: sku, UserID: user, Status: stock.StatusPaid}, nil
 	})
-	srv := serve(t, both(handler.New(handler.Deps{Logger: logger, Orders: orders, Registry: reg})))
+	srv := serve(t, both(handler.New(handler.Deps{Logger: logger, Orders: orders, Registry: reg}, handler.Settings{})))
 	t.Cleanup(srv.Close)
 	return srv.URL, log, reg
 }

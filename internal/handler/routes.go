@@ -37,13 +37,13 @@ func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 // addAdminRoutes is the operators' API: the admin routes, behind the
 // token, and the metrics, on a listener of their own (SHOP_ADMIN_ADDR).
 // Every request is logged at info, with its request id.
-func addAdminRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
+func addAdminRoutes(r *gin.Engine, d Deps, token string, m *metrics, lim *limiter) {
 	r.Use(observe(d.Logger, m, slog.LevelInfo), recovery(d.Logger))
 	r.NoRoute(func(c *gin.Context) { writeError(c, errRouteNotFound) })
 	r.NoMethod(func(c *gin.Context) { writeError(c, errMethodNotAllowed) })
 
 	r.GET("/metrics", gin.WrapH(promhttp.HandlerFor(d.Registry, promhttp.HandlerOpts{})))
-	admin := r.Group("/api/v1/admin", requireAdmin(d.AdminToken, lim, d.Logger))
+	admin := r.Group("/api/v1/admin", requireAdmin(token, lim, d.Logger))
 	admin.POST("/seed", jsonBody(), handleSeed(d.Seeder))
 	admin.PATCH("/products/:id", jsonBody(), handleChangeProduct(d.Admin))
 	admin.GET("/refunds", handleRefunds(d.Refunds))

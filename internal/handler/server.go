@@ -15,15 +15,11 @@ import (
 	"shop/internal/stock"
 )
 
-// Orders places orders; *stock.Service implements it.
+// Orders places orders; *stock.Service implements it. KnownSoldOut is what
+// it knows without a round trip: products known to be sold out, from this
+// replica's findings and the others' announcements.
 type Orders interface {
 	PlaceOrder(ctx context.Context, sku, user int64, idempotencyKey string) (stock.Order, error)
-}
-
-// soldOutMemory is what Orders may know without a round trip: products
-// known to be sold out (*stock.Service, from this replica's findings and
-// the others' announcements).
-type soldOutMemory interface {
 	KnownSoldOut(sku int64) bool
 }
 
@@ -101,45 +97,48 @@ type Filter interface {
 	RuleOut(ctx context.Context, id int64) error
 }
 
-// Deps is everything the API needs.
+// Deps are what the API works with. A nil dependency is one the API does
+// without, where its comment says how; the others are needed by the routes
+// that use them.
 type Deps struct {
 	// Logger receives the access log and the failures. Its handler should
 	// be wrapped in requestid.LogHandler, as the other dependencies'
 	// loggers, so that each line carries the request's id.
 	Logger *slog.Logger
-	Orders Orders
-	// Lifecycle pays, cancels and reads orders.
+	// Registry receives the HTTP metrics; /metrics serves it.
+	Registry *prometheus.Registry
+
+	// Orders places orders, and Lifecycle pays, cancels and reads them.
+	Orders    Orders
 	Lifecycle Lifecycle
-	Products  Products
-	// Pages, when set, is a copy of the product pages in front of
-	// Products: GET /api/v1/products/{id} answers from it.
-	Pages Pages
-	Stock Stock
-	// Filter, when set, answers GET /api/v1/products/{id}/stock 404 for an
-	// id it rules out, before Stock is asked.
-	Filter Filter
 	// Replays, when set, answers an order over its rate limit that
 	// replays a committed one.
 	Replays Replays
-	// Limits are the rate limits; the zero value limits nothing.
-	Limits Limits
-	// TrustedProxies are the addresses and CIDR ranges of the proxies
-	// whose X-Forwarded-For names the client (gin's trusted proxies),
-	// valid ones only; nil trusts none, and the client is the socket's
-	// peer.
-	TrustedProxies []string
-	Seeder         Seeder
-	// Admin changes products: PATCH /api/v1/admin/products/{id}.
-	Admin ProductAdmin
-	// Refunds lists the refunds owed: GET /api/v1/admin/refunds.
-	Refunds Refunds
-	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
-	// admin API off.
-	AdminToken string
 	// Auth authenticates buyers: every buyer route needs a bearer token it
 	// accepts, and the buyer is the token's subject. Nil is SHOP_AUTH=none:
 	// the request's user_id is the buyer.
 	Auth Authenticator
+
+	// Products reads products; Pages, when set, is a copy of the product
+	// pages in front of it: GET /api/v1/products/{id} answers from it.
+	Products Products
+	Pages    Pages
+	// Stock reads a product's stock as MySQL has it now. Filter, when set,
+	// answers GET /api/v1/products/{id}/stock 404 for an id it rules out,
+	// before Stock is asked.
+	Stock  Stock
+	Filter Filter
+
+	// Seeder resets the catalog, Admin changes products (PATCH
+	// /api/v1/admin/products/{id}), Refunds lists the refunds owed (GET
+	// /api/v1/admin/refunds).
+	Seeder  Seeder
+	Admin   ProductAdmin
+	Refunds Refunds
+
+	// Limiter keeps the rate limits' allowances (Settings.Limits); nil
+	// limits nothing.
+	Limiter RateLimiter
 	// Ready names the dependencies that keep the replica from serving now;
 	// none is ready. /readyz asks it at every request, so it answers from
 	// memory (readiness.Tracker's Failing, whose probes run in the
@@ -149,8 +148,21 @@ type Deps struct {
 	// /readyz answers 503 from then on, whatever Ready says. Nil
 	// means never.
 	Stopping func() bool
-	// Registry receives the HTTP metrics; /metrics serves it.
-	Registry *prometheus.Registry
+}
+
+// Settings are how the API answers. The zero value limits nothing, trusts
+// no proxy, and has the admin API off.
+type Settings struct {
+	// AdminToken is the bearer token of /api/v1/admin/*; empty turns the
+	// admin API off.
+	AdminToken string
+	// TrustedProxies are the addresses and CIDR ranges of the proxies
+	// whose X-Forwarded-For names the client (gin's trusted proxies),
+	// valid ones only; nil trusts none, and the client is the socket's
+	// peer.
+	TrustedProxies []string
+	// Limits are the rate limits.
+	Limits Limits
 }
 
 // Handlers are the two listeners' handlers.
@@ -164,9 +176,9 @@ type Handlers struct {
 	Admin http.Handler
 }
 
-// New returns the HTTP handlers of the whole API. It panics on a trusted
-// proxy gin cannot parse: the configuration checks them first.
-func New(d Deps) Handlers {
+// New returns the HTTP handlers of the whole API on d, as s says. It panics
+// on a trusted proxy gin cannot parse: the configuration checks them first.
+func New(d Deps, s Settings) Handlers {
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -174,10 +186,10 @@ func New(d Deps) Handlers {
 		d.Registry = prometheus.NewRegistry()
 	}
 	m := newMetrics(d.Registry)
-	lim := newLimiter(d.Limits, d.Logger, d.Registry)
-	public, admin := newEngine(d.TrustedProxies), newEngine(d.TrustedProxies)
+	lim := newLimiter(d.Limiter, s.Limits, d.Logger, d.Registry)
+	public, admin := newEngine(s.TrustedProxies), newEngine(s.TrustedProxies)
 	addRoutes(public, d, m, lim)
-	addAdminRoutes(admin, d, m, lim)
+	addAdminRoutes(admin, d, s.AdminToken, m, lim)
 	return Handlers{Public: withRequestID(public), Admin: withRequestID(admin)}
 }
 
