@@ -165,10 +165,22 @@ func saleWindow(startsAt, endsAt string) (stock.Window, error) {
 		*f.t = &t
 	}
 	w, err := w.Normalize()
-	if err != nil {
-		return stock.Window{}, usageError{"seed: " + err.Error()}
+	var invalid *stock.InvalidError
+	if errors.As(err, &invalid) {
+		return stock.Window{}, usageError{"seed: " + invalid.Phrase(seedFlag)}
 	}
-	return w, nil
+	return w, err
+}
+
+// seedFlag names a field of the catalog's rules as shop seed's flags do.
+func seedFlag(f stock.Field) string {
+	switch f {
+	case stock.FieldSaleStartsAt:
+		return "--starts-at"
+	case stock.FieldSaleEndsAt:
+		return "--ends-at"
+	}
+	return "--" + string(f)
 }
 
 // errSeededWithWarnings ends a seed that committed but was not followed by
