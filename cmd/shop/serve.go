@@ -478,7 +478,7 @@ func newRedlockNode(addr string) redis.UniversalClient {
 }
 
 // bloomCopyEvery is how often a replica reads its copy of the Bloom filter
-// again (cache.Options.BloomCopy). The copy's "no" is only trusted while
+// again (cache.Settings.BloomCopy). The copy's "no" is only trusted while
 // it is of the catalog MySQL has (checked at most a second apart), and a
 // seed has every replica drop its copy once the new filter is built, so
 // this bounds nothing a buyer sees: only how often a replica asks for a
@@ -502,7 +502,7 @@ const cacheMutexTTL = 5 * time.Second
 // reply makes the lock give the key back at once.
 // pageLoadTimeout bounds a replica's load of a product page into its own
 // copy (cache.Pages), which may wait for another replica's load of the
-// product (cache.Options.Wait, 1s) and then for MySQL (LoadTimeout, 3s).
+// product (cache.Settings.Wait, 1s) and then for MySQL (LoadTimeout, 3s).
 const pageLoadTimeout = 5 * time.Second
 
 // handlerPages is pages as the handler takes it: none when nil.
@@ -525,17 +525,21 @@ func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg
 	if jitter == 0 {
 		jitter = -1 // none; zero would mean the default
 	}
-	products := cache.New(rdb, catalog, mutex, cache.Options{
-		Prefix:     cfg.RedisPrefix + "cache:",
-		TTL:        cfg.CacheTTL,
-		Jitter:     jitter,
-		NullTTL:    cfg.NullTTL,
-		Bloom:      cfg.Bloom,
-		BloomCopy:  bloomCopyEvery,
+	products := cache.New(cache.Deps{
+		Redis:      rdb,
+		Source:     catalog,
+		Mutex:      mutex,
 		Announcer:  announcer,
 		Pages:      pages,
 		Registerer: reg,
 		Logger:     log,
+	}, cache.Settings{
+		Prefix:    cfg.RedisPrefix + "cache:",
+		TTL:       cfg.CacheTTL,
+		Jitter:    jitter,
+		NullTTL:   cfg.NullTTL,
+		Bloom:     cfg.Bloom,
+		BloomCopy: bloomCopyEvery,
 	})
 	return products, func() {
 		products.Close()

@@ -70,13 +70,13 @@ func (f *bloomFilter) copyShard(ctx context.Context, s *bloomShard, ttl time.Dur
 // asks Redis. A copy missing or past its time is read again in the
 // background.
 func (p *Products) fromCopy(ctx context.Context, id int64) (maybe, ok bool) {
-	if p.opt.BloomCopy <= 0 {
+	if p.set.BloomCopy <= 0 {
 		return false, false
 	}
 	s := p.bloom.shardOf(id)
 	c := s.copy.Load()
 	if c == nil || time.Now().After(c.until) {
-		p.goBackground("bloom copy "+s.bits, func(ctx context.Context) error { return p.bloom.copyShard(ctx, s, p.opt.BloomCopy) })
+		p.goBackground("bloom copy "+s.bits, func(ctx context.Context) error { return p.bloom.copyShard(ctx, s, p.set.BloomCopy) })
 		return false, false
 	}
 	v := c.verdict(id)

@@ -20,11 +20,11 @@ import (
 func TestBloomCopyAnswersWithoutRedis(t *testing.T) {
 	f := newFixtureOn(t, testenv.TopologyNamed(t, "single"), 1000, 1)
 	ctx := context.Background()
-	builder := f.replica(t, cache.Options{Bloom: true})
+	builder := f.replica(t, cache.Settings{Bloom: true})
 	if _, err := builder.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r := f.replica(t, cache.Options{Bloom: true, BloomCopy: time.Hour})
+	r := f.replica(t, cache.Settings{Bloom: true, BloomCopy: time.Hour})
 	for id := int64(1); id <= 1000; id++ { // every shard asked: each copied in the background
 		if err := r.RuleOut(ctx, id); err != nil {
 			t.Fatalf("product %d ruled out: %v", id, err)

@@ -166,31 +166,32 @@ type replica struct {
 	reg *prometheus.Registry
 }
 
-func (f *fixture) replica(t *testing.T, opt cache.Options) replica {
-	return f.replicaWith(t, opt, lock.RedisOptions{})
+func (f *fixture) replica(t *testing.T, s cache.Settings) replica {
+	return f.replicaWith(t, s, lock.RedisOptions{})
 }
 
 // replicaWith is a replica on a client of its own of the fixture's Redis,
 // whose load mutexes have options mutex.
-func (f *fixture) replicaWith(t *testing.T, opt cache.Options, mutex lock.RedisOptions) replica {
+func (f *fixture) replicaWith(t *testing.T, s cache.Settings, mutex lock.RedisOptions) replica {
 	t.Helper()
 	rdb := f.topo.Client(t, nil)
-	return f.replicaOn(t, rdb, rdb, opt, mutex)
+	return f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, s, mutex)
 }
 
-// replicaOn is a replica that caches in rdb and takes its load mutexes in
-// mutexRdb (the same client, in the service).
-func (f *fixture) replicaOn(t *testing.T, rdb, mutexRdb redis.UniversalClient, opt cache.Options, mutex lock.RedisOptions) replica {
+// replicaOn is a replica that caches in d.Redis, with d's Announcer and
+// Pages, and takes its load mutexes in mutexRdb (the same client, in the
+// service). Its source is a pool of its own on the fixture's database.
+func (f *fixture) replicaOn(t *testing.T, d cache.Deps, mutexRdb redis.UniversalClient, s cache.Settings, mutex lock.RedisOptions) replica {
 	t.Helper()
 	mutex.Prefix = f.prefix + "mutex:"
 	mutex.NoFencing = true
 	reg := prometheus.NewRegistry()
-	opt.Prefix = f.prefix + "cache:"
-	opt.Registerer = reg
-	if f.strict && opt.Logger == nil {
-		opt.Logger = slog.New(slog.NewTextHandler(&f.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s.Prefix = f.prefix + "cache:"
+	d.Source, d.Mutex, d.Registerer = f.catalog(t), lock.NewRedis(mutexRdb, mutex), reg
+	if f.strict && d.Logger == nil {
+		d.Logger = slog.New(slog.NewTextHandler(&f.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	c := cache.New(rdb, f.catalog(t), lock.NewRedis(mutexRdb, mutex), opt)
+	c := cache.New(d, s)
 	t.Cleanup(c.Close)
 	r := replica{c, reg}
 	f.replicas = append(f.replicas, r)
@@ -274,7 +275,7 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 
 	t.Run("bloom", func(t *testing.T) {
 		f := newFixtureOn(t, topo, products, 1)
-		r := f.replica(t, cache.Options{Bloom: true})
+		r := f.replica(t, cache.Settings{Bloom: true})
 		if _, err := r.Reset(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +315,7 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 
 	t.Run("null caching", func(t *testing.T) {
 		f := newFixtureOn(t, topo, products, 1)
-		r := f.replica(t, cache.Options{Bloom: false})
+		r := f.replica(t, cache.Settings{Bloom: false})
 		errs := reads(gets, 50, func(i int) error {
 			_, err := r.Product(context.Background(), absent(i))
 			return err
@@ -366,8 +367,8 @@ func testBreakdownOneLoadAcrossReplicas(t *testing.T, topo testenv.Topology) {
 	f := newFixtureOn(t, topo, 10, 100)
 	// Generous timeouts: 1000 goroutines on a busy machine must not fall
 	// back for want of CPU; this test is about the number of loads.
-	opt := cache.Options{Jitter: -1, RefreshAhead: -1, Wait: 10 * time.Second, RedisTimeout: 10 * time.Second}
-	replicas := []replica{f.replica(t, opt), f.replica(t, opt), f.replica(t, opt)}
+	set := cache.Settings{Jitter: -1, RefreshAhead: -1, Wait: 10 * time.Second, RedisTimeout: 10 * time.Second}
+	replicas := []replica{f.replica(t, set), f.replica(t, set), f.replica(t, set)}
 	ctx := context.Background()
 	if _, err := replicas[0].Product(ctx, 7); err != nil {
 		t.Fatal(err)
@@ -419,10 +420,10 @@ func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
 	// warm caches every product at once, as a restart or a seed does, and
 	// returns the most keys expiring in one second and the mean over the
 	// window the TTLs are drawn from.
-	warm := func(t *testing.T, opt cache.Options, window time.Duration) (most int, mean float64) {
+	warm := func(t *testing.T, s cache.Settings, window time.Duration) (most int, mean float64) {
 		t.Helper()
 		f.prefix += "x" // a key space of its own
-		r := f.replica(t, opt)
+		r := f.replica(t, s)
 		if _, err := r.Reset(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -460,7 +461,7 @@ func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
 
 	t.Run("jittered", func(t *testing.T) {
 		// The defaults: 10m ± 10%, a window of 2 minutes.
-		most, mean := warm(t, cache.Options{Bloom: true}, 2*time.Minute)
+		most, mean := warm(t, cache.Settings{Bloom: true}, 2*time.Minute)
 		t.Logf("5000 keys warmed at once, TTL 10m±10%%: at most %d expire in one second; mean %.1f", most, mean)
 		if float64(most) > 2*mean {
 			t.Errorf("%d keys expire in one second, more than twice the mean %.1f", most, mean)
@@ -469,7 +470,7 @@ func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
 	t.Run("without jitter", func(t *testing.T) {
 		// The same measure over the same window shows the avalanche the
 		// jitter prevents.
-		most, mean := warm(t, cache.Options{Bloom: true, Jitter: -1}, 2*time.Minute)
+		most, mean := warm(t, cache.Settings{Bloom: true, Jitter: -1}, 2*time.Minute)
 		t.Logf("without jitter: %d keys expire in one second; mean over 2m would be %.1f", most, mean)
 		if float64(most) <= 2*mean {
 			t.Errorf("without jitter only %d keys share a second: the measure cannot tell", most)
@@ -485,8 +486,8 @@ func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
 	// its mutex's lease (its watchdog frozen, as in a long GC pause).
 	paused, resume := f.pauseFirstQuery()
 	frozen := func(time.Duration) <-chan time.Time { return nil }
-	a := f.replicaWith(t, cache.Options{}, lock.RedisOptions{TTL: 200 * time.Millisecond, After: frozen})
-	b := f.replica(t, cache.Options{})
+	a := f.replicaWith(t, cache.Settings{}, lock.RedisOptions{TTL: 200 * time.Millisecond, After: frozen})
+	b := f.replica(t, cache.Settings{})
 	aDone := make(chan error, 1)
 	go func() {
 		_, err := a.Product(ctx, 42)
@@ -518,7 +519,7 @@ func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
 func TestRealValueReplacesPlaceholder(t *testing.T) {
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{NullTTL: 500 * time.Millisecond, Jitter: -1})
+	r := f.replica(t, cache.Settings{NullTTL: 500 * time.Millisecond, Jitter: -1})
 	if _, err := r.Product(ctx, 43); !errors.Is(err, stock.ErrNotFound) {
 		t.Fatalf("GET of an absent product: %v", err)
 	}
@@ -548,7 +549,7 @@ func TestRealValueReplacesPlaceholder(t *testing.T) {
 func TestOrderInvalidatesCachedStock(t *testing.T) {
 	f := newFixture(t, 3, 5)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{Bloom: true})
+	r := f.replica(t, cache.Settings{Bloom: true})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -593,8 +594,8 @@ func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
 	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
-	opt := cache.Options{TTL: 6 * time.Second, Jitter: -1, RefreshAhead: 0.5, RedisTimeout: 5 * time.Second}
-	replicas := []replica{f.replica(t, opt), f.replica(t, opt), f.replica(t, opt)}
+	set := cache.Settings{TTL: 6 * time.Second, Jitter: -1, RefreshAhead: 0.5, RedisTimeout: 5 * time.Second}
+	replicas := []replica{f.replica(t, set), f.replica(t, set), f.replica(t, set)}
 	if _, err := replicas[0].Product(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
@@ -638,7 +639,7 @@ func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
 func TestBloomFilterRebuiltWhenMissing(t *testing.T) {
 	f := newFixture(t, 100, 1)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{Bloom: true})
+	r := f.replica(t, cache.Settings{Bloom: true})
 	// No filter yet (Redis restarted empty, say): products are not turned
 	// away, and the filter gets built.
 	if _, err := r.Product(ctx, 50); err != nil {
@@ -667,7 +668,7 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	// A client like the service's, whose commands end with their context:
 	// a dead Redis then fails reads with timeouts as well as EOFs.
 	rdb := client(t, redis.Options{Addr: addr, PoolSize: 200})
-	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, cache.Settings{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -797,8 +798,8 @@ func testBloomStaleBuildRefused(t *testing.T, topo testenv.Topology) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixtureOn(t, topo, 10, 1)
 			ctx := context.Background()
-			late := f.replica(t, cache.Options{Bloom: true})
-			seeder := f.replica(t, cache.Options{Bloom: true})
+			late := f.replica(t, cache.Settings{Bloom: true})
+			seeder := f.replica(t, cache.Settings{Bloom: true})
 
 			paused, resume := f.pauseFirstQuery()
 			built := make(chan error, 1)
@@ -845,10 +846,10 @@ func TestCongestionIsNotAnOutage(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, probe, 1)
 			ctx := context.Background()
-			opt := cache.Options{Bloom: true, RedisTimeout: c.redisTimeout}
+			set := cache.Settings{Bloom: true, RedisTimeout: c.redisTimeout}
 			// Another replica, on a fast client of its own, builds the
 			// filter and caches every product.
-			warm := f.replica(t, opt)
+			warm := f.replica(t, set)
 			if _, err := warm.Reset(ctx); err != nil {
 				t.Fatal(err)
 			}
@@ -861,7 +862,7 @@ func TestCongestionIsNotAnOutage(t *testing.T) {
 			// This replica is fresh: it learns the filter's parameters from
 			// the first answers, so the first reads ask the filter twice.
 			rdb := client(t, redis.Options{Addr: slowLink(t, testenv.RedisAddr(t), delay, nil), PoolSize: 1, PoolTimeout: c.poolTimeout})
-			r := f.replicaOn(t, rdb, rdb, opt, lock.RedisOptions{})
+			r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, set, lock.RedisOptions{})
 			errs := reads(products, products, func(i int) error {
 				_, err := r.Product(ctx, int64(i+1))
 				return err
@@ -912,8 +913,8 @@ func TestPollThatRunsOutIsNotAnOutage(t *testing.T) {
 	)
 	f := newFixture(t, probe, 1)
 	ctx := context.Background()
-	opt := cache.Options{RedisTimeout: delay * 3 / 2, Wait: delay * 7 / 4}
-	warm := f.replica(t, opt)
+	set := cache.Settings{RedisTimeout: delay * 3 / 2, Wait: delay * 7 / 4}
+	warm := f.replica(t, set)
 	if _, err := warm.Product(ctx, probe); err != nil {
 		t.Fatal(err)
 	}
@@ -927,7 +928,7 @@ func TestPollThatRunsOutIsNotAnOutage(t *testing.T) {
 
 	// Slow on the test's keys only: connecting stays quick.
 	rdb := client(t, redis.Options{Addr: slowLink(t, testenv.RedisAddr(t), delay, []byte(f.prefix))})
-	r := f.replicaOn(t, rdb, rdb, opt, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, set, lock.RedisOptions{})
 	if p, err := r.Product(ctx, 1); err != nil || p.ID != 1 {
 		t.Fatalf("read of a product another replica is loading: %+v, %v; want it from the fallback", p, err)
 	}
@@ -1014,7 +1015,7 @@ func TestRedisHungFallsBackWithinTimeout(t *testing.T) {
 	ctx := context.Background()
 	srv := testenv.StartRedis(t)
 	rdb := client(t, redis.Options{Addr: srv.Addr})
-	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, RedisTimeout: timeout}, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, cache.Settings{Bloom: true, RedisTimeout: timeout}, lock.RedisOptions{})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1060,8 +1061,8 @@ func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
 	// read found nothing cached.
 	mutexSrv := testenv.StartRedis(t)
 	rdb := client(t, redis.Options{Addr: testenv.RedisAddr(t)})
-	r := f.replicaOn(t, rdb, client(t, redis.Options{Addr: mutexSrv.Addr}),
-		cache.Options{RedisTimeout: timeout, Wait: 5 * time.Second, LoadTimeout: 5 * time.Second}, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, client(t, redis.Options{Addr: mutexSrv.Addr}),
+		cache.Settings{RedisTimeout: timeout, Wait: 5 * time.Second, LoadTimeout: 5 * time.Second}, lock.RedisOptions{})
 
 	mutexSrv.Pause()
 	start := time.Now()
@@ -1084,7 +1085,7 @@ func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
 func TestSaleWindowCached(t *testing.T) {
 	f := newFixture(t, 1, 1)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{})
+	r := f.replica(t, cache.Settings{})
 	starts := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
 	if err := f.db.Gorm.Exec("UPDATE products SET sale_starts_at = ? WHERE id = 1", starts).Error; err != nil {
 		t.Fatal(err)

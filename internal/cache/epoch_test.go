@@ -27,7 +27,7 @@ func TestBloomOfAnOlderCatalogIsNoFilter(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		f := newFixtureOn(t, topo, 1000, 1)
 		ctx := context.Background()
-		r := f.replica(t, cache.Options{Bloom: true})
+		r := f.replica(t, cache.Settings{Bloom: true})
 		if _, err := r.Product(ctx, 1); err != nil { // no filter yet: one is built
 			t.Fatal(err)
 		}
@@ -115,7 +115,7 @@ func TestPenetrationAsksTheCatalogEpochRarely(t *testing.T) {
 	ctx := context.Background()
 	var rs []replica
 	for range replicas {
-		rs = append(rs, f.replica(t, cache.Options{Bloom: true}))
+		rs = append(rs, f.replica(t, cache.Settings{Bloom: true}))
 	}
 	if _, err := rs[0].Reset(ctx); err != nil {
 		t.Fatal(err)

@@ -180,7 +180,9 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := f.replica(t, cache.Options{Announcer: restocks, Pages: mine})
+	rdb := f.topo.Client(t, nil)
+	r := f.replicaOn(t, cache.Deps{Redis: rdb, Announcer: restocks, Pages: mine}, rdb, cache.Settings{}, lock.RedisOptions{})
+	other := f.replicaOn(t, cache.Deps{Redis: rdb, Pages: theirs}, rdb, cache.Settings{}, lock.RedisOptions{})
 	heard := make(chan notify.Event, 16)
 	ready, stop := restocks.Listen(func(e notify.Event) {
 		theirs.Forget(e.SKU)
@@ -190,10 +192,12 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 	<-ready
 	<-heard // the subscription's Raised of All
 
-	stockOf := func(pages *cache.Pages) int {
+	// stockOf is product 1's stock on the page of replica c, whose copy
+	// of the pages is pages.
+	stockOf := func(c replica, pages *cache.Pages) int {
 		t.Helper()
 		b, err := pages.Page(ctx, 1, func(ctx context.Context) ([]byte, error) {
-			p, err := r.Product(ctx, 1)
+			p, err := c.Product(ctx, 1)
 			return fmt.Appendf(nil, "%d", p.Stock), err
 		})
 		if err != nil {
@@ -213,7 +217,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 			return notify.Event{}
 		}
 	}
-	if a, b := stockOf(mine), stockOf(theirs); a != 2 || b != 2 {
+	if a, b := stockOf(r, mine), stockOf(other, theirs); a != 2 || b != 2 {
 		t.Fatalf("before the orders: pages show %d and %d, want 2", a, b)
 	}
 	locks := lock.NewRedis(f.rdb, lock.RedisOptions{Prefix: f.prefix + "lock:"})
@@ -224,7 +228,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := stockOf(mine); got != want {
+		if got := stockOf(r, mine); got != want {
 			t.Fatalf("right after order %d: this replica's page shows %d, want %d", o.ID, got, want)
 		}
 		e := next()
@@ -234,7 +238,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 		if want == 0 && (e.Kind != notify.SoldOut || e.SKU != 1 || e.Fence != o.Fence || e.Fence <= 0) {
 			t.Fatalf("after the last unit's order %d (fence %d): heard %+v, want a SoldOut of product 1 with its fence", o.ID, o.Fence, e)
 		}
-		if got := stockOf(theirs); got != want {
+		if got := stockOf(other, theirs); got != want {
 			t.Fatalf("after hearing order %d: the other replica's page shows %d, want %d", o.ID, got, want)
 		}
 	}

@@ -32,7 +32,7 @@ func TestBloomShardsOnEveryMaster(t *testing.T) {
 	}
 	masters := len(shards)
 	for _, n := range []int{3, cache.DefaultBloomShards} {
-		c := cache.New(cluster, nil, nil, cache.Options{Prefix: "test:", Bloom: true, BloomShards: n})
+		c := cache.New(cache.Deps{Redis: cluster}, cache.Settings{Prefix: "test:", Bloom: true, BloomShards: n})
 		perMaster := map[string]int{}
 		for _, key := range c.BloomBitmaps() {
 			tag := key[strings.Index(key, "{")+1 : strings.Index(key, "}")]
@@ -80,7 +80,7 @@ func TestBloomShardLost(t *testing.T) {
 				const products = 1000
 				f := newFixtureOn(t, topo, products, 1)
 				ctx := context.Background()
-				r := f.replica(t, cache.Options{Bloom: true})
+				r := f.replica(t, cache.Settings{Bloom: true})
 				if _, err := r.Reset(ctx); err != nil {
 					t.Fatal(err)
 				}
@@ -132,7 +132,7 @@ func TestResetDropsEveryEntry(t *testing.T) {
 		const cached, reseeded = 3000, 4000
 		f := newFixtureOn(t, topo, cached, 1)
 		ctx := context.Background()
-		r := f.replica(t, cache.Options{Bloom: true})
+		r := f.replica(t, cache.Settings{Bloom: true})
 		if _, err := r.Reset(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +223,7 @@ func TestResetPipelined(t *testing.T) {
 		rdb := f.topo.Client(t, nil)
 		var sent testenv.RoundTrips
 		rdb.AddHook(&sent)
-		r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true}, lock.RedisOptions{})
+		r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, cache.Settings{Bloom: true}, lock.RedisOptions{})
 		fillEntries(t, f.rdb, f.prefix+"cache:", cached)
 		if topo.Name == "cluster" {
 			if spread := entriesPerMaster(t, f); len(spread) < 3 {
