@@ -176,16 +176,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		switch e.Kind {
 		case notify.Raised:
 			orders.Raised(e.SKU, e.Fence)
-			if e.SKU == notify.All {
-				// A seed, or a subscription (re)made: what it missed may be one.
-				products.ForgetBloomCopies()
-			}
 		case notify.SoldOut:
 			orders.SoldOutElsewhere(e.SKU, e.Fence)
 		}
-		if pages != nil {
-			pages.Forget(e.SKU) // every kind changes the page
-		}
+		products.Hear(e)
 	})
 	defer stopRestocks()
 	// Every replica sweeps lapsed reservations; the SKU lock and MySQL's
@@ -617,7 +611,7 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 	s.dropped = dropped
 	if err == nil {
 		// Now that the filter of the new catalog is built: every replica
-		// drops its copy of the old one (see cache.Products.ForgetBloomCopies).
+		// drops its copy of the old one (see cache.Products.Hear).
 		if err := restocks.Announce(ctx, notify.All); err != nil {
 			log.WarnContext(ctx, "seed: the replicas were not told the Bloom filter was rebuilt: each reads it again once its copy is found of an older catalog (within a second)", "err", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"shop/internal/cache"
+	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -81,7 +82,7 @@ func TestBloomCopyAnswersWithoutRedis(t *testing.T) {
 	if _, err := builder.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
-	r.ForgetBloomCopies()
+	r.Hear(notify.Event{Kind: notify.Raised, SKU: notify.All}) // the seed's announcement
 	allFound(t, r, 2001, 3000)
 	for id := int64(5001); id <= 5100; id++ {
 		if err := r.RuleOut(ctx, id); !errors.Is(err, stock.ErrNotFound) {

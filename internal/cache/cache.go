@@ -95,12 +95,14 @@ type Deps struct {
 	Source Source
 	// Mutex serialises loads of one key across replicas.
 	Mutex Mutex
-	// Announcer, when set, tells every replica of each Invalidate and
-	// InvalidateSoldOut, in the pipeline of the invalidation itself, so
-	// that each drops its own copy of the page (Pages).
+	// Announcer, when set, carries Announce's announcement to every
+	// replica, in the pipeline of the invalidation itself, so that each
+	// drops its own copy of the page (Pages). Without one, Announce only
+	// invalidates.
 	Announcer Announcer
-	// Pages, when set, is this replica's own copy of the product pages: an
-	// invalidation drops the page from it before it returns.
+	// Pages, when set, is this replica's own copy of the product pages:
+	// Announce drops the product's page from it before it returns, and Hear
+	// when it hears of a change.
 	Pages *Pages
 	// Registerer receives the cache's metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
@@ -775,31 +777,51 @@ func (p *Products) heard() {
 	}
 }
 
-// Invalidate drops id's entry. The order path calls it after each commit.
+// Announce makes a change of a product known: to the cache in Redis, to
+// every replica, and to this replica's copy of the pages. Call it after the
+// change has committed.
 //
-// It deletes rather than writes the new stock: a written value could land
+// For an event about one product (e.SKU > 0), of any kind, it bumps the
+// product's generation, drops its entry and queues the announcement of e
+// (with an Announcer) after them, in one pipeline: one round trip, or one to
+// each master of a Cluster at once (see invalidate). Then it drops this
+// replica's copy of the product's page (Pages), even when the pipeline
+// failed (the change has committed all the same), so that this replica
+// answers from the change on, before the announcement reaches it.
+//
+// It deletes rather than writes the new product: a written value could land
 // after a newer one (two writers' SETs are not ordered by the SKU lock once
 // it is released) and would need the whole product, while a delete is the
-// same whoever does it last. The delete also bumps the entry's generation,
-// so a load that read MySQL before the commit cannot write its older copy
-// back afterwards. The next read loads the product once, as any miss does.
+// same whoever does it last. The bump of the generation keeps a load that
+// read MySQL before the change from writing its older copy back afterwards.
+// The next read loads the product once, as any miss does.
 //
-// With an Announcer, every replica is told in the same round trip (a
-// Changed of id), and drops its copy of the page.
-func (p *Products) Invalidate(ctx context.Context, id int64) error {
-	return p.tell(ctx, notify.Event{Kind: notify.Changed, SKU: id})
-}
-
-// InvalidateSoldOut is Invalidate after the order that sold the last unit of
-// id, under the SKU's lock with fencing token fence: every replica is told
-// that the product sold out (a SoldOut, which drops the page too), so that
-// each refuses its orders from memory (stock.Service.SoldOutElsewhere).
-func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error {
-	return p.tell(ctx, notify.Event{Kind: notify.SoldOut, SKU: id, Fence: fence})
-}
-
-// tell invalidates e's product and announces e.
-func (p *Products) tell(ctx context.Context, e notify.Event) error {
+// For e.SKU == notify.All (a seed; only a Raised may be about every
+// product), it only publishes e. Dropping every entry is Reset's, which the
+// seed runs; this replica's pages and copies of the Bloom filter go when it
+// hears its own announcement (Hear), as every replica's do.
+//
+// A Raised with a fence is published as notify.Restocks.Raise publishes it:
+// with its fence, then as the bare SKU, which replicas from before fences
+// read (they ignore the fenced form).
+//
+// Errors: stock.ErrInvalid for an event no replica would read (a negative
+// SKU, or any other kind than a Raised about every product), and Redis's.
+func (p *Products) Announce(ctx context.Context, e notify.Event) error {
+	switch {
+	case e.SKU < 0 || e.SKU == notify.All && e.Kind != notify.Raised:
+		return fmt.Errorf("%w: cache: announce: no replica reads kind %d of product %d", stock.ErrInvalid, e.Kind, e.SKU)
+	case e.SKU == notify.All:
+		if p.announcer == nil {
+			return nil
+		}
+		pipe := p.rdb.Pipeline()
+		p.queue(ctx, pipe, e)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("cache: announce a change of every product: %w", err)
+		}
+		return nil
+	}
 	_, err := p.invalidate(ctx, []int64{e.SKU}, e)
 	if p.pages != nil {
 		p.pages.Forget(e.SKU)
@@ -810,11 +832,56 @@ func (p *Products) tell(ctx context.Context, e notify.Event) error {
 	return nil
 }
 
+// Hear is the cache's part of an announcement heard from any replica, this
+// one included (see notify.Restocks.Listen). Every kind changes the
+// product's page: this replica's copy of it is dropped (of every page, for
+// notify.All). A Raised of notify.All — a seed, or a subscription (re)made,
+// which may have missed one — drops this replica's copies of the Bloom
+// filter too, which the seed's reset has rebuilt: the next checks read it
+// again.
+func (p *Products) Hear(e notify.Event) {
+	if e.Kind == notify.Raised && e.SKU == notify.All {
+		p.forgetBloomCopies()
+	}
+	if p.pages != nil {
+		p.pages.Forget(e.SKU)
+	}
+}
+
+// Invalidate is Announce of a Changed of product id: an order committed.
+// It is kept for the order service (stock.Invalidator) until that
+// announces through Announce.
+func (p *Products) Invalidate(ctx context.Context, id int64) error {
+	return p.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: id})
+}
+
+// InvalidateSoldOut is Announce of a SoldOut of product id as of fencing
+// token fence: the order that sold its last unit, under the SKU's lock with
+// that token. Every replica hears that the product sold out, so that each
+// refuses its orders from memory (stock.Service.SoldOutElsewhere). It is
+// kept for the order service (stock.SoldOutInvalidator) until that
+// announces through Announce.
+func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error {
+	return p.Announce(ctx, notify.Event{Kind: notify.SoldOut, SKU: id, Fence: fence})
+}
+
+// queue adds the announcement of e to pipe, when there is an Announcer. A
+// Raised with a fence goes out as notify.Restocks.Raise sends it: with its
+// fence, then as the bare SKU, for the replicas that know only that.
+func (p *Products) queue(ctx context.Context, pipe redis.Pipeliner, e notify.Event) {
+	if p.announcer == nil {
+		return
+	}
+	p.announcer.Queue(ctx, pipe, e)
+	if e.Kind == notify.Raised && e.Fence > 0 {
+		p.announcer.Queue(ctx, pipe, notify.Event{Kind: notify.Raised, SKU: e.SKU})
+	}
+}
+
 // invalidate drops the entries of ids and bumps their generations (see
-// Invalidate) in one pipeline: on a Redis Cluster go-redis splits it by
-// master, one round trip to each at once, with the announcements (see
-// Deps.Announcer) after the deletes. It returns how many of the ids had
-// an entry.
+// Announce) in one pipeline, with the announcements (see Deps.Announcer)
+// after the deletes: on a Redis Cluster go-redis splits it by master, one
+// round trip to each at once. It returns how many of the ids had an entry.
 //
 // An id's generation is bumped before its entry is dropped, on the one
 // connection to its master, so the two need no script: a load that read
@@ -830,10 +897,8 @@ func (p *Products) invalidate(ctx context.Context, ids []int64, announce ...noti
 	}
 	// After the deletes: a replica told of the change reads the entry after
 	// it is gone.
-	if p.announcer != nil {
-		for _, e := range announce {
-			p.announcer.Queue(ctx, pipe, e)
-		}
+	for _, e := range announce {
+		p.queue(ctx, pipe, e)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err
@@ -918,7 +983,7 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 	if dropped := len(shards) - swapped; dropped > 0 {
 		p.log.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
 	}
-	p.ForgetBloomCopies()
+	p.forgetBloomCopies()
 	dropped, err := p.dropAll(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("cache: reset: %w", err)

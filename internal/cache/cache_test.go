@@ -22,6 +22,7 @@ import (
 	"shop/internal/cache"
 	"shop/internal/keyspace"
 	"shop/internal/lock"
+	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -569,7 +570,7 @@ func TestOrderInvalidatesCachedStock(t *testing.T) {
 	// A load that read MySQL before an order committed must not write the
 	// older stock back after the invalidation.
 	paused, resume := f.pauseFirstQuery()
-	if err := r.Invalidate(ctx, 2); err != nil {
+	if err := r.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: 2}); err != nil {
 		t.Fatal(err)
 	}
 	loaded := make(chan stock.Product, 1)
@@ -1115,7 +1116,7 @@ func TestSaleWindowCached(t *testing.T) {
 	if err := f.db.Gorm.Exec("UPDATE products SET sale_starts_at = NULL, sale_ends_at = ? WHERE id = 1", ends).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Invalidate(ctx, 1); err != nil {
+	if err := r.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if p, err := r.Product(ctx, 1); err != nil || p.SaleStartsAt != nil || p.SaleEndsAt == nil || !p.SaleEndsAt.Equal(ends) {

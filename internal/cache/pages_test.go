@@ -180,17 +180,9 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rdb := f.topo.Client(t, nil)
-	r := f.replicaOn(t, cache.Deps{Redis: rdb, Announcer: restocks, Pages: mine}, rdb, cache.Settings{}, lock.RedisOptions{})
-	other := f.replicaOn(t, cache.Deps{Redis: rdb, Pages: theirs}, rdb, cache.Settings{}, lock.RedisOptions{})
-	heard := make(chan notify.Event, 16)
-	ready, stop := restocks.Listen(func(e notify.Event) {
-		theirs.Forget(e.SKU)
-		heard <- e
-	})
-	t.Cleanup(func() { stop() })
-	<-ready
-	<-heard // the subscription's Raised of All
+	r := f.replicaTold(t, restocks, mine, cache.Settings{})
+	other := f.replicaTold(t, nil, theirs, cache.Settings{})
+	events := hearing(t, restocks, other)
 
 	// stockOf is product 1's stock on the page of replica c, whose copy
 	// of the pages is pages.
@@ -210,7 +202,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 	next := func() notify.Event {
 		t.Helper()
 		select {
-		case e := <-heard:
+		case e := <-events:
 			return e
 		case <-time.After(10 * time.Second):
 			t.Fatal("nothing heard")
