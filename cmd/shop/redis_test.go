@@ -99,7 +99,7 @@ func TestLeaseEndsWithItsTTLWhenRedisHangs(t *testing.T) {
 // read timeout.
 func TestCacheReadFallsBackInTimeWhenRedisHangs(t *testing.T) {
 	const (
-		redisTimeout = 500 * time.Millisecond // cache.Options.RedisTimeout's default
+		redisTimeout = 500 * time.Millisecond // cache.Settings.RedisTimeout's default
 		slack        = 400 * time.Millisecond
 	)
 	db := testenv.MySQL(t)

@@ -178,16 +178,10 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 		switch e.Kind {
 		case notify.Raised:
 			orders.Raised(e.SKU, e.Fence)
-			if e.SKU == notify.All {
-				// A seed, or a subscription (re)made: what it missed may be one.
-				products.ForgetBloomCopies()
-			}
 		case notify.SoldOut:
 			orders.SoldOutElsewhere(e.SKU, e.Fence)
 		}
-		if pages != nil {
-			pages.Forget(e.SKU) // every kind changes the page
-		}
+		products.Hear(e)
 	})
 	defer stopRestocks()
 	// Every replica sweeps lapsed reservations; the SKU lock and MySQL's
@@ -481,7 +475,7 @@ func newRedlockNode(addr string) redis.UniversalClient {
 }
 
 // bloomCopyEvery is how often a replica reads its copy of the Bloom filter
-// again (cache.Options.BloomCopy). The copy's "no" is only trusted while
+// again (cache.Settings.BloomCopy). The copy's "no" is only trusted while
 // it is of the catalog MySQL has (checked at most a second apart), and a
 // seed has every replica drop its copy once the new filter is built, so
 // this bounds nothing a buyer sees: only how often a replica asks for a
@@ -505,7 +499,7 @@ const cacheMutexTTL = 5 * time.Second
 // reply makes the lock give the key back at once.
 // pageLoadTimeout bounds a replica's load of a product page into its own
 // copy (cache.Pages), which may wait for another replica's load of the
-// product (cache.Options.Wait, 1s) and then for MySQL (LoadTimeout, 3s).
+// product (cache.Settings.Wait, 1s) and then for MySQL (LoadTimeout, 3s).
 const pageLoadTimeout = 5 * time.Second
 
 // handlerPages is pages as the handler takes it: none when nil.
@@ -528,17 +522,21 @@ func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg
 	if jitter == 0 {
 		jitter = -1 // none; zero would mean the default
 	}
-	products := cache.New(rdb, catalog, mutex, cache.Options{
-		Prefix:     cfg.RedisPrefix + "cache:",
-		TTL:        cfg.CacheTTL,
-		Jitter:     jitter,
-		NullTTL:    cfg.NullTTL,
-		Bloom:      cfg.Bloom,
-		BloomCopy:  bloomCopyEvery,
+	products := cache.New(cache.Deps{
+		Redis:      rdb,
+		Source:     catalog,
+		Mutex:      mutex,
 		Announcer:  announcer,
 		Pages:      pages,
 		Registerer: reg,
 		Logger:     log,
+	}, cache.Settings{
+		Prefix:    cfg.RedisPrefix + "cache:",
+		TTL:       cfg.CacheTTL,
+		Jitter:    jitter,
+		NullTTL:   cfg.NullTTL,
+		Bloom:     cfg.Bloom,
+		BloomCopy: bloomCopyEvery,
 	})
 	return products, func() {
 		products.Close()
@@ -616,7 +614,7 @@ func seedCatalog(ctx context.Context, catalog catalogSeeder, products *cache.Pro
 	s.dropped = dropped
 	if err == nil {
 		// Now that the filter of the new catalog is built: every replica
-		// drops its copy of the old one (see cache.Products.ForgetBloomCopies).
+		// drops its copy of the old one (see cache.Products.Hear).
 		if err := restocks.Announce(ctx, notify.All); err != nil {
 			log.WarnContext(ctx, "seed: the replicas were not told the Bloom filter was rebuilt: each reads it again once its copy is found of an older catalog (within a second)", "err", err)
 		}

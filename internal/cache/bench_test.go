@@ -64,8 +64,8 @@ func BenchmarkBloomShards(b *testing.B) {
 	for i := range layouts {
 		l := &layouts[i]
 		p := prefix + l.name + ":"
-		l.c = cache.New(rdb, catalog, lock.NewRedis(rdb, lock.RedisOptions{Prefix: p + "mutex:", NoFencing: true}),
-			cache.Options{Prefix: p + "cache:", Bloom: true, BloomShards: l.shards})
+		l.c = cache.New(cache.Deps{Redis: rdb, Source: catalog, Mutex: lock.NewRedis(rdb, lock.RedisOptions{Prefix: p + "mutex:", NoFencing: true})},
+			cache.Settings{Prefix: p + "cache:", Bloom: true, BloomShards: l.shards})
 		b.Cleanup(l.c.Close)
 		l.checks = map[string]int64{}
 		if _, err := l.c.Reset(ctx); err != nil {
@@ -184,8 +184,8 @@ func BenchmarkReset(b *testing.B) {
 				b.Fatal(err)
 			}
 			rdb, prefix := testenv.RedisOn(b, topo)
-			c := cache.New(rdb, catalog, lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "mutex:", NoFencing: true}),
-				cache.Options{Prefix: prefix + "cache:", Bloom: true})
+			c := cache.New(cache.Deps{Redis: rdb, Source: catalog, Mutex: lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "mutex:", NoFencing: true})},
+				cache.Settings{Prefix: prefix + "cache:", Bloom: true})
 			b.Cleanup(c.Close)
 			fillEntries(b, rdb, prefix+"cache:", b.N)
 

@@ -20,7 +20,7 @@ import (
 // judged as the shard's is (Products.trusted): a copy of a filter built
 // from another catalog than MySQL's is no filter, dropped, and the read
 // asks Redis. A copy is used until its until, then read again; a seed tells
-// every replica to drop theirs (ForgetBloomCopies) once the filter of the
+// every replica to drop theirs (Hear) once the filter of the
 // new catalog is in Redis.
 type bloomCopy struct {
 	bits    []byte
@@ -70,13 +70,13 @@ func (f *bloomFilter) copyShard(ctx context.Context, s *bloomShard, ttl time.Dur
 // asks Redis. A copy missing or past its time is read again in the
 // background.
 func (p *Products) fromCopy(ctx context.Context, id int64) (maybe, ok bool) {
-	if p.opt.BloomCopy <= 0 {
+	if p.set.BloomCopy <= 0 {
 		return false, false
 	}
 	s := p.bloom.shardOf(id)
 	c := s.copy.Load()
 	if c == nil || time.Now().After(c.until) {
-		p.goBackground("bloom copy "+s.bits, func(ctx context.Context) error { return p.bloom.copyShard(ctx, s, p.opt.BloomCopy) })
+		p.goBackground("bloom copy "+s.bits, func(ctx context.Context) error { return p.bloom.copyShard(ctx, s, p.set.BloomCopy) })
 		return false, false
 	}
 	v := c.verdict(id)
@@ -90,10 +90,10 @@ func (p *Products) fromCopy(ctx context.Context, id int64) (maybe, ok bool) {
 	return false, false
 }
 
-// ForgetBloomCopies drops this replica's copies of the Bloom filter, so
+// forgetBloomCopies drops this replica's copies of the Bloom filter, so
 // that the next checks ask Redis and read it again: for a seed, once the
-// filter of the new catalog is in Redis.
-func (p *Products) ForgetBloomCopies() {
+// filter of the new catalog is in Redis (see Hear).
+func (p *Products) forgetBloomCopies() {
 	for _, s := range p.bloom.shards {
 		s.copy.Store(nil)
 	}

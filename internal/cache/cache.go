@@ -81,8 +81,38 @@ type Mutex interface {
 	TryObtain(ctx context.Context, key string) (*lock.Lease, error)
 }
 
-// Options configures Products. Zero fields take the defaults.
-type Options struct {
+// Deps are what Products works with. Redis, Source and Mutex are needed;
+// the others may be left out.
+type Deps struct {
+	// Redis holds the cache. It must honour context deadlines (go-redis:
+	// Options.ContextTimeoutEnabled): the cache bounds each Redis call of a
+	// read with Settings.RedisTimeout through the call's context and relies
+	// on nothing else; a client that ignores the deadline waits its own
+	// ReadTimeout instead, and a read on a hung Redis falls back only then.
+	Redis redis.Cmdable
+	// Source is where products are loaded from, and where reads go when
+	// Redis fails.
+	Source Source
+	// Mutex serialises loads of one key across replicas.
+	Mutex Mutex
+	// Announcer, when set, carries Announce's announcement to every
+	// replica, in the pipeline of the invalidation itself, so that each
+	// drops its own copy of the page (Pages). Without one, Announce only
+	// invalidates.
+	Announcer Announcer
+	// Pages, when set, is this replica's own copy of the product pages:
+	// Announce drops the product's page from it before it returns, and Hear
+	// when it hears of a change.
+	Pages *Pages
+	// Registerer receives the cache's metrics; nil registers them nowhere.
+	Registerer prometheus.Registerer
+	// Logger gets what nobody waits for: failed background work. Nil
+	// discards it.
+	Logger *slog.Logger
+}
+
+// Settings tune Products. Zero fields take the defaults.
+type Settings struct {
 	// Prefix is put before every key; default "shop:cache:".
 	Prefix string
 	// TTL is how long a product stays cached; default 10m. Each entry's TTL
@@ -127,57 +157,43 @@ type Options struct {
 	FallbackWait time.Duration
 	// RedisTimeout bounds each Redis call of a read; default 500ms. Then the
 	// read falls back to MySQL. It is carried by the call's context: the
-	// client must honour context deadlines (see New).
+	// client must honour context deadlines (see Deps.Redis).
 	RedisTimeout time.Duration
-	// Announcer, when set, tells every replica of each Invalidate and
-	// InvalidateSoldOut, in the pipeline of the invalidation itself, so
-	// that each drops its own copy of the page (Pages).
-	Announcer Announcer
-	// Pages, when set, is this replica's own copy of the product pages: an
-	// invalidation drops the page from it before it returns.
-	Pages *Pages
-	// Registerer receives the cache's metrics; nil registers them nowhere.
-	Registerer prometheus.Registerer
-	// Logger gets what nobody waits for: failed background work.
-	Logger *slog.Logger
 }
 
-func (o *Options) defaults() {
-	if o.Prefix == "" {
-		o.Prefix = "shop:cache:"
+func (s *Settings) defaults() {
+	if s.Prefix == "" {
+		s.Prefix = "shop:cache:"
 	}
-	if o.TTL <= 0 {
-		o.TTL = 10 * time.Minute
+	if s.TTL <= 0 {
+		s.TTL = 10 * time.Minute
 	}
-	o.Jitter = share(o.Jitter, 0.1, 0.5)
-	if o.NullTTL <= 0 {
-		o.NullTTL = time.Minute
+	s.Jitter = share(s.Jitter, 0.1, 0.5)
+	if s.NullTTL <= 0 {
+		s.NullTTL = time.Minute
 	}
-	if o.BloomFalsePositive <= 0 || o.BloomFalsePositive >= 1 {
-		o.BloomFalsePositive = 0.001
+	if s.BloomFalsePositive <= 0 || s.BloomFalsePositive >= 1 {
+		s.BloomFalsePositive = 0.001
 	}
-	if o.BloomShards <= 0 {
-		o.BloomShards = DefaultBloomShards
+	if s.BloomShards <= 0 {
+		s.BloomShards = DefaultBloomShards
 	}
-	o.BloomShards = min(o.BloomShards, MaxBloomShards)
-	o.RefreshAhead = share(o.RefreshAhead, 0.2, 0.9)
-	if o.Wait <= 0 {
-		o.Wait = time.Second
+	s.BloomShards = min(s.BloomShards, MaxBloomShards)
+	s.RefreshAhead = share(s.RefreshAhead, 0.2, 0.9)
+	if s.Wait <= 0 {
+		s.Wait = time.Second
 	}
-	if o.LoadTimeout <= 0 {
-		o.LoadTimeout = 3 * time.Second
+	if s.LoadTimeout <= 0 {
+		s.LoadTimeout = 3 * time.Second
 	}
-	if o.Fallback <= 0 {
-		o.Fallback = 4
+	if s.Fallback <= 0 {
+		s.Fallback = 4
 	}
-	if o.FallbackWait <= 0 {
-		o.FallbackWait = 100 * time.Millisecond
+	if s.FallbackWait <= 0 {
+		s.FallbackWait = 100 * time.Millisecond
 	}
-	if o.RedisTimeout <= 0 {
-		o.RedisTimeout = 500 * time.Millisecond
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
+	if s.RedisTimeout <= 0 {
+		s.RedisTimeout = 500 * time.Millisecond
 	}
 }
 
@@ -202,7 +218,7 @@ const (
 	// bits (each is sized for its own ids); a reset or rebuild costs a few
 	// round trips per shard.
 	DefaultBloomShards = 16
-	// MaxBloomShards bounds Options.BloomShards: far more than any
+	// MaxBloomShards bounds Settings.BloomShards: far more than any
 	// Cluster has masters, and few enough that finding the shards' tags
 	// (see shardTag) stays instant.
 	MaxBloomShards = 256
@@ -229,12 +245,15 @@ var (
 
 // Products is a read-through cache of products in Redis.
 type Products struct {
-	rdb   redis.Cmdable
-	src   Source
-	mutex Mutex
-	opt   Options
-	bloom *bloomFilter
-	m     *metrics
+	rdb       redis.Cmdable
+	src       Source
+	mutex     Mutex
+	announcer Announcer // nil: none
+	pages     *Pages    // nil: none
+	log       *slog.Logger
+	set       Settings
+	bloom     *bloomFilter
+	m         *metrics
 
 	loads      singleflight.Group
 	fallback   *semaphore.Weighted
@@ -246,24 +265,24 @@ type Products struct {
 	epoch      catalogEpoch
 }
 
-// New returns a cache of src's products in rdb. mutex serialises loads of
-// one key across replicas.
-//
-// rdb must honour context deadlines (go-redis: Options.ContextTimeoutEnabled).
-// The cache bounds each Redis call of a read with Options.RedisTimeout
-// through the call's context and relies on nothing else; a client that
-// ignores the deadline waits its own ReadTimeout instead, and a read on a
-// hung Redis falls back only then.
-func New(rdb redis.Cmdable, src Source, mutex Mutex, opt Options) *Products {
-	opt.defaults()
+// New returns a cache of d.Source's products in d.Redis, tuned by s.
+func New(d Deps, s Settings) *Products {
+	s.defaults()
+	log := d.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	p := &Products{
-		rdb:        rdb,
-		src:        src,
-		mutex:      mutex,
-		opt:        opt,
-		bloom:      newBloomFilter(rdb, opt.Prefix, opt.BloomFalsePositive, opt.BloomShards),
-		m:          newMetrics(opt.Registerer),
-		fallback:   semaphore.NewWeighted(int64(opt.Fallback)),
+		rdb:        d.Redis,
+		src:        d.Source,
+		mutex:      d.Mutex,
+		announcer:  d.Announcer,
+		pages:      d.Pages,
+		log:        log,
+		set:        s,
+		bloom:      newBloomFilter(d.Redis, s.Prefix, s.BloomFalsePositive, s.BloomShards),
+		m:          newMetrics(d.Registerer),
+		fallback:   semaphore.NewWeighted(int64(s.Fallback)),
 		background: semaphore.NewWeighted(backgroundSlots),
 	}
 	p.epoch.known.Store(-1)
@@ -299,13 +318,13 @@ func (e entry) due(now time.Time) bool { return e.RefreshAt > 0 && now.UnixMilli
 // Product returns the product with id, from the cache when it holds it.
 // Its stock may lag behind MySQL's until the entry is invalidated.
 //
-// When Redis fails, the read goes to MySQL, but at most Options.Fallback such
-// reads of this process run at once and the rest fail with stock.ErrBusy
-// after Options.FallbackWait. Failing fast alone would turn a Redis outage
+// When Redis fails, the read goes to MySQL, but at most Settings.Fallback
+// such reads of this process run at once and the rest fail with
+// stock.ErrBusy after Settings.FallbackWait. Failing fast alone would turn a Redis outage
 // into a full outage of product pages; falling back without a limit would
 // hand all of the cache's traffic to MySQL at once, the stampede the cache is
 // there to prevent. The same limit applies when a read has waited
-// Options.Wait for another replica's load. After a Redis call that shows
+// Settings.Wait for another replica's load. After a Redis call that shows
 // Redis down, reads skip Redis for a second (then try it again), so that an
 // outage costs each read the fallback's wait rather than a Redis timeout too;
 // a call that failed for want of a connection of this process's pool does
@@ -335,7 +354,7 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 		// The load outlives the caller who started it: the others sharing
 		// it still want the answer. What it logs carries that caller's
 		// request id only, though it loads for all of them.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.opt.Wait+p.opt.LoadTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.set.Wait+p.set.LoadTimeout)
 		defer cancel()
 		return p.fill(ctx, id)
 	})
@@ -360,7 +379,7 @@ func (p *Products) Product(ctx context.Context, id int64) (stock.Product, error)
 // anything. With no filter in Redis, every id passes and one is built; so
 // too with a filter built from another catalog than MySQL's (see trusted).
 func (p *Products) read(ctx context.Context, id int64) (e entry, ok bool, err error) {
-	if !p.opt.Bloom {
+	if !p.set.Bloom {
 		return p.get(ctx, id)
 	}
 	if maybe, ok := p.fromCopy(ctx, id); ok {
@@ -413,7 +432,7 @@ func (p *Products) judge(ctx context.Context, v bloomVerdict, err error) error {
 // cannot tell (off, missing, of an older catalog, Redis failing or being
 // skipped), when the caller must ask MySQL.
 func (p *Products) RuleOut(ctx context.Context, id int64) error {
-	if !p.opt.Bloom || id <= 0 {
+	if !p.set.Bloom || id <= 0 {
 		return nil
 	}
 	if maybe, ok := p.fromCopy(ctx, id); ok {
@@ -461,9 +480,9 @@ func answer(id int64, e entry) (stock.Product, error) {
 
 // fill gets id's entry into the cache. One replica at a time loads a key:
 // the one holding its mutex. The others poll the key, with backoff, until it
-// is filled or the mutex is free again, for at most Options.Wait.
+// is filled or the mutex is free again, for at most Settings.Wait.
 func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
-	waitCtx, cancel := context.WithTimeout(ctx, p.opt.Wait)
+	waitCtx, cancel := context.WithTimeout(ctx, p.set.Wait)
 	defer cancel()
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     2 * time.Millisecond,
@@ -501,7 +520,7 @@ func (p *Products) fill(ctx context.Context, id int64) (entry, error) {
 }
 
 // obtain takes the mutex on key, as Mutex.TryObtain does, but waits for
-// Redis's answer for at most Options.RedisTimeout. The attempt itself cannot
+// Redis's answer for at most Settings.RedisTimeout. The attempt itself cannot
 // carry that deadline: the lease it brings lives on its context, and the
 // load under the lease takes longer. So it runs aside on ctx, and an answer
 // later than RedisTimeout is given up on; a lease that answer still brings is
@@ -522,7 +541,7 @@ func (p *Products) obtain(ctx context.Context, key string) (*lock.Lease, error) 
 			}
 		}
 	})
-	timer := time.NewTimer(p.opt.RedisTimeout)
+	timer := time.NewTimer(p.set.RedisTimeout)
 	defer timer.Stop()
 	select {
 	case a := <-answer:
@@ -540,7 +559,7 @@ func (p *Products) obtain(ctx context.Context, key string) (*lock.Lease, error) 
 // value present and not yet due for refresh was written by whoever held the
 // mutex before, and is taken as it is: loaded reports whether MySQL was read.
 func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, err error) {
-	ctx, cancel := context.WithTimeout(ctx, p.opt.LoadTimeout)
+	ctx, cancel := context.WithTimeout(ctx, p.set.LoadTimeout)
 	defer cancel()
 	keys := []string{p.entryKey(id), p.generationKey(id)}
 	vals, err := p.begin(ctx, keys)
@@ -555,10 +574,10 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	generation, _ := vals[1].(string)
 
 	p.m.loads.Inc()
-	ttl, nx := p.jitter(p.opt.TTL), ""
+	ttl, nx := p.jitter(p.set.TTL), ""
 	switch v, err := p.src.Product(ctx, id); {
 	case errors.Is(err, stock.ErrNotFound):
-		ttl, nx = p.jitter(p.opt.NullTTL), "NX"
+		ttl, nx = p.jitter(p.set.NullTTL), "NX"
 	case err != nil:
 		p.m.loadErrors.Inc()
 		return entry{}, true, fmt.Errorf("cache: load %d: %w", id, err)
@@ -566,8 +585,8 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 		e.Product = &product{ID: v.ID, Name: v.Name, PriceCents: v.PriceCents, Stock: v.Stock,
 			SaleStartsAt: v.SaleStartsAt, SaleEndsAt: v.SaleEndsAt}
 		e.Format = entryFormat
-		if p.opt.RefreshAhead > 0 {
-			e.RefreshAt = time.Now().Add(ttl - time.Duration(float64(ttl)*p.opt.RefreshAhead)).UnixMilli()
+		if p.set.RefreshAhead > 0 {
+			e.RefreshAt = time.Now().Add(ttl - time.Duration(float64(ttl)*p.set.RefreshAhead)).UnixMilli()
 		}
 	}
 	raw, err := json.Marshal(e)
@@ -579,7 +598,7 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 	fillCtx, cancel := p.redisCtx(ctx)
 	defer cancel()
 	if err := fillScript.Run(fillCtx, p.rdb, keys, generation, raw, ttl.Milliseconds(), nx).Err(); err != nil {
-		p.opt.Logger.WarnContext(ctx, "cache: write entry", "sku", id, "err", err)
+		p.log.WarnContext(ctx, "cache: write entry", "sku", id, "err", err)
 	}
 	return e, true, nil
 }
@@ -630,10 +649,10 @@ func (p *Products) goBackground(name string, fn func(context.Context) error) {
 	p.running.Go(func() {
 		defer p.background.Release(1)
 		defer p.underway.Delete(name)
-		ctx, cancel := context.WithTimeout(context.Background(), p.opt.LoadTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), p.set.LoadTimeout)
 		defer cancel()
 		if err := fn(ctx); err != nil {
-			p.opt.Logger.Warn("cache: background "+name, "err", err)
+			p.log.Warn("cache: background "+name, "err", err)
 		}
 	})
 }
@@ -669,11 +688,11 @@ func (p *Products) rebuildBloom(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	p.opt.Logger.Info("cache: rebuilding the bloom filter", "products", len(ids), "catalog_epoch", catalog,
+	p.log.Info("cache: rebuilding the bloom filter", "products", len(ids), "catalog_epoch", catalog,
 		"shards", len(outdated), "of", len(p.bloom.shards))
 	swapped, err := p.bloom.build(ctx, ids, catalog, epochs, outdated)
 	if dropped := len(outdated) - swapped; err == nil && dropped > 0 {
-		p.opt.Logger.Info("cache: bloom filter rebuild dropped: a reset built newer shards", "shards", dropped)
+		p.log.Info("cache: bloom filter rebuild dropped: a reset built newer shards", "shards", dropped)
 	}
 	return err
 }
@@ -685,7 +704,7 @@ func (p *Products) fallBack(ctx context.Context, id int64, cause error) (stock.P
 	if ctx.Err() == nil && p.outage(cause) {
 		p.skipRedis.Store(time.Now().Add(skipRedisFor).UnixNano())
 	}
-	wait, cancel := context.WithTimeout(ctx, p.opt.FallbackWait)
+	wait, cancel := context.WithTimeout(ctx, p.set.FallbackWait)
 	defer cancel()
 	if err := p.fallback.Acquire(wait, 1); err != nil {
 		p.m.fallbacks.WithLabelValues("rejected").Inc()
@@ -731,7 +750,7 @@ func (p *Products) outage(cause error) bool {
 	case errors.Is(cause, redis.ErrPoolTimeout), errors.Is(cause, redis.ErrPoolExhausted):
 		return false
 	case timedOut(cause):
-		return time.Since(time.Unix(0, p.answered.Load())) >= p.opt.RedisTimeout
+		return time.Since(time.Unix(0, p.answered.Load())) >= p.set.RedisTimeout
 	}
 	return true
 }
@@ -758,34 +777,54 @@ func (p *Products) heard() {
 	}
 }
 
-// Invalidate drops id's entry. The order path calls it after each commit.
+// Announce makes a change of a product known: to the cache in Redis, to
+// every replica, and to this replica's copy of the pages. Call it after the
+// change has committed.
 //
-// It deletes rather than writes the new stock: a written value could land
+// For an event about one product (e.SKU > 0), of any kind, it bumps the
+// product's generation, drops its entry and queues the announcement of e
+// (with an Announcer) after them, in one pipeline: one round trip, or one to
+// each master of a Cluster at once (see invalidate). Then it drops this
+// replica's copy of the product's page (Pages), even when the pipeline
+// failed (the change has committed all the same), so that this replica
+// answers from the change on, before the announcement reaches it.
+//
+// It deletes rather than writes the new product: a written value could land
 // after a newer one (two writers' SETs are not ordered by the SKU lock once
 // it is released) and would need the whole product, while a delete is the
-// same whoever does it last. The delete also bumps the entry's generation,
-// so a load that read MySQL before the commit cannot write its older copy
-// back afterwards. The next read loads the product once, as any miss does.
+// same whoever does it last. The bump of the generation keeps a load that
+// read MySQL before the change from writing its older copy back afterwards.
+// The next read loads the product once, as any miss does.
 //
-// With an Announcer, every replica is told in the same round trip (a
-// Changed of id), and drops its copy of the page.
-func (p *Products) Invalidate(ctx context.Context, id int64) error {
-	return p.tell(ctx, notify.Event{Kind: notify.Changed, SKU: id})
-}
-
-// InvalidateSoldOut is Invalidate after the order that sold the last unit of
-// id, under the SKU's lock with fencing token fence: every replica is told
-// that the product sold out (a SoldOut, which drops the page too), so that
-// each refuses its orders from memory (stock.Service.SoldOutElsewhere).
-func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error {
-	return p.tell(ctx, notify.Event{Kind: notify.SoldOut, SKU: id, Fence: fence})
-}
-
-// tell invalidates e's product and announces e.
-func (p *Products) tell(ctx context.Context, e notify.Event) error {
+// For e.SKU == notify.All (a seed; only a Raised may be about every
+// product), it only publishes e. Dropping every entry is Reset's, which the
+// seed runs; this replica's pages and copies of the Bloom filter go when it
+// hears its own announcement (Hear), as every replica's do.
+//
+// A Raised with a fence is published as notify.Restocks.Raise publishes it:
+// with its fence, then as the bare SKU, which replicas from before fences
+// read (they ignore the fenced form).
+//
+// Errors: stock.ErrInvalid for an event no replica would read (a negative
+// SKU, or any other kind than a Raised about every product), and Redis's.
+func (p *Products) Announce(ctx context.Context, e notify.Event) error {
+	switch {
+	case e.SKU < 0 || e.SKU == notify.All && e.Kind != notify.Raised:
+		return fmt.Errorf("%w: cache: announce: no replica reads kind %d of product %d", stock.ErrInvalid, e.Kind, e.SKU)
+	case e.SKU == notify.All:
+		if p.announcer == nil {
+			return nil
+		}
+		pipe := p.rdb.Pipeline()
+		p.queue(ctx, pipe, e)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("cache: announce a change of every product: %w", err)
+		}
+		return nil
+	}
 	_, err := p.invalidate(ctx, []int64{e.SKU}, e)
-	if p.opt.Pages != nil {
-		p.opt.Pages.Forget(e.SKU)
+	if p.pages != nil {
+		p.pages.Forget(e.SKU)
 	}
 	if err != nil {
 		return fmt.Errorf("cache: invalidate %d: %w", e.SKU, err)
@@ -793,11 +832,56 @@ func (p *Products) tell(ctx context.Context, e notify.Event) error {
 	return nil
 }
 
+// Hear is the cache's part of an announcement heard from any replica, this
+// one included (see notify.Restocks.Listen). Every kind changes the
+// product's page: this replica's copy of it is dropped (of every page, for
+// notify.All). A Raised of notify.All — a seed, or a subscription (re)made,
+// which may have missed one — drops this replica's copies of the Bloom
+// filter too, which the seed's reset has rebuilt: the next checks read it
+// again.
+func (p *Products) Hear(e notify.Event) {
+	if e.Kind == notify.Raised && e.SKU == notify.All {
+		p.forgetBloomCopies()
+	}
+	if p.pages != nil {
+		p.pages.Forget(e.SKU)
+	}
+}
+
+// Invalidate is Announce of a Changed of product id: an order committed.
+// It is kept for the order service (stock.Invalidator) until that
+// announces through Announce.
+func (p *Products) Invalidate(ctx context.Context, id int64) error {
+	return p.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: id})
+}
+
+// InvalidateSoldOut is Announce of a SoldOut of product id as of fencing
+// token fence: the order that sold its last unit, under the SKU's lock with
+// that token. Every replica hears that the product sold out, so that each
+// refuses its orders from memory (stock.Service.SoldOutElsewhere). It is
+// kept for the order service (stock.SoldOutInvalidator) until that
+// announces through Announce.
+func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error {
+	return p.Announce(ctx, notify.Event{Kind: notify.SoldOut, SKU: id, Fence: fence})
+}
+
+// queue adds the announcement of e to pipe, when there is an Announcer. A
+// Raised with a fence goes out as notify.Restocks.Raise sends it: with its
+// fence, then as the bare SKU, for the replicas that know only that.
+func (p *Products) queue(ctx context.Context, pipe redis.Pipeliner, e notify.Event) {
+	if p.announcer == nil {
+		return
+	}
+	p.announcer.Queue(ctx, pipe, e)
+	if e.Kind == notify.Raised && e.Fence > 0 {
+		p.announcer.Queue(ctx, pipe, notify.Event{Kind: notify.Raised, SKU: e.SKU})
+	}
+}
+
 // invalidate drops the entries of ids and bumps their generations (see
-// Invalidate) in one pipeline: on a Redis Cluster go-redis splits it by
-// master, one round trip to each at once, with the announcements (see
-// Options.Announcer) after the deletes. It returns how many of the ids had
-// an entry.
+// Announce) in one pipeline, with the announcements (see Deps.Announcer)
+// after the deletes: on a Redis Cluster go-redis splits it by master, one
+// round trip to each at once. It returns how many of the ids had an entry.
 //
 // An id's generation is bumped before its entry is dropped, on the one
 // connection to its master, so the two need no script: a load that read
@@ -813,10 +897,8 @@ func (p *Products) invalidate(ctx context.Context, ids []int64, announce ...noti
 	}
 	// After the deletes: a replica told of the change reads the entry after
 	// it is gone.
-	if p.opt.Announcer != nil {
-		for _, e := range announce {
-			p.opt.Announcer.Queue(ctx, pipe, e)
-		}
+	for _, e := range announce {
+		p.queue(ctx, pipe, e)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, err
@@ -853,7 +935,7 @@ func (p *Products) dropAll(ctx context.Context) (int, error) {
 		}
 	}
 	// Scan calls its function from one master at a time.
-	err := keyspace.Scan(ctx, p.rdb, p.opt.Prefix+"product:*", func(key string) {
+	err := keyspace.Scan(ctx, p.rdb, p.set.Prefix+"product:*", func(key string) {
 		id, ok := p.idOf(key)
 		if !ok || seen[id] || failed != nil {
 			return
@@ -899,9 +981,9 @@ func (p *Products) Reset(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	if dropped := len(shards) - swapped; dropped > 0 {
-		p.opt.Logger.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
+		p.log.InfoContext(ctx, "cache: bloom filter shards of this reset dropped: a later reset built newer ones", "shards", dropped)
 	}
-	p.ForgetBloomCopies()
+	p.forgetBloomCopies()
 	dropped, err := p.dropAll(ctx)
 	if err != nil {
 		return 0, fmt.Errorf("cache: reset: %w", err)
@@ -926,7 +1008,7 @@ func (p *Products) get(ctx context.Context, id int64) (e entry, ok bool, err err
 
 // redisCtx bounds one Redis call of a read.
 func (p *Products) redisCtx(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, p.opt.RedisTimeout)
+	return context.WithTimeout(ctx, p.set.RedisTimeout)
 }
 
 // entryFrom decodes the reply of a GET of an entry; ok is false when there
@@ -944,28 +1026,28 @@ func entryFrom(get *redis.StringCmd) (e entry, ok bool, err error) {
 }
 
 func (p *Products) release(lease *lock.Lease) {
-	ctx, cancel := context.WithTimeout(context.Background(), p.opt.RedisTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), p.set.RedisTimeout)
 	defer cancel()
 	if err := lease.Release(ctx); err != nil {
-		p.opt.Logger.Warn("cache: release mutex", "key", lease.Key(), "err", err)
+		p.log.Warn("cache: release mutex", "key", lease.Key(), "err", err)
 	}
 }
 
 // jitter draws a TTL uniformly from d×(1±Jitter).
 func (p *Products) jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (1 + p.opt.Jitter*(2*rand.Float64()-1)))
+	return time.Duration(float64(d) * (1 + p.set.Jitter*(2*rand.Float64()-1)))
 }
 
 // Keys: an entry and its generation share a hash slot.
 func (p *Products) entryKey(id int64) string {
-	return p.opt.Prefix + "product:{" + strconv.FormatInt(id, 10) + "}"
+	return p.set.Prefix + "product:{" + strconv.FormatInt(id, 10) + "}"
 }
 func (p *Products) generationKey(id int64) string { return p.entryKey(id) + ":gen" }
 func (p *Products) mutexKey(id int64) string      { return "product:" + strconv.FormatInt(id, 10) }
 
 // idOf returns the id of an entry or generation key.
 func (p *Products) idOf(key string) (int64, bool) {
-	rest, ok := strings.CutPrefix(key, p.opt.Prefix+"product:{")
+	rest, ok := strings.CutPrefix(key, p.set.Prefix+"product:{")
 	if !ok {
 		return 0, false
 	}

@@ -22,6 +22,7 @@ import (
 	"shop/internal/cache"
 	"shop/internal/keyspace"
 	"shop/internal/lock"
+	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -77,7 +78,9 @@ func newFixture(t *testing.T, products, units int) *fixture {
 // newFixtureOn is a strict fixture on a Redis deployment: a Redis error that
 // a read hides by falling back to MySQL, or that the cache only logs (a
 // script whose keys are in different slots of a Cluster: CROSSSLOT), fails
-// the test when it ends.
+// the test when it ends. Its replicas are patient: a read that fell back
+// because a busy machine left it no CPU for RedisTimeout would fail the
+// test too, for no fault of Redis.
 func newFixtureOn(t *testing.T, topo testenv.Topology, products, units int) *fixture {
 	t.Helper()
 	rdb, prefix := testenv.RedisOn(t, topo)
@@ -166,35 +169,52 @@ type replica struct {
 	reg *prometheus.Registry
 }
 
-func (f *fixture) replica(t *testing.T, opt cache.Options) replica {
-	return f.replicaWith(t, opt, lock.RedisOptions{})
+func (f *fixture) replica(t *testing.T, s cache.Settings) replica {
+	return f.replicaWith(t, s, lock.RedisOptions{})
 }
 
 // replicaWith is a replica on a client of its own of the fixture's Redis,
 // whose load mutexes have options mutex.
-func (f *fixture) replicaWith(t *testing.T, opt cache.Options, mutex lock.RedisOptions) replica {
+func (f *fixture) replicaWith(t *testing.T, s cache.Settings, mutex lock.RedisOptions) replica {
 	t.Helper()
 	rdb := f.topo.Client(t, nil)
-	return f.replicaOn(t, rdb, rdb, opt, mutex)
+	return f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, s, mutex)
 }
 
-// replicaOn is a replica that caches in rdb and takes its load mutexes in
-// mutexRdb (the same client, in the service).
-func (f *fixture) replicaOn(t *testing.T, rdb, mutexRdb redis.UniversalClient, opt cache.Options, mutex lock.RedisOptions) replica {
+// replicaOn is a replica that caches in d.Redis, with d's Announcer and
+// Pages, and takes its load mutexes in mutexRdb (the same client, in the
+// service). Its source is a pool of its own on the fixture's database.
+func (f *fixture) replicaOn(t *testing.T, d cache.Deps, mutexRdb redis.UniversalClient, s cache.Settings, mutex lock.RedisOptions) replica {
 	t.Helper()
 	mutex.Prefix = f.prefix + "mutex:"
 	mutex.NoFencing = true
 	reg := prometheus.NewRegistry()
-	opt.Prefix = f.prefix + "cache:"
-	opt.Registerer = reg
-	if f.strict && opt.Logger == nil {
-		opt.Logger = slog.New(slog.NewTextHandler(&f.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	s.Prefix = f.prefix + "cache:"
+	d.Source, d.Mutex, d.Registerer = f.catalog(t), lock.NewRedis(mutexRdb, mutex), reg
+	if f.strict {
+		s = patient(s)
+		if d.Logger == nil {
+			d.Logger = slog.New(slog.NewTextHandler(&f.log, &slog.HandlerOptions{Level: slog.LevelWarn}))
+		}
 	}
-	c := cache.New(rdb, f.catalog(t), lock.NewRedis(mutexRdb, mutex), opt)
+	c := cache.New(d, s)
 	t.Cleanup(c.Close)
 	r := replica{c, reg}
 	f.replicas = append(f.replicas, r)
 	return r
+}
+
+// patient is s with the timeouts it leaves unset far above what a busy
+// machine makes a Redis call, a wait or a load take: for a test about
+// something else than them, which a read that fell back to MySQL for want
+// of CPU would fail (a read that falls back caches nothing).
+func patient(s cache.Settings) cache.Settings {
+	for _, d := range []*time.Duration{&s.Wait, &s.LoadTimeout, &s.FallbackWait, &s.RedisTimeout} {
+		if *d == 0 {
+			*d = 10 * time.Second
+		}
+	}
+	return s
 }
 
 // client is a client of the Redis at o.Addr with options o — as the
@@ -260,7 +280,7 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 	const (
 		products = 5000
 		distinct = 1000
-		gets     = 10_000
+		gets     = 4000
 	)
 	absent := func(i int) int64 { return products + 1 + int64(i%distinct) }
 	notFoundOnly := func(t *testing.T, errs []error) {
@@ -274,7 +294,7 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 
 	t.Run("bloom", func(t *testing.T) {
 		f := newFixtureOn(t, topo, products, 1)
-		r := f.replica(t, cache.Options{Bloom: true})
+		r := f.replica(t, cache.Settings{Bloom: true})
 		if _, err := r.Reset(context.Background()); err != nil {
 			t.Fatal(err)
 		}
@@ -314,7 +334,7 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 
 	t.Run("null caching", func(t *testing.T) {
 		f := newFixtureOn(t, topo, products, 1)
-		r := f.replica(t, cache.Options{Bloom: false})
+		r := f.replica(t, cache.Settings{Bloom: false})
 		errs := reads(gets, 50, func(i int) error {
 			_, err := r.Product(context.Background(), absent(i))
 			return err
@@ -364,10 +384,15 @@ func TestBreakdownOneLoadAcrossReplicas(t *testing.T) {
 
 func testBreakdownOneLoadAcrossReplicas(t *testing.T, topo testenv.Topology) {
 	f := newFixtureOn(t, topo, 10, 100)
-	// Generous timeouts: 1000 goroutines on a busy machine must not fall
-	// back for want of CPU; this test is about the number of loads.
-	opt := cache.Options{Jitter: -1, RefreshAhead: -1, Wait: 10 * time.Second, RedisTimeout: 10 * time.Second}
-	replicas := []replica{f.replica(t, opt), f.replica(t, opt), f.replica(t, opt)}
+	// The strict fixture's patient timeouts, and a load mutex whose lease
+	// outlasts any gap between its renewals: 1000 goroutines on a busy
+	// machine must not fall back, or lose the load's lease, for want of
+	// CPU (a load starved past the default LoadTimeout of 3s, a renewal
+	// past the lease of 5s, were seen); this test is about the number of
+	// loads.
+	set := cache.Settings{Jitter: -1, RefreshAhead: -1}
+	mutex := lock.RedisOptions{TTL: time.Minute}
+	replicas := []replica{f.replicaWith(t, set, mutex), f.replicaWith(t, set, mutex), f.replicaWith(t, set, mutex)}
 	ctx := context.Background()
 	if _, err := replicas[0].Product(ctx, 7); err != nil {
 		t.Fatal(err)
@@ -411,22 +436,27 @@ func testBreakdownOneLoadAcrossReplicas(t *testing.T, topo testenv.Topology) {
 	}
 }
 
+// Keys cached at once, as a restart or a seed caches them, expire spread
+// over the window their TTLs are drawn from, not at once. 1000 keys in
+// buckets of 5 seconds over the defaults' window of 2 minutes are 41.7 keys
+// per bucket on average, as 5000 keys in buckets of a second were.
 func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
-	const products = 5000
+	const (
+		products = 1000
+		bucket   = 5 * time.Second
+	)
 	f := newFixture(t, products, 1)
 	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
 
-	// warm caches every product at once, as a restart or a seed does, and
-	// returns the most keys expiring in one second and the mean over the
-	// window the TTLs are drawn from.
-	warm := func(t *testing.T, opt cache.Options, window time.Duration) (most int, mean float64) {
+	// warm caches every product at once and returns the most keys expiring
+	// in one bucket and the mean over the window the TTLs are drawn from.
+	// Its reads are patient: one that fell back to MySQL would cache
+	// nothing.
+	warm := func(t *testing.T, s cache.Settings, window time.Duration) (most int, mean float64) {
 		t.Helper()
 		f.prefix += "x" // a key space of its own
-		r := f.replica(t, opt)
-		if _, err := r.Reset(context.Background()); err != nil {
-			t.Fatal(err)
-		}
-		errs := reads(products, 64, func(i int) error {
+		r := f.replica(t, patient(s))
+		errs := reads(products, 16, func(i int) error {
 			_, err := r.Product(context.Background(), int64(i+1))
 			return err
 		})
@@ -450,29 +480,31 @@ func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
 		now := time.Now()
 		buckets := map[int64]int{}
 		for _, c := range ttls {
-			buckets[now.Add(c.Val()).Unix()]++
+			buckets[now.Add(c.Val()).UnixMilli()/bucket.Milliseconds()]++
 		}
 		for _, n := range buckets {
 			most = max(most, n)
 		}
-		return most, float64(products) / window.Seconds()
+		return most, float64(products) * bucket.Seconds() / window.Seconds()
 	}
 
 	t.Run("jittered", func(t *testing.T) {
 		// The defaults: 10m ± 10%, a window of 2 minutes.
-		most, mean := warm(t, cache.Options{Bloom: true}, 2*time.Minute)
-		t.Logf("5000 keys warmed at once, TTL 10m±10%%: at most %d expire in one second; mean %.1f", most, mean)
+		most, mean := warm(t, cache.Settings{}, 2*time.Minute)
+		t.Logf("%d keys warmed at once, TTL 10m±10%%: at most %d expire in %s; mean %.1f", products, most, bucket, mean)
 		if float64(most) > 2*mean {
-			t.Errorf("%d keys expire in one second, more than twice the mean %.1f", most, mean)
+			t.Errorf("%d keys expire in %s, more than twice the mean %.1f", most, bucket, mean)
 		}
 	})
 	t.Run("without jitter", func(t *testing.T) {
 		// The same measure over the same window shows the avalanche the
-		// jitter prevents.
-		most, mean := warm(t, cache.Options{Bloom: true, Jitter: -1}, 2*time.Minute)
-		t.Logf("without jitter: %d keys expire in one second; mean over 2m would be %.1f", most, mean)
+		// jitter prevents: every key expires within the span of the warm,
+		// which a slow machine must keep under a minute (half the window)
+		// for the measure to tell.
+		most, mean := warm(t, cache.Settings{Jitter: -1}, 2*time.Minute)
+		t.Logf("without jitter: %d keys expire in %s; mean over 2m would be %.1f", most, bucket, mean)
 		if float64(most) <= 2*mean {
-			t.Errorf("without jitter only %d keys share a second: the measure cannot tell", most)
+			t.Errorf("without jitter only %d keys share %s: the measure cannot tell", most, bucket)
 		}
 	})
 }
@@ -485,8 +517,8 @@ func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
 	// its mutex's lease (its watchdog frozen, as in a long GC pause).
 	paused, resume := f.pauseFirstQuery()
 	frozen := func(time.Duration) <-chan time.Time { return nil }
-	a := f.replicaWith(t, cache.Options{}, lock.RedisOptions{TTL: 200 * time.Millisecond, After: frozen})
-	b := f.replica(t, cache.Options{})
+	a := f.replicaWith(t, cache.Settings{}, lock.RedisOptions{TTL: 200 * time.Millisecond, After: frozen})
+	b := f.replica(t, cache.Settings{})
 	aDone := make(chan error, 1)
 	go func() {
 		_, err := a.Product(ctx, 42)
@@ -518,7 +550,7 @@ func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
 func TestRealValueReplacesPlaceholder(t *testing.T) {
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{NullTTL: 500 * time.Millisecond, Jitter: -1})
+	r := f.replica(t, cache.Settings{NullTTL: 500 * time.Millisecond, Jitter: -1})
 	if _, err := r.Product(ctx, 43); !errors.Is(err, stock.ErrNotFound) {
 		t.Fatalf("GET of an absent product: %v", err)
 	}
@@ -548,7 +580,7 @@ func TestRealValueReplacesPlaceholder(t *testing.T) {
 func TestOrderInvalidatesCachedStock(t *testing.T) {
 	f := newFixture(t, 3, 5)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{Bloom: true})
+	r := f.replica(t, cache.Settings{Bloom: true})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -568,7 +600,7 @@ func TestOrderInvalidatesCachedStock(t *testing.T) {
 	// A load that read MySQL before an order committed must not write the
 	// older stock back after the invalidation.
 	paused, resume := f.pauseFirstQuery()
-	if err := r.Invalidate(ctx, 2); err != nil {
+	if err := r.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: 2}); err != nil {
 		t.Fatal(err)
 	}
 	loaded := make(chan stock.Product, 1)
@@ -593,8 +625,8 @@ func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
 	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
-	opt := cache.Options{TTL: 6 * time.Second, Jitter: -1, RefreshAhead: 0.5, RedisTimeout: 5 * time.Second}
-	replicas := []replica{f.replica(t, opt), f.replica(t, opt), f.replica(t, opt)}
+	set := cache.Settings{TTL: 6 * time.Second, Jitter: -1, RefreshAhead: 0.5, RedisTimeout: 5 * time.Second}
+	replicas := []replica{f.replica(t, set), f.replica(t, set), f.replica(t, set)}
 	if _, err := replicas[0].Product(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
@@ -638,7 +670,7 @@ func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
 func TestBloomFilterRebuiltWhenMissing(t *testing.T) {
 	f := newFixture(t, 100, 1)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{Bloom: true})
+	r := f.replica(t, cache.Settings{Bloom: true})
 	// No filter yet (Redis restarted empty, say): products are not turned
 	// away, and the filter gets built.
 	if _, err := r.Product(ctx, 50); err != nil {
@@ -667,7 +699,7 @@ func TestRedisDownFallsBackWithinLimit(t *testing.T) {
 	// A client like the service's, whose commands end with their context:
 	// a dead Redis then fails reads with timeouts as well as EOFs.
 	rdb := client(t, redis.Options{Addr: addr, PoolSize: 200})
-	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, cache.Settings{Bloom: true, Fallback: limit, FallbackWait: 50 * time.Millisecond, RedisTimeout: 500 * time.Millisecond}, lock.RedisOptions{})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -797,8 +829,8 @@ func testBloomStaleBuildRefused(t *testing.T, topo testenv.Topology) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixtureOn(t, topo, 10, 1)
 			ctx := context.Background()
-			late := f.replica(t, cache.Options{Bloom: true})
-			seeder := f.replica(t, cache.Options{Bloom: true})
+			late := f.replica(t, cache.Settings{Bloom: true})
+			seeder := f.replica(t, cache.Settings{Bloom: true})
 
 			paused, resume := f.pauseFirstQuery()
 			built := make(chan error, 1)
@@ -845,15 +877,18 @@ func TestCongestionIsNotAnOutage(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, probe, 1)
 			ctx := context.Background()
-			opt := cache.Options{Bloom: true, RedisTimeout: c.redisTimeout}
+			set := cache.Settings{Bloom: true, RedisTimeout: c.redisTimeout}
 			// Another replica, on a fast client of its own, builds the
 			// filter and caches every product.
-			warm := f.replica(t, opt)
+			warm := f.replica(t, patient(cache.Settings{Bloom: true}))
 			if _, err := warm.Reset(ctx); err != nil {
 				t.Fatal(err)
 			}
-			for id := int64(1); id <= probe; id++ {
-				if _, err := warm.Product(ctx, id); err != nil {
+			for _, err := range reads(probe, 16, func(i int) error {
+				_, err := warm.Product(ctx, int64(i+1))
+				return err
+			}) {
+				if err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -861,7 +896,7 @@ func TestCongestionIsNotAnOutage(t *testing.T) {
 			// This replica is fresh: it learns the filter's parameters from
 			// the first answers, so the first reads ask the filter twice.
 			rdb := client(t, redis.Options{Addr: slowLink(t, testenv.RedisAddr(t), delay, nil), PoolSize: 1, PoolTimeout: c.poolTimeout})
-			r := f.replicaOn(t, rdb, rdb, opt, lock.RedisOptions{})
+			r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, set, lock.RedisOptions{})
 			errs := reads(products, products, func(i int) error {
 				_, err := r.Product(ctx, int64(i+1))
 				return err
@@ -912,8 +947,8 @@ func TestPollThatRunsOutIsNotAnOutage(t *testing.T) {
 	)
 	f := newFixture(t, probe, 1)
 	ctx := context.Background()
-	opt := cache.Options{RedisTimeout: delay * 3 / 2, Wait: delay * 7 / 4}
-	warm := f.replica(t, opt)
+	set := cache.Settings{RedisTimeout: delay * 3 / 2, Wait: delay * 7 / 4}
+	warm := f.replica(t, set)
 	if _, err := warm.Product(ctx, probe); err != nil {
 		t.Fatal(err)
 	}
@@ -927,7 +962,7 @@ func TestPollThatRunsOutIsNotAnOutage(t *testing.T) {
 
 	// Slow on the test's keys only: connecting stays quick.
 	rdb := client(t, redis.Options{Addr: slowLink(t, testenv.RedisAddr(t), delay, []byte(f.prefix))})
-	r := f.replicaOn(t, rdb, rdb, opt, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, set, lock.RedisOptions{})
 	if p, err := r.Product(ctx, 1); err != nil || p.ID != 1 {
 		t.Fatalf("read of a product another replica is loading: %+v, %v; want it from the fallback", p, err)
 	}
@@ -1014,7 +1049,7 @@ func TestRedisHungFallsBackWithinTimeout(t *testing.T) {
 	ctx := context.Background()
 	srv := testenv.StartRedis(t)
 	rdb := client(t, redis.Options{Addr: srv.Addr})
-	r := f.replicaOn(t, rdb, rdb, cache.Options{Bloom: true, RedisTimeout: timeout}, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, rdb, cache.Settings{Bloom: true, RedisTimeout: timeout}, lock.RedisOptions{})
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -1060,8 +1095,8 @@ func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
 	// read found nothing cached.
 	mutexSrv := testenv.StartRedis(t)
 	rdb := client(t, redis.Options{Addr: testenv.RedisAddr(t)})
-	r := f.replicaOn(t, rdb, client(t, redis.Options{Addr: mutexSrv.Addr}),
-		cache.Options{RedisTimeout: timeout, Wait: 5 * time.Second, LoadTimeout: 5 * time.Second}, lock.RedisOptions{})
+	r := f.replicaOn(t, cache.Deps{Redis: rdb}, client(t, redis.Options{Addr: mutexSrv.Addr}),
+		cache.Settings{RedisTimeout: timeout, Wait: 5 * time.Second, LoadTimeout: 5 * time.Second}, lock.RedisOptions{})
 
 	mutexSrv.Pause()
 	start := time.Now()
@@ -1084,7 +1119,7 @@ func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
 func TestSaleWindowCached(t *testing.T) {
 	f := newFixture(t, 1, 1)
 	ctx := context.Background()
-	r := f.replica(t, cache.Options{})
+	r := f.replica(t, cache.Settings{})
 	starts := time.Date(2030, 1, 2, 3, 4, 5, 678901000, time.UTC)
 	if err := f.db.Gorm.Exec("UPDATE products SET sale_starts_at = ? WHERE id = 1", starts).Error; err != nil {
 		t.Fatal(err)
@@ -1114,7 +1149,7 @@ func TestSaleWindowCached(t *testing.T) {
 	if err := f.db.Gorm.Exec("UPDATE products SET sale_starts_at = NULL, sale_ends_at = ? WHERE id = 1", ends).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Invalidate(ctx, 1); err != nil {
+	if err := r.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: 1}); err != nil {
 		t.Fatal(err)
 	}
 	if p, err := r.Product(ctx, 1); err != nil || p.SaleStartsAt != nil || p.SaleEndsAt == nil || !p.SaleEndsAt.Equal(ends) {

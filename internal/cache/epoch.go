@@ -84,7 +84,7 @@ func (p *Products) askEpoch(ctx context.Context, atOnce bool) int64 {
 		defer cancel()
 		epoch, err := p.src.Epoch(ctx)
 		if err != nil {
-			p.opt.Logger.WarnContext(ctx, "cache: catalog epoch: the Bloom filter is judged by the last one known", "known", e.known.Load(), "err", err)
+			p.log.WarnContext(ctx, "cache: catalog epoch: the Bloom filter is judged by the last one known", "known", e.known.Load(), "err", err)
 		} else {
 			e.known.Store(epoch)
 		}

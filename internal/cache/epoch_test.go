@@ -17,55 +17,55 @@ import (
 // new products. Its "no" is not taken: the shards record the catalog epoch
 // they were built from, a replica learns MySQL's at most a second late, and
 // a shard of an older catalog lets its ids through and is rebuilt. Here the
-// filter of 1000 products is built by a read (the rebuild of a missing
-// filter), 2000 are seeded with no reset at all, and product 1500 must be
+// filter of 200 products is built by a read (the rebuild of a missing
+// filter), 400 are seeded with no reset at all, and product 300 must be
 // found within a few seconds — and every new product, once the filter is
 // rebuilt, and absent ids turned away again. Then a seed that is followed
 // by its reset is seen at once, as before: the new products found and
 // absent ids turned away without MySQL.
 func TestBloomOfAnOlderCatalogIsNoFilter(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
-		f := newFixtureOn(t, topo, 1000, 1)
+		f := newFixtureOn(t, topo, 200, 1)
 		ctx := context.Background()
-		r := f.replica(t, cache.Options{Bloom: true})
+		r := f.replica(t, cache.Settings{Bloom: true})
 		if _, err := r.Product(ctx, 1); err != nil { // no filter yet: one is built
 			t.Fatal(err)
 		}
-		// Not 1500: an id read while no filter stood is cached as absent,
+		// Not 300: an id read while no filter stood is cached as absent,
 		// and a seed whose reset failed leaves that for SHOP_CACHE_NULL_TTL.
-		waitRejected(t, r, 5001, "the filter of products 1..1000")
+		waitRejected(t, r, 5001, "the filter of products 1..200")
 
-		if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 2000, 1); err != nil { // and no reset
+		if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 400, 1); err != nil { // and no reset
 			t.Fatal(err)
 		}
 		start := time.Now()
 		for {
-			p, err := r.Product(ctx, 1500)
-			if err == nil && p.ID == 1500 {
+			p, err := r.Product(ctx, 300)
+			if err == nil && p.ID == 300 {
 				break
 			}
 			if !errors.Is(err, stock.ErrNotFound) {
-				t.Fatalf("product 1500 after the seed: %v", err)
+				t.Fatalf("product 300 after the seed: %v", err)
 			}
 			if time.Since(start) > 5*time.Second {
-				t.Fatalf("product 1500, seeded with no cache reset, still not found after %s: the old filter turns it away", time.Since(start).Round(time.Millisecond))
+				t.Fatalf("product 300, seeded with no cache reset, still not found after %s: the old filter turns it away", time.Since(start).Round(time.Millisecond))
 			}
 			time.Sleep(20 * time.Millisecond)
 		}
-		t.Logf("%s: product 1500 found %s after a seed with no cache reset; %.0f reads let through a stale shard",
+		t.Logf("%s: product 300 found %s after a seed with no cache reset; %.0f reads let through a stale shard",
 			topo.Name, time.Since(start).Round(time.Millisecond), r.counter(t, "bloom_stale_total"))
-		waitRejected(t, r, 5002, "the rebuilt filter of products 1..2000")
-		allFound(t, r, 1001, 2000)
+		waitRejected(t, r, 5002, "the rebuilt filter of products 1..400")
+		allFound(t, r, 201, 400)
 
 		// A seed and its reset: the new filter is taken at once.
-		if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 3000, 1); err != nil {
+		if err := stock.NewCatalog(f.db.Gorm).Seed(ctx, 600, 1); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := r.Reset(ctx); err != nil {
 			t.Fatal(err)
 		}
 		stale, loads := r.counter(t, "bloom_stale_total"), f.q.total.Load()
-		for id := int64(3001); id <= 3100; id++ {
+		for id := int64(601); id <= 700; id++ {
 			if _, err := r.Product(ctx, id); !errors.Is(err, stock.ErrNotFound) {
 				t.Fatalf("absent product %d after a seed and its reset: %v", id, err)
 			}
@@ -76,7 +76,7 @@ func TestBloomOfAnOlderCatalogIsNoFilter(t *testing.T) {
 		if n := f.q.total.Load() - loads; n > 1 { // a false positive, at most
 			t.Errorf("100 absent ids right after a seed and its reset cost %d product queries", n)
 		}
-		allFound(t, r, 2001, 3000)
+		allFound(t, r, 401, 600)
 	})
 }
 
@@ -115,7 +115,7 @@ func TestPenetrationAsksTheCatalogEpochRarely(t *testing.T) {
 	ctx := context.Background()
 	var rs []replica
 	for range replicas {
-		rs = append(rs, f.replica(t, cache.Options{Bloom: true}))
+		rs = append(rs, f.replica(t, cache.Settings{Bloom: true}))
 	}
 	if _, err := rs[0].Reset(ctx); err != nil {
 		t.Fatal(err)

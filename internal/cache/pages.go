@@ -21,9 +21,9 @@ import (
 // A page is dropped when its product changes: every change of a product
 // (an order's commit, a sell-out, a return of units, a restock) is
 // announced to every replica with the invalidation of its cached entry
-// (notify), and each replica's listener calls Forget; the replica that
-// made the change forgets its own copy before it answers (Products tells
-// its Pages). A replica that resubscribes, having perhaps missed
+// (Products.Announce), and each replica forgets the page when it hears
+// the announcement (Products.Hear); the replica that made the change
+// forgets its own copy before it answers. A replica that resubscribes, having perhaps missed
 // announcements, forgets every page. And each page lapses after the TTL in
 // any case: the bound on how stale a page may be when an announcement is
 // lost without the subscription noticing.

@@ -180,20 +180,16 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := f.replica(t, cache.Options{Announcer: restocks, Pages: mine})
-	heard := make(chan notify.Event, 16)
-	ready, stop := restocks.Listen(func(e notify.Event) {
-		theirs.Forget(e.SKU)
-		heard <- e
-	})
-	t.Cleanup(func() { stop() })
-	<-ready
-	<-heard // the subscription's Raised of All
+	r := f.replicaTold(t, restocks, mine, cache.Settings{})
+	other := f.replicaTold(t, nil, theirs, cache.Settings{})
+	events := hearing(t, restocks, other)
 
-	stockOf := func(pages *cache.Pages) int {
+	// stockOf is product 1's stock on the page of replica c, whose copy
+	// of the pages is pages.
+	stockOf := func(c replica, pages *cache.Pages) int {
 		t.Helper()
 		b, err := pages.Page(ctx, 1, func(ctx context.Context) ([]byte, error) {
-			p, err := r.Product(ctx, 1)
+			p, err := c.Product(ctx, 1)
 			return fmt.Appendf(nil, "%d", p.Stock), err
 		})
 		if err != nil {
@@ -206,14 +202,14 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 	next := func() notify.Event {
 		t.Helper()
 		select {
-		case e := <-heard:
+		case e := <-events:
 			return e
 		case <-time.After(10 * time.Second):
 			t.Fatal("nothing heard")
 			return notify.Event{}
 		}
 	}
-	if a, b := stockOf(mine), stockOf(theirs); a != 2 || b != 2 {
+	if a, b := stockOf(r, mine), stockOf(other, theirs); a != 2 || b != 2 {
 		t.Fatalf("before the orders: pages show %d and %d, want 2", a, b)
 	}
 	locks := lock.NewRedis(f.rdb, lock.RedisOptions{Prefix: f.prefix + "lock:"})
@@ -224,7 +220,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := stockOf(mine); got != want {
+		if got := stockOf(r, mine); got != want {
 			t.Fatalf("right after order %d: this replica's page shows %d, want %d", o.ID, got, want)
 		}
 		e := next()
@@ -234,7 +230,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 		if want == 0 && (e.Kind != notify.SoldOut || e.SKU != 1 || e.Fence != o.Fence || e.Fence <= 0) {
 			t.Fatalf("after the last unit's order %d (fence %d): heard %+v, want a SoldOut of product 1 with its fence", o.ID, o.Fence, e)
 		}
-		if got := stockOf(theirs); got != want {
+		if got := stockOf(other, theirs); got != want {
 			t.Fatalf("after hearing order %d: the other replica's page shows %d, want %d", o.ID, got, want)
 		}
 	}

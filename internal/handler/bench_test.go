@@ -43,8 +43,8 @@ func BenchmarkProductGET(b *testing.B) {
 	}
 	rdb, prefix := testenv.Redis(b)
 	newCache := func(bloom bool) *cache.Products {
-		c := cache.New(rdb, catalog, lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "mutex:", NoFencing: true}),
-			cache.Options{Prefix: prefix + "cache:", Bloom: bloom})
+		c := cache.New(cache.Deps{Redis: rdb, Source: catalog, Mutex: lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "mutex:", NoFencing: true})},
+			cache.Settings{Prefix: prefix + "cache:", Bloom: bloom})
 		b.Cleanup(c.Close)
 		return c
 	}

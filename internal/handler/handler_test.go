@@ -51,7 +51,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 	}
 	locks := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, Wait: 10 * time.Second})
 	mutex := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "cache:mutex:", NoFencing: true})
-	products := cache.New(rdb, catalog, mutex, cache.Options{Prefix: prefix + "cache:", Bloom: true})
+	products := cache.New(cache.Deps{Redis: rdb, Source: catalog, Mutex: mutex}, cache.Settings{Prefix: prefix + "cache:", Bloom: true})
 	t.Cleanup(products.Close)
 	if _, err := products.Reset(context.Background()); err != nil {
 		t.Fatal(err)
@@ -381,7 +381,7 @@ func TestRedisDownIsBusy(t *testing.T) {
 	t.Cleanup(func() { dead.Close() })
 	srv := serve(t, both(handler.New(handler.Deps{
 		Orders:   stock.NewService(stock.Deps{DB: db.Gorm, Locks: lock.NewRedis(dead, lock.RedisOptions{})}, stock.Settings{}, stock.Hooks{}),
-		Products: cache.New(dead, catalog, lock.NewRedis(dead, lock.RedisOptions{NoFencing: true}), cache.Options{Bloom: true}),
+		Products: cache.New(cache.Deps{Redis: dead, Source: catalog, Mutex: lock.NewRedis(dead, lock.RedisOptions{NoFencing: true})}, cache.Settings{Bloom: true}),
 		Stock:    catalog,
 		Ready:    probed(t, "redis", func(ctx context.Context) error { return dead.Ping(ctx).Err() }),
 	}, handler.Settings{})))

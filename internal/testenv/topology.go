@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -106,7 +107,9 @@ func RedisOn(tb testing.TB, topo Topology) (redis.UniversalClient, string) {
 	return c, prefix
 }
 
-// deleteKeys deletes every key under prefix, on every master.
+// deleteKeys deletes every key under prefix, on every master, a pipeline of
+// them at a time: a test that leaves tens of thousands of keys is not kept
+// waiting for a round trip per key.
 func deleteKeys(tb testing.TB, c redis.UniversalClient, prefix string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -114,7 +117,11 @@ func deleteKeys(tb testing.TB, c redis.UniversalClient, prefix string) {
 	if err := keyspace.Scan(ctx, c, prefix+"*", func(key string) { keys = append(keys, key) }); err != nil {
 		tb.Errorf("clean redis keys %s*: %v", prefix, err)
 	}
-	for _, k := range keys {
-		c.Del(ctx, k)
+	for batch := range slices.Chunk(keys, 1000) {
+		pipe := c.Pipeline()
+		for _, k := range batch {
+			pipe.Del(ctx, k)
+		}
+		pipe.Exec(ctx)
 	}
 }
