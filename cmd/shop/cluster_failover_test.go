@@ -87,7 +87,7 @@ func TestSaleThroughClusterFailover(t *testing.T) {
 			for range 3 {
 				replicas = append(replicas, startReplica(t, vars()))
 			}
-			shard := cluster.Shard(t, cfg.RedisPrefix+"lock:released")
+			shard := cluster.Shard(t, cfg.Redis.Prefix+"lock:released")
 			probe := newShardProbe(t, cluster, cfg, shard)
 			probe.wake(t, 1)
 
@@ -136,7 +136,7 @@ func newShardProbe(t *testing.T, cluster *testenv.RedisCluster, cfg config, shar
 	// the probe, nor the probe's by the service.
 	prefix := ""
 	for i := 0; prefix == "" || !on(prefix+"released"); i++ {
-		prefix = fmt.Sprintf("%sprobe%d:", cfg.RedisPrefix, i)
+		prefix = fmt.Sprintf("%sprobe%d:", cfg.Redis.Prefix, i)
 	}
 	key := ""
 	for i := 1; key == "" || !on(prefix+"{"+key+"}"); i++ {
@@ -145,9 +145,9 @@ func newShardProbe(t *testing.T, cluster *testenv.RedisCluster, cfg config, shar
 	p := &shardProbe{cluster: cluster, key: key, channel: prefix + "released",
 		lockErrs: &redisErrors{}, nodeErrs: &redisErrors{}}
 	newLock := func(opt lock.RedisOptions, wake bool) (*lock.Redis, redis.UniversalClient) {
-		c := newLockRedis(cfg, cfg.LockTTL)
+		c := newLockRedis(cfg.Redis, cfg.Lock.TTL)
 		t.Cleanup(func() { c.Close() })
-		opt.Prefix, opt.TTL = prefix, cfg.LockTTL
+		opt.Prefix, opt.TTL = prefix, cfg.Lock.TTL
 		if wake {
 			opt.Subscriber = c
 		} else {
@@ -157,10 +157,10 @@ func newShardProbe(t *testing.T, cluster *testenv.RedisCluster, cfg config, shar
 		t.Cleanup(func() { l.Close() })
 		return l, c
 	}
-	p.holder, _ = newLock(lock.RedisOptions{Wait: cfg.LockWait}, true)
-	p.locker, _ = newLock(lock.RedisOptions{Wait: cfg.LockWait}, false)
+	p.holder, _ = newLock(lock.RedisOptions{Wait: cfg.Lock.Wait}, true)
+	p.locker, _ = newLock(lock.RedisOptions{Wait: cfg.Lock.Wait}, false)
 	p.waiter, p.waiterClient = newLock(lock.RedisOptions{MinBackoff: time.Hour, MaxBackoff: time.Hour, Wait: time.Minute}, true)
-	p.rdb = newRedis(cfg)
+	p.rdb = newRedis(cfg.Redis)
 	t.Cleanup(func() { p.rdb.Close() })
 	p.rdb.(*redis.ClusterClient).OnNewNode(func(node *redis.Client) { node.AddHook(p.nodeErrs) })
 	// Both probing clients learn the slots now, before the failover.

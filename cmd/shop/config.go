@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,40 +18,73 @@ import (
 	"shop/internal/stock"
 )
 
-// config is the service's configuration, read from the environment.
+// config is the service's configuration, read from the environment by
+// subject, as docs/configuration.md lists it.
 type config struct {
-	// HTTPAddr and DebugAddr are listeners' [host]:port: an empty host is
-	// every interface (not allowed for DebugAddr, loopback only), port 0 a
-	// free port, logged as bound.
-	HTTPAddr  string
-	DebugAddr string
-	// AdminAddr is the operators' listener: the admin API and /metrics,
-	// which the public listener does not serve.
-	AdminAddr string
-	MySQLDSN  string
-	// RedisAddrs is one Redis server, or the seed nodes of a Redis
-	// Cluster, or — with RedisMasterName — the Sentinels that watch the
-	// master of that name: go-redis's UniversalOptions.Addrs. Like
-	// RedlockAddrs, each is host:port with a port from 1 to 65535, without
-	// a scheme, and none is listed twice.
-	RedisAddrs      []string
-	RedisMasterName string
-	RedisPrefix     string
-	// RedlockAddrs are the independent masters of redlock mode.
-	RedlockAddrs []string
-	// EtcdEndpoints are the members of the etcd cluster of etcd mode, and
+	Listen listenConfig
+	MySQL  mysqlConfig
+	Redis  redisConfig
+	Lock   lockConfig
+	Orders ordersConfig
+	Cache  cacheConfig
+	Buyers buyersConfig
+	Stop   stopConfig
+}
+
+// listenConfig is where a replica listens.
+type listenConfig struct {
+	// HTTP and Debug are listeners' [host]:port: an empty host is every
+	// interface (not allowed for Debug, loopback only), port 0 a free port,
+	// logged as bound. Debug is empty for none.
+	HTTP  string
+	Debug string
+	// Admin is the operators' listener: the admin API and /metrics, which
+	// the public listener does not serve. AdminToken is the admin API's
+	// bearer token; empty turns the admin API off.
+	Admin      string
+	AdminToken string
+}
+
+// mysqlConfig is the database.
+type mysqlConfig struct {
+	DSN string
+}
+
+// redisConfig is the Redis of the cache, the rate limits, the
+// announcements and the Redis locks.
+type redisConfig struct {
+	// Addrs is one Redis server, or the seed nodes of a Redis Cluster, or —
+	// with MasterName — the Sentinels that watch the master of that name:
+	// go-redis's UniversalOptions.Addrs. Like lockConfig's lists, each is
+	// host:port with a port from 1 to 65535, without a scheme, and none is
+	// listed twice.
+	Addrs      []string
+	MasterName string
+	// Prefix is put before every key (and etcd's and ZooKeeper's paths).
+	Prefix string
+}
+
+// lockConfig is the order lock.
+type lockConfig struct {
+	Mode    string
+	TTL     time.Duration
+	Wait    time.Duration
+	Fencing bool
+	// RedlockAddrs are the independent masters of redlock mode;
+	// EtcdEndpoints the members of the etcd cluster of etcd mode, and
 	// ZKServers the servers of the ZooKeeper ensemble of zookeeper mode;
-	// host:port each, as RedlockAddrs.
+	// host:port each.
+	RedlockAddrs  []string
 	EtcdEndpoints []string
 	ZKServers     []string
-	LockMode      string
-	LockTTL       time.Duration
-	LockWait      time.Duration
-	StockUpdate   string
-	Fencing       bool
-	// OrderBatch is the most orders of one SKU one lock holder places in
-	// one transaction.
-	OrderBatch int
+}
+
+// ordersConfig is how orders are placed and their reservations kept.
+type ordersConfig struct {
+	StockUpdate string
+	// Batch is the most orders of one SKU one lock holder places in one
+	// transaction.
+	Batch int
 	// UserLimit is the most orders one user may hold over all products;
 	// 0 is off.
 	UserLimit int
@@ -59,14 +93,29 @@ type config struct {
 	// units of lapsed reservations.
 	PayWindow     time.Duration
 	SweepInterval time.Duration
-	CacheTTL      time.Duration
-	// CacheLocalTTL is how long a replica keeps its own copy of a product
-	// page (cache.Pages); 0 turns the copy off.
-	CacheLocalTTL time.Duration
-	CacheJitter   float64
-	NullTTL       time.Duration
-	Bloom         bool
-	AdminToken    string
+}
+
+// cacheConfig is the product cache.
+type cacheConfig struct {
+	TTL time.Duration
+	// LocalTTL is how long a replica keeps its own copy of a product page
+	// (cache.Pages); 0 turns the copy off.
+	LocalTTL time.Duration
+	Jitter   float64
+	NullTTL  time.Duration
+	Bloom    bool
+}
+
+// buyersConfig is who the buyers and clients are, and how often they may
+// ask.
+type buyersConfig struct {
+	// Auth is SHOP_AUTH: "none", the request's user_id is the buyer, or
+	// "jwt", the buyer routes need a bearer token verified by JWT and the
+	// buyer is its subject. JWT is the verifier's settings with Auth "jwt":
+	// SHOP_JWT_SECRET, or the keys of the file SHOP_JWT_PUBLIC_KEYS names,
+	// and SHOP_JWT_ISSUER, SHOP_JWT_AUDIENCE.
+	Auth string
+	JWT  auth.Options
 	// RateUser is how many orders a second one user may send, in bursts of
 	// RateUserBurst, over every replica; RateIP how many requests a second
 	// one client address may send. 0 is no limit.
@@ -77,15 +126,11 @@ type config struct {
 	// X-Forwarded-For names the client: SHOP_TRUSTED_PROXIES, "none" for
 	// none.
 	TrustedProxies []string
-	// Auth is SHOP_AUTH: "none", the request's user_id is the buyer, or
-	// "jwt", the buyer routes need a bearer token verified by JWT and the
-	// buyer is its subject.
-	Auth string
-	// JWT is the verifier's settings with Auth "jwt": SHOP_JWT_SECRET, or
-	// the keys of the file SHOP_JWT_PUBLIC_KEYS names, and
-	// SHOP_JWT_ISSUER, SHOP_JWT_AUDIENCE.
-	JWT      auth.Options
-	LogLevel slog.Level
+}
+
+// stopConfig is how a replica tells it is ready, and stops, and what it
+// logs.
+type stopConfig struct {
 	// Drain is how long a stopping replica, which accepts no new
 	// connection, keeps serving those it has, every response closing its
 	// connection, before Shutdown.
@@ -93,6 +138,7 @@ type config struct {
 	// ReadyGrace is how long MySQL or Redis, once it has answered, may go
 	// without answering before /readyz fails (see package readiness).
 	ReadyGrace time.Duration
+	LogLevel   slog.Level
 }
 
 const (
@@ -151,231 +197,309 @@ func (e configError) Error() string { return e.err.Error() }
 func (e configError) Unwrap() error { return e.err }
 
 // loadConfig reads every SHOP_* variable through getenv, applying the
-// defaults of the README, and reports every bad value at once, each naming
-// its variable.
+// defaults of docs/configuration.md, and reports every bad value at once,
+// each naming its variable.
 func loadConfig(getenv func(string) string) (config, error) {
-	var errs []error
-	get := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
+	e := &environ{getenv: getenv}
+	c := config{
+		Listen: e.listen(),
+		MySQL:  e.mysql(),
+		Redis:  e.redis(),
+		Lock:   e.lock(),
+		Orders: e.orders(),
+		Cache:  e.cache(),
+		Buyers: e.buyers(),
+		Stop:   e.stop(),
 	}
-	oneOf := func(name, def string, allowed ...string) string {
-		v := get(name, def)
-		for _, a := range allowed {
-			if v == a {
-				return v
-			}
-		}
-		errs = append(errs, fmt.Errorf("%s=%q: must be one of %s", name, v, strings.Join(allowed, ", ")))
+	if len(e.errs) > 0 {
+		return c, configError{errors.Join(e.errs...)}
+	}
+	return c, nil
+}
+
+// environ reads SHOP_* variables, keeping what is wrong with them.
+type environ struct {
+	getenv func(string) string
+	errs   []error
+}
+
+// bad records what is wrong with a variable.
+func (e *environ) bad(format string, args ...any) {
+	e.errs = append(e.errs, fmt.Errorf(format, args...))
+}
+
+// get is name's value, or def when it is unset or empty.
+func (e *environ) get(name, def string) string {
+	if v := e.getenv(name); v != "" {
 		return v
 	}
-	duration := func(name, def string, min time.Duration) time.Duration {
-		v := get(name, def)
-		d, err := time.ParseDuration(v)
-		if err != nil || d < min {
-			errs = append(errs, fmt.Errorf("%s=%q: must be a duration of at least %s, like %s", name, v, min, def))
-		}
-		return d
-	}
-	between := func(name, def string, min, max time.Duration) time.Duration {
-		v := get(name, def)
-		d, err := time.ParseDuration(v)
-		if err != nil || d < min || d > max {
-			errs = append(errs, fmt.Errorf("%s=%q: must be a duration from %s to %s, like %s", name, v, min, max, def))
-		}
-		return d
-	}
-	// addrs reads name's comma-separated list of servers to dial, each
-	// checked by checkAddr and none listed twice: dup says what a
-	// duplicate would do. Entries are compared as written, spaces around
-	// them trimmed: localhost:6379 and 127.0.0.1:6379 are not seen as one.
-	addrs := func(name, def, dup string) []string {
-		list := addrList(get(name, def))
-		seen := make(map[string]bool, len(list))
-		for _, a := range list {
-			if err := checkAddr(a, false); err != nil {
-				errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			} else if seen[a] {
-				errs = append(errs, fmt.Errorf("%s: %q is listed twice: %s", name, a, dup))
-			}
-			seen[a] = true
-		}
-		return list
-	}
+	return def
+}
 
-	c := config{
-		HTTPAddr:        get("SHOP_HTTP_ADDR", ":8080"),
-		DebugAddr:       getenv("SHOP_DEBUG_ADDR"),
-		AdminAddr:       get("SHOP_ADMIN_ADDR", "127.0.0.1:0"),
-		MySQLDSN:        get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
-		RedisMasterName: getenv("SHOP_REDIS_MASTER_NAME"),
-		RedisPrefix:     get("SHOP_REDIS_PREFIX", "shop:"),
-		LockMode:        oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "mysql", "etcd", "zookeeper", "local", "none"),
-		LockTTL:         between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
-		LockWait:        between("SHOP_LOCK_WAIT", "2s", time.Millisecond, stock.MaxLockWait),
-		StockUpdate:     oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
-		Fencing:         oneOf("SHOP_FENCING", "on", "on", "off") == "on",
-		CacheTTL:        duration("SHOP_CACHE_TTL", "10m", time.Second),
-		NullTTL:         duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
-		CacheLocalTTL:   between("SHOP_CACHE_LOCAL_TTL", "1s", 0, maxCacheLocalTTL),
-		Bloom:           oneOf("SHOP_BLOOM", "on", "on", "off") == "on",
-		AdminToken:      getenv("SHOP_ADMIN_TOKEN"),
-		Drain:           between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
-		PayWindow:       between("SHOP_PAY_WINDOW", "15m", 0, maxPayWindow),
-		SweepInterval:   between("SHOP_SWEEP_INTERVAL", "1s", minSweepInterval, maxSweepInterval),
-		ReadyGrace:      between("SHOP_READY_GRACE", "10s", 0, maxReadyGrace),
+// oneOf is name's value, one of allowed.
+func (e *environ) oneOf(name, def string, allowed ...string) string {
+	v := e.get(name, def)
+	if !slices.Contains(allowed, v) {
+		e.bad("%s=%q: must be one of %s", name, v, strings.Join(allowed, ", "))
 	}
-	c.OrderBatch = stock.DefaultBatch
-	if v := getenv("SHOP_ORDER_BATCH"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxOrderBatch {
-			errs = append(errs, fmt.Errorf("SHOP_ORDER_BATCH=%q: must be a whole number from 1 (one order per lock hold) to %d", v, maxOrderBatch))
+	return v
+}
+
+// on is name's on or off, as true or false.
+func (e *environ) on(name, def string) bool { return e.oneOf(name, def, "on", "off") == "on" }
+
+// duration is name's duration, at least min.
+func (e *environ) duration(name, def string, min time.Duration) time.Duration {
+	v := e.get(name, def)
+	d, err := time.ParseDuration(v)
+	if err != nil || d < min {
+		e.bad("%s=%q: must be a duration of at least %s, like %s", name, v, min, def)
+	}
+	return d
+}
+
+// between is name's duration, from min to max.
+func (e *environ) between(name, def string, min, max time.Duration) time.Duration {
+	v := e.get(name, def)
+	d, err := time.ParseDuration(v)
+	if err != nil || d < min || d > max {
+		e.bad("%s=%q: must be a duration from %s to %s, like %s", name, v, min, max, def)
+	}
+	return d
+}
+
+// count is name's whole number from 0 to max; zero says what 0 means.
+func (e *environ) count(name, def string, max int, zero string) int {
+	v := e.get(name, def)
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > max {
+		e.bad("%s=%q: must be a whole number from 0 (%s) to %d", name, v, zero, max)
+	}
+	return n
+}
+
+// addrs reads name's comma-separated list of servers to dial, each
+// checked by checkAddr and none listed twice: dup says what a duplicate
+// would do. Entries are compared as written, spaces around them trimmed:
+// localhost:6379 and 127.0.0.1:6379 are not seen as one.
+func (e *environ) addrs(name, def, dup string) []string {
+	list := addrList(e.get(name, def))
+	seen := make(map[string]bool, len(list))
+	for _, a := range list {
+		if err := checkAddr(a, false); err != nil {
+			e.bad("%s: %w", name, err)
+		} else if seen[a] {
+			e.bad("%s: %q is listed twice: %s", name, a, dup)
 		}
-		c.OrderBatch = n
+		seen[a] = true
 	}
-	if v := getenv("SHOP_USER_LIMIT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > maxUserLimit {
-			errs = append(errs, fmt.Errorf("SHOP_USER_LIMIT=%q: must be a whole number from 0 (no limit) to %d", v, maxUserLimit))
+	return list
+}
+
+// listener is name's listener address.
+func (e *environ) listener(name, def string) string {
+	v := e.get(name, def)
+	if v != "" {
+		if err := checkAddr(v, true); err != nil {
+			e.bad("%s: %w", name, err)
 		}
-		c.UserLimit = n
 	}
-	// count reads name's whole number from 0 to maxRate.
-	count := func(name, def, zero string) int {
-		v := get(name, def)
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > maxRate {
-			errs = append(errs, fmt.Errorf("%s=%q: must be a whole number from 0 (%s) to %d", name, v, zero, maxRate))
-		}
-		return n
+	return v
+}
+
+func (e *environ) listen() listenConfig {
+	c := listenConfig{
+		HTTP:       e.listener("SHOP_HTTP_ADDR", ":8080"),
+		Admin:      e.listener("SHOP_ADMIN_ADDR", "127.0.0.1:0"),
+		Debug:      e.listener("SHOP_DEBUG_ADDR", ""),
+		AdminToken: e.getenv("SHOP_ADMIN_TOKEN"),
 	}
-	c.RateUser = count("SHOP_RATE_USER", "5", "no limit")
-	c.RateUserBurst = count("SHOP_RATE_USER_BURST", "10", "the rate's own")
-	c.RateIP = count("SHOP_RATE_IP", "0", "no limit")
-	if c.RateUser > 0 && c.RateUserBurst > 0 && c.RateUserBurst < c.RateUser {
-		errs = append(errs, fmt.Errorf("SHOP_RATE_USER_BURST=%d: must be at least SHOP_RATE_USER (%d), or 0 for the same", c.RateUserBurst, c.RateUser))
-	}
-	var err error
-	if c.TrustedProxies, err = trustedProxies(get("SHOP_TRUSTED_PROXIES", defaultTrustedProxies)); err != nil {
-		errs = append(errs, fmt.Errorf("SHOP_TRUSTED_PROXIES: %w", err))
-	}
-	if c.NullTTL > 5*time.Minute {
-		errs = append(errs, fmt.Errorf("SHOP_CACHE_NULL_TTL=%q: must be at most 5m", getenv("SHOP_CACHE_NULL_TTL")))
-	}
-	if v := get("SHOP_CACHE_JITTER", "10%"); !parseJitter(v, &c.CacheJitter) {
-		errs = append(errs, fmt.Errorf("SHOP_CACHE_JITTER=%q: must be a share of the TTL from 0 to 50%%, like 10%% or 0.1", v))
-	}
-	if _, err := mysql.ParseDSN(c.MySQLDSN); err != nil {
-		errs = append(errs, fmt.Errorf("SHOP_MYSQL_DSN: %w", err))
-	}
-	c.RedisAddrs = addrs("SHOP_REDIS_ADDR", "127.0.0.1:6379", "one server listed twice is taken for two: a Redis Cluster's seed nodes, or two Sentinels")
-	if len(c.RedisAddrs) == 0 {
-		errs = append(errs, errors.New("SHOP_REDIS_ADDR: must be host:port, or a comma-separated list of them"))
-	}
-	// The keys carry hash tags ({sku:42}) so that each script's keys share
-	// a Redis Cluster slot; a brace in the prefix would be taken for the tag.
-	if strings.ContainsAny(c.RedisPrefix, "{}") {
-		errs = append(errs, fmt.Errorf("SHOP_REDIS_PREFIX=%q: must not contain { or }: the keys' hash tags, which keep each script's keys in one Redis Cluster slot, follow it", c.RedisPrefix))
-	}
-	c.RedlockAddrs = addrs("SHOP_REDLOCK_ADDRS", "", "a master listed twice counts twice towards a majority")
-	if c.LockMode == "redlock" && len(c.RedlockAddrs) == 0 {
-		errs = append(errs, errors.New("SHOP_REDLOCK_ADDRS: redlock mode needs the independent Redis masters, comma-separated host:port"))
-	}
-	c.EtcdEndpoints = addrs("SHOP_ETCD_ENDPOINTS", "", "a member listed twice is dialled twice")
-	if c.LockMode == "etcd" && len(c.EtcdEndpoints) == 0 {
-		errs = append(errs, errors.New("SHOP_ETCD_ENDPOINTS: etcd mode needs the members of the etcd cluster, comma-separated host:port"))
-	}
-	c.ZKServers = addrs("SHOP_ZK_SERVERS", "", "a server listed twice is dialled twice")
-	if c.LockMode == "zookeeper" && len(c.ZKServers) == 0 {
-		errs = append(errs, errors.New("SHOP_ZK_SERVERS: zookeeper mode needs the servers of the ZooKeeper ensemble, comma-separated host:port"))
-	}
-	if err := checkAddr(c.HTTPAddr, true); err != nil {
-		errs = append(errs, fmt.Errorf("SHOP_HTTP_ADDR: %w", err))
-	}
-	if err := checkAddr(c.AdminAddr, true); err != nil {
-		errs = append(errs, fmt.Errorf("SHOP_ADMIN_ADDR: %w", err))
-	}
-	if c.DebugAddr != "" {
-		if err := checkAddr(c.DebugAddr, true); err != nil {
-			errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR: %w", err))
-		} else if !loopback(c.DebugAddr) {
-			errs = append(errs, fmt.Errorf("SHOP_DEBUG_ADDR=%q: must be a loopback host:port (127.0.0.1, ::1 or localhost): pprof shows the process's memory and must not be reachable from elsewhere", c.DebugAddr))
-		}
+	if c.Debug != "" && checkAddr(c.Debug, true) == nil && !loopback(c.Debug) {
+		e.bad("SHOP_DEBUG_ADDR=%q: must be a loopback host:port (127.0.0.1, ::1 or localhost): pprof shows the process's memory and must not be reachable from elsewhere", c.Debug)
 	}
 	if n := len(c.AdminToken); n > 0 && n < minAdminToken {
-		errs = append(errs, fmt.Errorf("SHOP_ADMIN_TOKEN: %d characters, must be at least %d (it can reset the catalog)", n, minAdminToken))
+		e.bad("SHOP_ADMIN_TOKEN: %d characters, must be at least %d (it can reset the catalog)", n, minAdminToken)
 	}
 	// No client could send such a token: HTTP trims a header's value.
 	if c.AdminToken != strings.TrimSpace(c.AdminToken) {
-		errs = append(errs, errors.New("SHOP_ADMIN_TOKEN: begins or ends with white space (a space, or the newline of a file it was read from): remove it"))
+		e.bad("SHOP_ADMIN_TOKEN: begins or ends with white space (a space, or the newline of a file it was read from): remove it")
 	}
-	c.Auth = oneOf("SHOP_AUTH", "none", "none", "jwt")
-	errs = append(errs, c.loadJWT(getenv)...)
-	if v := get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
-		errs = append(errs, fmt.Errorf("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v))
+	return c
+}
+
+func (e *environ) mysql() mysqlConfig {
+	c := mysqlConfig{DSN: e.get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true")}
+	if _, err := mysql.ParseDSN(c.DSN); err != nil {
+		e.bad("SHOP_MYSQL_DSN: %w", err)
 	}
-	if len(errs) > 0 {
-		return c, configError{errors.Join(errs...)}
+	return c
+}
+
+func (e *environ) redis() redisConfig {
+	c := redisConfig{
+		Addrs:      e.addrs("SHOP_REDIS_ADDR", "127.0.0.1:6379", "one server listed twice is taken for two: a Redis Cluster's seed nodes, or two Sentinels"),
+		MasterName: e.getenv("SHOP_REDIS_MASTER_NAME"),
+		Prefix:     e.get("SHOP_REDIS_PREFIX", "shop:"),
 	}
-	return c, nil
+	if len(c.Addrs) == 0 {
+		e.bad("SHOP_REDIS_ADDR: must be host:port, or a comma-separated list of them")
+	}
+	// The keys carry hash tags ({sku:42}) so that each script's keys share
+	// a Redis Cluster slot; a brace in the prefix would be taken for the tag.
+	if strings.ContainsAny(c.Prefix, "{}") {
+		e.bad("SHOP_REDIS_PREFIX=%q: must not contain { or }: the keys' hash tags, which keep each script's keys in one Redis Cluster slot, follow it", c.Prefix)
+	}
+	return c
+}
+
+func (e *environ) lock() lockConfig {
+	c := lockConfig{
+		Mode:          e.oneOf("SHOP_LOCK_MODE", "redis", "redis", "redlock", "mysql", "etcd", "zookeeper", "local", "none"),
+		TTL:           e.between("SHOP_LOCK_TTL", "5s", minLockTTL, maxLockTTL),
+		Wait:          e.between("SHOP_LOCK_WAIT", "2s", time.Millisecond, stock.MaxLockWait),
+		Fencing:       e.on("SHOP_FENCING", "on"),
+		RedlockAddrs:  e.addrs("SHOP_REDLOCK_ADDRS", "", "a master listed twice counts twice towards a majority"),
+		EtcdEndpoints: e.addrs("SHOP_ETCD_ENDPOINTS", "", "a member listed twice is dialled twice"),
+		ZKServers:     e.addrs("SHOP_ZK_SERVERS", "", "a server listed twice is dialled twice"),
+	}
+	for _, need := range []struct {
+		mode, name, what string
+		list             []string
+	}{
+		{"redlock", "SHOP_REDLOCK_ADDRS", "the independent Redis masters", c.RedlockAddrs},
+		{"etcd", "SHOP_ETCD_ENDPOINTS", "the members of the etcd cluster", c.EtcdEndpoints},
+		{"zookeeper", "SHOP_ZK_SERVERS", "the servers of the ZooKeeper ensemble", c.ZKServers},
+	} {
+		if c.Mode == need.mode && len(need.list) == 0 {
+			e.bad("%s: %s mode needs %s, comma-separated host:port", need.name, need.mode, need.what)
+		}
+	}
+	return c
+}
+
+func (e *environ) orders() ordersConfig {
+	c := ordersConfig{
+		StockUpdate:   e.oneOf("SHOP_STOCK_UPDATE", "guarded", "guarded", "naive"),
+		Batch:         stock.DefaultBatch,
+		PayWindow:     e.between("SHOP_PAY_WINDOW", "15m", 0, maxPayWindow),
+		SweepInterval: e.between("SHOP_SWEEP_INTERVAL", "1s", minSweepInterval, maxSweepInterval),
+	}
+	if v := e.getenv("SHOP_ORDER_BATCH"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxOrderBatch {
+			e.bad("SHOP_ORDER_BATCH=%q: must be a whole number from 1 (one order per lock hold) to %d", v, maxOrderBatch)
+		}
+		c.Batch = n
+	}
+	if v := e.getenv("SHOP_USER_LIMIT"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > maxUserLimit {
+			e.bad("SHOP_USER_LIMIT=%q: must be a whole number from 0 (no limit) to %d", v, maxUserLimit)
+		}
+		c.UserLimit = n
+	}
+	return c
+}
+
+func (e *environ) cache() cacheConfig {
+	c := cacheConfig{
+		TTL:      e.duration("SHOP_CACHE_TTL", "10m", time.Second),
+		NullTTL:  e.duration("SHOP_CACHE_NULL_TTL", "60s", time.Second),
+		LocalTTL: e.between("SHOP_CACHE_LOCAL_TTL", "1s", 0, maxCacheLocalTTL),
+		Bloom:    e.on("SHOP_BLOOM", "on"),
+	}
+	if c.NullTTL > 5*time.Minute {
+		e.bad("SHOP_CACHE_NULL_TTL=%q: must be at most 5m", e.getenv("SHOP_CACHE_NULL_TTL"))
+	}
+	if v := e.get("SHOP_CACHE_JITTER", "10%"); !parseJitter(v, &c.Jitter) {
+		e.bad("SHOP_CACHE_JITTER=%q: must be a share of the TTL from 0 to 50%%, like 10%% or 0.1", v)
+	}
+	return c
+}
+
+func (e *environ) buyers() buyersConfig {
+	c := buyersConfig{
+		Auth:          e.oneOf("SHOP_AUTH", "none", "none", "jwt"),
+		RateUser:      e.count("SHOP_RATE_USER", "5", maxRate, "no limit"),
+		RateUserBurst: e.count("SHOP_RATE_USER_BURST", "10", maxRate, "the rate's own"),
+		RateIP:        e.count("SHOP_RATE_IP", "0", maxRate, "no limit"),
+	}
+	if c.RateUser > 0 && c.RateUserBurst > 0 && c.RateUserBurst < c.RateUser {
+		e.bad("SHOP_RATE_USER_BURST=%d: must be at least SHOP_RATE_USER (%d), or 0 for the same", c.RateUserBurst, c.RateUser)
+	}
+	var err error
+	if c.TrustedProxies, err = trustedProxies(e.get("SHOP_TRUSTED_PROXIES", defaultTrustedProxies)); err != nil {
+		e.bad("SHOP_TRUSTED_PROXIES: %w", err)
+	}
+	c.JWT = e.jwt(c.Auth)
+	return c
+}
+
+func (e *environ) stop() stopConfig {
+	c := stopConfig{
+		Drain:      e.between("SHOP_DRAIN", defaultDrain.String(), 0, maxDrain),
+		ReadyGrace: e.between("SHOP_READY_GRACE", "10s", 0, maxReadyGrace),
+	}
+	if v := e.get("SHOP_LOG_LEVEL", "info"); c.LogLevel.UnmarshalText([]byte(v)) != nil {
+		e.bad("SHOP_LOG_LEVEL=%q: must be debug, info, warn or error", v)
+	}
+	return c
 }
 
 // jwtVars are the settings of SHOP_AUTH=jwt.
 var jwtVars = []string{"SHOP_JWT_SECRET", "SHOP_JWT_PUBLIC_KEYS", "SHOP_JWT_ISSUER", "SHOP_JWT_AUDIENCE"}
 
-// loadJWT reads the SHOP_JWT_* settings into c.JWT, reading and parsing the
-// public keys' file, and returns what is wrong with them. With SHOP_AUTH=jwt
-// exactly one of the secret and the keys' file is set; with SHOP_AUTH=none
-// none of them is: set, they say the operator meant buyers to be
-// authenticated, and serving without would let anyone buy as anyone.
-func (c *config) loadJWT(getenv func(string) string) []error {
-	if c.Auth != "jwt" {
+// jwt reads the SHOP_JWT_* settings of SHOP_AUTH mode, reading and parsing
+// the public keys' file. With SHOP_AUTH=jwt exactly one of the secret and
+// the keys' file is set; with SHOP_AUTH=none none of them is: set, they say
+// the operator meant buyers to be authenticated, and serving without would
+// let anyone buy as anyone.
+func (e *environ) jwt(mode string) auth.Options {
+	getenv := e.getenv
+	if mode != "jwt" {
 		var set []string
 		for _, name := range jwtVars {
 			if getenv(name) != "" {
 				set = append(set, name)
 			}
 		}
-		if len(set) > 0 && c.Auth == "none" {
-			return []error{fmt.Errorf("%s: set, but SHOP_AUTH is none, which authenticates no buyer: set SHOP_AUTH=jwt, or unset them", strings.Join(set, ", "))}
+		if len(set) > 0 && mode == "none" {
+			e.bad("%s: set, but SHOP_AUTH is none, which authenticates no buyer: set SHOP_AUTH=jwt, or unset them", strings.Join(set, ", "))
 		}
-		return nil
+		return auth.Options{}
 	}
-	var errs []error
 	secret, keysFile := getenv("SHOP_JWT_SECRET"), getenv("SHOP_JWT_PUBLIC_KEYS")
-	c.JWT = auth.Options{Issuer: getenv("SHOP_JWT_ISSUER"), Audience: getenv("SHOP_JWT_AUDIENCE"), Leeway: jwtLeeway}
+	o := auth.Options{Issuer: getenv("SHOP_JWT_ISSUER"), Audience: getenv("SHOP_JWT_AUDIENCE"), Leeway: jwtLeeway}
 	switch {
 	case secret != "" && keysFile != "":
-		errs = append(errs, errors.New("SHOP_JWT_SECRET and SHOP_JWT_PUBLIC_KEYS: both set; SHOP_AUTH=jwt takes exactly one, the HS256 secret or the file of a gateway's public keys"))
+		e.bad("SHOP_JWT_SECRET and SHOP_JWT_PUBLIC_KEYS: both set; SHOP_AUTH=jwt takes exactly one, the HS256 secret or the file of a gateway's public keys")
 	case secret == "" && keysFile == "":
-		errs = append(errs, errors.New("SHOP_JWT_SECRET or SHOP_JWT_PUBLIC_KEYS: SHOP_AUTH=jwt needs one, an HS256 secret of at least 32 bytes or a PEM file of Ed25519 or RSA public keys"))
+		e.bad("SHOP_JWT_SECRET or SHOP_JWT_PUBLIC_KEYS: SHOP_AUTH=jwt needs one, an HS256 secret of at least 32 bytes or a PEM file of Ed25519 or RSA public keys")
 	case secret != "":
 		if n := len(secret); n < auth.MinSecret {
-			errs = append(errs, fmt.Errorf("SHOP_JWT_SECRET: %d bytes, must be at least %d", n, auth.MinSecret))
+			e.bad("SHOP_JWT_SECRET: %d bytes, must be at least %d", n, auth.MinSecret)
 		}
 		// Whoever mints the tokens most likely signs without it.
 		if secret != strings.TrimSpace(secret) {
-			errs = append(errs, errors.New("SHOP_JWT_SECRET: begins or ends with white space (a space, or the newline of a file it was read from): remove it"))
+			e.bad("SHOP_JWT_SECRET: begins or ends with white space (a space, or the newline of a file it was read from): remove it")
 		}
-		c.JWT.Secret = []byte(secret)
+		o.Secret = []byte(secret)
 	default:
 		data, err := os.ReadFile(keysFile)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("SHOP_JWT_PUBLIC_KEYS: %w", err))
+			e.bad("SHOP_JWT_PUBLIC_KEYS: %w", err)
 			break
 		}
-		if c.JWT.PublicKeys, err = auth.ParsePublicKeys(data); err != nil {
-			errs = append(errs, fmt.Errorf("SHOP_JWT_PUBLIC_KEYS=%q: %w", keysFile, err))
+		if o.PublicKeys, err = auth.ParsePublicKeys(data); err != nil {
+			e.bad("SHOP_JWT_PUBLIC_KEYS=%q: %w", keysFile, err)
 		}
 	}
 	for _, name := range []string{"SHOP_JWT_ISSUER", "SHOP_JWT_AUDIENCE"} {
 		if v := getenv(name); v != strings.TrimSpace(v) {
-			errs = append(errs, fmt.Errorf("%s=%q: begins or ends with white space, which no token's claim would match", name, v))
+			e.bad("%s=%q: begins or ends with white space, which no token's claim would match", name, v)
 		}
 	}
-	return errs
+	return o
 }
 
 // addrList splits a comma-separated list of addresses, dropping blanks.
@@ -418,13 +542,13 @@ func checkAddr(addr string, listen bool) error {
 	return nil
 }
 
-// redisTopology names the Redis deployment that cfg's settings describe,
-// as go-redis's NewUniversalClient reads them.
-func (c config) redisTopology() string {
+// topology names the Redis deployment that c describes, as go-redis's
+// NewUniversalClient reads it.
+func (c redisConfig) topology() string {
 	switch {
-	case c.RedisMasterName != "":
+	case c.MasterName != "":
 		return "sentinel"
-	case len(c.RedisAddrs) > 1:
+	case len(c.Addrs) > 1:
 		return "cluster"
 	}
 	return "single"

@@ -113,7 +113,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 // SHOP_CACHE_LOCAL_TTL defaults to 1s and takes 0 (no copy of the pages).
 func TestConfigCacheLocalTTL(t *testing.T) {
 	for v, want := range map[string]time.Duration{"": time.Second, "0": 0, "250ms": 250 * time.Millisecond, "1m": time.Minute} {
-		if got := testConfig(t, map[string]string{"SHOP_CACHE_LOCAL_TTL": v}).CacheLocalTTL; got != want {
+		if got := testConfig(t, map[string]string{"SHOP_CACHE_LOCAL_TTL": v}).Cache.LocalTTL; got != want {
 			t.Errorf("SHOP_CACHE_LOCAL_TTL=%q: %s; want %s", v, got, want)
 		}
 	}
@@ -139,11 +139,11 @@ func TestConfigRedisTopology(t *testing.T) {
 			t.Errorf("%q, %q: %v", tt.addr, tt.master, err)
 			continue
 		}
-		if got := cfg.redisTopology(); got != tt.want || !slices.Equal(cfg.RedisAddrs, tt.addrs) {
-			t.Errorf("%q, %q: %s on %q, want %s on %q", tt.addr, tt.master, got, cfg.RedisAddrs, tt.want, tt.addrs)
+		if got := cfg.Redis.topology(); got != tt.want || !slices.Equal(cfg.Redis.Addrs, tt.addrs) {
+			t.Errorf("%q, %q: %s on %q, want %s on %q", tt.addr, tt.master, got, cfg.Redis.Addrs, tt.want, tt.addrs)
 		}
 		// go-redis's own choice of client agrees.
-		c := newRedis(cfg)
+		c := newRedis(cfg.Redis)
 		c.Close()
 		if _, cluster := c.(*redis.ClusterClient); cluster != (tt.want == "cluster") {
 			t.Errorf("%q, %q: go-redis made a %T, want %s", tt.addr, tt.master, c, tt.want)
@@ -171,12 +171,12 @@ func TestConfigRedisTopology(t *testing.T) {
 		t.Errorf("redlock without masters: %v, want an error naming SHOP_REDLOCK_ADDRS", err)
 	}
 	if c, err := loadConfig(env(map[string]string{"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": "a:1, b:2,c:3"})); err != nil ||
-		!slices.Equal(c.RedlockAddrs, []string{"a:1", "b:2", "c:3"}) {
-		t.Errorf("redlock with three masters: %q, %v", c.RedlockAddrs, err)
+		!slices.Equal(c.Lock.RedlockAddrs, []string{"a:1", "b:2", "c:3"}) {
+		t.Errorf("redlock with three masters: %q, %v", c.Lock.RedlockAddrs, err)
 	}
 	for v, want := range map[string]float64{"10%": 0.1, "0.25": 0.25, "0": 0, "50%": 0.5} {
-		if c, err := loadConfig(env(map[string]string{"SHOP_CACHE_JITTER": v})); err != nil || c.CacheJitter != want {
-			t.Errorf("SHOP_CACHE_JITTER=%s: %v, %v; want %v", v, c.CacheJitter, err, want)
+		if c, err := loadConfig(env(map[string]string{"SHOP_CACHE_JITTER": v})); err != nil || c.Cache.Jitter != want {
+			t.Errorf("SHOP_CACHE_JITTER=%s: %v, %v; want %v", v, c.Cache.Jitter, err, want)
 		}
 	}
 }

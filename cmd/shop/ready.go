@@ -28,7 +28,7 @@ const readinessPoolSize = 1
 // function: a draining replica keeps its metrics current, and /readyz
 // answers 503 then anyway.
 func newReadiness(ctx context.Context, cfg config, rdb redis.UniversalClient, reg prometheus.Registerer, log *slog.Logger) (func() []string, func(), error) {
-	db, err := mysqldb.Open(cfg.MySQLDSN, readinessPoolSize)
+	db, err := mysqldb.Open(cfg.MySQL.DSN, readinessPoolSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: readiness: %w", err)
 	}
@@ -39,7 +39,7 @@ func newReadiness(ctx context.Context, cfg config, rdb redis.UniversalClient, re
 	tracker := readiness.New([]readiness.Dependency{
 		{Name: depmetrics.MySQL, Check: func(ctx context.Context) error { return mysqldb.Ping(ctx, db) }},
 		{Name: depmetrics.Redis, Check: redisReady(rdb)},
-	}, readiness.Options{Grace: cfg.ReadyGrace, Registerer: reg, Logger: log})
+	}, readiness.Options{Grace: cfg.Stop.ReadyGrace, Registerer: reg, Logger: log})
 	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	done := make(chan struct{})
 	go func() { defer close(done); tracker.Run(ctx) }()

@@ -17,7 +17,7 @@ import (
 // SHOP_READY_GRACE defaults to 10s and takes 0 (no grace).
 func TestConfigReadyGrace(t *testing.T) {
 	for v, want := range map[string]time.Duration{"": 10 * time.Second, "0": 0, "1s": time.Second, "5m": 5 * time.Minute} {
-		if got := testConfig(t, map[string]string{"SHOP_READY_GRACE": v}).ReadyGrace; got != want {
+		if got := testConfig(t, map[string]string{"SHOP_READY_GRACE": v}).Stop.ReadyGrace; got != want {
 			t.Errorf("SHOP_READY_GRACE=%q: %s; want %s", v, got, want)
 		}
 	}
@@ -42,7 +42,7 @@ func waitFailing(t *testing.T, failing func() []string, want []string, when stri
 func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []string {
 	t.Helper()
 	cfg := testConfig(t, vars)
-	rdb := newRedis(cfg)
+	rdb := newRedis(cfg.Redis)
 	t.Cleanup(func() { rdb.Close() })
 	failing, stop, err := newReadiness(context.Background(), cfg, rdb, nil, nil)
 	if err != nil {

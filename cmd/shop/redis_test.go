@@ -43,7 +43,7 @@ func testLocker(t *testing.T, vars map[string]string) stock.Locker {
 // cfg, in front of catalog, closed when the test ends.
 func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (redis.UniversalClient, *cache.Products) {
 	t.Helper()
-	rdb := newRedis(cfg)
+	rdb := newRedis(cfg.Redis)
 	t.Cleanup(func() { rdb.Close() })
 	products, closeProducts := newCache(cfg, rdb, catalog, nil, nil, nil, nil, nil)
 	t.Cleanup(closeProducts)
@@ -224,7 +224,7 @@ func TestCacheMutexWithLostReplyIsGivenBack(t *testing.T) {
 // /readyz's Redis check passes on every topology the service runs on.
 func TestRedisReadyOnEveryTopology(t *testing.T) {
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
-		rdb := newRedis(testConfig(t, topo.Env()))
+		rdb := newRedis(testConfig(t, topo.Env()).Redis)
 		t.Cleanup(func() { rdb.Close() })
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -240,7 +240,7 @@ func TestRedisReadyOnEveryTopology(t *testing.T) {
 // it passes again once the master is back.
 func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
 	cluster := testenv.StartRedisCluster(t, 3, 0)
-	rdb := newRedis(testConfig(t, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")}))
+	rdb := newRedis(testConfig(t, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")}).Redis)
 	t.Cleanup(func() { rdb.Close() })
 	ready := redisReady(rdb)
 	check := func() error {
@@ -298,7 +298,7 @@ func TestLockClientOnClusterLeavesLostRepliesToTheLock(t *testing.T) {
 	for _, addr := range topo.Addrs {
 		proxies[addr] = testenv.StartProxy(t, addr)
 	}
-	o := lockRedisOptions(testConfig(t, topo.Env()), time.Minute)
+	o := lockRedisOptions(testConfig(t, topo.Env()).Redis, time.Minute)
 	o.Dialer = func(ctx context.Context, network, addr string) (net.Conn, error) {
 		p, ok := proxies[addr]
 		if !ok {

@@ -342,7 +342,7 @@ func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
 	rdb, products := testCache(t, cfg, catalog)
 	orders := stock.NewService(stock.Deps{DB: db.Gorm, Locks: lock.NewLocal(time.Second)}, stock.Settings{}, stock.Hooks{})
 	srv := httptest.NewServer(handler.New(handler.Deps{
-		Admin: newProductAdmin(orders, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
+		Admin: newProductAdmin(orders, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler)),
 	}, handler.Settings{AdminToken: testAdminToken}).Admin)
 	t.Cleanup(srv.Close)
 	code, body := patchProduct(t, http.DefaultClient, srv.URL, 1, `{"add_stock":2}`)

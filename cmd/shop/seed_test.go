@@ -45,7 +45,7 @@ func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAd
 	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": redisAddr, "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	rdb, products := testCache(t, cfg, source)
 	srv := httptest.NewServer(handler.New(handler.Deps{
-		Seeder: newSeeder(catalog, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler)),
+		Seeder: newSeeder(catalog, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler)),
 	}, handler.Settings{AdminToken: testAdminToken}).Admin)
 	t.Cleanup(srv.Close)
 	return srv, products
@@ -146,7 +146,7 @@ func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
 		t.Fatalf("product 9 before the seed: %v, want not found", err)
 	}
 
-	seeder := newSeeder(cancelAfterSeed{catalog, cancel}, products, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler))
+	seeder := newSeeder(cancelAfterSeed{catalog, cancel}, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler))
 	warnings, err := seeder.Seed(reqCtx, 10, 1, stock.Window{})
 	if err != nil || len(warnings) != 0 {
 		t.Errorf("seed whose client left after the commit: %q, %v; want no warning", warnings, err)

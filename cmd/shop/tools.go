@@ -45,10 +45,10 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	if err != nil {
 		return err
 	}
-	if err := createDatabase(ctx, cfg.MySQLDSN); err != nil {
+	if err := createDatabase(ctx, cfg.MySQL.DSN); err != nil {
 		return err
 	}
-	db, closeDB, err := openDB(cfg.MySQLDSN)
+	db, closeDB, err := openDB(cfg.MySQL.DSN)
 	if err != nil {
 		return err
 	}
@@ -103,12 +103,12 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
-	db, closeDB, err := openDB(cfg.MySQLDSN)
+	db, closeDB, err := openDB(cfg.MySQL.DSN)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
-	rdb := newRedis(cfg)
+	rdb := newRedis(cfg.Redis)
 	defer rdb.Close()
 	catalog := stock.NewCatalog(db)
 	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil, nil, nil)
@@ -117,7 +117,7 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	if *ifEmpty {
 		seeder = emptyCatalog{catalog}
 	}
-	s, err := seedCatalog(ctx, seeder, cached, notify.New(rdb, cfg.RedisPrefix), slog.New(slog.DiscardHandler), *products, *units, sale)
+	s, err := seedCatalog(ctx, seeder, cached, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler), *products, *units, sale)
 	var notEmpty *stock.NotEmptyError
 	if errors.As(err, &notEmpty) {
 		fmt.Fprintf(stdout, "catalog has %d products: not seeded\n", notEmpty.Products)
@@ -206,7 +206,7 @@ func verifySale(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
-	db, closeDB, err := openDB(cfg.MySQLDSN)
+	db, closeDB, err := openDB(cfg.MySQL.DSN)
 	if err != nil {
 		return err
 	}
@@ -215,8 +215,8 @@ func verifySale(ctx context.Context, args []string, getenv func(string) string, 
 	if err != nil {
 		return err
 	}
-	if cfg.UserLimit > 0 {
-		c, err := verify.UserLimit(ctx, db, cfg.UserLimit)
+	if cfg.Orders.UserLimit > 0 {
+		c, err := verify.UserLimit(ctx, db, cfg.Orders.UserLimit)
 		if err != nil {
 			return err
 		}
@@ -287,7 +287,7 @@ func askReady(ctx context.Context, args []string, getenv func(string) string) (s
 	if err != nil {
 		return "", err
 	}
-	url, err := readyURL(cfg.HTTPAddr)
+	url, err := readyURL(cfg.Listen.HTTP)
 	if err != nil {
 		return "", err
 	}

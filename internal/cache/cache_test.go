@@ -584,7 +584,7 @@ func TestOrderInvalidatesCachedStock(t *testing.T) {
 	if _, err := r.Reset(ctx); err != nil {
 		t.Fatal(err)
 	}
-	orders := stock.NewService(stock.Deps{DB: f.db.Gorm, Locks: lock.NewLocal(time.Second), Cache: r}, stock.Settings{}, stock.Hooks{})
+	orders := stock.NewService(stock.Deps{DB: f.db.Gorm, Locks: lock.NewLocal(time.Second), Announcer: r}, stock.Settings{}, stock.Hooks{})
 
 	if p, err := r.Product(ctx, 1); err != nil || p.Stock != 5 {
 		t.Fatalf("before the order: %+v, %v", p, err)

@@ -213,7 +213,7 @@ func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
 		t.Fatalf("before the orders: pages show %d and %d, want 2", a, b)
 	}
 	locks := lock.NewRedis(f.rdb, lock.RedisOptions{Prefix: f.prefix + "lock:"})
-	orders := stock.NewService(stock.Deps{DB: f.db.Gorm, Locks: locks, Cache: r}, stock.Settings{Fencing: true}, stock.Hooks{})
+	orders := stock.NewService(stock.Deps{DB: f.db.Gorm, Locks: locks, Announcer: r}, stock.Settings{Fencing: true}, stock.Hooks{})
 	for i, want := range []int{1, 0} {
 		user := int64(100 + i)
 		o, err := orders.PlaceOrder(ctx, 1, user, "")

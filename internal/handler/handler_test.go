@@ -57,7 +57,7 @@ func newAPI(t *testing.T, adminToken string) *api {
 		t.Fatal(err)
 	}
 	a := &api{db: db, rdb: rdb, prefix: prefix, reg: prometheus.NewRegistry(), log: &testenv.Log{}}
-	orders := stock.NewService(stock.Deps{DB: db.Gorm, Locks: locks, Cache: products}, stock.Settings{Fencing: true}, stock.Hooks{})
+	orders := stock.NewService(stock.Deps{DB: db.Gorm, Locks: locks, Announcer: products}, stock.Settings{Fencing: true}, stock.Hooks{})
 	srv := serve(t, both(handler.New(handler.Deps{
 		Logger:   slog.New(slog.NewJSONHandler(a.log, &slog.HandlerOptions{Level: slog.LevelDebug})),
 		Orders:   orders,

@@ -2,50 +2,71 @@ package stock
 
 import (
 	"context"
+
 	"shop/internal/lock"
+	"shop/internal/notify"
 )
 
 // After a change of a SKU's stock has committed (or may have), the fleet is
-// told: the product cache drops the product, and every replica forgets that
-// it sold out, or learns that it did, by the fencing token of the hold that
-// made the change (fence). The orders' changes of status are counted
-// (transitions).
+// told through the Announcer: the product cache drops the product, and every
+// replica — this one too — hears the event (Hear) and forgets that the
+// product sold out (Raised), or learns that it did (SoldOut), by the fencing
+// token of the hold that made the change. The orders' changes of status are
+// counted (transitions).
 
-// invalidate tells the cache that sku's stock changed. It runs after COMMIT,
-// still under the SKU lock, and even when the caller has gone: the order
+// Announcer tells the fleet that a product changed: the shared copies of
+// it are dropped, and every replica hears e (Service.Hear). *cache.Products
+// implements it, in one round trip.
+type Announcer interface {
+	Announce(ctx context.Context, e notify.Event) error
+}
+
+// Hear is what this Service makes of an announcement heard from any
+// replica, this one included: a raise of the stock forgets that the
+// product (every product, for notify.All) sold out, as of the raise's
+// fencing token; another replica's finding that it sold out is remembered.
+func (s *Service) Hear(e notify.Event) {
+	switch e.Kind {
+	case notify.Raised:
+		s.Raised(e.SKU, e.Fence)
+	case notify.SoldOut:
+		s.SoldOutElsewhere(e.SKU, e.Fence)
+	}
+}
+
+// announce tells the fleet of e (Deps.Announcer). It runs after COMMIT,
+// still under the SKU lock, and even when the caller has gone: the change
 // stands, and a cache left holding the old stock would show it until the
-// entry expires, which is what the log line reports.
-func (s *Service) invalidate(ctx context.Context, sku int64) { s.changed(ctx, sku, 0) }
-
-// changed tells the cache that sku changed; with soldOutAt, the fencing
-// token of the hold that found it sold out, it also tells every replica
-// that it sold out, when the cache can (SoldOutInvalidator).
-func (s *Service) changed(ctx context.Context, sku, soldOutAt int64) {
-	if s.deps.Cache == nil {
+// entry expires, and a replica not told of a raise refuses the product from
+// memory until that lapses (DefaultSoldOutTTL), which is what the log line
+// reports.
+func (s *Service) announce(ctx context.Context, e notify.Event) {
+	if s.deps.Announcer == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
-	var err error
-	if c, ok := s.deps.Cache.(SoldOutInvalidator); ok && soldOutAt > 0 {
-		err = c.InvalidateSoldOut(ctx, sku, soldOutAt)
-	} else {
-		err = s.deps.Cache.Invalidate(ctx, sku)
-	}
-	if err != nil {
-		s.log.WarnContext(ctx, "invalidate cached product", "sku", sku, "err", err)
+	if err := s.deps.Announcer.Announce(ctx, e); err != nil {
+		s.log.WarnContext(ctx, "announce a change of a product", "sku", e.SKU, "kind", e.Kind, "err", err)
 	}
 }
 
-// returned tells this Service, the other replicas (Deps.Returned) and
-// the cache that sku's stock went up under the hold with fencing token
-// fence (0: none).
+// changed announces that sku's stock changed, or may have. With
+// soldOutAt, the fencing token of the hold that found it sold out, it
+// announces that it sold out.
+func (s *Service) changed(ctx context.Context, sku, soldOutAt int64) {
+	if soldOutAt > 0 {
+		s.announce(ctx, notify.Event{Kind: notify.SoldOut, SKU: sku, Fence: soldOutAt})
+		return
+	}
+	s.announce(ctx, notify.Event{Kind: notify.Changed, SKU: sku})
+}
+
+// returned makes this Service forget that sku sold out, and announces that
+// its stock went up, under the hold with fencing token fence (0: none).
 func (s *Service) returned(ctx context.Context, sku, fence int64) {
 	s.Raised(sku, fence)
-	if s.deps.Returned != nil {
-		s.deps.Returned(ctx, sku, fence)
-	}
-	s.invalidate(ctx, sku)
+	s.announce(ctx, notify.Event{Kind: notify.Raised, SKU: sku, Fence: fence})
 }
 
 // fence is the token a write under lease carries when writes are fenced:

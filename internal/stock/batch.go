@@ -101,7 +101,7 @@ type facts struct {
 }
 
 // place places batch, orders of sku in arrival order, under lease, and
-// answers each once the transaction has ended and the cache has been told.
+// answers each once the transaction has ended and the fleet has been told.
 // The transaction ends, at the latest, at the earliest deadline of the
 // batch's orders: no statement runs for a buyer who has been answered, and
 // the COMMIT is bounded by the pool's read timeout (mysqldb.OpenOrders).
@@ -117,14 +117,14 @@ func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch
 		s.learn(sku, gen, err)
 		err = classifyTx(txCtx, err)
 		if mayHaveCommitted(err) {
-			s.invalidate(ctx, sku)
+			s.changed(ctx, sku, 0)
 		}
 		for _, t := range batch {
 			t.answer(Order{}, err)
 		}
 		return
 	}
-	// The other replicas learn of a sell-out with the invalidation, before
+	// The other replicas learn of a sell-out with the announcement, before
 	// the lock is released: a return of units, which takes the lock after
 	// it, is announced after it too.
 	var soldOutAt int64

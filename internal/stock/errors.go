@@ -199,19 +199,18 @@ func mayHaveCommitted(err error) bool { return err == nil || errors.Is(err, ErrO
 // repairFence tells the lock, when err is a write refused for a stale fence,
 // how far the row's fence has gone, so that a counter that fell behind the
 // rows is raised and the next holder's token is above the fence (see
-// FenceRaiser). It runs once the transaction has ended, bounded and
+// Locker.RaiseFence). It runs once the transaction has ended, bounded and
 // detached from the buyer; a failure is logged and changes nothing else:
 // the order has failed anyway, and the next refusal tries again.
 func (s *Service) repairFence(ctx context.Context, err error) {
 	var stale *staleFence
-	r, ok := s.locks.(FenceRaiser)
-	if !ok || !errors.As(err, &stale) {
+	if !errors.As(err, &stale) {
 		return
 	}
 	key := LockKey(stale.sku)
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), raiseFenceTimeout)
 	defer cancel()
-	if err := r.RaiseFence(ctx, key, stale.row); err != nil {
+	if err := s.locks.RaiseFence(ctx, key, stale.row); err != nil {
 		s.log.WarnContext(ctx, "raise fencing counter", "key", key, "at_least", stale.row, "err", err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 )
 
 // raisingLock is the Redis lock with a RaiseFence that records its calls
-// and raises the counter as stock.FenceRaiser asks (never lower), or fails
+// and raises the counter as stock.Locker.RaiseFence asks (never lower), or fails
 // when told to.
 type raisingLock struct {
 	*lock.Redis
@@ -33,7 +33,7 @@ type raise struct {
 	atLeast int64
 }
 
-var _ stock.FenceRaiser = (*raisingLock)(nil)
+var _ stock.Locker = (*raisingLock)(nil)
 
 func (r *raisingLock) RaiseFence(ctx context.Context, key string, atLeast int64) error {
 	r.mu.Lock()

@@ -14,14 +14,14 @@ import (
 type options struct {
 	stock.Settings
 	stock.Hooks
-	Cache  stock.Invalidator
-	Reads  *gorm.DB
-	Logger *slog.Logger
-	Now    func() time.Time
+	Announcer stock.Announcer
+	Reads     *gorm.DB
+	Logger    *slog.Logger
+	Now       func() time.Time
 }
 
 // newService is a Service on db under locks, as o says.
 func newService(db *gorm.DB, locks stock.Locker, o options) *stock.Service {
-	return stock.NewService(stock.Deps{DB: db, Locks: locks, Cache: o.Cache, Reads: o.Reads, Logger: o.Logger, Now: o.Now},
+	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Reads: o.Reads, Logger: o.Logger, Now: o.Now},
 		o.Settings, o.Hooks)
 }

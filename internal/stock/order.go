@@ -224,12 +224,6 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 	return lease.Contended()
 }
 
-// stillWanted is what a Locker can do beyond Obtain: give up waiting when
-// the reason to wait has gone (lock.Redis, lock.Redlock).
-type stillWanted interface {
-	ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*lock.Lease, error)
-}
-
 // obtain takes sku's lock for a drain, whose read found stock units left.
 // While another process holds it — most likely selling the SKU's last units
 // — the stock is read again before a retry, so that a SKU sold out
@@ -240,11 +234,7 @@ type stillWanted interface {
 // replica with a larger batch may sell more; then the transaction finds
 // the product sold out, under the lock.)
 func (s *Service) obtain(ctx context.Context, sku int64, stock int) (*lock.Lease, error) {
-	l, ok := s.locks.(stillWanted)
-	if !ok {
-		return s.locks.Obtain(ctx, LockKey(sku))
-	}
-	return l.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
+	return s.locks.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
 		// Most often the holder that kept the lock announced the sell-out
 		// it found before releasing it.
 		if s.soldOut.has(sku) {

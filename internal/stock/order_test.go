@@ -13,6 +13,7 @@ import (
 
 	"shop/internal/lock"
 	"shop/internal/mysqldb"
+	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 	"shop/internal/verify"
@@ -370,7 +371,7 @@ func TestArrivalDuringAFailedReadIsSpared(t *testing.T) {
 	}
 }
 
-// blockingCache holds every invalidation until it is let go.
+// blockingCache holds every announcement until it is let go.
 type blockingCache struct {
 	called chan int64
 	letGo  chan struct{}
@@ -383,7 +384,8 @@ func newBlockingCache(t *testing.T) *blockingCache {
 	return c
 }
 
-func (c *blockingCache) Invalidate(ctx context.Context, sku int64) error {
+func (c *blockingCache) Announce(ctx context.Context, e notify.Event) error {
+	sku := e.SKU
 	c.called <- sku
 	<-c.letGo
 	return nil
@@ -399,7 +401,7 @@ func TestAnsweredAfterTheCacheIsTold(t *testing.T) {
 			ctx := context.Background()
 			db := testenv.MySQL(t)
 			cache := newBlockingCache(t)
-			svc, l, _ := lined(t, db, 1, 10, options{Settings: stock.Settings{Batch: batch}, Cache: cache}, lock.RedisOptions{})
+			svc, l, _ := lined(t, db, 1, 10, options{Settings: stock.Settings{Batch: batch}, Announcer: cache}, lock.RedisOptions{})
 			holder := hold(t, l, 1)
 			answers := queue(t, ctx, svc, 1, []int64{1, 2}, nil)
 			letGo(t, holder)

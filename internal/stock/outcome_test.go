@@ -11,17 +11,19 @@ import (
 	"gorm.io/gorm"
 
 	"shop/internal/lock"
+	"shop/internal/notify"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
 
-// invalidations records what a Service tells its cache.
+// invalidations records what a Service announces, by product.
 type invalidations struct {
 	mu   sync.Mutex
 	skus map[int64]int
 }
 
-func (r *invalidations) Invalidate(_ context.Context, sku int64) error {
+func (r *invalidations) Announce(_ context.Context, e notify.Event) error {
+	sku := e.SKU
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.skus == nil {
@@ -87,7 +89,7 @@ func TestLostReplyIsOutcomeUnknownOnlyAfterCommit(t *testing.T) {
 				_, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 				orders, p := throughProxy(t, db)
 				cache := &invalidations{}
-				svc := newService(orders, l, options{Settings: stock.Settings{Batch: batch}, Cache: cache, Reads: db.Gorm})
+				svc := newService(orders, l, options{Settings: stock.Settings{Batch: batch}, Announcer: cache, Reads: db.Gorm})
 
 				// Alone, each buyer's transaction loses a reply; in a
 				// batch, the one transaction of all three.

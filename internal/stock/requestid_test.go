@@ -9,15 +9,16 @@ import (
 	"strings"
 	"testing"
 
+	"shop/internal/notify"
 	"shop/internal/requestid"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
 
-// failingCache refuses every invalidation.
+// failingCache refuses every announcement.
 type failingCache struct{}
 
-func (failingCache) Invalidate(context.Context, int64) error { return errors.New("cache down") }
+func (failingCache) Announce(context.Context, notify.Event) error { return errors.New("cache down") }
 
 // What an order logs for its one buyer carries the buyer's request id:
 // here the failed invalidation after its COMMIT, whether the order placed
@@ -27,7 +28,7 @@ func TestOrderLogsCarryTheRequestID(t *testing.T) {
 		t.Run(fmt.Sprint("batch ", batch), func(t *testing.T) {
 			log := &testenv.Log{}
 			logger := slog.New(requestid.LogHandler(slog.NewJSONHandler(log, nil)))
-			s, _, _ := seeded(t, 1, 5, options{Settings: stock.Settings{Batch: batch}, Cache: failingCache{}, Logger: logger})
+			s, _, _ := seeded(t, 1, 5, options{Settings: stock.Settings{Batch: batch}, Announcer: failingCache{}, Logger: logger})
 			ctx := requestid.NewContext(context.Background(), "buyer-1")
 			if _, err := s.PlaceOrder(ctx, 1, 1, ""); err != nil {
 				t.Fatal(err)
@@ -38,7 +39,7 @@ func TestOrderLogsCarryTheRequestID(t *testing.T) {
 				if err := json.Unmarshal([]byte(line), &rec); err != nil {
 					t.Fatalf("%v: %q", err, line)
 				}
-				if rec["msg"] == "invalidate cached product" {
+				if rec["msg"] == "announce a change of a product" {
 					found = true
 					if rec["request_id"] != "buyer-1" {
 						t.Errorf("request_id = %v, want buyer-1: %s", rec["request_id"], line)

@@ -57,17 +57,11 @@ type Deps struct {
 	// Locks gives the lock of each SKU, which every write of its stock
 	// holds.
 	Locks Locker
-	// Cache, when set, is told after each committed order that the product's
-	// stock changed, and after an order whose COMMIT's outcome is unknown.
-	// When it is a SoldOutInvalidator too, the invalidation after the
-	// order that sold the last unit also tells every replica that the
-	// product sold out.
-	Cache Invalidator
-	// Returned, when set, is told after a cancellation or the sweep gave
-	// units of sku back (or may have) under the SKU's lock with fencing
-	// token fence (0: none): the other replicas must forget that it was
-	// sold out, as after a restock (Raised).
-	Returned func(ctx context.Context, sku, fence int64)
+	// Announcer, when set, tells the fleet after each change of a
+	// product's stock that committed, or may have (announce.go): the
+	// product cache drops it, and every replica hears that it sold out or
+	// that units came back.
+	Announcer Announcer
 	// Transitions, when set, counts orders as they reach a status: n orders
 	// placed reserved or paid, paid by Pay, cancelled, expired; and
 	// "refund_owed" for a payment recorded as owed back.
@@ -204,35 +198,27 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 	return svc
 }
 
-// Locker gives exclusive leases on keys; internal/lock implements it.
+// Locker gives exclusive leases on keys; each of internal/lock's families
+// implements it.
 type Locker interface {
+	// Obtain takes key's lock, waiting as long as the lock's own wait
+	// allows and ctx lets it.
 	Obtain(ctx context.Context, key string) (*lock.Lease, error)
-}
-
-// FenceRaiser is what a Locker may do beyond Obtain (lock.Redis and
-// lock.Redlock do): raise key's fencing counter to at least atLeast, never
-// lower it. The order path calls it when MySQL refused a write because the
-// row's fence was at or above the holder's token. Usually a newer holder
-// wrote the row, and the counter is past it already; but if the counter
-// fell behind the rows — a Redis restarted empty starts it again from its
-// own clock, which may be behind the one that counted before — every holder
-// of the SKU would be refused until that clock caught up. Raising the
-// counter to the row's fence lets the next holder write.
-type FenceRaiser interface {
+	// ObtainWhile is Obtain for a caller whose reason to wait may go away:
+	// between its tries it calls still, and gives up with still's error
+	// when there is one. A lock that never tries again need not call it.
+	ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*lock.Lease, error)
+	// RaiseFence raises key's fencing counter to at least atLeast, never
+	// lowering it; a lock that keeps no counter of its own does nothing.
+	// The order path calls it when MySQL refused a write because the row's
+	// fence was at or above the holder's token. Usually a newer holder
+	// wrote the row, and the counter is past it already; but if the
+	// counter fell behind the rows — a Redis restarted empty starts it
+	// again from its own clock, which may be behind the one that counted
+	// before — every holder of the SKU would be refused until that clock
+	// caught up. Raising the counter to the row's fence lets the next
+	// holder write.
 	RaiseFence(ctx context.Context, key string, atLeast int64) error
-}
-
-// Invalidator is told when a product changed, so that a cache of products
-// drops what it holds; internal/cache implements it.
-type Invalidator interface {
-	Invalidate(ctx context.Context, sku int64) error
-}
-
-// SoldOutInvalidator is an Invalidator that can also tell every replica,
-// with the same invalidation, that the product sold out under the SKU's
-// lock with fencing token fence (Service.SoldOutElsewhere on each).
-type SoldOutInvalidator interface {
-	InvalidateSoldOut(ctx context.Context, sku, fence int64) error
 }
 
 // Stats counts the transactions that placed orders.
