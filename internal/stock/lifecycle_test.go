@@ -3,6 +3,7 @@ package stock_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -257,47 +258,103 @@ func TestLatePaymentAndReorder(t *testing.T) {
 	})
 }
 
-// Pay against expiry, forced both ways round:
-//   - the sweep holds the row: its transaction has flipped the order and
-//     waits at its COMMIT (the BeforeReturn hook) while the payment's
-//     UPDATE waits for the row; once the sweep commits, the payment finds
-//     the order expired and is owed back.
-//   - the payment holds the row: a payment's UPDATE, uncommitted, while
-//     the window lapses and a sweep starts; the sweep's locking read waits
-//     for it and then finds the order paid, and returns nothing.
-func TestPayRacesExpiry(t *testing.T) {
+// A payment races a return of its order's unit — the sweep's, of an order
+// whose window has lapsed, or the buyer's cancellation — that holds the
+// order: the return's transaction has flipped it and waits at its COMMIT
+// (the BeforeReturn hook) while the payment's UPDATE waits for the row.
+// Once the return commits, the payment finds the order ended and is owed
+// back, once; the unit is back once, and the return, asked again, changes
+// nothing.
+func TestPaymentWaitsForAReturn(t *testing.T) {
+	for _, race := range []struct {
+		name string
+		// lapsed ends the order's window first: the sweep returns it.
+		lapsed bool
+		// give is the return, again the same asked a second time.
+		give, again func(ctx context.Context, svc *stock.Service, o stock.Order) error
+		status      string
+		refused     error
+		reason      string
+	}{
+		{
+			name: "the sweep", lapsed: true,
+			give: func(ctx context.Context, svc *stock.Service, _ stock.Order) error {
+				_, err := svc.Sweep(ctx)
+				return err
+			},
+			again: func(ctx context.Context, svc *stock.Service, _ stock.Order) error {
+				n, err := svc.Sweep(ctx)
+				return errors.Join(err, wantZero(n))
+			},
+			status: stock.StatusExpired, refused: stock.ErrOrderExpired, reason: stock.RefundOrderExpired,
+		},
+		{
+			name: "a cancellation",
+			give: func(ctx context.Context, svc *stock.Service, o stock.Order) error {
+				_, err := svc.Cancel(ctx, o.UserID, o.ID)
+				return err
+			},
+			again: func(ctx context.Context, svc *stock.Service, o stock.Order) error {
+				if again, err := svc.Cancel(ctx, o.UserID, o.ID); err != nil || again.Status != stock.StatusCancelled {
+					return fmt.Errorf("cancel again = %+v, %v; want the cancelled order", again, err)
+				}
+				return nil
+			},
+			status: stock.StatusCancelled, refused: stock.ErrOrderCancelled, reason: stock.RefundOrderCancelled,
+		},
+	} {
+		t.Run(race.name, func(t *testing.T) {
+			pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
+				ctx := context.Background()
+				h := newHeld()
+				svc, db, _ := open(options{Hooks: stock.Hooks{BeforeReturn: h.hook}})
+				o, err := svc.PlaceOrder(ctx, 1, 7, "")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if race.lapsed {
+					lapse(t, db, o.ID)
+				}
+				given := make(chan error, 1)
+				go func() { given <- race.give(ctx, svc, o) }()
+				<-h.at
+				paid := make(chan error, 1)
+				go func() { _, err := svc.Pay(ctx, 7, o.ID, "pay-1"); paid <- err }()
+				select {
+				case err := <-paid:
+					t.Fatalf("the payment was answered (%v) while %s held its order", err, race.name)
+				case <-time.After(300 * time.Millisecond):
+				}
+				close(h.let)
+				if err := <-given; err != nil {
+					t.Fatal(err)
+				}
+				if err := <-paid; !errors.Is(err, race.refused) {
+					t.Errorf("payment after %s: %v, want %v", race.name, err, race.refused)
+				}
+				if r := refundsOf(t, db, o.ID); len(r) != 1 || r["pay-1"] != race.reason {
+					t.Errorf("refunds owed = %v, want pay-1: %s", r, race.reason)
+				}
+				if err := race.again(ctx, svc, o); err != nil {
+					t.Error(err)
+				}
+				wantStatus(t, db, o.ID, race.status)
+				if n := stockOf(t, db, 1); n != 2 {
+					t.Errorf("stock = %d, want 2: the unit back once", n)
+				}
+				verified(t, db)
+			})
+		})
+	}
+}
+
+// The payment holds the row: a payment's UPDATE, uncommitted, while the
+// window lapses and a sweep starts; the sweep's locking read waits for it
+// and then finds the order paid, and returns nothing.
+func TestSweepWaitsForAPayment(t *testing.T) {
 	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
-		h := newHeld()
-		svc, db, _ := open(options{Hooks: stock.Hooks{BeforeReturn: h.hook}})
-		o, err := svc.PlaceOrder(ctx, 1, 7, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lapse(t, db, o.ID)
-		swept := make(chan error, 1)
-		go func() { _, err := svc.Sweep(ctx); swept <- err }()
-		<-h.at
-		paid := make(chan error, 1)
-		go func() { _, err := svc.Pay(ctx, 7, o.ID, "pay-1"); paid <- err }()
-		select {
-		case err := <-paid:
-			t.Fatalf("the payment was answered (%v) while the sweep held its order", err)
-		case <-time.After(300 * time.Millisecond):
-		}
-		close(h.let)
-		if err := <-swept; err != nil {
-			t.Fatal(err)
-		}
-		if err := <-paid; !errors.Is(err, stock.ErrOrderExpired) {
-			t.Errorf("payment after the sweep: %v, want ErrOrderExpired", err)
-		}
-		if r := refundsOf(t, db, o.ID); r["pay-1"] != stock.RefundOrderExpired {
-			t.Errorf("refunds owed = %v", r)
-		}
-		wantStatus(t, db, o.ID, stock.StatusExpired)
-
-		// The payment first.
+		svc, db, _ := open(options{})
 		p, err := svc.PlaceOrder(ctx, 2, 7, "")
 		if err != nil {
 			t.Fatal(err)
@@ -314,8 +371,7 @@ func TestPayRacesExpiry(t *testing.T) {
 			t.Fatalf("the payment's UPDATE: %v, %d rows", res.Error, res.RowsAffected)
 		}
 		time.Sleep(700 * time.Millisecond)
-		h2 := newHeld()
-		close(h2.let)
+		swept := make(chan error, 1)
 		go func() { n, err := svc.Sweep(ctx); swept <- errors.Join(err, wantZero(n)) }()
 		select {
 		case err := <-swept:
@@ -343,50 +399,12 @@ func wantZero(n int) error {
 	return nil
 }
 
-// Pay against cancel, forced both ways round:
-//   - the cancellation holds the row: its transaction has flipped the
-//     order and waits at its COMMIT while the payment's UPDATE waits; the
-//     payment then finds it cancelled, and is owed back.
-//   - the payment came first: the cancellation is refused, order_paid.
-//
-// A cancellation gives the unit back once, and again answers the same.
-func TestPayRacesCancel(t *testing.T) {
+// A paid order cannot be cancelled, another buyer's order is not found, and
+// an order whose window has ended is expired, not cancelled.
+func TestCancelRefused(t *testing.T) {
 	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
-		h := newHeld()
-		svc, db, _ := open(options{Hooks: stock.Hooks{BeforeReturn: h.hook}})
-		o, err := svc.PlaceOrder(ctx, 1, 7, "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cancelled := make(chan error, 1)
-		go func() { _, err := svc.Cancel(ctx, 7, o.ID); cancelled <- err }()
-		<-h.at
-		paid := make(chan error, 1)
-		go func() { _, err := svc.Pay(ctx, 7, o.ID, "pay-1"); paid <- err }()
-		select {
-		case err := <-paid:
-			t.Fatalf("the payment was answered (%v) while the cancellation held its order", err)
-		case <-time.After(300 * time.Millisecond):
-		}
-		close(h.let)
-		if err := <-cancelled; err != nil {
-			t.Fatal(err)
-		}
-		if err := <-paid; !errors.Is(err, stock.ErrOrderCancelled) {
-			t.Errorf("payment after the cancellation: %v, want ErrOrderCancelled", err)
-		}
-		if r := refundsOf(t, db, o.ID); len(r) != 1 || r["pay-1"] != stock.RefundOrderCancelled {
-			t.Errorf("refunds owed = %v, want pay-1: order_cancelled", r)
-		}
-		if again, err := svc.Cancel(ctx, 7, o.ID); err != nil || again.Status != stock.StatusCancelled {
-			t.Errorf("cancel again = %+v, %v; want the cancelled order", again, err)
-		}
-		wantStatus(t, db, o.ID, stock.StatusCancelled)
-		if n := stockOf(t, db, 1); n != 2 {
-			t.Errorf("stock = %d, want 2: the unit back once", n)
-		}
-
+		svc, db, _ := open(options{})
 		p, err := svc.PlaceOrder(ctx, 2, 7, "")
 		if err != nil {
 			t.Fatal(err)
