@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # make bench-edge: the ceiling (GET /healthz, a cached product page, the
-# hot SKU and the seeds' sellout, each as a share of the /healthz rate),
+# hot SKU and the source articles' sellout, each as a share of the /healthz rate),
 # then the buyers of a flash sale alone and under floods of public routes,
 # and a bot farm behind one address, through nginx with the shipped
 # defaults. The same private stack as make demo (scripts/demo.sh: installs

@@ -91,7 +91,7 @@ const benchJWTSecret = "bench-orders-jwt-secret-of-32-bytes"
 // transaction), and the default with buyers authenticated by JWT (each
 // order carries an HS256 token the replica verifies), beside the default:
 // what verifying costs an order; then the default batch on each of the
-// seeds' other lock families (the MySQL lock table, etcd, ZooKeeper), each
+// source articles' other lock families (the MySQL lock table, etcd, ZooKeeper), each
 // beside the Redis lock.
 func benchConfigs() []benchConfig {
 	return []benchConfig{

@@ -20,7 +20,7 @@ import (
 // HTTP stack and the load generator manage together: the ceiling. Each
 // other row's rate is divided by the /healthz rate of the same round: a
 // cached product page; the hot SKU (the edge's sale alone, one product with
-// many units, reused rather than run twice); and the seeds' sellout (many
+// many units, reused rather than run twice); and the source articles' sellout (many
 // products with one unit each, thousands of buyers at once), whose MariaDB
 // statements per request are counted too, as bench-orders counts them.
 // The two GET rows are floods (bin/loadtest -for): through hey, with its
@@ -57,7 +57,7 @@ const (
 	floodLoad   ceilingKind = iota // a flood of one GET route
 	tapLoad                        // GET /healthz through hey and the tap, as an order row sends its requests
 	aloneLoad                      // the edge's sale alone
-	selloutLoad                    // the seeds' sellout
+	selloutLoad                    // the source articles' sellout
 )
 
 // ceilingRow is a row of the ceiling's table and its goals, each zero for

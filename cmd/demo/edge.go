@@ -36,7 +36,7 @@ import (
 // 400; the 429s and 503s beside them say which limit was met.
 //
 // Before that table, the ceiling's (ceiling.go): GET /healthz, a cached
-// product page, the sale alone and the seeds' sellout, each as a share of
+// product page, the sale alone and the source articles' sellout, each as a share of
 // the /healthz rate, from the same rounds; the order rows also as a share
 // of /healthz sent through their own client; and where the CPU went.
 

@@ -1,4 +1,4 @@
-// Command demo reproduces the seeds' experiment on the local stack: for each
+// Command demo reproduces the source articles' experiment on the local stack: for each
 // row it restarts the replicas with one lock mode, reseeds the catalog, fires
 // the sell-out load at nginx and asks `shop verify` whether the sale held.
 // Then the hot SKU: one product with many units and more buyers than units,
@@ -118,7 +118,7 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.pause, "pause", 2*time.Second, "how long the stopped holder stays stopped (more than -ttl)")
 	fs.DurationVar(&o.after, "pause-after", 500*time.Millisecond, "how long into the load the Redlock master is killed")
 	fs.BoolVar(&o.faults, "faults", true, "run the fault rows (a replica killed, a rolling restart, Redis and MariaDB restarted, the Redis master failed over)")
-	fs.BoolVar(&o.families, "families", true, "run the rows of the seeds' other lock families: the MySQL lock table, etcd and ZooKeeper (sellout, hot SKU, a fault each)")
+	fs.BoolVar(&o.families, "families", true, "run the rows of the source articles' other lock families: the MySQL lock table, etcd and ZooKeeper (sellout, hot SKU, a fault each)")
 	fs.Func("rows", "run only these rows of the table, by number: 17,18 (default all)", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))

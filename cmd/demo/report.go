@@ -60,13 +60,14 @@ const (
 // master; the Sentinel rows run on it.
 const topologySentinel = "sentinel"
 
-// experiment is seed 002's experiment, then the pause that the seeds' Redis
-// lock alone does not survive, then the hot SKU (unless -hot-units is 0):
+// experiment is article 002's experiment, then the pause that the
+// articles' Redis lock alone does not survive, then the hot SKU (unless
+// -hot-units is 0):
 // one product, more buyers than units, with and without the lock and the
 // coalescing of orders; then (unless -faults=false) the service's default
 // under faults, with buyers who retry; then (unless -life=false) the order
 // lifecycle: reservations paid or lapsing, their units returned and resold;
-// then (unless -families=false) the seeds' other lock families.
+// then (unless -families=false) the source articles' other lock families.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -139,7 +140,7 @@ func faultRows(o options) []row {
 	}
 }
 
-// familyRows are the seeds' other lock families on three replicas, each
+// familyRows are the source articles' other lock families on three replicas, each
 // with fencing: the sellout, the hot SKU (unless -hot-units is 0) and a
 // fault — the etcd leader or the ZooKeeper leader killed mid-sale, with
 // buyers who retry (unless -faults=false), and for the MySQL lock table a
@@ -153,7 +154,7 @@ func familyRows(o options) []row {
 		{"zookeeper", faultZKLeader, "ZooKeeper"},
 	} {
 		rows = append(rows, row{Lock: f.lock, Update: "guarded", Fencing: true, Replicas: 3, MustHold: true, WantSold: int64(o.skus),
-			Shows: f.name + ": the seeds' sellout under this family's lock"})
+			Shows: f.name + ": the source articles' sellout under this family's lock"})
 		if o.hotUnits > 0 {
 			rows = append(rows, row{Lock: f.lock, Update: "guarded", Fencing: true, Replicas: 3, Hot: true, MustHold: true,
 				WantSold: int64(min(o.hotUnits, o.hotBuyers)),

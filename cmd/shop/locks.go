@@ -89,7 +89,7 @@ func fencedMode(mode string) bool { return mode != "local" && mode != "none" }
 // short, and its waiters poll one per key and process.
 const lockPoolSize = 8
 
-// newMySQLLocker is the seeds' lock table, on a pool of its own: a lock
+// newMySQLLocker is the source articles' lock table, on a pool of its own: a lock
 // whose waiters poll must never take the connections the orders commit on.
 // The driver puts the parameters into the statement itself, so that each of
 // the lock's statements is one round trip rather than a prepare, an execute

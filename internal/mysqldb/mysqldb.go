@@ -53,9 +53,9 @@ const (
 // of an order transaction sees what is committed now: there is no snapshot
 // for MariaDB's innodb_snapshot_isolation (ON by default from 11.6.2) to
 // refuse a locking read against (1020, "Record has changed since last
-// read"), and the seeds' read-then-write reads the row as it is. Its reads
+// read"), and the source articles' read-then-write reads the row as it is. Its reads
 // and writes time out after OrdersIOTimeout, and its row-lock waits after
-// ordersLockWait; the pools of seeds and verify keep the DSN's.
+// ordersLockWait; the pools of shop seed and shop verify keep the DSN's.
 //
 // READ COMMITTED needs binlog_format ROW or MIXED (the servers' defaults)
 // where the binary log is on.

@@ -23,8 +23,8 @@ import (
 //   - fast: every buyer may buy. One guarded UPDATE takes the batch's units
 //     (and refuses unless the stock, the fence and the sale window allow
 //     them all), one INSERT records the orders, one UPDATE counts them on
-//     the buyers' counters when the user limit is on. That is the seeds'
-//     UPDATE, INSERT, COMMIT for a batch of one.
+//     the buyers' counters when the user limit is on. That is the source
+//     articles' UPDATE, INSERT, COMMIT for a batch of one.
 //   - careful: when the UPDATE refuses, the same transaction reads the
 //     product (a locking read; the naive update's plain read, which always
 //     goes this way), the orders its buyers hold already and their

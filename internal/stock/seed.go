@@ -54,7 +54,7 @@ func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error 
 // SeedWindowIfEmpty is SeedWindow on a catalog without products only. A
 // catalog that has some is left as it is, orders included, and the error is
 // a *NotEmptyError. The check is made in the seed's transaction, under the
-// seeds' lock: of two runs at once on an empty catalog, one seeds and the
+// seed lock: of two runs at once on an empty catalog, one seeds and the
 // other then finds its products. Errors: those of SeedWindow, and
 // *NotEmptyError.
 func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window) error {
