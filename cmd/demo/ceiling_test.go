@@ -183,7 +183,7 @@ func TestParseEdge(t *testing.T) {
 }
 
 // The ceiling's flood and sellout ask bin/loadtest for what the table says
-// they are: 200 clients from the crowd for -ceiling-for, the seeds' sale;
+// they are: 200 clients from the crowd for -ceiling-for, the source articles' sale;
 // /healthz through hey (no -for) at the hot SKU's and the sellout's
 // concurrency, -tap-n rounded up to a multiple of it.
 func TestCeilingArgs(t *testing.T) {

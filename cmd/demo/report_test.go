@@ -314,7 +314,7 @@ func TestPauseAndFaultRows(t *testing.T) {
 	}
 }
 
-// The seeds' other lock families follow every other row: on three
+// The source articles' other lock families follow every other row: on three
 // replicas with fencing, each family's sellout and hot SKU must hold; the
 // etcd and ZooKeeper leaders are killed mid-sale (fault rows, gone with
 // -faults=false), and a MySQL-table holder is stopped past its lease, which

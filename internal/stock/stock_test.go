@@ -186,7 +186,7 @@ func report(t *testing.T, db *testenv.DB) verify.Report {
 	return r
 }
 
-// experiment is the seeds' table: which designs must hold and which must
+// experiment is the source articles' table: which designs must hold and which must
 // oversell.
 func experiment() []struct {
 	name     string
@@ -207,7 +207,7 @@ func experiment() []struct {
 	}
 }
 
-// TestExperiment is the seeds' experiment: many SKUs of one unit, four
+// TestExperiment is the source articles' experiment: many SKUs of one unit, four
 // buyers each, at once, through one or three replicas; one order per lock
 // hold, and coalesced.
 func TestExperiment(t *testing.T) {

@@ -38,7 +38,7 @@ func (l *countingLocker) Obtain(ctx context.Context, key string) (*lock.Lease, e
 }
 
 // orderPaths are the settings an order is placed with: one order per lock
-// hold (Batch 1, the seeds') or batches, each with the guarded and the
+// hold (Batch 1, the source articles') or batches, each with the guarded and the
 // naive update.
 var orderPaths = []struct {
 	name string
