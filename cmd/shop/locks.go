@@ -1,16 +1,15 @@
 package main
 
 import (
-	"database/sql"
 	"fmt"
 	"log/slog"
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
-	"github.com/go-sql-driver/mysql"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 )
@@ -89,24 +88,16 @@ func fencedMode(mode string) bool { return mode != "local" && mode != "none" }
 // short, and its waiters poll one per key and process.
 const lockPoolSize = 8
 
-// newMySQLLocker is the source articles' lock table, on a pool of its own: a lock
-// whose waiters poll must never take the connections the orders commit on.
-// The driver puts the parameters into the statement itself, so that each of
-// the lock's statements is one round trip rather than a prepare, an execute
-// and a close.
+// newMySQLLocker is the source articles' lock table, on a pool of its own:
+// a lock whose waiters poll must never take the connections the orders
+// commit on. The driver puts the parameters into the statement itself
+// (mysqldb's pools do), so that each of the lock's statements is one round
+// trip rather than a prepare, an execute and a close.
 func newMySQLLocker(cfg config, after func(time.Duration) <-chan time.Time) (orderLock, func(), error) {
-	dsn, err := mysql.ParseDSN(cfg.MySQL.DSN)
+	db, err := mysqldb.OpenSQL(cfg.MySQL.DSN, lockPoolSize)
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: lock pool: %w", err)
 	}
-	dsn.InterpolateParams = true
-	db, err := sql.Open("mysql", dsn.FormatDSN())
-	if err != nil {
-		return nil, nil, fmt.Errorf("serve: lock pool: %w", err)
-	}
-	db.SetMaxOpenConns(lockPoolSize)
-	db.SetMaxIdleConns(lockPoolSize)
-	db.SetConnMaxLifetime(time.Hour)
 	l := lock.NewMySQL(db, lock.MySQLOptions{TTL: cfg.Lock.TTL, Wait: cfg.Lock.Wait, After: after})
 	return l, func() {
 		l.Close()

@@ -36,6 +36,21 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 	return openPool(connector, maxConns)
 }
 
+// OpenSQL connects to MySQL with dsn as Open does, on a database/sql pool
+// of at most maxConns connections, for a caller that runs its statements
+// itself (the MySQL lock table).
+func OpenSQL(dsn string, maxConns int) (*sql.DB, error) {
+	cfg, err := parseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
+	}
+	return limited(sql.OpenDB(connector), maxConns), nil
+}
+
 const (
 	// OrdersIOTimeout bounds every read and write on a connection of the
 	// orders' pool (OpenOrders): a COMMIT, which no context can cut short
@@ -128,10 +143,16 @@ func openPool(connector driver.Connector, maxConns int) (*gorm.DB, error) {
 		sqlDB.Close()
 		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
-	sqlDB.SetMaxOpenConns(maxConns)
-	sqlDB.SetMaxIdleConns(maxConns)
-	sqlDB.SetConnMaxIdleTime(time.Minute)
+	limited(sqlDB, maxConns)
 	return db, nil
+}
+
+// limited bounds db to maxConns connections, kept while they are used.
+func limited(db *sql.DB, maxConns int) *sql.DB {
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxIdleTime(time.Minute)
+	return db
 }
 
 // session is a connector whose connections run statements before their
