@@ -130,6 +130,14 @@ func (e *Etcd) Stats() Stats {
 		Waiting: e.line.waiting() + int(e.waiting.Load())}
 }
 
+// RaiseFence does nothing and returns nil. An etcd lease's fencing token is
+// its key's create revision, which counts every write of the cluster: there
+// is no counter of the lock's own to raise, and the revision goes back only
+// in a cluster rebuilt without its data. A row fenced above the revision
+// (by a lock of another family, or before such a rebuild) stays refused
+// until the cluster's writes pass it.
+func (e *Etcd) RaiseFence(context.Context, string, int64) error { return nil }
+
 // Close revokes the lock's session, which frees every key it holds or
 // waits for (their leases are lost), and waits for its clean-ups. It does
 // not close the client.
@@ -205,17 +213,10 @@ func (e *Etcd) Obtain(ctx context.Context, key string) (*Lease, error) {
 func (e *Etcd) ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*Lease, error) {
 	waitCtx, cancel := context.WithTimeout(ctx, e.opt.Wait)
 	defer cancel()
-	if !e.line.tryLock(key) {
-		if !e.line.lock(waitCtx, key) {
-			return nil, notObtained(waitCtx)
-		}
-		if still != nil {
-			// Waited in line behind a holder of this process.
-			if err := still(waitCtx); err != nil {
-				e.line.unlock(key)
-				return nil, err
-			}
-		}
+	// In line behind the callers of this process; still is called if it
+	// waited there.
+	if err := e.line.lockWhile(waitCtx, key, still); err != nil {
+		return nil, err
 	}
 	// In line from here on: the key's turn in process passes on when the
 	// lease is released, or when what this attempt may have left in etcd

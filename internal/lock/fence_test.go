@@ -3,6 +3,7 @@ package lock_test
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 	"time"
 
@@ -165,6 +166,49 @@ func TestRaiseFence(t *testing.T) {
 		c.procs[1].Kill()
 		if err := l.RaiseFence(ctx, "k", fence+1000); err == nil || errors.Is(err, lock.ErrNotObtained) {
 			t.Errorf("RaiseFence with 1 of 3 nodes = %v, want the nodes' errors", err)
+		}
+	})
+	t.Run("mysql", func(t *testing.T) {
+		dsn := testenv.MySQL(t).DSN
+		db := mysqlPool(t, dsn)
+		l := newMySQL(t, dsn, lock.MySQLOptions{})
+		// The rows hold a fence an hour ahead of MySQL's clock, and the
+		// key's counter is behind it too (the lock table was restored from
+		// an older backup, say).
+		fence := mysqlNow(t, db).Add(time.Hour).UnixMicro()
+		if _, err := db.Exec("INSERT INTO shop_locks (name, owner, fence, expires_at) VALUES ('k', '', ?, UTC_TIMESTAMP(6))", fence-1000); err != nil {
+			t.Fatal(err)
+		}
+		checkRaise(t, l, "k", fence, nil, nil)
+
+		// A key never locked gets a free row with the counter.
+		if err := l.RaiseFence(ctx, "new", fence); err != nil {
+			t.Fatal(err)
+		}
+		if o, f, _ := mysqlHolder(t, l, "new"); o != "" || f != fence {
+			t.Errorf("a key raised before it was ever locked: owner %q, fence %d; want free with fence %d", o, f, fence)
+		}
+		if lease := obtain(t, l, "new"); lease.Fence() <= fence {
+			t.Errorf("first token of a raised key %d, want above %d", lease.Fence(), fence)
+		}
+
+		// A held key keeps its holder and its lease.
+		held := obtain(t, l, "held")
+		owner, _, until := mysqlHolder(t, l, "held")
+		if err := l.RaiseFence(ctx, "held", fence); err != nil {
+			t.Fatal(err)
+		}
+		if o, f, u := mysqlHolder(t, l, "held"); o != owner || !u.Equal(until) || f != fence {
+			t.Errorf("a held key after the raise: owner %q until %v, fence %d; want %q until %v, fence %d", o, u, f, owner, until, fence)
+		}
+		if err := held.Release(ctx); err != nil {
+			t.Errorf("the holder's release after the raise: %v", err)
+		}
+
+		for _, bad := range []int64{-1, math.MaxInt64} {
+			if err := l.RaiseFence(ctx, "k", bad); err == nil {
+				t.Errorf("RaiseFence(%d) = nil, want an error: the next token would not fit", bad)
+			}
 		}
 	})
 }

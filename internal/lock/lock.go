@@ -6,9 +6,22 @@
 //   - Redlock: the same lease taken on a majority of independent Redis
 //     masters, so that losing one master (or a failover that loses its
 //     writes) does not hand the lock to a second holder;
+//   - MySQL: the seeds' lock table, a row per key with a lease and a fencing
+//     counter;
+//   - Etcd and ZooKeeper: a key (a znode) in a consensus cluster, held for
+//     as long as the process's session lives;
 //   - Local: a mutex per key inside one process — the seeds' "synchronized",
 //     correct on one replica and useless across several;
 //   - None: no exclusion at all.
+//
+// Every one of them has the same four methods, which are all the order path
+// uses: Obtain, ObtainWhile (Obtain that gives up when the caller's reason
+// to wait has gone), RaiseFence (repair a fencing counter that fell behind
+// the rows it fences) and Stats. Where a family cannot do what a method
+// offers, the method says so and does the least: None's ObtainWhile never
+// waits, so never calls its check; RaiseFence does nothing where there is
+// no counter of the lock's own to raise (Etcd, ZooKeeper, Local, None); and
+// Stats counts only what the family does (None's is zero).
 //
 // Reentrant is the seeds' reentrant lock (a Redis hash of owner and depth)
 // for code that takes a lock it may already hold.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -100,7 +101,7 @@ type MySQL struct {
 	opt    MySQLOptions
 	waiter *waiter
 
-	takeSQL, renewSQL, releaseSQL, holderSQL string
+	takeSQL, renewSQL, releaseSQL, raiseSQL, holderSQL string
 }
 
 // NewMySQL returns a MySQL lock on the table opt.Table of db.
@@ -154,6 +155,9 @@ func NewMySQL(db *sql.DB, opt MySQLOptions) *MySQL {
 		// the same: it is there to evaluate LAST_INSERT_ID on the old row.
 		releaseSQL: "UPDATE " + t + " SET owner = IF(LAST_INSERT_ID(expires_at > UTC_TIMESTAMP(6)), '', '')" +
 			" WHERE name = ? AND owner = ?",
+		// A key never locked gets a free row that carries the counter.
+		raiseSQL: "INSERT INTO " + t + " (name, owner, fence, expires_at) VALUES (?, '', ?, UTC_TIMESTAMP(6))" +
+			" ON DUPLICATE KEY UPDATE fence = GREATEST(fence, ?)",
 		holderSQL: "SELECT owner, fence, TIMESTAMPDIFF(MICROSECOND, '1970-01-01', expires_at)," +
 			" owner <> '' AND expires_at > UTC_TIMESTAMP(6) FROM " + t + " WHERE name = ?",
 	}
@@ -176,6 +180,29 @@ func (m *MySQL) Stats() Stats {
 	s := m.waiter.stats()
 	s.Waiting = m.waiter.line.waiting()
 	return s
+}
+
+// RaiseFence raises key's fencing counter (its row's fence) to at least
+// atLeast, and never lowers it, so that the next acquisition's token —
+// max(fence + 1, MySQL's clock in microseconds) — is above atLeast. It
+// leaves the holder, if any, and its lease as they are. It is the repair
+// for a counter that went back further than the server's clock can cover
+// (a table restored from an older backup, or a primary promoted on a
+// machine whose clock is behind, while the rows it fences kept their
+// fences): a caller whose write the database refused because the row's
+// fence is at or above its token raises the counter to that fence.
+// atLeast must be in [0, 2^63−1), so that the next token fits a BIGINT.
+func (m *MySQL) RaiseFence(ctx context.Context, key string, atLeast int64) error {
+	switch {
+	case len(key) > maxMySQLKey:
+		return fmt.Errorf("lock: raise fence %q: a key of %d bytes is longer than the lock table's %d", key, len(key), maxMySQLKey)
+	case atLeast < 0 || atLeast == math.MaxInt64:
+		return fmt.Errorf("lock: raise fence %q: %d is not in [0, 2^63-1)", key, atLeast)
+	}
+	if _, _, err := m.execLost(ctx, m.raiseSQL, key, atLeast, atLeast); err != nil {
+		return fmt.Errorf("lock: raise fence %q: %w", key, err)
+	}
+	return nil
 }
 
 // Close releases nothing: the lock opens nothing of its own, and db is the
@@ -307,22 +334,31 @@ func (m *MySQL) cleanup(ctx context.Context, key, token string) {
 }
 
 // release frees key's row if token holds it and reports whether the lease
-// was still held: the row was token's and had not run out. A release whose
-// reply was lost (see mysqlReplyLost) is run again, at most retryTries
-// times in all and while ctx lasts; a "not held" that follows it is that
-// try's release.
+// was still held: the row was token's and had not run out. A "not held"
+// that follows a try whose reply was lost (see execLost) is that try's
+// release.
 func (m *MySQL) release(ctx context.Context, key, token string) (bool, error) {
-	lost := false
+	held, lost, err := m.execLost(ctx, m.releaseSQL, key, token)
+	if err != nil {
+		return false, err
+	}
+	return held != 0 || lost, nil
+}
+
+// execLost runs a statement whose second run, after a first that
+// succeeded, changes nothing — a release, a raise — until it gets MySQL's
+// answer: again while its reply was lost (see mysqlReplyLost), at most
+// retryTries times in all and while ctx lasts. It returns the
+// LAST_INSERT_ID of the answer, and reports whether a try's reply was lost,
+// after which the answer may be the answer to a statement that had already
+// run.
+func (m *MySQL) execLost(ctx context.Context, query string, args ...any) (id int64, lost bool, err error) {
 	for try := 1; ; try++ {
-		held, err := m.exec(ctx, m.releaseSQL, key, token)
-		switch {
-		case err == nil:
-			return held != 0 || lost, nil
-		case try < retryTries && mysqlReplyLost(ctx, err):
-			lost = true
-		default:
-			return false, err
+		id, err = m.exec(ctx, query, args...)
+		if err == nil || try == retryTries || !mysqlReplyLost(ctx, err) {
+			return id, lost, err
 		}
+		lost = true
 	}
 }
 

@@ -298,6 +298,14 @@ func (z *ZooKeeper) Stats() Stats {
 		Waiting: z.line.waiting() + int(z.waiting.Load())}
 }
 
+// RaiseFence does nothing and returns nil. A ZooKeeper lease's fencing
+// token is its znode's czxid, a transaction id that the ensemble's leader
+// hands out, its epoch in the upper half: there is no counter of the lock's
+// own to raise, and the zxids go back only in an ensemble rebuilt without
+// its data. A row fenced above them (by a lock of another family, or before
+// such a rebuild) stays refused until the zxids pass it.
+func (z *ZooKeeper) RaiseFence(context.Context, string, int64) error { return nil }
+
 // Close closes the connection and with it the session, whose znodes the
 // server deletes at once; leases still held are lost. It waits for the
 // lock's goroutines.
@@ -363,20 +371,14 @@ func (z *ZooKeeper) obtain(ctx context.Context, key string, still func(context.C
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, z.opt.Wait)
 	defer cancel()
-	if !z.line.tryLock(key) {
-		if !wait {
+	// In line behind the callers of this process; still is called if it
+	// waited there.
+	if !wait {
+		if !z.line.tryLock(key) {
 			return nil, ErrNotObtained
 		}
-		if !z.line.lock(waitCtx, key) {
-			return nil, notObtained(waitCtx)
-		}
-		if still != nil {
-			// Waited in line behind a holder of this process.
-			if err := still(waitCtx); err != nil {
-				z.line.unlock(key)
-				return nil, err
-			}
-		}
+	} else if err := z.line.lockWhile(waitCtx, key, still); err != nil {
+		return nil, err
 	}
 	l, err := z.contend(ctx, waitCtx, key, dir, still, wait)
 	if err != nil {
