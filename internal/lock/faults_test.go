@@ -198,7 +198,7 @@ func TestReleaseReplyLostIsReleased(t *testing.T) {
 			proxies[i] = testenv.StartProxy(t, p.Addr)
 			nodes[i] = nodeClient(t, proxies[i].Addr)
 		}
-		l, err := lock.NewRedlock(nodes, lock.RedisOptions{Prefix: "test:", TTL: time.Minute})
+		l, err := lock.NewRedlock(nodes, lock.RedisOptions{Prefix: "test:", TTL: time.Minute, NodeTimeout: loadedNodeTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
