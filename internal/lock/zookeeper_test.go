@@ -130,10 +130,16 @@ func (in inspector) holder(t *testing.T, dir string) (czxid int64, n int) {
 	return czxid, n
 }
 
-// holderOf is holder, returning the error.
+// holderOf is holder, returning the error. It syncs its server with the
+// leader first: a follower may not yet have applied a delete that the
+// holder's server has (the holder's predecessor released the key).
 func (in inspector) holderOf(dir string) (czxid int64, n int, err error) {
 	for try := 0; ; try++ {
-		children, _, err := in.c.Children(dir)
+		_, err := in.c.Sync(dir)
+		var children []string
+		if err == nil || errors.Is(err, zk.ErrNoNode) {
+			children, _, err = in.c.Children(dir)
+		}
 		if errors.Is(err, zk.ErrNoNode) {
 			return 0, 0, nil
 		}
