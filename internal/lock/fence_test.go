@@ -38,9 +38,11 @@ var restored = []struct {
 // A fencing token is never below the server's clock, so a counter restored
 // from an older snapshot still issues tokens above every one written before.
 func TestFencingAboveRestoredCounter(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, r := range restored {
 		t.Run("redis, "+r.name, func(t *testing.T) {
+			t.Parallel()
 			l, c := newRedis(t, lock.RedisOptions{})
 			first := obtain(t, l, "k")
 			first.Release(ctx)
@@ -54,6 +56,7 @@ func TestFencingAboveRestoredCounter(t *testing.T) {
 			}
 		})
 		t.Run("reentrant, "+r.name, func(t *testing.T) {
+			t.Parallel()
 			l, c := newReentrant(t, lock.RedisOptions{})
 			a := lock.WithOwner(ctx, lock.NewOwner())
 			first := obtainAs(t, l, a, "k")
@@ -68,6 +71,7 @@ func TestFencingAboveRestoredCounter(t *testing.T) {
 			}
 		})
 		t.Run("redlock, "+r.name, func(t *testing.T) {
+			t.Parallel()
 			c := newCluster(t, 3)
 			l := c.lock(t, lock.RedisOptions{})
 			first := obtain(t, l, "k")
@@ -156,9 +160,12 @@ func checkRaise(t *testing.T, l raiser, key string, fence int64, beforeRaise, af
 // it: the next token is above the fence it is given, and it never lowers
 // the counter.
 func TestRaiseFence(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+			t.Parallel()
 			l, c := newRedisOn(t, topo, lock.RedisOptions{})
 			// MySQL holds a fence an hour ahead of this Redis's clock, and
 			// the counter is behind it too.
@@ -170,6 +177,7 @@ func TestRaiseFence(t *testing.T) {
 		})
 	})
 	t.Run("redlock", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		l := c.lock(t, lock.RedisOptions{})
 		fence := micros(t, c.clients[0]) + time.Hour.Microseconds()

@@ -83,6 +83,7 @@ func TestLocalForgetsKeysNobodyHolds(t *testing.T) {
 }
 
 func TestNoneExcludesNobody(t *testing.T) {
+	t.Parallel()
 	var l lock.None
 	a, _ := l.Obtain(context.Background(), "k")
 	b, err := l.Obtain(context.Background(), "k")

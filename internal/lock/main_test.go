@@ -2,7 +2,10 @@ package lock_test
 
 import (
 	"database/sql"
+	"flag"
 	"os"
+	"runtime"
+	"strconv"
 	"testing"
 
 	"shop/internal/testenv"
@@ -29,8 +32,22 @@ func etcdCluster(t *testing.T) *testenv.EtcdCluster {
 	return sharedEtcd.Get(t, func(tb testing.TB) *testenv.EtcdCluster { return testenv.StartEtcdCluster(tb) })
 }
 
-// TestMain runs the tests and ends the servers they shared.
+// parallelTests is how many tests run at once unless -parallel says
+// otherwise. The tests here spend their time waiting — for leases to run
+// out, for servers to start and answer — far more than computing, and
+// -parallel's default, GOMAXPROCS (two on the CI machine), would keep
+// all but two of them idle.
+const parallelTests = 8
+
+// TestMain runs the tests, with parallelTests at once unless -parallel was
+// given, and ends the servers they shared.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		flag.Set("test.parallel", strconv.Itoa(max(parallelTests, runtime.GOMAXPROCS(0))))
+	}
 	code := m.Run()
 	sharedEtcd.Close()
 	sharedMySQL.Close()

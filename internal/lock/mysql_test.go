@@ -134,6 +134,7 @@ func TestMySQLStatementsInEverySession(t *testing.T) {
 		{"simultaneous assignment, found rows, +05:00", withSession(t, base)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			if tc.dsn != base {
 				var mode, zone string
@@ -475,6 +476,7 @@ func (d *dialCounter) dial(ctx context.Context, network, addr string) (net.Conn,
 // Restarts of a private MariaDB, which keeps its data: a clean one in the
 // middle of a holding, and a crash.
 func TestMySQLRestart(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartMariaDB(t)
 
 	// The holder's lease outlasts the restart: its renewals fail while the

@@ -118,7 +118,9 @@ func redisFamily(topo testenv.Topology, woken bool) family {
 }
 
 func TestRedisWrongTokenCanNeitherReleaseNorRenew(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		l, c := newRedisOn(t, topo, lock.RedisOptions{TTL: 300 * time.Millisecond})
 		ctx := context.Background()
 		lease := obtain(t, l, "k")
@@ -150,6 +152,7 @@ func TestRedisWrongTokenCanNeitherReleaseNorRenew(t *testing.T) {
 // the moment the lease may run out in Redis, whatever the client does with
 // the context's deadline.
 func TestWatchdogCancelsByValidUntil(t *testing.T) {
+	// Not in parallel with the other tests: its slack is a quarter of a second.
 	const ttl, slack = 600 * time.Millisecond, 250 * time.Millisecond
 	check := func(t *testing.T, lease *lock.Lease) {
 		t.Helper()
@@ -168,6 +171,7 @@ func TestWatchdogCancelsByValidUntil(t *testing.T) {
 	for _, cte := range []bool{true, false} {
 		name := map[bool]string{true: "redis, deadlines honoured", false: "redis, deadlines ignored"}[cte]
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			p := testenv.StartRedis(t)
 			l := lock.NewRedis(lockClient(t, p.Addr, cte), lock.RedisOptions{TTL: ttl})
 			lease := obtain(t, l, "k")
@@ -177,6 +181,7 @@ func TestWatchdogCancelsByValidUntil(t *testing.T) {
 		})
 	}
 	t.Run("redlock, slow node timeout", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		// A node timeout longer than the lease: a renewal may still be
 		// waiting for the nodes when the lease runs out.
@@ -196,6 +201,7 @@ func TestWatchdogCancelsByValidUntil(t *testing.T) {
 // and on a loaded machine the timer fires a moment later. timerNotFired
 // stands for that moment, with a Redis that has stopped answering.
 func TestTryCutByItsDeadlineIsNotObtained(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p := testenv.StartRedis(t)
 	c := lockClient(t, p.Addr, true)
@@ -221,6 +227,7 @@ type timerNotFired struct {
 func (c timerNotFired) Deadline() (time.Time, bool) { return c.deadline, true }
 
 func TestRedisDown(t *testing.T) {
+	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
 	defer c.Close()
 	l := lock.NewRedis(c, lock.RedisOptions{Wait: 5 * time.Second})
@@ -235,6 +242,7 @@ func TestRedisDown(t *testing.T) {
 }
 
 func TestRedisTryObtainWithoutFencing(t *testing.T) {
+	t.Parallel()
 	l, c := newRedis(t, lock.RedisOptions{TTL: 5 * time.Second, NoFencing: true})
 	ctx := context.Background()
 

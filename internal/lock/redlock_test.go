@@ -158,6 +158,7 @@ func redlockFamily() family {
 }
 
 func TestRedlockQuorumWithOneNodeDown(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
 	ctx := context.Background()
@@ -180,6 +181,7 @@ func TestRedlockQuorumWithOneNodeDown(t *testing.T) {
 }
 
 func TestRedlockRefusedWithTwoNodesDown(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 30 * time.Second})
 	c.procs[1].Kill()
@@ -200,6 +202,7 @@ func TestRedlockRefusedWithTwoNodesDown(t *testing.T) {
 }
 
 func TestRedlockMinorityIsNotHeld(t *testing.T) {
+	// Not in parallel with the other tests: its leases last 300 ms.
 	ctx := context.Background()
 	t.Run("acquire", func(t *testing.T) {
 		c := newCluster(t, 3)
@@ -273,6 +276,7 @@ func TestRedlockMinorityIsNotHeld(t *testing.T) {
 }
 
 func TestRedlockValidityCountsElapsedTime(t *testing.T) {
+	// Not in parallel with the other tests: its margins are fractions of a second.
 	ctx := context.Background()
 	// Nodes 1 and 2 hang for a while: the majority answers only then.
 	const hang = 450 * time.Millisecond
@@ -327,6 +331,7 @@ func TestRedlockValidityCountsElapsedTime(t *testing.T) {
 }
 
 func TestRedlockReleaseCleansAllNodes(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	l := c.lock(t, lock.RedisOptions{Wait: 10 * time.Second})
 	lease := obtain(t, l, "k")
@@ -349,6 +354,7 @@ func TestRedlockReleaseCleansAllNodes(t *testing.T) {
 }
 
 func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c := newCluster(t, 3)
 	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
@@ -409,6 +415,7 @@ func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
 }
 
 func TestRedlockMutualExclusionWhileANodeDies(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	const replicas, workers = 3, 60
 	locks := make([]*lock.Redlock, replicas)
@@ -482,8 +489,12 @@ func (c *cluster) wakingLock(t *testing.T, opt lock.RedisOptions) *lock.Redlock 
 // A hung first master must not stall the waiters while a majority is
 // healthy: they flag the key and hear its release on every node.
 func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
+	// Not in parallel with the other tests: six acquisitions share the 2 s
+	// wait, and each split vote between the two replicas costs a node
+	// timeout, as the hung node never answers.
 	ctx := context.Background()
 	t.Run("contended", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		const replicas, workers = 2, 6
 		locks := make([]*lock.Redlock, replicas)
@@ -521,6 +532,7 @@ func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
 		}
 	})
 	t.Run("woken", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		a := c.wakingLock(t, lock.RedisOptions{TTL: 5 * time.Second})
 		b := c.wakingLock(t, lock.RedisOptions{TTL: 5 * time.Second, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
@@ -557,6 +569,7 @@ func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
 // with two masters of three hung, the first waiter of a process must not wait
 // for them (up to a second) past its own wait.
 func TestRedlockWaitKeepsItsBoundWithMajorityHung(t *testing.T) {
+	// Not in parallel with the other tests: its margin is 600 ms.
 	ctx := context.Background()
 	c := newCluster(t, 3)
 	holder := c.wakingLock(t, lock.RedisOptions{TTL: 10 * time.Second})

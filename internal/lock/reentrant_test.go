@@ -48,6 +48,7 @@ func obtainAs(t *testing.T, l *lock.Reentrant, owner context.Context, key string
 }
 
 func TestReentrantDepth(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		t.Parallel()
 		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second})
@@ -85,6 +86,7 @@ func TestReentrantDepth(t *testing.T) {
 }
 
 func TestReentrantOtherOwnerRefused(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		t.Parallel()
 		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second})
@@ -121,6 +123,7 @@ func TestReentrantOtherOwnerRefused(t *testing.T) {
 }
 
 func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
+	t.Parallel()
 	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
 	// lease up: over a second, ample for a loaded machine under -race.
 	const ttl = 2 * time.Second
@@ -183,7 +186,9 @@ func TestReentrantExpiry(t *testing.T) {
 }
 
 func TestReentrantWakesWaiterOnLastRelease(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		c, prefix := lockRedisOn(t, topo)
 		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
 		t.Cleanup(func() { l.Close() })
@@ -225,6 +230,7 @@ func (o ownerLock) Obtain(_ context.Context, key string) (*lock.Lease, error) {
 // next hold: a late Release or renewal of the old one must leave the new one
 // alone.
 func TestReentrantOldHoldCannotTouchNewHold(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("release after expiry", func(t *testing.T) {
 		l, c := newReentrant(t, lock.RedisOptions{TTL: 200 * time.Millisecond, Wait: 5 * time.Second, After: frozen})

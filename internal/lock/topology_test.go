@@ -131,6 +131,7 @@ type keyLocker interface {
 // (a free key, and a held one, which it flags as waited for), release
 // (announcing the release to the flagged waiter), renew and RaiseFence.
 func TestScriptsKeepToOneSlot(t *testing.T) {
+	t.Parallel()
 	topo := testenv.TopologyNamed(t, "cluster")
 	if topo.Name != "cluster" {
 		t.Fatalf("topology %q, want the cluster", topo.Name)
@@ -168,6 +169,7 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	}
 	for name, newLocker := range lockers {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			holder, waiter := newLocker(prefix+name+":", holderWait), newLocker(prefix+name+":", waiterWait)
 			keys := keysOnEachMaster(t, c, holder)
 			leases := make([]*lock.Lease, len(keys))
@@ -209,7 +211,9 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 // slot, hears it over the cluster bus: B's waiters, whose backoff is an
 // hour, are woken by the releases of keys on each of the three masters.
 func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		ctx := context.Background()
 		_, prefix := testenv.RedisOn(t, topo)
 		a, c := wokenProcess(t, topo, prefix)
@@ -256,6 +260,7 @@ func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
 // replicas. When that node dies, go-redis resubscribes on the master the
 // Sentinel names.
 func TestWakeOnReleaseAcrossFailover(t *testing.T) {
+	t.Parallel()
 	s := testenv.StartRedisSentinel(t)
 	ctx := context.Background()
 	client := func() redis.UniversalClient {
@@ -353,6 +358,7 @@ func TestWakeOnReleaseAcrossFailover(t *testing.T) {
 // wait that ends before a node has answered has no MOVED to report. The
 // nodes are tried at once.
 func TestWaitOutlastsMoved(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	topo := testenv.TopologyNamed(t, "cluster")
 	_, prefix := testenv.RedisOn(t, topo)
@@ -395,6 +401,7 @@ func TestWaitOutlastsMoved(t *testing.T) {
 // master and do their work there, instead of leaving the key held until
 // its TTL.
 func TestReleaseFollowsAClusterFailover(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cluster := testenv.StartRedisCluster(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1, MaxRedirects: -1, ContextTimeoutEnabled: true})

@@ -107,7 +107,9 @@ func received(t *testing.T, got <-chan obtained) *lock.Lease {
 }
 
 func TestWaitersInProcessAreHandedTheKey(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		c, prefix := lockRedisOn(t, topo)
 		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
 		t.Cleanup(func() { l.Close() })
@@ -137,7 +139,9 @@ func TestWaitersInProcessAreHandedTheKey(t *testing.T) {
 }
 
 func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		_, prefix := testenv.RedisOn(t, topo)
 		a, c := wokenProcess(t, topo, prefix)
 		b, _ := wokenProcess(t, topo, prefix)
@@ -174,6 +178,7 @@ func TestWakeOnReleaseAcrossProcesses(t *testing.T) {
 }
 
 func TestWakeMissedFallsBackToBackoff(t *testing.T) {
+	t.Parallel()
 	c, prefix := testenv.Redis(t)
 	// The holder does not announce its release (as if the message were
 	// lost); the waiter must still get the lock, on its backoff.
@@ -196,6 +201,7 @@ func TestWakeMissedFallsBackToBackoff(t *testing.T) {
 }
 
 func TestReleaseAnnouncedOnlyWhenWaitedFor(t *testing.T) {
+	t.Parallel()
 	addr := testenv.StartRedis(t).Addr
 	c := testenv.RedisAt(t, addr)
 	l := lock.NewRedis(c, lock.RedisOptions{Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
@@ -241,6 +247,7 @@ func TestReleaseAnnouncedOnlyWhenWaitedFor(t *testing.T) {
 }
 
 func TestWaitInLineCountsAgainstTheBudget(t *testing.T) {
+	// Not in parallel with the other tests: its margin is 400 ms.
 	c, prefix := testenv.Redis(t)
 	const wait = time.Second
 	l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, Wait: wait})
@@ -276,7 +283,9 @@ func TestWaitInLineCountsAgainstTheBudget(t *testing.T) {
 // A lock without fencing (the cache's mutex) wakes its waiters too: an
 // attempt that finds the key held flags it, as with fencing.
 func TestWakeOnReleaseWithoutFencing(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		c, prefix := lockRedisOn(t, topo)
 		opt := lock.RedisOptions{Prefix: prefix, NoFencing: true, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute}
 		a, b := lock.NewRedis(c, opt), lock.NewRedis(c, opt)
@@ -309,6 +318,7 @@ func TestWakeOnReleaseWithoutFencing(t *testing.T) {
 // gets the lock once the client writes to a master again; a wait that runs
 // out says why.
 func TestWaitOutlastsReadOnly(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	master, replica := testenv.StartRedis(t), testenv.StartRedis(t)
 	c := lockClient(t, replica.Addr, true)

@@ -26,6 +26,7 @@ import (
 // whole ensemble (what is left of it) stopped and its three servers
 // started again.
 func TestZooKeeper(t *testing.T) {
+	t.Parallel()
 	ens := testenv.StartZooKeeper(t)
 	t.Run("Shared", func(t *testing.T) {
 		t.Run("Conformance", func(t *testing.T) {
