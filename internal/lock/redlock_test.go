@@ -359,7 +359,7 @@ func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := newCluster(t, 3)
-	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
+	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 10 * time.Second})
 	// A long history: counters above any node's clock in microseconds (and
 	// below 2^53, where Lua's numbers stay exact), so a node restarted empty
 	// (whose counter starts from its clock) is behind, and only the majority

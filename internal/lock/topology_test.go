@@ -139,29 +139,29 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	ctx := context.Background()
 	c, prefix := lockRedisOn(t, topo)
 	// A short TTL, so that every lease is renewed while it is held (a
-	// renewal has a second to answer); the waiters flag the key and give up
-	// at once. The holder waits longer: on a busy machine an answer that
-	// comes after the TTL is refused, and the holder must try again.
-	opt := lock.RedisOptions{TTL: 1500 * time.Millisecond, Subscriber: c}
-	const holderWait, waiterWait = 5 * time.Second, 10 * time.Millisecond
-	lockers := map[string]func(prefix string, wait time.Duration) keyLocker{
-		"redis": func(prefix string, wait time.Duration) keyLocker {
+	// renewal has a second to answer); a waiter of another process flags
+	// each key as waited for, and is woken by its release. The waits are
+	// long: on a busy machine an answer that comes after the TTL is
+	// refused, and the holder must try again.
+	opt := lock.RedisOptions{TTL: 1500 * time.Millisecond, Wait: 10 * time.Second, Subscriber: c}
+	lockers := map[string]func(prefix string) keyLocker{
+		"redis": func(prefix string) keyLocker {
 			o := opt
-			o.Prefix, o.Wait = prefix, wait
+			o.Prefix = prefix
 			l := lock.NewRedis(c, o)
 			t.Cleanup(func() { l.Close() })
 			return l
 		},
-		"redis without fencing": func(prefix string, wait time.Duration) keyLocker {
+		"redis without fencing": func(prefix string) keyLocker {
 			o := opt
-			o.Prefix, o.Wait, o.NoFencing = prefix, wait, true
+			o.Prefix, o.NoFencing = prefix, true
 			l := lock.NewRedis(c, o)
 			t.Cleanup(func() { l.Close() })
 			return l
 		},
-		"reentrant": func(prefix string, wait time.Duration) keyLocker {
+		"reentrant": func(prefix string) keyLocker {
 			o := opt
-			o.Prefix, o.Wait = prefix, wait
+			o.Prefix = prefix
 			l := lock.NewReentrant(c, o)
 			t.Cleanup(func() { l.Close() })
 			return ownerLock{l, lock.WithOwner(ctx, lock.NewOwner())}
@@ -170,21 +170,20 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	for name, newLocker := range lockers {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			holder, waiter := newLocker(prefix+name+":", holderWait), newLocker(prefix+name+":", waiterWait)
+			holder, waiter := newLocker(prefix+name+":"), newLocker(prefix+name+":")
 			keys := keysOnEachMaster(t, c, holder)
 			leases := make([]*lock.Lease, len(keys))
+			waiters := make([]<-chan obtained, len(keys))
 			for i, key := range keys {
 				lease, err := holder.Obtain(ctx, key)
 				if err != nil {
 					t.Fatalf("obtain %q: %v", key, err)
 				}
 				leases[i] = lease
-				if _, err := waiter.Obtain(ctx, key); !errors.Is(err, lock.ErrNotObtained) {
-					t.Fatalf("obtain the held %q = %v, want ErrNotObtained", key, err)
-				}
-				if n := c.Exists(ctx, holder.Key(key)+":waiting").Val(); n != 1 {
-					t.Fatalf("the held %q is not flagged as waited for", key)
-				}
+				waiters[i] = obtainAsync(waiter, key)
+				waitFor(t, "the held "+key+" is flagged as waited for", func() bool {
+					return c.Exists(ctx, holder.Key(key)+":waiting").Val() == 1
+				})
 			}
 			time.Sleep(opt.TTL / 2) // each renewed at TTL/3
 			for i, key := range keys {
@@ -195,6 +194,7 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 				if err := lease.Release(ctx); err != nil {
 					t.Fatalf("release %q: %v", key, err)
 				}
+				received(t, waiters[i]).Release(ctx)
 				if l, ok := holder.(*lock.Redis); ok && !strings.Contains(name, "without fencing") {
 					if err := l.RaiseFence(ctx, key, lease.Fence()+1000); err != nil {
 						t.Fatalf("raise the fence of %q: %v", key, err)
