@@ -53,8 +53,10 @@ func scriptSHA(t *testing.T, file string) []byte {
 // caller waits anyway, takes the key again within its wait (a dropped
 // connection is what a failover does to it: see failingOver).
 func TestObtainReplyLostFreesKey(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		p, c, direct, prefix := proxied(t)
 		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: time.Second})
 		// Load the scripts, so that the cut lands on the obtain script's own
@@ -89,6 +91,7 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 		}
 	})
 	t.Run("reentrant", func(t *testing.T) {
+		t.Parallel()
 		p, c, direct, prefix := proxied(t)
 		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: time.Second})
 		a := lock.WithOwner(ctx, lock.NewOwner())
@@ -127,6 +130,7 @@ func TestObtainReplyLostFreesKey(t *testing.T) {
 // connections to it — goes on waiting and takes the key on its release,
 // rather than failing its order.
 func TestWaitOutlastsDroppedConnection(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	p, c, direct, prefix := proxied(t)
 	holder := lock.NewRedis(direct, lock.RedisOptions{Prefix: prefix, TTL: time.Minute})
@@ -148,8 +152,10 @@ func TestWaitOutlastsDroppedConnection(t *testing.T) {
 // the lock; the retry finds no key, which is the lost try's doing, not a
 // lease lost before it.
 func TestReleaseReplyLostIsReleased(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		p, c, direct, prefix := proxied(t)
 		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute})
 		obtain(t, l, "warm").Release(ctx)
@@ -166,6 +172,7 @@ func TestReleaseReplyLostIsReleased(t *testing.T) {
 		}
 	})
 	t.Run("reentrant", func(t *testing.T) {
+		t.Parallel()
 		p, c, direct, prefix := proxied(t)
 		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: time.Minute})
 		a := lock.WithOwner(ctx, lock.NewOwner())
@@ -191,6 +198,7 @@ func TestReleaseReplyLostIsReleased(t *testing.T) {
 		}
 	})
 	t.Run("redlock", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		proxies := make([]*testenv.Proxy, len(c.procs))
 		nodes := make([]redis.Scripter, len(c.procs))
@@ -198,7 +206,7 @@ func TestReleaseReplyLostIsReleased(t *testing.T) {
 			proxies[i] = testenv.StartProxy(t, p.Addr)
 			nodes[i] = nodeClient(t, proxies[i].Addr)
 		}
-		l, err := lock.NewRedlock(nodes, lock.RedisOptions{Prefix: "test:", TTL: time.Minute})
+		l, err := lock.NewRedlock(nodes, lock.RedisOptions{Prefix: "test:", TTL: time.Minute, NodeTimeout: loadedNodeTimeout})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -226,9 +234,11 @@ func TestReleaseReplyLostIsReleased(t *testing.T) {
 // paused Redis) is no lock: its holder could write before its watchdog
 // noticed. It is given back, and a waiting Obtain tries again.
 func TestGrantArrivingExpiredIsRefused(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	const ttl, pause = 300 * time.Millisecond, time.Second
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		p := testenv.StartRedis(t)
 		c := lockClient(t, p.Addr, false) // its 3 s read timeout outlasts the pause
 		l := lock.NewRedis(c, lock.RedisOptions{TTL: ttl})
@@ -249,6 +259,7 @@ func TestGrantArrivingExpiredIsRefused(t *testing.T) {
 		}
 	})
 	t.Run("reentrant", func(t *testing.T) {
+		t.Parallel()
 		p := testenv.StartRedis(t)
 		c := lockClient(t, p.Addr, false)
 		l := lock.NewReentrant(c, lock.RedisOptions{TTL: ttl, Wait: 30 * time.Second})

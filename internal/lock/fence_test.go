@@ -38,9 +38,11 @@ var restored = []struct {
 // A fencing token is never below the server's clock, so a counter restored
 // from an older snapshot still issues tokens above every one written before.
 func TestFencingAboveRestoredCounter(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, r := range restored {
 		t.Run("redis, "+r.name, func(t *testing.T) {
+			t.Parallel()
 			l, c := newRedis(t, lock.RedisOptions{})
 			first := obtain(t, l, "k")
 			first.Release(ctx)
@@ -54,6 +56,7 @@ func TestFencingAboveRestoredCounter(t *testing.T) {
 			}
 		})
 		t.Run("reentrant, "+r.name, func(t *testing.T) {
+			t.Parallel()
 			l, c := newReentrant(t, lock.RedisOptions{})
 			a := lock.WithOwner(ctx, lock.NewOwner())
 			first := obtainAs(t, l, a, "k")
@@ -68,6 +71,7 @@ func TestFencingAboveRestoredCounter(t *testing.T) {
 			}
 		})
 		t.Run("redlock, "+r.name, func(t *testing.T) {
+			t.Parallel()
 			c := newCluster(t, 3)
 			l := c.lock(t, lock.RedisOptions{})
 			first := obtain(t, l, "k")
@@ -85,6 +89,27 @@ func TestFencingAboveRestoredCounter(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A Redis that lost its counters (restarted empty) still issues tokens
+// above every earlier one: they come from its clock.
+func TestFencingAboveLostCounter(t *testing.T) {
+	t.Parallel()
+	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
+		ctx := context.Background()
+		l, c := newRedisOn(t, topo, lock.RedisOptions{})
+		first := obtain(t, l, "k")
+		first.Release(ctx)
+		if err := c.Del(ctx, l.FenceKey("k")).Err(); err != nil {
+			t.Fatal(err)
+		}
+		next := obtain(t, l, "k")
+		defer next.Release(ctx)
+		if next.Fence() <= first.Fence() {
+			t.Errorf("token after losing the counter %d, want > %d", next.Fence(), first.Fence())
+		}
+	})
 }
 
 // raiser is a lock whose fencing counters can be raised.
@@ -135,9 +160,12 @@ func checkRaise(t *testing.T, l raiser, key string, fence int64, beforeRaise, af
 // it: the next token is above the fence it is given, and it never lowers
 // the counter.
 func TestRaiseFence(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+			t.Parallel()
 			l, c := newRedisOn(t, topo, lock.RedisOptions{})
 			// MySQL holds a fence an hour ahead of this Redis's clock, and
 			// the counter is behind it too.
@@ -149,6 +177,7 @@ func TestRaiseFence(t *testing.T) {
 		})
 	})
 	t.Run("redlock", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		l := c.lock(t, lock.RedisOptions{})
 		fence := micros(t, c.clients[0]) + time.Hour.Microseconds()
@@ -169,44 +198,47 @@ func TestRaiseFence(t *testing.T) {
 		}
 	})
 	t.Run("mysql", func(t *testing.T) {
-		dsn := testenv.MySQL(t).DSN
+		t.Parallel()
+		dsn := mysqlDB(t).DSN
+		ns := testenv.Name() + ":"
+		key, fresh, held := ns+"k", ns+"new", ns+"held"
 		db := mysqlPool(t, dsn)
 		l := newMySQL(t, dsn, lock.MySQLOptions{})
 		// The rows hold a fence an hour ahead of MySQL's clock, and the
 		// key's counter is behind it too (the lock table was restored from
 		// an older backup, say).
 		fence := mysqlNow(t, db).Add(time.Hour).UnixMicro()
-		if _, err := db.Exec("INSERT INTO shop_locks (name, owner, fence, expires_at) VALUES ('k', '', ?, UTC_TIMESTAMP(6))", fence-1000); err != nil {
+		if _, err := db.Exec("INSERT INTO shop_locks (name, owner, fence, expires_at) VALUES (?, '', ?, UTC_TIMESTAMP(6))", key, fence-1000); err != nil {
 			t.Fatal(err)
 		}
-		checkRaise(t, l, "k", fence, nil, nil)
+		checkRaise(t, l, key, fence, nil, nil)
 
 		// A key never locked gets a free row with the counter.
-		if err := l.RaiseFence(ctx, "new", fence); err != nil {
+		if err := l.RaiseFence(ctx, fresh, fence); err != nil {
 			t.Fatal(err)
 		}
-		if o, f, _ := mysqlHolder(t, l, "new"); o != "" || f != fence {
+		if o, f, _ := mysqlHolder(t, l, fresh); o != "" || f != fence {
 			t.Errorf("a key raised before it was ever locked: owner %q, fence %d; want free with fence %d", o, f, fence)
 		}
-		if lease := obtain(t, l, "new"); lease.Fence() <= fence {
+		if lease := obtain(t, l, fresh); lease.Fence() <= fence {
 			t.Errorf("first token of a raised key %d, want above %d", lease.Fence(), fence)
 		}
 
 		// A held key keeps its holder and its lease.
-		held := obtain(t, l, "held")
-		owner, _, until := mysqlHolder(t, l, "held")
-		if err := l.RaiseFence(ctx, "held", fence); err != nil {
+		lease := obtain(t, l, held)
+		owner, _, until := mysqlHolder(t, l, held)
+		if err := l.RaiseFence(ctx, held, fence); err != nil {
 			t.Fatal(err)
 		}
-		if o, f, u := mysqlHolder(t, l, "held"); o != owner || !u.Equal(until) || f != fence {
+		if o, f, u := mysqlHolder(t, l, held); o != owner || !u.Equal(until) || f != fence {
 			t.Errorf("a held key after the raise: owner %q until %v, fence %d; want %q until %v, fence %d", o, u, f, owner, until, fence)
 		}
-		if err := held.Release(ctx); err != nil {
+		if err := lease.Release(ctx); err != nil {
 			t.Errorf("the holder's release after the raise: %v", err)
 		}
 
 		for _, bad := range []int64{-1, math.MaxInt64} {
-			if err := l.RaiseFence(ctx, "k", bad); err == nil {
+			if err := l.RaiseFence(ctx, key, bad); err == nil {
 				t.Errorf("RaiseFence(%d) = nil, want an error: the next token would not fit", bad)
 			}
 		}

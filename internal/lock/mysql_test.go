@@ -1,14 +1,10 @@
 package lock_test
 
 import (
-	"bufio"
 	"context"
 	"database/sql"
 	"errors"
 	"net"
-	"os"
-	"os/exec"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -49,6 +45,41 @@ func mysqlHolder(t *testing.T, l *lock.MySQL, key string) (owner string, fence i
 		t.Fatal(err)
 	}
 	return owner, fence, until
+}
+
+// mysqlFamily is the MySQL lock table, on a database of its own, as the
+// conformance suite runs it. Each process has a pool of its own.
+func mysqlFamily() family {
+	return family{name: "mysql table", claims: everything, ttl: 2 * time.Second,
+		servers: func(t *testing.T) func(*testing.T, settings) world {
+			dsn := mysqlDB(t).DSN
+			admin := mysqlPool(t, dsn)
+			return func(t *testing.T, opt settings) world {
+				return func() *handle {
+					db := mysqlPool(t, dsn)
+					l := lock.NewMySQL(db, lock.MySQLOptions{TTL: opt.TTL, Wait: opt.Wait, MaxBackoff: 20 * time.Millisecond})
+					return &handle{locker: l, crash: crashing(t, l, db.Close),
+						// The lease ran out on the server while its holder
+						// was paused.
+						lose: func(t *testing.T, lease *lock.Lease) {
+							if _, err := admin.Exec("UPDATE shop_locks SET expires_at = UTC_TIMESTAMP(6) WHERE name = ?", lease.Key()); err != nil {
+								t.Fatal(err)
+							}
+						},
+						holds: func(lease *lock.Lease) error {
+							owner, fence, until, err := l.Holder(context.Background(), lease.Key())
+							if err != nil {
+								return err
+							}
+							if owner == "" || fence != lease.Fence() {
+								return errHolds(lease, "owner %q, fence %d, until %v", owner, fence, until)
+							}
+							return nil
+						},
+					}
+				}
+			}
+		}}
 }
 
 // mysqlHeldBy fails the test unless key is held on the server by the
@@ -96,12 +127,14 @@ func withSession(t *testing.T, dsn string) string {
 // or changed rows, and whatever the session's time zone: holders of other
 // settings agree on who holds the key.
 func TestMySQLStatementsInEverySession(t *testing.T) {
-	base := testenv.MySQL(t).DSN
+	t.Parallel()
+	base := mysqlDB(t).DSN
 	for _, tc := range []struct{ name, dsn string }{
 		{"default", base},
 		{"simultaneous assignment, found rows, +05:00", withSession(t, base)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
 			ctx := context.Background()
 			if tc.dsn != base {
 				var mode, zone string
@@ -195,17 +228,20 @@ func TestMySQLStatementsInEverySession(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			// Renewal: a lease of 300ms held for a second stays held.
-			short := newMySQL(t, tc.dsn, lock.MySQLOptions{TTL: 300 * time.Millisecond})
+			// Renewal: a lease held for its length stays held, renewed
+			// every third of it (each renewal has two thirds, a second, to
+			// answer: room on a loaded machine).
+			const ttl = 1500 * time.Millisecond
+			short := newMySQL(t, tc.dsn, lock.MySQLOptions{TTL: ttl})
 			e := obtain(t, short, key)
 			first := e.Until()
-			time.Sleep(time.Second)
+			time.Sleep(ttl)
 			if err := e.Context().Err(); err != nil {
 				t.Fatalf("renewed lease lost: %v", context.Cause(e.Context()))
 			}
 			mysqlHeldBy(t, l, key, e.Fence())
-			if !e.Until().After(first.Add(500 * time.Millisecond)) {
-				t.Errorf("Until %v after a second, was %v: not renewed", e.Until(), first)
+			if !e.Until().After(first.Add(ttl / 3)) {
+				t.Errorf("Until %v after %v, was %v: not renewed", e.Until(), ttl, first)
 			}
 			if err := e.Release(ctx); err != nil {
 				t.Fatalf("release of a renewed lease: %v", err)
@@ -226,11 +262,13 @@ func TestMySQLStatementsInEverySession(t *testing.T) {
 }
 
 func TestMySQLObtainRelease(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
+	t.Parallel()
+	dsn := mysqlDB(t).DSN
+	key := "sku:" + testenv.Name()
 	l := newMySQL(t, dsn, lock.MySQLOptions{})
 	ctx := context.Background()
-	a := obtain(t, l, "sku:1")
-	mysqlHeldBy(t, l, "sku:1", a.Fence())
+	a := obtain(t, l, key)
+	mysqlHeldBy(t, l, key, a.Fence())
 	if s := l.Stats(); s.Attempts != 1 || s.Waiting != 0 {
 		t.Errorf("Stats after an uncontended obtain = %+v, want one attempt, nobody waiting", s)
 	}
@@ -240,10 +278,10 @@ func TestMySQLObtainRelease(t *testing.T) {
 	if err := a.Context().Err(); err == nil {
 		t.Error("a released lease's Context is not done")
 	}
-	if o, f, _ := mysqlHolder(t, l, "sku:1"); o != "" || f != a.Fence() {
+	if o, f, _ := mysqlHolder(t, l, key); o != "" || f != a.Fence() {
 		t.Fatalf("after release: owner %q, fence %d", o, f)
 	}
-	b := obtain(t, l, "sku:1")
+	b := obtain(t, l, key)
 	if b.Fence() <= a.Fence() {
 		t.Errorf("second token %d, first %d", b.Fence(), a.Fence())
 	}
@@ -259,135 +297,27 @@ func TestMySQLObtainRelease(t *testing.T) {
 	}
 }
 
-// Holders in three processes, four goroutines each: never two inside at
-// once, tokens strictly increasing in the order of holding, and a counter
-// row in MySQL, read and written back under the lock with fenced UPDATEs,
-// loses no increment.
-func TestMySQLMutualExclusion(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
-	db := mysqlPool(t, dsn)
-	ctx := context.Background()
-	if _, err := db.Exec("CREATE TABLE counter (id INT PRIMARY KEY, n INT NOT NULL, fence BIGINT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec("INSERT INTO counter VALUES (1, 0, 0)"); err != nil {
-		t.Fatal(err)
-	}
-	const processes, workers, rounds = 3, 4, 8
-	var (
-		inside, overlaps atomic.Int32
-		mu               sync.Mutex
-		fences           []int64
-		wg               sync.WaitGroup
-		errs             = make(chan error, processes*workers*rounds)
-	)
-	var locks []*lock.MySQL
-	for range processes {
-		l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 30 * time.Second, MaxBackoff: 20 * time.Millisecond})
-		locks = append(locks, l)
-		for range workers {
-			wg.Go(func() {
-				for range rounds {
-					lease, err := l.Obtain(ctx, "sku:1")
-					if err != nil {
-						errs <- err
-						return
-					}
-					if inside.Add(1) > 1 {
-						overlaps.Add(1)
-					}
-					mu.Lock()
-					fences = append(fences, lease.Fence())
-					mu.Unlock()
-					var n int
-					if err := db.QueryRow("SELECT n FROM counter WHERE id = 1").Scan(&n); err != nil {
-						errs <- err
-					}
-					time.Sleep(time.Millisecond)
-					res, err := db.Exec("UPDATE counter SET n = ?, fence = ? WHERE id = 1 AND fence < ?", n+1, lease.Fence(), lease.Fence())
-					if err != nil {
-						errs <- err
-					} else if k, _ := res.RowsAffected(); k != 1 {
-						errs <- errors.New("a fenced write under the lock was refused")
-					}
-					inside.Add(-1)
-					if err := lease.Release(ctx); err != nil {
-						errs <- err
-					}
-				}
-			})
-		}
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	if n := overlaps.Load(); n != 0 {
-		t.Errorf("%d holdings overlapped another", n)
-	}
-	var attempts uint64
-	for _, l := range locks {
-		attempts += l.Stats().Attempts
-	}
-	if attempts <= processes*workers*rounds {
-		t.Errorf("%d attempts for %d holdings: no process ever found the key held by another, the test proves nothing", attempts, processes*workers*rounds)
-	}
-	for i := 1; i < len(fences); i++ {
-		if fences[i] <= fences[i-1] {
-			t.Fatalf("token %d held after %d", fences[i], fences[i-1])
-		}
-	}
-	var n int
-	if err := db.QueryRow("SELECT n FROM counter WHERE id = 1").Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if want := processes * workers * rounds; n != want {
-		t.Errorf("counter = %d, want %d: increments were lost", n, want)
-	}
-}
-
-// A held key ends the wait after Wait, or at the context's end if that
-// comes first, with ErrNotObtained and the cause; the waiters of one
-// process wait in line, and only the first of them tries at the server.
-func TestMySQLWaitIsBounded(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
+// The waiters of one process wait in line, and only the first of them
+// tries at the server. Here three of them wait for a key held by another
+// process: the first tries once, then sleeps for good; the two behind it
+// never reach the server. Their waits end together (one deadline): a
+// waiter whose own wait ended a moment after the first's would rightly be
+// handed its turn and try once.
+func TestMySQLWaitersInLine(t *testing.T) {
+	t.Parallel()
+	dsn := mysqlDB(t).DSN
+	key := "k:" + testenv.Name()
 	ctx := context.Background()
 	holder := newMySQL(t, dsn, lock.MySQLOptions{})
-	held := obtain(t, holder, "k")
+	held := obtain(t, holder, key)
 
-	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 300 * time.Millisecond, MaxBackoff: 20 * time.Millisecond})
-	start := time.Now()
-	_, err := l.Obtain(ctx, "k")
-	if elapsed := time.Since(start); elapsed < 300*time.Millisecond || elapsed > 1300*time.Millisecond {
-		t.Errorf("Obtain gave up after %v, want about 300ms", elapsed)
-	}
-	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Obtain = %v, want ErrNotObtained joined with DeadlineExceeded", err)
-	}
-
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	defer cancel()
-	start = time.Now()
-	_, err = newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * time.Second}).Obtain(short, "k")
-	if elapsed := time.Since(start); elapsed > time.Second {
-		t.Errorf("Obtain ran %v past its context's 100ms", elapsed)
-	}
-	if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Obtain = %v, want ErrNotObtained joined with DeadlineExceeded", err)
-	}
-
-	// Three waiters of one process: the first tries once, then sleeps for
-	// good; the two behind it never reach the server. Their waits end
-	// together (one deadline): a waiter whose own wait ended a moment
-	// after the first's would rightly be handed its turn and try once.
 	line := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MinBackoff: never, MaxBackoff: never})
 	together, cancelTogether := context.WithTimeout(ctx, 500*time.Millisecond)
 	defer cancelTogether()
 	got := make(chan error, 3)
 	for range 3 {
 		go func() {
-			_, err := line.Obtain(together, "k")
+			_, err := line.Obtain(together, key)
 			got <- err
 		}()
 	}
@@ -400,45 +330,24 @@ func TestMySQLWaitIsBounded(t *testing.T) {
 	if n := line.Stats().Attempts; n != 1 {
 		t.Errorf("%d attempts at the server, want 1: only the first in line polls", n)
 	}
-	mysqlHeldBy(t, holder, "k", held.Fence())
-}
-
-// ObtainWhile's check runs before a retry, and its error ends the wait at
-// once, without the key.
-func TestMySQLObtainWhileStopsWaiting(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
-	ctx := context.Background()
-	holder := newMySQL(t, dsn, lock.MySQLOptions{})
-	held := obtain(t, holder, "k")
-	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 10 * time.Second, MaxBackoff: 10 * time.Millisecond})
-	errSoldOut := errors.New("sold out")
-	w := obtainWhileAsync(ctx, l, "k", errSoldOut)
-	waitFor(t, "the waiter has checked", func() bool { return w.checks.Load() > 0 })
-	w.wanted.Store(false)
-	select {
-	case err := <-w.ended:
-		if !errors.Is(err, errSoldOut) {
-			t.Fatalf("ObtainWhile = %v, want the check's error", err)
-		}
-	case <-time.After(2 * time.Second):
-		t.Fatal("ObtainWhile still waits after its check failed")
-	}
-	mysqlHeldBy(t, holder, "k", held.Fence())
+	mysqlHeldBy(t, holder, key, held.Fence())
 }
 
 // A lease whose row changed hands behind its back (here by hand) is told
 // by its watchdog: its Context ends with ErrNotHeld, its renewals do not
 // extend the new holder's row, and its release does not free it.
 func TestMySQLLostLeaseCancelsContext(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
+	t.Parallel()
+	dsn := mysqlDB(t).DSN
+	key := "k:" + testenv.Name()
 	db := mysqlPool(t, dsn)
 	ctx := context.Background()
 	l := newMySQL(t, dsn, lock.MySQLOptions{TTL: 300 * time.Millisecond})
-	lease := obtain(t, l, "k")
-	if _, err := db.Exec("UPDATE shop_locks SET owner = 'intruder', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = 'k'"); err != nil {
+	lease := obtain(t, l, key)
+	if _, err := db.Exec("UPDATE shop_locks SET owner = 'intruder', expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 MINUTE WHERE name = ?", key); err != nil {
 		t.Fatal(err)
 	}
-	_, _, until := mysqlHolder(t, l, "k")
+	_, _, until := mysqlHolder(t, l, key)
 	select {
 	case <-lease.Context().Done():
 	case <-time.After(5 * time.Second):
@@ -450,7 +359,7 @@ func TestMySQLLostLeaseCancelsContext(t *testing.T) {
 	if err := lease.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		t.Errorf("Release = %v, want ErrNotHeld", err)
 	}
-	if o, _, u := mysqlHolder(t, l, "k"); o != "intruder" || !u.Equal(until) {
+	if o, _, u := mysqlHolder(t, l, key); o != "intruder" || !u.Equal(until) {
 		t.Errorf("the other holder's row: owner %q until %v, was intruder until %v", o, u, until)
 	}
 }
@@ -460,7 +369,9 @@ func TestMySQLLostLeaseCancelsContext(t *testing.T) {
 // TryObtain fails, and Obtain takes the key again within its wait. A
 // release whose reply was lost is a release.
 func TestMySQLReplyLost(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
+	t.Parallel()
+	dsn := mysqlDB(t).DSN
+	key := "k:" + testenv.Name()
 	ctx := context.Background()
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
@@ -473,12 +384,12 @@ func TestMySQLReplyLost(t *testing.T) {
 	take := []byte("INSERT INTO `shop_locks`")
 
 	cut := p.CutReply(take)
-	if lease, err := l.TryObtain(ctx, "k"); err == nil {
+	if lease, err := l.TryObtain(ctx, key); err == nil {
 		lease.Release(ctx)
 		t.Fatal("obtained although the reply was lost")
 	}
 	cutDone(t, cut)
-	owner, fence, _ := mysqlHolder(t, l, "k")
+	owner, fence, _ := mysqlHolder(t, l, key)
 	if fence == 0 {
 		t.Fatal("the cut take never ran: the test proves nothing")
 	}
@@ -488,7 +399,7 @@ func TestMySQLReplyLost(t *testing.T) {
 
 	attempts := l.Stats().Attempts
 	cut = p.CutReply(take)
-	lease, err := l.Obtain(ctx, "k")
+	lease, err := l.Obtain(ctx, key)
 	cutDone(t, cut)
 	if err != nil {
 		t.Fatalf("Obtain with its first reply lost = %v, want the key taken again within the wait", err)
@@ -496,100 +407,15 @@ func TestMySQLReplyLost(t *testing.T) {
 	if n := l.Stats().Attempts - attempts; n != 2 {
 		t.Errorf("Obtain made %d attempts, want 2: the lost one and the next", n)
 	}
-	mysqlHeldBy(t, l, "k", lease.Fence())
+	mysqlHeldBy(t, l, key, lease.Fence())
 
 	cut = p.CutReply([]byte("UPDATE `shop_locks` SET owner"))
 	if err := lease.Release(ctx); err != nil {
 		t.Fatalf("Release with its reply lost = %v, want released", err)
 	}
 	cutDone(t, cut)
-	if o, _, _ := mysqlHolder(t, l, "k"); o != "" {
+	if o, _, _ := mysqlHolder(t, l, key); o != "" {
 		t.Fatal("the key is still held after Release")
-	}
-}
-
-// mysqlHolderEnv tells a test binary started by TestMySQLCrashedHolderExpires
-// to be the holder: the DSN of the lock table.
-const mysqlHolderEnv = "SHOP_TEST_MYSQL_LOCK_HOLDER"
-
-// A holder whose process dies without releasing keeps the key until its
-// lease runs out on the server, about the TTL after its last renewal, and
-// no longer; the next holder's token is larger.
-func TestMySQLCrashedHolderExpires(t *testing.T) {
-	if dsn := os.Getenv(mysqlHolderEnv); dsn != "" {
-		mysqlHoldUntilKilled(t, dsn)
-		return
-	}
-	const ttl = time.Second
-	dsn := testenv.MySQL(t).DSN
-	cmd := exec.Command(os.Args[0], "-test.run=^TestMySQLCrashedHolderExpires$", "-test.count=1")
-	cmd.Env = append(os.Environ(), mysqlHolderEnv+"="+dsn)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	fence := make(chan int64, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if f, ok := strings.CutPrefix(sc.Text(), "fence "); ok {
-				n, _ := strconv.ParseInt(f, 10, 64)
-				fence <- n
-			}
-		}
-	}()
-	var a int64
-	select {
-	case a = <-fence:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the holder process did not obtain the lock")
-	}
-	l := newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * ttl, MaxBackoff: 10 * time.Millisecond})
-	time.Sleep(ttl) // it renews
-	mysqlHeldBy(t, l, "k", a)
-	_, _, until := mysqlHolder(t, l, "k")
-	if err := cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	killed := time.Now()
-	cmd.Wait()
-	if _, err := l.TryObtain(context.Background(), "k"); !errors.Is(err, lock.ErrNotObtained) {
-		t.Fatalf("TryObtain at once after the holder died = %v, want ErrNotObtained: the key is held until it expires", err)
-	}
-	b := obtain(t, l, "k")
-	took := time.Since(killed)
-	if time.Now().Before(until) {
-		t.Errorf("obtained before the dead holder's lease ran out at %v", until)
-	}
-	if took > ttl+time.Second {
-		t.Errorf("obtained %v after the holder died, want within about the TTL (%v)", took, ttl)
-	}
-	if b.Fence() <= a {
-		t.Errorf("token %d after the dead holder's %d", b.Fence(), a)
-	}
-	mysqlHeldBy(t, l, "k", b.Fence())
-}
-
-// mysqlHoldUntilKilled is the holder process: it obtains "k" with a TTL of
-// a second, tells its token on stdout, and holds on, renewing, until it is
-// killed (or a minute has passed).
-func mysqlHoldUntilKilled(t *testing.T, dsn string) {
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := lock.NewMySQL(db, lock.MySQLOptions{TTL: time.Second})
-	lease := obtain(t, l, "k")
-	os.Stdout.WriteString("fence " + strconv.FormatInt(lease.Fence(), 10) + "\n")
-	select {
-	case <-lease.Context().Done():
-		t.Fatalf("the holder lost its lease: %v", context.Cause(lease.Context()))
-	case <-time.After(time.Minute):
 	}
 }
 
@@ -597,44 +423,28 @@ func mysqlHoldUntilKilled(t *testing.T, dsn string) {
 // stop-the-world pause) has its key taken over; when it resumes, MySQL
 // refuses its fenced write, and the row keeps the new holder's.
 func TestMySQLPausedHolderWriteRefused(t *testing.T) {
-	dsn := testenv.MySQL(t).DSN
-	db := mysqlPool(t, dsn)
+	t.Parallel()
+	dsn := mysqlDB(t).DSN
 	ctx := context.Background()
-	if _, err := db.Exec("CREATE TABLE t (id INT PRIMARY KEY, v VARCHAR(32) NOT NULL, fence BIGINT NOT NULL)"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := db.Exec("INSERT INTO t VALUES (1, 'initial', 0)"); err != nil {
-		t.Fatal(err)
-	}
-	write := func(v string, fence int64) int64 {
-		t.Helper()
-		res, err := db.Exec("UPDATE t SET v = ?, fence = ? WHERE id = 1 AND fence < ?", v, fence, fence)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := res.RowsAffected()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
+	row := newFencedRow(t)
+	key := "k:" + testenv.Name()
 
 	paused := newMySQL(t, dsn, lock.MySQLOptions{TTL: 500 * time.Millisecond, After: frozen})
-	a := obtain(t, paused, "k")
-	if n := write("A before the pause", a.Fence()); n != 1 {
+	a := obtain(t, paused, key)
+	if n := row.write("A before the pause", a.Fence()); n != 1 {
 		t.Fatalf("A's fenced write while it holds the key: %d rows", n)
 	}
-	_, _, until := mysqlHolder(t, paused, "k")
+	_, _, until := mysqlHolder(t, paused, key)
 
 	other := newMySQL(t, dsn, lock.MySQLOptions{Wait: 5 * time.Second, MaxBackoff: 20 * time.Millisecond})
-	b := obtain(t, other, "k")
+	b := obtain(t, other, key)
 	if time.Now().Before(until) {
 		t.Errorf("B obtained before A's lease ran out at %v", until)
 	}
 	if b.Fence() <= a.Fence() {
 		t.Fatalf("B's token %d, A's %d", b.Fence(), a.Fence())
 	}
-	if n := write("B", b.Fence()); n != 1 {
+	if n := row.write("B", b.Fence()); n != 1 {
 		t.Fatalf("B's fenced write: %d rows, want 1", n)
 	}
 
@@ -642,23 +452,14 @@ func TestMySQLPausedHolderWriteRefused(t *testing.T) {
 	if err := a.Context().Err(); err != nil {
 		t.Fatalf("the paused holder's Context ended (%v): the pause was not one", err)
 	}
-	if n := write("A after the pause", a.Fence()); n != 0 {
+	if n := row.write("A after the pause", a.Fence()); n != 0 {
 		t.Errorf("A's stale fenced write changed %d rows, want 0", n)
 	}
-	var (
-		v     string
-		fence int64
-	)
-	if err := db.QueryRow("SELECT v, fence FROM t WHERE id = 1").Scan(&v, &fence); err != nil {
-		t.Fatal(err)
-	}
-	if v != "B" || fence != b.Fence() {
-		t.Errorf("row = (%q, %d), want B's (%q, %d)", v, fence, "B", b.Fence())
-	}
+	row.holds("B", b.Fence())
 	if err := a.Release(ctx); !errors.Is(err, lock.ErrNotHeld) {
 		t.Errorf("A's release = %v, want ErrNotHeld", err)
 	}
-	mysqlHeldBy(t, other, "k", b.Fence())
+	mysqlHeldBy(t, other, key, b.Fence())
 }
 
 // dialCounter counts the connections a pool failed to open.
@@ -675,6 +476,7 @@ func (d *dialCounter) dial(ctx context.Context, network, addr string) (net.Conn,
 // Restarts of a private MariaDB, which keeps its data: a clean one in the
 // middle of a holding, and a crash.
 func TestMySQLRestart(t *testing.T) {
+	t.Parallel()
 	srv := testenv.StartMariaDB(t)
 
 	// The holder's lease outlasts the restart: its renewals fail while the

@@ -32,6 +32,14 @@ func newCluster(t *testing.T, n int) *cluster {
 	return c
 }
 
+// loadedNodeTimeout is the node timeout of the tests whose property does
+// not depend on it. On a loaded machine a node's answer to a new client's
+// first command (a dial, a handshake, the script loaded) can take longer
+// than the service's 200 ms: the attempt then fails without a majority,
+// and its grant, landing late on a node, holds the key there until it is
+// given back — where a test expects the next attempt's token on every node.
+const loadedNodeTimeout = time.Second
+
 // nodeClient is a client as serve.go builds them for Redlock: no retries
 // (another node answers instead) and contexts that bound every command.
 func nodeClient(t *testing.T, addr string) *redis.Client {
@@ -41,7 +49,8 @@ func nodeClient(t *testing.T, addr string) *redis.Client {
 }
 
 // lock returns a Redlock on every node of the cluster, with clients of its
-// own, as a separate replica would have.
+// own, as a separate replica would have. Its node timeout, unless opt sets
+// one, is loadedNodeTimeout.
 func (c *cluster) lock(t *testing.T, opt lock.RedisOptions) *lock.Redlock {
 	t.Helper()
 	nodes := make([]redis.Scripter, len(c.procs))
@@ -50,6 +59,9 @@ func (c *cluster) lock(t *testing.T, opt lock.RedisOptions) *lock.Redlock {
 	}
 	if opt.Prefix == "" {
 		opt.Prefix = "test:"
+	}
+	if opt.NodeTimeout == 0 {
+		opt.NodeTimeout = loadedNodeTimeout
 	}
 	l, err := lock.NewRedlock(nodes, opt)
 	if err != nil {
@@ -87,7 +99,66 @@ func (c *cluster) heldOn(l *lock.Redlock, key string) int {
 	return n
 }
 
+// redlockFamily is a Redlock on three masters of its own as the
+// conformance suite runs it, its waiters woken on release as the service
+// has them. Each process has clients of its own.
+func redlockFamily() family {
+	return family{name: "redlock", claims: everything, woken: true, ttl: 2 * time.Second,
+		servers: func(t *testing.T) func(*testing.T, settings) world {
+			c := newCluster(t, 3)
+			return func(t *testing.T, opt settings) world {
+				return func() *handle {
+					nodes := make([]redis.Scripter, len(c.procs))
+					closeClients := make([]func() error, len(c.procs))
+					for i, p := range c.procs {
+						cl := nodeClient(t, p.Addr)
+						nodes[i], closeClients[i] = cl, cl.Close
+					}
+					o := lock.RedisOptions{Prefix: "test:", TTL: opt.TTL, Wait: opt.Wait, NodeTimeout: loadedNodeTimeout,
+						Subscriber: nodes[0].(*redis.Client)}
+					if opt.onlyWoken {
+						o.MinBackoff, o.MaxBackoff = never, never
+					}
+					l, err := lock.NewRedlock(nodes, o)
+					if err != nil {
+						t.Fatal(err)
+					}
+					return &handle{locker: l, crash: crashing(t, l, closeClients...),
+						// Every master lost the key: it expired while its
+						// holder was paused.
+						lose: func(t *testing.T, lease *lock.Lease) {
+							for _, cl := range c.clients {
+								if err := cl.Del(context.Background(), l.Key(lease.Key())).Err(); err != nil {
+									t.Fatal(err)
+								}
+							}
+						},
+						// A majority holds the key, and has the lease's token
+						// as its counter.
+						holds: func(lease *lock.Lease) error {
+							held, fenced := 0, 0
+							for _, cl := range c.clients {
+								ctx := context.Background()
+								if cl.Exists(ctx, l.Key(lease.Key())).Val() == 1 {
+									held++
+								}
+								if n, err := cl.Get(ctx, l.Key(lease.Key())+":fence").Int64(); err == nil && n == lease.Fence() {
+									fenced++
+								}
+							}
+							if held < 2 || fenced < 2 {
+								return errHolds(lease, "held on %d masters of 3, the token stored on %d", held, fenced)
+							}
+							return nil
+						},
+					}
+				}
+			}
+		}}
+}
+
 func TestRedlockQuorumWithOneNodeDown(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
 	ctx := context.Background()
@@ -110,6 +181,7 @@ func TestRedlockQuorumWithOneNodeDown(t *testing.T) {
 }
 
 func TestRedlockRefusedWithTwoNodesDown(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 30 * time.Second})
 	c.procs[1].Kill()
@@ -130,6 +202,7 @@ func TestRedlockRefusedWithTwoNodesDown(t *testing.T) {
 }
 
 func TestRedlockMinorityIsNotHeld(t *testing.T) {
+	// Not in parallel with the other tests: its leases last 300 ms.
 	ctx := context.Background()
 	t.Run("acquire", func(t *testing.T) {
 		c := newCluster(t, 3)
@@ -203,6 +276,7 @@ func TestRedlockMinorityIsNotHeld(t *testing.T) {
 }
 
 func TestRedlockValidityCountsElapsedTime(t *testing.T) {
+	// Not in parallel with the other tests: its margins are fractions of a second.
 	ctx := context.Background()
 	// Nodes 1 and 2 hang for a while: the majority answers only then.
 	const hang = 450 * time.Millisecond
@@ -257,8 +331,11 @@ func TestRedlockValidityCountsElapsedTime(t *testing.T) {
 }
 
 func TestRedlockReleaseCleansAllNodes(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
-	l := c.lock(t, lock.RedisOptions{})
+	// A node timeout that a loaded machine meets: a node that does not
+	// answer within it never gets the grant.
+	l := c.lock(t, lock.RedisOptions{Wait: 10 * time.Second, NodeTimeout: 5 * time.Second})
 	lease := obtain(t, l, "k")
 	// Obtain returns once a majority granted the lock; the third node's
 	// grant lands a moment later.
@@ -279,9 +356,10 @@ func TestRedlockReleaseCleansAllNodes(t *testing.T) {
 }
 
 func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	c := newCluster(t, 3)
-	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second})
+	l := c.lock(t, lock.RedisOptions{TTL: 5 * time.Second, Wait: 10 * time.Second})
 	// A long history: counters above any node's clock in microseconds (and
 	// below 2^53, where Lua's numbers stay exact), so a node restarted empty
 	// (whose counter starts from its clock) is behind, and only the majority
@@ -339,6 +417,7 @@ func TestRedlockFencingSurvivesEmptyRestarts(t *testing.T) {
 }
 
 func TestRedlockMutualExclusionWhileANodeDies(t *testing.T) {
+	t.Parallel()
 	c := newCluster(t, 3)
 	const replicas, workers = 3, 60
 	locks := make([]*lock.Redlock, replicas)
@@ -412,8 +491,12 @@ func (c *cluster) wakingLock(t *testing.T, opt lock.RedisOptions) *lock.Redlock 
 // A hung first master must not stall the waiters while a majority is
 // healthy: they flag the key and hear its release on every node.
 func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
+	// Not in parallel with the other tests: six acquisitions share the 2 s
+	// wait, and each split vote between the two replicas costs a node
+	// timeout, as the hung node never answers.
 	ctx := context.Background()
 	t.Run("contended", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		const replicas, workers = 2, 6
 		locks := make([]*lock.Redlock, replicas)
@@ -451,6 +534,7 @@ func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
 		}
 	})
 	t.Run("woken", func(t *testing.T) {
+		t.Parallel()
 		c := newCluster(t, 3)
 		a := c.wakingLock(t, lock.RedisOptions{TTL: 5 * time.Second})
 		b := c.wakingLock(t, lock.RedisOptions{TTL: 5 * time.Second, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
@@ -487,6 +571,7 @@ func TestRedlockWaitersSurviveHungFirstNode(t *testing.T) {
 // with two masters of three hung, the first waiter of a process must not wait
 // for them (up to a second) past its own wait.
 func TestRedlockWaitKeepsItsBoundWithMajorityHung(t *testing.T) {
+	// Not in parallel with the other tests: its margin is 600 ms.
 	ctx := context.Background()
 	c := newCluster(t, 3)
 	holder := c.wakingLock(t, lock.RedisOptions{TTL: 10 * time.Second})

@@ -15,7 +15,7 @@ import (
 
 func newReentrant(t *testing.T, opt lock.RedisOptions) (*lock.Reentrant, *redis.Client) {
 	t.Helper()
-	c, prefix := testenv.Redis(t)
+	c, prefix := lockRedis(t)
 	opt.Prefix = prefix
 	l := lock.NewReentrant(c, opt)
 	t.Cleanup(func() { l.Close() })
@@ -48,8 +48,10 @@ func obtainAs(t *testing.T, l *lock.Reentrant, owner context.Context, key string
 }
 
 func TestReentrantDepth(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
-		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+		t.Parallel()
+		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second})
 		a := lock.WithOwner(context.Background(), lock.NewOwner())
 
 		var leases []*lock.Lease
@@ -84,13 +86,19 @@ func TestReentrantDepth(t *testing.T) {
 }
 
 func TestReentrantOtherOwnerRefused(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
-		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+		t.Parallel()
+		l, c := newReentrantOn(t, topo, lock.RedisOptions{TTL: 5 * time.Second})
+		// Another process's lock on the same keys, whose callers give up
+		// at once.
+		impatient := lock.NewReentrant(c, lock.RedisOptions{Prefix: keyPrefix(l), TTL: 5 * time.Second, Wait: 100 * time.Millisecond})
+		t.Cleanup(func() { impatient.Close() })
 		a := lock.WithOwner(context.Background(), lock.NewOwner())
 		b := lock.WithOwner(context.Background(), lock.NewOwner())
 
 		held := obtainAs(t, l, a, "k")
-		if _, err := l.Obtain(b, "k"); !errors.Is(err, lock.ErrNotObtained) {
+		if _, err := impatient.Obtain(b, "k"); !errors.Is(err, lock.ErrNotObtained) {
 			t.Fatalf("another owner's Obtain = %v, want ErrNotObtained", err)
 		}
 		if _, depth := hold(t, c, l, "k"); depth != 1 {
@@ -115,22 +123,24 @@ func TestReentrantOtherOwnerRefused(t *testing.T) {
 }
 
 func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
+	t.Parallel()
 	// A renewal has 2/3 of the TTL to answer before the watchdog gives the
-	// lease up: 200 ms, ample for a loaded machine under -race.
-	const ttl = 300 * time.Millisecond
-	l, c := newReentrant(t, lock.RedisOptions{TTL: ttl, Wait: 20 * time.Millisecond})
+	// lease up: two seconds, for a loaded machine under -race (a second and
+	// a third was seen not to be enough).
+	const ttl = 3 * time.Second
+	l, c := newReentrant(t, lock.RedisOptions{TTL: ttl})
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 
 	outer := obtainAs(t, l, a, "k")
 	inner := obtainAs(t, l, a, "k")
 	// The inner acquisition ends; the outer one's watchdog keeps the hold
-	// alive over several TTLs.
+	// alive over two TTLs.
 	if err := inner.Release(a); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * ttl)
+	time.Sleep(2 * ttl)
 	if owner, depth := hold(t, c, l, "k"); owner == "" || depth != 1 {
-		t.Fatalf("after 3×TTL: owner %q depth %d, want held at depth 1", owner, depth)
+		t.Fatalf("after 2×TTL: owner %q depth %d, want held at depth 1", owner, depth)
 	}
 	if err := outer.Context().Err(); err != nil {
 		t.Fatalf("outer lease lost: %v", context.Cause(outer.Context()))
@@ -141,15 +151,21 @@ func TestReentrantWatchdogKeepsWholeHold(t *testing.T) {
 }
 
 func TestReentrantExpiry(t *testing.T) {
-	// A frozen owner: its watchdog never renews, as in a long pause.
-	l, c := newReentrant(t, lock.RedisOptions{TTL: 200 * time.Millisecond, Wait: 5 * time.Second, After: frozen})
+	t.Parallel()
+	// A frozen owner: its watchdog never renews, as in a long pause. The
+	// next owner's is live: its hold, renewed, outlasts the checks below
+	// on a loaded machine.
+	c, prefix := lockRedis(t)
+	l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, TTL: 200 * time.Millisecond, Wait: 5 * time.Second, After: frozen})
+	live := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, Wait: 5 * time.Second})
+	t.Cleanup(func() { l.Close(); live.Close() })
 	a := lock.WithOwner(context.Background(), lock.NewOwner())
 	b := lock.WithOwner(context.Background(), lock.NewOwner())
 
 	first := obtainAs(t, l, a, "k")
 	again := obtainAs(t, l, a, "k")
 	// The whole hold, depth 2, expires together; b gets the lock.
-	taken, err := l.Obtain(b, "k")
+	taken, err := live.Obtain(b, "k")
 	if err != nil {
 		t.Fatalf("the expired hold did not free the lock: %v", err)
 	}
@@ -171,7 +187,9 @@ func TestReentrantExpiry(t *testing.T) {
 }
 
 func TestReentrantWakesWaiterOnLastRelease(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		c, prefix := lockRedisOn(t, topo)
 		l := lock.NewReentrant(c, lock.RedisOptions{Prefix: prefix, Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
 		t.Cleanup(func() { l.Close() })
@@ -213,13 +231,18 @@ func (o ownerLock) Obtain(_ context.Context, key string) (*lock.Lease, error) {
 // next hold: a late Release or renewal of the old one must leave the new one
 // alone.
 func TestReentrantOldHoldCannotTouchNewHold(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	t.Run("release after expiry", func(t *testing.T) {
 		l, c := newReentrant(t, lock.RedisOptions{TTL: 200 * time.Millisecond, Wait: 5 * time.Second, After: frozen})
+		// The new hold is renewed, so that it outlasts the checks below on
+		// a loaded machine.
+		live := lock.NewReentrant(c, lock.RedisOptions{Prefix: keyPrefix(l), Wait: 5 * time.Second})
+		t.Cleanup(func() { live.Close() })
 		a := lock.WithOwner(ctx, lock.NewOwner())
 		old := obtainAs(t, l, a, "k")
 		waitFor(t, "the frozen hold expired", func() bool { return c.Exists(ctx, l.Key("k")).Val() == 0 })
-		taken := obtainAs(t, l, a, "k") // the same owner: a new hold
+		taken := obtainAs(t, live, a, "k") // the same owner: a new hold
 		if err := old.Release(a); !errors.Is(err, lock.ErrNotHeld) {
 			t.Errorf("the expired hold's Release = %v, want ErrNotHeld", err)
 		}

@@ -18,6 +18,7 @@ import (
 // owner, so anyone's DELETE frees it. Our table lock on the same database
 // refuses the second caller.
 func TestMySQLSeedsStatementExcludesNobody(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	dsn := testenv.MySQL(t).DSN
 	a, b := mysqlPool(t, dsn), mysqlPool(t, dsn)

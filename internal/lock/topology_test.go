@@ -131,6 +131,7 @@ type keyLocker interface {
 // (a free key, and a held one, which it flags as waited for), release
 // (announcing the release to the flagged waiter), renew and RaiseFence.
 func TestScriptsKeepToOneSlot(t *testing.T) {
+	t.Parallel()
 	topo := testenv.TopologyNamed(t, "cluster")
 	if topo.Name != "cluster" {
 		t.Fatalf("topology %q, want the cluster", topo.Name)
@@ -138,29 +139,29 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	ctx := context.Background()
 	c, prefix := lockRedisOn(t, topo)
 	// A short TTL, so that every lease is renewed while it is held (a
-	// renewal has 400 ms to answer); the waiters flag the key and give up
-	// at once. The holder waits longer: on a busy machine an answer that
-	// comes after the TTL is refused, and the holder must try again.
-	opt := lock.RedisOptions{TTL: 600 * time.Millisecond, Subscriber: c}
-	const holderWait, waiterWait = 5 * time.Second, 10 * time.Millisecond
-	lockers := map[string]func(prefix string, wait time.Duration) keyLocker{
-		"redis": func(prefix string, wait time.Duration) keyLocker {
+	// renewal has a second to answer); a waiter of another process flags
+	// each key as waited for, and is woken by its release. The waits are
+	// long: on a busy machine an answer that comes after the TTL is
+	// refused, and the holder must try again.
+	opt := lock.RedisOptions{TTL: 1500 * time.Millisecond, Wait: 10 * time.Second, Subscriber: c}
+	lockers := map[string]func(prefix string) keyLocker{
+		"redis": func(prefix string) keyLocker {
 			o := opt
-			o.Prefix, o.Wait = prefix, wait
+			o.Prefix = prefix
 			l := lock.NewRedis(c, o)
 			t.Cleanup(func() { l.Close() })
 			return l
 		},
-		"redis without fencing": func(prefix string, wait time.Duration) keyLocker {
+		"redis without fencing": func(prefix string) keyLocker {
 			o := opt
-			o.Prefix, o.Wait, o.NoFencing = prefix, wait, true
+			o.Prefix, o.NoFencing = prefix, true
 			l := lock.NewRedis(c, o)
 			t.Cleanup(func() { l.Close() })
 			return l
 		},
-		"reentrant": func(prefix string, wait time.Duration) keyLocker {
+		"reentrant": func(prefix string) keyLocker {
 			o := opt
-			o.Prefix, o.Wait = prefix, wait
+			o.Prefix = prefix
 			l := lock.NewReentrant(c, o)
 			t.Cleanup(func() { l.Close() })
 			return ownerLock{l, lock.WithOwner(ctx, lock.NewOwner())}
@@ -168,25 +169,32 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 	}
 	for name, newLocker := range lockers {
 		t.Run(name, func(t *testing.T) {
-			holder, waiter := newLocker(prefix+name+":", holderWait), newLocker(prefix+name+":", waiterWait)
-			for _, key := range keysOnEachMaster(t, c, holder) {
+			t.Parallel()
+			holder, waiter := newLocker(prefix+name+":"), newLocker(prefix+name+":")
+			keys := keysOnEachMaster(t, c, holder)
+			leases := make([]*lock.Lease, len(keys))
+			waiters := make([]<-chan obtained, len(keys))
+			for i, key := range keys {
 				lease, err := holder.Obtain(ctx, key)
 				if err != nil {
 					t.Fatalf("obtain %q: %v", key, err)
 				}
-				if _, err := waiter.Obtain(ctx, key); !errors.Is(err, lock.ErrNotObtained) {
-					t.Fatalf("obtain the held %q = %v, want ErrNotObtained", key, err)
-				}
-				if n := c.Exists(ctx, holder.Key(key)+":waiting").Val(); n != 1 {
-					t.Fatalf("the held %q is not flagged as waited for", key)
-				}
-				time.Sleep(opt.TTL / 2) // renewed at TTL/3
+				leases[i] = lease
+				waiters[i] = obtainAsync(waiter, key)
+				waitFor(t, "the held "+key+" is flagged as waited for", func() bool {
+					return c.Exists(ctx, holder.Key(key)+":waiting").Val() == 1
+				})
+			}
+			time.Sleep(opt.TTL / 2) // each renewed at TTL/3
+			for i, key := range keys {
+				lease := leases[i]
 				if err := lease.Context().Err(); err != nil {
 					t.Fatalf("lease on %q lost: %v", key, context.Cause(lease.Context()))
 				}
 				if err := lease.Release(ctx); err != nil {
 					t.Fatalf("release %q: %v", key, err)
 				}
+				received(t, waiters[i]).Release(ctx)
 				if l, ok := holder.(*lock.Redis); ok && !strings.Contains(name, "without fencing") {
 					if err := l.RaiseFence(ctx, key, lease.Fence()+1000); err != nil {
 						t.Fatalf("raise the fence of %q: %v", key, err)
@@ -203,7 +211,9 @@ func TestScriptsKeepToOneSlot(t *testing.T) {
 // slot, hears it over the cluster bus: B's waiters, whose backoff is an
 // hour, are woken by the releases of keys on each of the three masters.
 func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
+		t.Parallel()
 		ctx := context.Background()
 		_, prefix := testenv.RedisOn(t, topo)
 		a, c := wokenProcess(t, topo, prefix)
@@ -250,6 +260,7 @@ func TestWakeOnReleaseFromEveryMaster(t *testing.T) {
 // replicas. When that node dies, go-redis resubscribes on the master the
 // Sentinel names.
 func TestWakeOnReleaseAcrossFailover(t *testing.T) {
+	t.Parallel()
 	s := testenv.StartRedisSentinel(t)
 	ctx := context.Background()
 	client := func() redis.UniversalClient {
@@ -295,12 +306,15 @@ func TestWakeOnReleaseAcrossFailover(t *testing.T) {
 		t.Helper()
 		holder := hold(a, key)
 		got := obtainAsync(woken, key)
-		waitFor(t, "B subscribed and flagged "+key, func() bool {
+		// Registered for a wake-up too (Waiting): a release announced
+		// between B's subscription and its registration would be missed, and
+		// only its backoff, an hour, would retry.
+		waitFor(t, "B subscribed, flagged "+key+" and waits for a wake-up", func() bool {
 			var n int64
 			for _, c := range nodes() {
 				n += c.PubSubNumSub(ctx, "woken:released").Val()["woken:released"]
 			}
-			return n >= 1 && ca.Exists(ctx, a.Key(key)+":waiting").Val() == 1
+			return n >= 1 && ca.Exists(ctx, a.Key(key)+":waiting").Val() == 1 && woken.Stats().Waiting == 1
 		})
 		if err := holder.Release(ctx); err != nil {
 			t.Fatal(err)
@@ -339,23 +353,40 @@ func TestWakeOnReleaseAcrossFailover(t *testing.T) {
 // READONLY, rather than failing the order at once. Here a plain client of
 // one node stays pointed at it: two of the three nodes answer MOVED for the
 // key, every time, and the wait ends with ErrNotObtained and the MOVED.
+// The wait leaves room for several tries on a loaded machine, where a new
+// client's first try (a dial, a handshake) may take most of a second: a
+// wait that ends before a node has answered has no MOVED to report. The
+// nodes are tried at once.
 func TestWaitOutlastsMoved(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	topo := testenv.TopologyNamed(t, "cluster")
 	_, prefix := testenv.RedisOn(t, topo)
-	moved := 0
-	for _, addr := range topo.Addrs {
+	errs := make([]error, len(topo.Addrs))
+	attempts := make([]uint64, len(topo.Addrs))
+	var wg sync.WaitGroup
+	for i, addr := range topo.Addrs {
 		c := lockClient(t, addr, true)
-		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Wait: 200 * time.Millisecond})
-		lease, err := l.Obtain(ctx, "k")
+		l := lock.NewRedis(c, lock.RedisOptions{Prefix: prefix, Wait: 2 * time.Second})
+		wg.Go(func() {
+			lease, err := l.Obtain(ctx, "k")
+			if err == nil {
+				lease.Release(ctx)
+			}
+			errs[i], attempts[i] = err, l.Stats().Attempts
+		})
+	}
+	wg.Wait()
+	moved := 0
+	for i, addr := range topo.Addrs {
+		err := errs[i]
 		if err == nil {
-			lease.Release(ctx)
 			continue
 		}
 		if _, ok := redis.IsMovedError(err); !ok || !errors.Is(err, lock.ErrNotObtained) {
 			t.Fatalf("Obtain through %s = %v, want ErrNotObtained with a MOVED", addr, err)
 		}
-		if n := l.Stats().Attempts; n < 2 {
+		if n := attempts[i]; n < 2 {
 			t.Errorf("Obtain through %s tried %d times in its wait, want it to back off and try again", addr, n)
 		}
 		moved++
@@ -370,11 +401,14 @@ func TestWaitOutlastsMoved(t *testing.T) {
 // master and do their work there, instead of leaving the key held until
 // its TTL.
 func TestReleaseFollowsAClusterFailover(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	cluster := testenv.StartRedisCluster(t, 3, 1)
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), MaxRetries: -1, MaxRedirects: -1, ContextTimeoutEnabled: true})
 	t.Cleanup(func() { c.Close() })
-	l := lock.NewRedis(c, lock.RedisOptions{Prefix: "failover:", TTL: time.Minute, Wait: time.Second})
+	// A wait long enough for the client to learn the new master on a
+	// loaded machine: the last Obtain's first tries may find the old one.
+	l := lock.NewRedis(c, lock.RedisOptions{Prefix: "failover:", TTL: time.Minute, Wait: 10 * time.Second})
 	lease := obtain(t, l, "k")
 	shard := cluster.Shard(t, l.Key("k"))
 	cluster.Failover(t, shard.Replicas[0])
