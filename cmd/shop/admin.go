@@ -7,11 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
+
 	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/notify"
 	"shop/internal/stock"
-	"time"
 
 	"github.com/go-sql-driver/mysql"
 )

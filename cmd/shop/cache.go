@@ -2,11 +2,12 @@ package main
 
 import (
 	"log/slog"
+	"time"
+
 	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/stock"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"

@@ -3,10 +3,11 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"time"
+
 	"shop/internal/lock"
 	"shop/internal/mysqldb"
 	"shop/internal/stock"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 

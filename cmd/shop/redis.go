@@ -4,8 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"shop/internal/readiness"
 	"time"
+
+	"shop/internal/readiness"
 
 	"github.com/redis/go-redis/v9"
 )

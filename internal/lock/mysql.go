@@ -4,16 +4,16 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
 	"math"
-	"net"
 	"strings"
 	"time"
 
 	"github.com/go-sql-driver/mysql"
+
+	"shop/internal/mysqldb"
 )
 
 // MySQLOptions configures a MySQL lock. Zero fields take the defaults.
@@ -299,9 +299,8 @@ func (m *MySQL) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 func (m *MySQL) take(ctx context.Context, key, token string) (int64, error) {
 	ttl := m.opt.TTL.Microseconds()
 	fence, err := m.exec(ctx, m.takeSQL, key, token, ttl, token, token, token, token, ttl)
-	var answer *mysql.MySQLError
 	switch {
-	case errors.As(err, &answer) && (answer.Number == 1213 || answer.Number == 1205):
+	case mysqldb.Contended(err):
 		return -1, nil
 	case errors.Is(err, mysql.ErrInvalidConn):
 		// The driver reports a connection that failed under a statement so,
@@ -363,20 +362,7 @@ func (m *MySQL) execLost(ctx context.Context, query string, args ...any) (id int
 }
 
 // mysqlReplyLost reports whether err leaves it unknown whether a statement
-// ran: the connection failed after the statement may have been sent. Not
-// when MySQL answered, even with an error, nor when the statement was
-// never sent (database/sql tries those on another connection by itself
-// and reports driver.ErrBadConn when it gives up), nor when no connection
-// was made, nor when ctx has ended, which ends the tries.
+// ran (mysqldb.ReplyLost), while ctx lasts: its end ends the tries.
 func mysqlReplyLost(ctx context.Context, err error) bool {
-	var (
-		answer *mysql.MySQLError
-		op     *net.OpError
-	)
-	switch {
-	case err == nil, ended(ctx), errors.As(err, &answer), errors.Is(err, driver.ErrBadConn),
-		errors.As(err, &op) && op.Op == "dial":
-		return false
-	}
-	return true
+	return !ended(ctx) && mysqldb.ReplyLost(err)
 }

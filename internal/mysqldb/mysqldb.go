@@ -258,8 +258,22 @@ func ConnLost(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &netErr)
 }
 
-// CommitLost reports whether err, the failure of a COMMIT, leaves its
-// outcome unknown: the connection failed, but not before the driver wrote
-// anything (driver.ErrBadConn is the driver's word that nothing was sent, so
-// the transaction rolled back).
-func CommitLost(err error) bool { return ConnLost(err) && !errors.Is(err, driver.ErrBadConn) }
+// ReplyLost reports whether err, the failure of a statement (a COMMIT
+// among them), leaves it unknown whether the statement ran: the connection
+// failed after it may have been sent. Not when MySQL answered, even with an
+// error; not when the statement was never sent (driver.ErrBadConn is the
+// driver's word for that, and database/sql tries such a statement on
+// another connection by itself), nor when no connection was made (a
+// failed dial).
+func ReplyLost(err error) bool {
+	var op *net.OpError
+	return ConnLost(err) && !errors.Is(err, driver.ErrBadConn) && !(errors.As(err, &op) && op.Op == "dial")
+}
+
+// Contended reports whether err is MySQL rolling a statement back because
+// it lost to another transaction's locks: a deadlock, or a lock wait that
+// timed out. Nothing it would have written was.
+func Contended(err error) bool {
+	n := errorNumber(err)
+	return n == errDeadlock || n == errLockWaitTimeout
+}

@@ -78,10 +78,10 @@ func TestConnLost(t *testing.T) {
 		if got := ConnLost(tt.err); got != tt.lost {
 			t.Errorf("ConnLost(%v) = %v, want %v", tt.err, got, tt.lost)
 		}
-		// A COMMIT the driver never sent (ErrBadConn) rolled back.
+		// A statement the driver never sent (ErrBadConn) did not run.
 		want := tt.lost && !errors.Is(tt.err, driver.ErrBadConn)
-		if got := CommitLost(tt.err); got != want {
-			t.Errorf("CommitLost(%v) = %v, want %v", tt.err, got, want)
+		if got := ReplyLost(tt.err); got != want {
+			t.Errorf("ReplyLost(%v) = %v, want %v", tt.err, got, want)
 		}
 	}
 }

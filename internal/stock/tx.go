@@ -25,7 +25,7 @@ func (s *Service) transaction(ctx context.Context, unknown error, about string, 
 		committing = true // what fails now is the COMMIT
 		return nil
 	})
-	if err != nil && committing && mysqldb.CommitLost(err) {
+	if err != nil && committing && mysqldb.ReplyLost(err) {
 		return fmt.Errorf("%w: %s: connection lost at COMMIT: %w", unknown, about, err)
 	}
 	return err

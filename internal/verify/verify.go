@@ -8,10 +8,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"shop/internal/stock"
 	"slices"
 	"strconv"
 	"strings"
+
+	"shop/internal/stock"
 
 	"gorm.io/gorm"
 )
