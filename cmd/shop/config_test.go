@@ -172,18 +172,13 @@ var debugListenRE = regexp.MustCompile(`"msg":"debug listener","addr":"([^"]+)"`
 func TestDebugListenerLogsTheAddressBound(t *testing.T) {
 	db := testenv.MySQL(t)
 	r := startReplica(t, fleetVars(t, db, map[string]string{"SHOP_DEBUG_ADDR": "127.0.0.1:0"})())
-	waitLog(t, r.log, debugListenRE, 5*time.Second)
+	waitFor(t, 5*time.Second, "the debug listener logged", logged(r.log, debugListenRE))
 	addr := debugListenRE.FindStringSubmatch(r.log.String())[1]
 	if strings.HasSuffix(addr, ":0") {
 		t.Fatalf("debug listener logged %q, not the port it bound", addr)
 	}
-	client := &http.Client{Timeout: 5 * time.Second}
-	res, err := client.Get("http://" + addr + "/debug/pprof/")
-	if err != nil {
-		t.Fatalf("GET /debug/pprof/ on the logged %s: %v", addr, err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Errorf("GET /debug/pprof/ on %s: %d, want 200", addr, res.StatusCode)
+	pprof := newClient("http://" + addr).using(&http.Client{Timeout: 5 * time.Second})
+	if a := pprof.send("GET", "/debug/pprof/", ""); a.expect(http.StatusOK) != nil {
+		t.Errorf("GET /debug/pprof/ on the logged %s: %v", addr, a)
 	}
 }

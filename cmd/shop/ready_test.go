@@ -1,9 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -23,18 +23,6 @@ func TestConfigReadyGrace(t *testing.T) {
 	}
 }
 
-// waitFailing polls failing until it returns want, for up to 15 s.
-func waitFailing(t *testing.T, failing func() []string, want []string, when string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for got := failing(); !slices.Equal(got, want); got = failing() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: failing %q after 15 s; want %q", when, got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 // wantNeverReady starts newReadiness's probes with vars, on the real
 // servers they name, and fails unless they find dep failing, and still
 // failing three probes later, whatever the grace. It returns what names the
@@ -49,7 +37,7 @@ func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []s
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	waitFailing(t, failing, []string{dep}, dep+" unreachable at start")
+	waitFor(t, 15*time.Second, dep+" found failing at start", failingOnly(failing, dep))
 	time.Sleep(3 * time.Second) // three probes, well inside the grace of 10 s
 	if got := failing(); !slices.Equal(got, []string{dep}) {
 		t.Fatalf("%s never reached, 3 s later: failing %q; want %s", dep, got, dep)
@@ -68,7 +56,7 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 		r.Kill()
 		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr}, "redis")
 		r.Restart()
-		waitFailing(t, failing, nil, "Redis started")
+		waitFor(t, 15*time.Second, "nothing failing once Redis started", failingOnly(failing))
 	})
 	t.Run("mysql", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -84,22 +72,31 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 	})
 }
 
+// failingOnly is what checks that failing names deps, and only them.
+func failingOnly(failing func() []string, deps ...string) func() error {
+	return func() error {
+		if got := failing(); !slices.Equal(got, deps) {
+			return fmt.Errorf("failing %q; want %q", got, deps)
+		}
+		return nil
+	}
+}
+
 // readyzPoll is what polling /readyz every 100ms saw.
 type readyzPoll struct {
 	polls int
 	// unready are the answers that were not 200, in order, as status and
 	// body (or the transport error).
 	unready []string
-	// lastStatus is the last answer's status, 0 for a transport error.
-	lastStatus int
 }
 
-// pollReadyz asks url's /readyz every 100ms until stop is closed.
-func pollReadyz(url string, stop <-chan struct{}) <-chan readyzPoll {
+// pollReadyz asks c's /readyz every 100ms, each time for at most 2 s,
+// until stop is closed.
+func pollReadyz(c *client, stop <-chan struct{}) <-chan readyzPoll {
+	c = c.using(&http.Client{Timeout: 2 * time.Second})
 	out := make(chan readyzPoll, 1)
 	go func() {
 		var p readyzPoll
-		client := &http.Client{Timeout: 2 * time.Second}
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -110,17 +107,12 @@ func pollReadyz(url string, stop <-chan struct{}) <-chan readyzPoll {
 			case <-tick.C:
 			}
 			p.polls++
-			res, err := client.Get(url + "/readyz")
-			if err != nil {
-				p.lastStatus = 0
-				p.unready = append(p.unready, err.Error())
-				continue
-			}
-			body, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			p.lastStatus = res.StatusCode
-			if res.StatusCode != http.StatusOK {
-				p.unready = append(p.unready, fmt.Sprintf("%d %s", res.StatusCode, strings.TrimSpace(string(body))))
+			r := c.readyz()
+			switch {
+			case r.err != nil:
+				p.unready = append(p.unready, r.err.Error())
+			case r.status != http.StatusOK:
+				p.unready = append(p.unready, fmt.Sprintf("%d %s", r.status, bytes.TrimSpace(r.raw)))
 			}
 		}
 	}()
@@ -160,7 +152,7 @@ func TestReadyzThroughARedisStop(t *testing.T) {
 			rep := startReplica(t, vars)
 
 			stopPolling := make(chan struct{})
-			polled := pollReadyz(rep.url, stopPolling)
+			polled := pollReadyz(rep.public, stopPolling)
 			time.Sleep(time.Second)
 			resume := stops[tc.stop](r)
 			time.Sleep(outage)
@@ -176,20 +168,9 @@ func TestReadyzThroughARedisStop(t *testing.T) {
 				}
 			} else {
 				// Back to 200 within 10 s of Redis's return.
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					res, err := http.Get(rep.url + "/readyz")
-					if err == nil {
-						res.Body.Close()
-						if res.StatusCode == http.StatusOK {
-							break
-						}
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("not ready 10 s after Redis came back: %v", err)
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
+				waitFor(t, 10*time.Second, "ready again once Redis came back", func() error {
+					return rep.public.readyz().expect(http.StatusOK)
+				})
 				close(stopPolling)
 				p = <-polled
 				if len(p.unready) == 0 {

@@ -96,7 +96,17 @@ func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
 			results <- result{code, out}
 		})
 	}
-	waitSeeds(t, db, 2)
+	// Both wait: at their INSERT of products or for the seeds' lock.
+	waitFor(t, 20*time.Second, "two seeds waiting together", func() error {
+		var waiting int
+		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND = 'Query'
+			AND (INFO LIKE 'INSERT INTO ` + "`products`" + `%' OR INFO LIKE 'SELECT GET_LOCK(%')`).Scan(&waiting).Error
+		if err == nil && waiting < 2 {
+			err = fmt.Errorf("%d waiting", waiting)
+		}
+		return err
+	})
 	if err := hold.Commit().Error; err != nil {
 		t.Fatal(err)
 	}
@@ -121,25 +131,6 @@ func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
 	}
 }
 
-// waitSeeds waits until n seeds of db wait: at their INSERT of products or
-// for the seeds' lock.
-func waitSeeds(t *testing.T, db *testenv.DB, n int) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var waiting int
-		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND = 'Query'
-			AND (INFO LIKE 'INSERT INTO ` + "`products`" + `%' OR INFO LIKE 'SELECT GET_LOCK(%')`).Scan(&waiting).Error
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting >= n {
-			return
-		}
-	}
-	t.Fatalf("%d seeds never waited together", n)
-}
-
 // healthcheckWith runs shop healthcheck with SHOP_HTTP_ADDR=addr.
 func healthcheckWith(addr string) (int, string) {
 	return shopWith(map[string]string{"SHOP_HTTP_ADDR": addr}, "healthcheck")
@@ -150,7 +141,7 @@ func healthcheckWith(addr string) (int, string) {
 func TestHealthcheckOfAReplica(t *testing.T) {
 	db := testenv.MySQL(t)
 	r := startReplica(t, fleetVars(t, db, nil)())
-	_, port, err := net.SplitHostPort(strings.TrimPrefix(r.url, "http://"))
+	_, port, err := net.SplitHostPort(r.addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,16 +152,14 @@ func TestHealthcheckOfAReplica(t *testing.T) {
 		}
 	}
 	r.stop()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	waitFor(t, 10*time.Second, "the stopped replica's healthcheck exits 1, not ready", func() error {
 		code, out := healthcheckWith(":" + port)
-		if code == 1 && strings.Contains(out, "not ready") {
-			t.Logf("stopped replica: %s", strings.TrimSpace(out))
-			break
+		if code != 1 || !strings.Contains(out, "not ready") {
+			return fmt.Errorf("exit %d, %q", code, out)
 		}
-		if code != 0 || time.Now().After(deadline) {
-			t.Fatalf("stopped replica: exit %d, %q; want 1, not ready", code, out)
-		}
-	}
+		t.Logf("stopped replica: %s", strings.TrimSpace(out))
+		return nil
+	})
 }
 
 // shop healthcheck GETs /readyz and exits 0 on 200 only, 1 on anything else
