@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -261,10 +262,19 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 		t.Errorf("verify: exit %d\n%s", code, out)
 	}
 	// ...show the sale at once on every replica: each order invalidated its
-	// product.
+	// product. An invalidation is given stock.InvalidateTimeout, after the
+	// commit; one that Redis does not answer in time (on a machine so loaded
+	// that connecting to Redis takes longer) leaves the entry until its TTL,
+	// as the service means it to, and is logged: that product may show its
+	// old stock.
+	failed := invalidationsFailed(t, replicas)
 	for sku := 1; sku <= skus; sku++ {
-		if p := replicas[(sku+1)%3].public.product(sku); p.expect(200) != nil || p.body.Stock != 0 {
+		p := replicas[(sku+1)%3].public.product(sku)
+		switch {
+		case p.expect(200) != nil || (p.body.Stock != 0 && !failed[int64(sku)]):
 			t.Errorf("product %d after the sale: %v; want cached stock 0", sku, p)
+		case p.body.Stock != 0:
+			t.Logf("product %d after the sale: cached stock %d, its invalidation logged as failed", sku, p.body.Stock)
 		}
 	}
 	metrics := replicas[0].admin.metrics()
@@ -281,6 +291,26 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 	if attempts, err := replicas[0].admin.metric("shop_lock_attempts_total"); err != nil || attempts < 1 {
 		t.Errorf("shop_lock_attempts_total = %v, %v on a replica that placed orders", attempts, err)
 	}
+}
+
+// invalidationsFailed returns the SKUs whose invalidation after an order
+// the replicas logged as failed.
+func invalidationsFailed(t *testing.T, replicas []*replica) map[int64]bool {
+	t.Helper()
+	failed := map[int64]bool{}
+	for _, r := range replicas {
+		for line := range strings.Lines(r.log.String()) {
+			var rec struct {
+				Msg string `json:"msg"`
+				SKU int64  `json:"sku"`
+			}
+			if json.Unmarshal([]byte(line), &rec) == nil && rec.Msg == "invalidate cached product" {
+				t.Logf("a replica logged: %s", strings.TrimSpace(line))
+				failed[rec.SKU] = true
+			}
+		}
+	}
+	return failed
 }
 
 // logErrors logs the lines the replicas logged at error level: every 5xx.
