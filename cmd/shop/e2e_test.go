@@ -116,6 +116,13 @@ func startReplicas(t *testing.T, n int, vars func() map[string]string) []*replic
 	for range n {
 		replicas = append(replicas, startReplica(t, vars()))
 	}
+	// When the test ends, all stop at once, their drains side by side,
+	// before each one's own cleanup waits for its end.
+	t.Cleanup(func() {
+		for _, r := range replicas {
+			r.stop()
+		}
+	})
 	return replicas
 }
 

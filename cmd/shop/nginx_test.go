@@ -190,7 +190,9 @@ func TestNginxHidesMetrics(t *testing.T) {
 // closing its connection. No buyer sees a 502, a 504 or a broken
 // connection, and every acknowledged order is in MySQL.
 func TestStopBehindNginxDropsNoOrder(t *testing.T) {
-	const skus = 2000
+	// The buyers order before SKUs, then on while the replica stops, and
+	// after more once it has gone; the catalog has more than they need.
+	const skus, before, after = 2000, 500, 200
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
 		t.Fatal(out)
@@ -205,16 +207,23 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 	tl := &tally{status: map[int]int{}}
 	skusc, wait := buyers(32, front.using(crowd), tl)
 	stopped := make(chan time.Duration, 1)
+	gone := make(chan struct{})
 	stop := func() { // under load
 		start := time.Now()
 		stopping.stop()
 		<-stopping.done
 		stopping.done <- nil // for the cleanup
 		stopped <- time.Since(start)
+		close(gone)
 	}
-	for sku := 1; sku <= skus; sku++ { // and on after the replica has gone
-		if sku == skus/4 {
+	for sku, left := 1, after; sku <= skus && left > 0; sku++ {
+		if sku == before {
 			go stop()
+		}
+		select {
+		case <-gone:
+			left--
+		default:
 		}
 		skusc <- sku
 	}
