@@ -61,6 +61,7 @@ func publicKeysPEM(t *testing.T) ([]byte, ed25519.PrivateKey) {
 // serve` with exit 2 and a message naming the variables; the secret never
 // shows.
 func TestConfigAuth(t *testing.T) {
+	t.Parallel()
 	base := serveBase(t)
 	keys, edPriv := publicKeysPEM(t)
 	keysFile := writeFile(t, "keys.pem", keys)
@@ -141,6 +142,7 @@ func TestConfigAuth(t *testing.T) {
 // 401 and one naming another user 403, both before MySQL is asked
 // anything; with the token alone the order is the token's user's.
 func TestAuthEndToEnd(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{
 		"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_ISSUER": "gw", "SHOP_JWT_AUDIENCE": "shop",

@@ -57,6 +57,7 @@ const (
 //     stock is sold, and stock.Verify finds every invariant and every
 //     acknowledged order.
 func TestSaleThroughClusterFailover(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []struct {
 		name string
 		fail func(*testing.T, *testenv.RedisCluster, testenv.Shard)
@@ -73,7 +74,9 @@ func TestSaleThroughClusterFailover(t *testing.T) {
 		}, true},
 	} {
 		t.Run(fault.name, func(t *testing.T) {
+			t.Parallel()
 			cluster := testenv.StartRedisCluster(t, 3, 1)
+			crowded(t)
 			db := testenv.MySQL(t)
 			vars := fleetVars(t, db, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")})
 			cfg := testConfig(t, vars())

@@ -188,37 +188,59 @@ func acksFile(t *testing.T, acks []string) string {
 // at once through different replicas; then `shop verify --acks`. The seed
 // runs on the same Redis: on a Cluster its cache reset covers every master.
 func TestThreeReplicasSellEachUnitOnce(t *testing.T) {
-	redisLock := map[string]string{"SHOP_LOCK_MODE": "redis"}
-	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) { sellEachUnitOnce(t, topo, redisLock) })
-	t.Run("redlock", func(t *testing.T) {
-		var addrs []string
-		for range 3 {
-			addrs = append(addrs, testenv.StartRedis(t).Addr)
-		}
-		sellEachUnitOnce(t, testenv.TopologyNamed(t, "single"), map[string]string{
-			"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": strings.Join(addrs, ","),
-		})
-	})
+	t.Parallel()
+	type sale struct {
+		name string
+		run  func(t *testing.T)
+	}
+	var sales []sale
+	for _, topo := range testenv.Topologies(t) {
+		sales = append(sales, sale{topo.Name, func(t *testing.T) {
+			sellEachUnitOnce(t, topo, map[string]string{"SHOP_LOCK_MODE": "redis"})
+		}})
+	}
 	single := func(t *testing.T) testenv.Topology { return testenv.TopologyNamed(t, "single") }
-	t.Run("mysql", func(t *testing.T) {
-		sellEachUnitOnce(t, single(t), map[string]string{"SHOP_LOCK_MODE": "mysql"})
-	})
-	t.Run("etcd", func(t *testing.T) {
-		cluster := testenv.StartEtcdCluster(t)
-		sellEachUnitOnce(t, single(t), map[string]string{
-			"SHOP_LOCK_MODE": "etcd", "SHOP_ETCD_ENDPOINTS": strings.Join(cluster.Endpoints(), ","),
-		})
-	})
-	t.Run("zookeeper", func(t *testing.T) {
-		ensemble := testenv.StartZooKeeper(t)
-		sellEachUnitOnce(t, single(t), map[string]string{
-			"SHOP_LOCK_MODE": "zookeeper", "SHOP_ZK_SERVERS": strings.Join(ensemble.Servers(), ","),
-		})
-	})
+	sales = append(sales,
+		sale{"redlock", func(t *testing.T) {
+			var addrs []string
+			for range 3 {
+				addrs = append(addrs, testenv.StartRedis(t).Addr)
+			}
+			sellEachUnitOnce(t, single(t), map[string]string{
+				"SHOP_LOCK_MODE": "redlock", "SHOP_REDLOCK_ADDRS": strings.Join(addrs, ","),
+			})
+		}},
+		sale{"mysql", func(t *testing.T) {
+			sellEachUnitOnce(t, single(t), map[string]string{"SHOP_LOCK_MODE": "mysql"})
+		}},
+		sale{"etcd", func(t *testing.T) {
+			cluster := testenv.StartEtcdCluster(t)
+			sellEachUnitOnce(t, single(t), map[string]string{
+				"SHOP_LOCK_MODE": "etcd", "SHOP_ETCD_ENDPOINTS": strings.Join(cluster.Endpoints(), ","),
+			})
+		}},
+		sale{"zookeeper", func(t *testing.T) {
+			ensemble := testenv.StartZooKeeper(t)
+			sellEachUnitOnce(t, single(t), map[string]string{
+				"SHOP_LOCK_MODE": "zookeeper", "SHOP_ZK_SERVERS": strings.Join(ensemble.Servers(), ","),
+			})
+		}},
+	)
+	// The sales run side by side, each once its servers have started and
+	// it has its turn (crowded), as subtests run from goroutines of this
+	// test's own: as parallel subtests, those waiting for their turn would
+	// each hold one of the places (-parallel) of the tests that wait on
+	// timers meanwhile.
+	var wg sync.WaitGroup
+	for _, s := range sales {
+		wg.Go(func() { t.Run(s.name, s.run) })
+	}
+	wg.Wait()
 }
 
 func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]string) {
 	const skus, buyers = 150, 4
+	crowded(t)
 	db := testenv.MySQL(t)
 	_, prefix := testenv.RedisOn(t, topo)
 	vars := func() map[string]string {
@@ -338,6 +360,7 @@ func logErrors(t *testing.T, replicas []*replica) {
 // flight: every 201 it sent must be in MySQL, and the process must exit
 // cleanly.
 func TestShutdownLosesNoAcknowledgedOrder(t *testing.T) {
+	t.Parallel()
 	const skus = 300 // the catalog; the buyers stop after the 50th acknowledgement
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus+30), "--stock", "1"); code != 0 {
@@ -398,6 +421,7 @@ func fleetVars(t *testing.T, db *testenv.DB, extra map[string]string) func() map
 // on one is refused by the other from memory, without a read of its own:
 // stock raised behind the service's back is not seen.
 func TestOneReplicasChangesReachTheOthers(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{"SHOP_CACHE_LOCAL_TTL": "1m"})
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "2"); code != 0 {
@@ -441,6 +465,7 @@ func TestOneReplicasChangesReachTheOthers(t *testing.T) {
 // Each replica remembers the products it found sold out and refuses them
 // without asking MySQL; a reseed must make all three forget at once.
 func TestReseedClearsSoldOutOnEveryReplica(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)

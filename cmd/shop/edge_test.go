@@ -29,6 +29,8 @@ func ordersOf(t *testing.T, db *testenv.DB, user int) int {
 // with it even over the limit; a key refused by the limit is refused again.
 // A scalper with one user id and many connections gets 429s the same way.
 func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
+	// Not in parallel (see parallel_test.go): a refused key is sent again while
+	// the buyer is over the limit, which a slow second would refill.
 	const rate, burst, skus = 1, 3, 80
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{"SHOP_RATE_USER": fmt.Sprint(rate), "SHOP_RATE_USER_BURST": fmt.Sprint(burst)})
@@ -117,6 +119,8 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 // a rate limit guards the sale and must not end it. (The lock is the
 // in-process one here, so that orders need no Redis at all.)
 func TestRateLimitFailsOpenWithoutRedis(t *testing.T) {
+	// Not in parallel: the second order must come before the limit refills, a
+	// second after the first.
 	db := testenv.MySQL(t)
 	srv := testenv.StartRedis(t)
 	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": srv.Addr, "SHOP_LOCK_MODE": "local",
@@ -155,6 +159,7 @@ func TestRateLimitFailsOpenWithoutRedis(t *testing.T) {
 // probes; the address is X-Forwarded-For's only from a trusted proxy
 // (loopback by default), else the socket's.
 func TestRequestsRateLimitedPerClientAddress(t *testing.T) {
+	// Not in parallel: the ten reads must come before the limit refills much.
 	db := testenv.MySQL(t)
 	for _, tt := range []struct {
 		trusted string
@@ -195,6 +200,7 @@ func TestRequestsRateLimitedPerClientAddress(t *testing.T) {
 // past them even the right token is 429, so that the limit bounds guesses.
 // Each is logged at info with its request id.
 func TestOperatorsHaveTheirOwnDoor(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	const token = "0123456789abcdef-admin"
 	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": token})()

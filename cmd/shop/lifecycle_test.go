@@ -16,6 +16,7 @@ import (
 // out sell it again to new buyers. A payment after the window is refused
 // and owed back; verify --acks holds throughout.
 func TestLifecycleOnThreeReplicas(t *testing.T) {
+	t.Parallel()
 	// The first wave, 13 orders one after the other, and the payments must
 	// all come within the pay window: a window of 3 s was outlasted on a
 	// loaded machine, and the first reservations lapsed and sold again to

@@ -76,6 +76,7 @@ func nginxTime(t *testing.T, v string) time.Duration {
 // connections to a replica before a stopping replica's drain ends, or the
 // replica closes them under nginx's requests.
 func TestNginxTimeoutsFitTheService(t *testing.T) {
+	t.Parallel()
 	if read := nginxDirective(t, "location /", "proxy_read_timeout"); read <= handler.OrderBudget {
 		t.Errorf("proxy_read_timeout %s; want above the order budget, %s", read, handler.OrderBudget)
 	}
@@ -171,6 +172,7 @@ func startNginx(t *testing.T, upstreams ...string) *frontNginx {
 // scrapes each replica's operators' listener: through nginx it does not
 // exist, in the API's error shape; on the operators' listener it is served.
 func TestNginxHidesMetrics(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	r := startReplica(t, fleetVars(t, db, nil)())
 	front := startNginx(t, r.addr())
@@ -190,6 +192,8 @@ func TestNginxHidesMetrics(t *testing.T) {
 // closing its connection. No buyer sees a 502, a 504 or a broken
 // connection, and every acknowledged order is in MySQL.
 func TestStopBehindNginxDropsNoOrder(t *testing.T) {
+	t.Parallel()
+	crowded(t)
 	// The buyers order before SKUs, then on while the replica stops, and
 	// after more once it has gone; the catalog has more than they need.
 	const skus, before, after = 2000, 500, 200
@@ -249,6 +253,7 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 // 503 outcome_unknown — before nginx gives up on the replica and answers
 // 504, and every acknowledged order is in MySQL.
 func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "100"); code != 0 {
 		t.Fatal(out)
@@ -374,6 +379,7 @@ func edgeOrder(front *client) reply[order] {
 // told the client's own address, whatever X-Forwarded-For the client sent,
 // and nothing of the admin API reaches it.
 func TestNginxLimitsPerAddress(t *testing.T) {
+	t.Parallel()
 	up := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()

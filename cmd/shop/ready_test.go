@@ -16,6 +16,7 @@ import (
 
 // SHOP_READY_GRACE defaults to 10s and takes 0 (no grace).
 func TestConfigReadyGrace(t *testing.T) {
+	t.Parallel()
 	for v, want := range map[string]time.Duration{"": 10 * time.Second, "0": 0, "1s": time.Second, "5m": 5 * time.Minute} {
 		if got := testConfig(t, map[string]string{"SHOP_READY_GRACE": v}).ReadyGrace; got != want {
 			t.Errorf("SHOP_READY_GRACE=%q: %s; want %s", v, got, want)
@@ -50,8 +51,10 @@ func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []s
 // ready once the dependency answers. The probes are newReadiness's, on real
 // servers.
 func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		r := testenv.StartRedis(t)
 		r.Kill()
 		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr}, "redis")
@@ -59,6 +62,7 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 		waitFor(t, 15*time.Second, "nothing failing once Redis started", failingOnly(failing))
 	})
 	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -126,6 +130,7 @@ func pollReadyz(c *client, stop <-chan struct{}) <-chan readyzPoll {
 // makes it answer 503 naming redis, and it is ready again once Redis is
 // back.
 func TestReadyzThroughARedisStop(t *testing.T) {
+	t.Parallel()
 	const outage = 5 * time.Second
 	stops := map[string]func(r *testenv.RedisProc) (resume func()){
 		"paused": func(r *testenv.RedisProc) func() { r.Pause(); return r.Resume },
@@ -143,6 +148,7 @@ func TestReadyzThroughARedisStop(t *testing.T) {
 			name = tc.stop + ", default grace"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			r := testenv.StartRedis(t)
 			t.Cleanup(r.Resume) // before the kill of StartRedis's cleanup
 			vars := fleetVars(t, db, map[string]string{"SHOP_REDIS_ADDR": r.Addr})()

@@ -8,6 +8,7 @@ import (
 
 // shop serve lists the refunds owed that MySQL has to the admin API.
 func TestServeRefunds(t *testing.T) {
+	t.Parallel()
 	const token = "refunds-admin-token-0123456789"
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": token})

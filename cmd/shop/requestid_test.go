@@ -52,6 +52,7 @@ func oneID(t *testing.T, header http.Header) string {
 // the replica's log line for it. A client's own X-Request-ID is replaced by
 // nginx's.
 func TestRequestIDThroughNginx(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)
@@ -86,6 +87,7 @@ func TestRequestIDThroughNginx(t *testing.T) {
 // the body) and on its access log line: the 502 when no replica answers,
 // its 413 and the 404 of /metrics.
 func TestNginxOwnAnswersCarryRequestID(t *testing.T) {
+	t.Parallel()
 	front := startNginx(t, deadAddr(t))
 	tests := []struct {
 		name, method, path, body string
@@ -97,6 +99,7 @@ func TestNginxOwnAnswersCarryRequestID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			a := front.send(tt.method, tt.path, tt.body, withHeader("Content-Type", "application/json"))
 			if a.expect(tt.status) != nil {
 				t.Fatalf("%v; want %d", a, tt.status)

@@ -46,6 +46,7 @@ type purchase struct {
 // A sale window holds on every replica: before it, inside it, after it,
 // and when a PATCH closes it in the middle of the sale.
 func TestSaleWindowOnThreeReplicas(t *testing.T) {
+	t.Parallel()
 	starts := time.Now().Add(time.Hour).UTC().Format(time.RFC3339)
 	db, replicas, vars := saleFleet(t, "--products", "1", "--stock", "100000", "--starts-at", starts)
 	orderAll := func(user int, want int, code string) {
@@ -122,6 +123,7 @@ func TestSaleWindowOnThreeReplicas(t *testing.T) {
 	if p := replicas[2].admin.patchProduct(1, `{"sale_ends_at":null}`); p.expect(200) != nil {
 		t.Fatalf("reopen the sale: %v", p)
 	}
+	crowded(t)
 	var (
 		mu        sync.Mutex
 		purchases []purchase
@@ -260,6 +262,7 @@ func TestSaleWindowOnThreeReplicas(t *testing.T) {
 // sell it again at once: the PATCH's replica forgets at once, the others
 // when its announcement arrives.
 func TestRestockOfSoldOutSKUOnEveryReplica(t *testing.T) {
+	t.Parallel()
 	db, replicas, vars := saleFleet(t, "--products", "1", "--stock", "1")
 	if o := replicas[0].public.order(1, 1); o.expect(201) != nil {
 		t.Fatalf("first order: %v", o)
@@ -297,6 +300,7 @@ func TestRestockOfSoldOutSKUOnEveryReplica(t *testing.T) {
 // A change that committed stands when what follows it fails: 200 with
 // warnings, as for a seed, and the change is in MySQL.
 func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
 	if err := catalog.Seed(context.Background(), 1, 1); err != nil {
@@ -357,6 +361,7 @@ func (d *dropped) take() []int64 {
 // have, and both are harmless if it did not; its error is returned all the
 // same. A restock that failed is followed by nothing.
 func TestChangeOfUnknownOutcomeIsFollowedUp(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, prefix := testenv.Redis(t)
 	restocks := notify.New(rdb, prefix)
@@ -431,6 +436,7 @@ func TestChangeOfUnknownOutcomeIsFollowedUp(t *testing.T) {
 }
 
 func TestSeedWindowFlags(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "2", "--stock", "1", "--starts-at", "2030-01-02T03:04:05+02:00", "--ends-at", "2030-01-03T00:00:00.5Z"); code != 0 {
 		t.Fatalf("seed with a window: %d %s", code, out)

@@ -51,6 +51,7 @@ func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAd
 // second seed would delete the orders placed since), and `shop seed` says
 // the catalog WAS seeded and exits 1.
 func TestSeedThatCommittedIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
 	dead := deadAddr(t) // Redis is down: no announcement, no cache reset
@@ -101,6 +102,7 @@ func (c cancelAfterSeed) SeedWindow(ctx context.Context, n, units int, sale stoc
 // Bloom filter is rebuilt even when the request's context ends right after
 // the commit, so the new products are not refused as absent.
 func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
 	ctx := context.Background()
@@ -131,6 +133,7 @@ func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
 // A seed that cannot reach MySQL wrote nothing and may be retried: 503 busy
 // with Retry-After, not a 500.
 func TestSeedWithMySQLDownIsBusy(t *testing.T) {
+	t.Parallel()
 	deadDB, err := stock.Open("root@tcp("+deadAddr(t)+")/shop?parseTime=true", 4)
 	if err != nil {
 		t.Fatal(err)

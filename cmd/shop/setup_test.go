@@ -30,6 +30,7 @@ func catalogCounts(t *testing.T, db *testenv.DB) (products, units, orders int64)
 }
 
 func TestSeedIfEmptySeedsAnEmptyCatalog(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	code, out := shop(t, db, "seed", "--if-empty", "--products", "20", "--stock", "3")
 	if code != 0 || !strings.Contains(out, "seeded 20 products with 3 units each") {
@@ -43,6 +44,7 @@ func TestSeedIfEmptySeedsAnEmptyCatalog(t *testing.T) {
 // A started sale is left alone: `docker compose up` again, or the k8s Job
 // created again, must not delete the orders.
 func TestSeedIfEmptyLeavesACatalogWithOrders(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "5", "--stock", "2"); code != 0 {
 		t.Fatalf("seed: %d %s", code, out)
@@ -75,6 +77,7 @@ func TestSeedIfEmptyLeavesACatalogWithOrders(t *testing.T) {
 // INSERT waits for, until two seeds wait — for that lock or for the seeds'
 // own.
 func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	// At REPEATABLE READ, so that the locking read of the empty table
 	// locks its gap.
@@ -139,6 +142,7 @@ func healthcheckWith(addr string) (int, string) {
 // shop healthcheck asks the replica on the port of SHOP_HTTP_ADDR, however
 // the address is written, and fails once it has stopped.
 func TestHealthcheckOfAReplica(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	r := startReplica(t, fleetVars(t, db, nil)())
 	_, port, err := net.SplitHostPort(r.addr())
@@ -165,6 +169,8 @@ func TestHealthcheckOfAReplica(t *testing.T) {
 // shop healthcheck GETs /readyz and exits 0 on 200 only, 1 on anything else
 // — never 2, which container engines reserve — and within its timeout.
 func TestHealthcheckExits0Or1(t *testing.T) {
+	// Not in parallel: each run must end within the healthcheck's timeout
+	// and a second.
 	var (
 		mu       sync.Mutex
 		requests []string
@@ -236,6 +242,7 @@ func TestHealthcheckExits0Or1(t *testing.T) {
 // An address that listens on every interface is asked on the loopback;
 // any other, as written.
 func TestReadyURL(t *testing.T) {
+	t.Parallel()
 	for addr, want := range map[string]string{
 		":9090":          "http://127.0.0.1:9090/readyz",
 		"0.0.0.0:9090":   "http://127.0.0.1:9090/readyz",

@@ -22,13 +22,6 @@ import (
 // itself with it.
 const asShopEnv = "SHOP_TEST_AS_SHOP"
 
-func TestMain(m *testing.M) {
-	if os.Getenv(asShopEnv) == "1" {
-		main()
-	}
-	os.Exit(m.Run())
-}
-
 // logged is what checks that log has a line matching re.
 func logged(log *logSink, re *regexp.Regexp) func() error {
 	return func() error {
@@ -69,6 +62,7 @@ func rawRequest(t *testing.T, conn net.Conn, r *bufio.Reader, req string) (*http
 // connection left, the drain ends long before its period and the replica
 // exits.
 func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
+	t.Parallel()
 	const drain = 20 * time.Second
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "2", "--stock", "1"); code != 0 {
@@ -145,6 +139,7 @@ func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 // flight (behind a row lock the test holds in MySQL) and the drain and the
 // shutdown would each wait much longer.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)

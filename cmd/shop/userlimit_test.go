@@ -17,6 +17,8 @@ import (
 // its own SKU lock, on its own replica, and exactly three of each user's
 // are placed.
 func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
+	t.Parallel()
+	crowded(t)
 	const skus, users, limit = 80, 5, 3
 	db := testenv.MySQL(t)
 	// Each user's orders of 80 products are serialized on the user's
@@ -94,6 +96,7 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 // orders than the limit, in text and in JSON, and only that; without it, it
 // does not check.
 func TestVerifyDetectsUserOverLimit(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "5", "--stock", "1"); code != 0 {
 		t.Fatal(out)
