@@ -23,11 +23,14 @@ import (
 )
 
 // saleFleet is three replicas on one database and Redis key space, with the
-// admin API on.
+// admin API on. Their buyers may wait SHOP_LOCK_WAIT's most, 10 s, for the
+// SKU's lock: the buyers of a sale of one SKU through three replicas each
+// wait for the other replicas' batches, and on a loaded machine that took
+// longer than the default 2 s (503 busy), which says nothing of the sale.
 func saleFleet(t *testing.T, seedArgs ...string) (*testenv.DB, []*replica, map[string]string) {
 	t.Helper()
 	db := testenv.MySQL(t)
-	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": testAdminToken})
+	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": testAdminToken, "SHOP_LOCK_WAIT": "10s"})
 	if code, out := shopWith(vars(), append([]string{"seed"}, seedArgs...)...); code != 0 {
 		t.Fatal(out)
 	}
