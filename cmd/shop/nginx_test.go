@@ -383,9 +383,11 @@ func TestNginxLimitsPerAddress(t *testing.T) {
 	up := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
-	t.Cleanup(hc.CloseIdleConnections)
 	nginx := startNginx(t, strings.TrimPrefix(srv.URL, "http://"))
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	// Before nginx's stop (cleanups run last first): nginx stopping
+	// gracefully waits for the connections its clients keep.
+	t.Cleanup(hc.CloseIdleConnections)
 	front := nginx.using(hc)
 
 	// Honest: bursts of 10 orders two seconds apart, 5 a second.
