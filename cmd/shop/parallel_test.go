@@ -22,8 +22,11 @@ import (
 // its place.
 const testParallel = 8
 
-// crowds admits two crowds of orders at a time.
-var crowds = make(chan struct{}, 2)
+// crowds admits one crowd of orders at a time. Two at once, on two cores
+// shared with the other packages, made Redis round trips outlast their
+// timeouts: lock leases ran out unrenewed and orders their budget (503
+// busy), and the tests that count every answer failed.
+var crowds = make(chan struct{}, 1)
 
 // crowded waits for t's turn to send a crowd of orders, and holds it until
 // t ends.
