@@ -8,7 +8,6 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,6 +61,7 @@ func publicKeysPEM(t *testing.T) ([]byte, ed25519.PrivateKey) {
 // serve` with exit 2 and a message naming the variables; the secret never
 // shows.
 func TestConfigAuth(t *testing.T) {
+	t.Parallel()
 	base := serveBase(t)
 	keys, edPriv := publicKeysPEM(t)
 	keysFile := writeFile(t, "keys.pem", keys)
@@ -142,6 +142,7 @@ func TestConfigAuth(t *testing.T) {
 // 401 and one naming another user 403, both before MySQL is asked
 // anything; with the token alone the order is the token's user's.
 func TestAuthEndToEnd(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{
 		"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_ISSUER": "gw", "SHOP_JWT_AUDIENCE": "shop",
@@ -159,63 +160,34 @@ func TestAuthEndToEnd(t *testing.T) {
 		}
 		return s
 	}
-	client := &http.Client{Timeout: 30 * time.Second}
-	order := func(body, token string) (int, string, http.Header) {
-		t.Helper()
-		req, err := http.NewRequest("POST", r.url+"/api/v1/orders", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
+	// who is what the answer says: the order's user, or the error's code.
+	who := func(o reply[order]) string {
+		if o.code() != "" {
+			return o.code()
 		}
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		res, err := client.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		var b struct {
-			UserID int64 `json:"user_id"`
-			Error  struct {
-				Code string `json:"code"`
-			} `json:"error"`
-		}
-		if err := json.NewDecoder(res.Body).Decode(&b); err != nil {
-			t.Fatal(err)
-		}
-		if b.Error.Code != "" {
-			return res.StatusCode, b.Error.Code, res.Header
-		}
-		return res.StatusCode, fmt.Sprint(b.UserID), res.Header
+		return fmt.Sprint(o.body.User)
 	}
-
-	if code, got, h := order(`{"sku_id":1,"user_id":5}`, ""); code != 401 || got != "unauthorized" || h.Get("WWW-Authenticate") == "" {
-		t.Errorf("no token: %d %s, WWW-Authenticate %q; want 401 unauthorized with a challenge", code, got, h.Get("WWW-Authenticate"))
+	if o := r.public.order(1, 5); o.status != 401 || who(o) != "unauthorized" || o.header.Get("WWW-Authenticate") == "" {
+		t.Errorf("no token: %v, WWW-Authenticate %q; want 401 unauthorized with a challenge", o, o.header.Get("WWW-Authenticate"))
 	}
-	if code, got, h := order(`{"sku_id":1}`, token("5", "another issuer")); code != 401 || !strings.Contains(h.Get("WWW-Authenticate"), "invalid_token") {
-		t.Errorf("token of another issuer: %d %s, WWW-Authenticate %q; want 401 invalid_token", code, got, h.Get("WWW-Authenticate"))
+	if o := r.public.order(1, 0, withBearer(token("5", "another issuer"))); o.status != 401 || !strings.Contains(o.header.Get("WWW-Authenticate"), "invalid_token") {
+		t.Errorf("token of another issuer: %v, WWW-Authenticate %q; want 401 invalid_token", o, o.header.Get("WWW-Authenticate"))
 	}
-	if code, got, _ := order(`{"sku_id":1,"user_id":6}`, token("5", "gw")); code != 403 || got != "forbidden" {
-		t.Errorf("user_id 6 with sub 5: %d %s, want 403 forbidden", code, got)
+	if o := r.public.order(1, 6, withBearer(token("5", "gw"))); o.status != 403 || who(o) != "forbidden" {
+		t.Errorf("user_id 6 with sub 5: %v, want 403 forbidden", o)
 	}
 	if rep := verifyReport(t, vars()); rep.Orders != 0 {
 		t.Fatalf("refused requests placed %d orders", rep.Orders)
 	}
-	if code, got, _ := order(`{"sku_id":1}`, token("5", "gw")); code != 201 || got != "5" {
-		t.Errorf("sub 5 alone: %d %s, want 201 for user 5", code, got)
+	if o := r.public.order(1, 0, withBearer(token("5", "gw"))); o.status != 201 || who(o) != "5" {
+		t.Errorf("sub 5 alone: %v, want 201 for user 5", o)
 	}
-	if code, got, _ := order(`{"sku_id":2,"user_id":5}`, token("5", "gw")); code != 201 || got != "5" {
-		t.Errorf("sub 5, user_id 5: %d %s, want 201 for user 5", code, got)
+	if o := r.public.order(2, 5, withBearer(token("5", "gw"))); o.status != 201 || who(o) != "5" {
+		t.Errorf("sub 5, user_id 5: %v, want 201 for user 5", o)
 	}
 	// Product reads stay public.
-	res, err := client.Get(r.url + "/api/v1/products/1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	res.Body.Close()
-	if res.StatusCode != 200 {
-		t.Errorf("GET product without a token: %d, want 200", res.StatusCode)
+	if p := r.public.product(1); p.expect(200) != nil {
+		t.Errorf("GET product without a token: %v, want 200", p)
 	}
 	if rep := verifyReport(t, vars()); rep.Orders != 2 || !rep.OK {
 		t.Errorf("verify: %+v, want 2 orders and every invariant holding", rep)

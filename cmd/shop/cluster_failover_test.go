@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -60,6 +58,7 @@ const (
 //     stock is sold, and verify.Sale finds every invariant and every
 //     acknowledged order.
 func TestSaleThroughClusterFailover(t *testing.T) {
+	t.Parallel()
 	for _, fault := range []struct {
 		name string
 		fail func(*testing.T, *testenv.RedisCluster, testenv.Shard)
@@ -76,17 +75,16 @@ func TestSaleThroughClusterFailover(t *testing.T) {
 		}, true},
 	} {
 		t.Run(fault.name, func(t *testing.T) {
+			t.Parallel()
 			cluster := testenv.StartRedisCluster(t, 3, 1)
+			crowded(t)
 			db := testenv.MySQL(t)
 			vars := fleetVars(t, db, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")})
 			cfg := testConfig(t, vars())
 			if code, out := shopWith(vars(), "seed", "--products", strconv.Itoa(failoverSKUs), "--stock", strconv.Itoa(failoverUnits)); code != 0 {
 				t.Fatal(out)
 			}
-			var replicas []*replica
-			for range 3 {
-				replicas = append(replicas, startReplica(t, vars()))
-			}
+			replicas := startReplicas(t, 3, vars)
 			shard := cluster.Shard(t, cfg.Redis.Prefix+"lock:released")
 			probe := newShardProbe(t, cluster, cfg, shard)
 			probe.wake(t, 1)
@@ -206,12 +204,12 @@ func (p *shardProbe) reach(t *testing.T, moved bool) {
 			t.Errorf("the service's client was answered %v by the nodes; want the old master's MOVED, followed", p.nodeErrs.all())
 		}
 	} else {
-		waitWithin(t, failoverRecovery, "the lock's client reaches the new master", func() bool {
+		waitFor(t, failoverRecovery, "the lock's client reaches the new master", func() error {
 			lease, err = p.locker.Obtain(ctx, p.key)
-			return err == nil
+			return err
 		})
-		waitWithin(t, failoverRecovery, "the service's client reaches the new master", func() bool {
-			return p.rdb.Set(ctx, p.holder.Key(p.key)+":probe", "after", 0).Err() == nil
+		waitFor(t, failoverRecovery, "the service's client reaches the new master", func() error {
+			return p.rdb.Set(ctx, p.holder.Key(p.key)+":probe", "after", 0).Err()
 		})
 	}
 	if err := lease.Release(ctx); err != nil {
@@ -230,21 +228,21 @@ func (p *shardProbe) wake(t *testing.T, wakeups uint64) {
 	if wakeups > 1 {
 		// Subscribed since its first wait: on a live node again, and so
 		// with the slots as they are now.
-		waitWithin(t, failoverRecovery, "the waiter's subscription to "+p.channel+" is back on a live node", func() bool {
-			return p.subscribers(t) == 1
+		waitFor(t, failoverRecovery, "the waiter's subscription to "+p.channel+" is back on a live node", func() error {
+			return p.subscribed(1)
 		})
 	}
 	// The waiter's one try before it waits must reach the key's master:
 	// one answered MOVED would leave the key unflagged, and the release
 	// unannounced.
-	waitWithin(t, failoverRecovery, "the waiter's client reaches the master of "+p.key, func() bool {
-		return p.waiterClient.Exists(ctx, p.holder.Key(p.key)).Err() == nil
+	waitFor(t, failoverRecovery, "the waiter's client reaches the master of "+p.key, func() error {
+		return p.waiterClient.Exists(ctx, p.holder.Key(p.key)).Err()
 	})
 	var holder *lock.Lease
-	waitWithin(t, failoverRecovery, "the probe's holder takes "+p.key, func() bool {
+	waitFor(t, failoverRecovery, "the probe's holder takes "+p.key, func() error {
 		var err error
 		holder, err = p.holder.TryObtain(ctx, p.key)
-		return err == nil
+		return err
 	})
 	got := make(chan error, 1)
 	go func() {
@@ -254,8 +252,11 @@ func (p *shardProbe) wake(t *testing.T, wakeups uint64) {
 		}
 		got <- err
 	}()
-	waitWithin(t, failoverRecovery, "the waiter flagged "+p.key+" and is subscribed to "+p.channel, func() bool {
-		return p.rdb.Exists(ctx, p.holder.Key(p.key)+":waiting").Val() == 1 && p.subscribers(t) == 1
+	waitFor(t, failoverRecovery, "the waiter flagged "+p.key+" and is subscribed to "+p.channel, func() error {
+		if n, err := p.rdb.Exists(ctx, p.holder.Key(p.key)+":waiting").Result(); err != nil || n != 1 {
+			return fmt.Errorf("the flag: %d, %v", n, err)
+		}
+		return p.subscribed(1)
 	})
 	if err := holder.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -273,30 +274,23 @@ func (p *shardProbe) wake(t *testing.T, wakeups uint64) {
 	}
 }
 
-// subscribers counts the subscriptions to the probe's channel on the live
-// nodes: a classic subscription may be on any of them.
-func (p *shardProbe) subscribers(t *testing.T) int64 {
-	t.Helper()
-	var n int64
+// subscribed is nil when the live nodes have n subscriptions to the probe's
+// channel, counted on every one of them: a classic subscription may be on
+// any.
+func (p *shardProbe) subscribed(n int64) error {
+	var got int64
 	for _, node := range p.cluster.Nodes() {
 		if node.Pid() == 0 {
 			continue
 		}
 		c := redis.NewClient(&redis.Options{Addr: node.Addr})
-		n += c.PubSubNumSub(context.Background(), p.channel).Val()[p.channel]
+		got += c.PubSubNumSub(context.Background(), p.channel).Val()[p.channel]
 		c.Close()
 	}
-	return n
-}
-
-// waitWithin polls cond until it holds, failing the test after within.
-func waitWithin(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(within); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, within)
-		}
+	if got != n {
+		return fmt.Errorf("%d subscriptions to %s, want %d", got, p.channel, n)
 	}
+	return nil
 }
 
 // redisErrors is a go-redis hook that records the errors Redis answers.
@@ -365,18 +359,18 @@ func (s *failoverSale) retrying(start time.Time) bool {
 	return time.Since(start) < failoverRetryFor || over == nil || time.Since(*over) < failoverRetryFor
 }
 
-// buyerAnswer is a buyer's last answer.
+// buyerAnswer is a buyer's last answer, after tries.
 type buyerAnswer struct {
 	sku, user int
-	status    int
-	body      []byte
-	err       error
+	last      reply[order]
 	tries     int
 }
 
 // answered reports whether the buyer's last answer was final: a 2xx or a
 // 4xx.
-func (a buyerAnswer) answered() bool { return a.err == nil && a.status >= 200 && a.status < 500 }
+func (a buyerAnswer) answered() bool {
+	return a.last.err == nil && a.last.status >= 200 && a.last.status < 500
+}
 
 // startFailoverSale starts the sale's buyers on the replicas, one after the
 // other over failoverSpan; the i-th buyer, user i+1, wants SKU i mod
@@ -389,14 +383,13 @@ func startFailoverSale(t *testing.T, replicas []*replica) *failoverSale {
 		cancel()
 		s.wg.Wait()
 	})
-	client := &http.Client{Timeout: 30 * time.Second}
 	const buyers = failoverSKUs * failoverBuyers
 	start := time.Now()
 	for i := range buyers {
 		s.wg.Go(func() {
 			time.Sleep(time.Until(start.Add(failoverSpan * time.Duration(i) / buyers)))
-			a := buyRetrying(ctx, client, replicas, i, i%failoverSKUs+1, i+1, s.retrying)
-			if a.status == http.StatusCreated {
+			a := buyRetrying(ctx, replicas, i, i%failoverSKUs+1, i+1, s.retrying)
+			if a.last.status == http.StatusCreated {
 				s.acks.Add(1)
 			}
 			s.mu.Lock()
@@ -410,7 +403,12 @@ func startFailoverSale(t *testing.T, replicas []*replica) *failoverSale {
 // waitAcks waits until n orders are placed.
 func (s *failoverSale) waitAcks(t *testing.T, n int64) {
 	t.Helper()
-	waitWithin(t, 30*time.Second, fmt.Sprintf("%d orders placed", n), func() bool { return s.acks.Load() >= n })
+	waitFor(t, 30*time.Second, fmt.Sprintf("%d orders placed", n), func() error {
+		if got := s.acks.Load(); got < n {
+			return fmt.Errorf("%d placed", got)
+		}
+		return nil
+	})
 }
 
 // wait waits for every buyer's last answer.
@@ -423,45 +421,26 @@ func (s *failoverSale) wait() []buyerAnswer {
 // retrying says so: 502, 503, 504 and transport errors, with the buyer's
 // own Idempotency-Key, after a random wait between 50 ms and the longer of
 // an exponential backoff (100 ms, doubling) and Retry-After, at most 1 s.
-func buyRetrying(ctx context.Context, client *http.Client, replicas []*replica, first, sku, user int, retrying func(start time.Time) bool) buyerAnswer {
+func buyRetrying(ctx context.Context, replicas []*replica, first, sku, user int, retrying func(start time.Time) bool) buyerAnswer {
 	a := buyerAnswer{sku: sku, user: user}
 	key := fmt.Sprintf("cf-%d-%d", sku, user)
 	backoff := 100 * time.Millisecond
 	for start := time.Now(); ; backoff = min(2*backoff, time.Second) {
-		var retryAfter time.Duration
-		a.status, a.body, retryAfter, a.err = postKeyedOrder(ctx, client, replicas[(first+a.tries)%len(replicas)].url, sku, user, key)
+		a.last = replicas[(first+a.tries)%len(replicas)].public.order(sku, user, withKey(key), withContext(ctx))
 		a.tries++
-		retry := a.err != nil || a.status == http.StatusBadGateway || a.status == http.StatusServiceUnavailable ||
-			a.status == http.StatusGatewayTimeout
+		status := a.last.status
+		retry := a.last.err != nil || status == http.StatusBadGateway || status == http.StatusServiceUnavailable ||
+			status == http.StatusGatewayTimeout
 		if !retry || !retrying(start) {
 			return a
 		}
-		wait := min(max(backoff, retryAfter), time.Second)
+		wait := min(max(backoff, a.last.retryAfter()), time.Second)
 		select {
 		case <-ctx.Done():
 			return a
 		case <-time.After(50*time.Millisecond + rand.N(wait-50*time.Millisecond+1)):
 		}
 	}
-}
-
-// postKeyedOrder places an order under an Idempotency-Key and returns the
-// answer and its Retry-After.
-func postKeyedOrder(ctx context.Context, client *http.Client, url string, sku, user int, key string) (int, []byte, time.Duration, error) {
-	req, err := http.NewRequestWithContext(ctx, "POST", url+"/api/v1/orders", strings.NewReader(fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user)))
-	if err != nil {
-		return 0, nil, 0, err
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
-	res, err := client.Do(req)
-	if err != nil {
-		return 0, nil, 0, err
-	}
-	defer res.Body.Close()
-	body, err := io.ReadAll(res.Body)
-	secs, _ := strconv.Atoi(res.Header.Get("Retry-After"))
-	return res.StatusCode, body, time.Duration(secs) * time.Second, err
 }
 
 // checkFailoverSale checks the sale's outcome: every buyer answered 201 or
@@ -476,35 +455,30 @@ func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answer
 		unanswered     []string
 	)
 	for _, a := range answers {
-		code := errorCodeOf(a.body)
-		statuses[strings.TrimSpace(fmt.Sprint(a.status, " ", code))]++
+		code := a.last.code()
+		statuses[strings.TrimSpace(fmt.Sprint(a.last.status, " ", code))]++
 		tries += a.tries
 		if a.tries > 1 {
 			retried++
 		}
 		switch {
 		case !a.answered():
-			unanswered = append(unanswered, fmt.Sprintf("user %d sku %d: %d %s %v after %d tries", a.user, a.sku, a.status, a.body, a.err, a.tries))
-		case a.status == http.StatusCreated:
-			var ack verify.Ack
-			if err := json.Unmarshal(a.body, &ack); err != nil || ack.OrderID == 0 {
-				t.Errorf("user %d's 201 names no order: %s", a.user, a.body)
+			unanswered = append(unanswered, fmt.Sprintf("user %d sku %d: %v after %d tries", a.user, a.sku, a.last, a.tries))
+		case a.last.status == http.StatusCreated:
+			o := a.last.body
+			if o.ID == 0 {
+				t.Errorf("user %d's 201 names no order: %v", a.user, a.last)
 			}
-			acks = append(acks, ack)
-		case a.status != http.StatusConflict || code != "sold_out":
-			t.Errorf("user %d sku %d: %d %s; want 201, or 409 sold_out", a.user, a.sku, a.status, a.body)
+			acks = append(acks, verify.Ack{OrderID: o.ID, SKUID: o.SKU, UserID: o.User})
+		case a.last.status != http.StatusConflict || code != "sold_out":
+			t.Errorf("user %d sku %d: %v; want 201, or 409 sold_out", a.user, a.sku, a.last)
 		}
 	}
 	t.Logf("%d buyers: last answers %v; %d retried, %d requests in all", len(answers), statuses, retried, tries)
 	if len(unanswered) > 0 {
 		t.Errorf("%d buyers unanswered, retrying for %s after they came and after the failover, first: %s", len(unanswered), failoverRetryFor, strings.Join(unanswered[:min(5, len(unanswered))], "; "))
 		for i, r := range replicas {
-			var errs []string
-			for line := range strings.Lines(r.log.String()) {
-				if strings.Contains(line, `"level":"ERROR"`) {
-					errs = append(errs, strings.TrimSpace(line))
-				}
-			}
+			errs := r.errors()
 			t.Logf("replica %d logged %d errors, the last: %s", i, len(errs), strings.Join(errs[max(0, len(errs)-3):], "\n"))
 		}
 	}

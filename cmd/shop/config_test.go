@@ -42,6 +42,7 @@ func serveWith(base, vars map[string]string) (int, string) {
 // it. Each bad value stops `shop serve` with exit 2 and a message naming its
 // variable and what is wrong.
 func TestConfigAddressesAndToken(t *testing.T) {
+	t.Parallel()
 	const (
 		token = "sixteen-chars-and-more"
 		// password is in a URL given for an address.
@@ -148,6 +149,7 @@ func TestConfigAddressesAndToken(t *testing.T) {
 
 // Every bad value is reported at once, each naming its variable.
 func TestConfigReportsEveryBadAddressAtOnce(t *testing.T) {
+	t.Parallel()
 	code, out := serveWith(serveBase(t), map[string]string{
 		"SHOP_REDIS_ADDR":    "redis://h:6379",
 		"SHOP_REDLOCK_ADDRS": "a:1,a:1",
@@ -170,20 +172,16 @@ var debugListenRE = regexp.MustCompile(`"msg":"debug listener","addr":"([^"]+)"`
 // SHOP_DEBUG_ADDR's port 0 is logged as the port bound, where pprof
 // answers.
 func TestDebugListenerLogsTheAddressBound(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	r := startReplica(t, fleetVars(t, db, map[string]string{"SHOP_DEBUG_ADDR": "127.0.0.1:0"})())
-	waitLog(t, r.log, debugListenRE, 5*time.Second)
+	waitFor(t, 5*time.Second, "the debug listener logged", logged(r.log, debugListenRE))
 	addr := debugListenRE.FindStringSubmatch(r.log.String())[1]
 	if strings.HasSuffix(addr, ":0") {
 		t.Fatalf("debug listener logged %q, not the port it bound", addr)
 	}
-	client := &http.Client{Timeout: 5 * time.Second}
-	res, err := client.Get("http://" + addr + "/debug/pprof/")
-	if err != nil {
-		t.Fatalf("GET /debug/pprof/ on the logged %s: %v", addr, err)
-	}
-	res.Body.Close()
-	if res.StatusCode != http.StatusOK {
-		t.Errorf("GET /debug/pprof/ on %s: %d, want 200", addr, res.StatusCode)
+	pprof := newClient("http://" + addr).using(&http.Client{Timeout: 5 * time.Second})
+	if a := pprof.send("GET", "/debug/pprof/", ""); a.expect(http.StatusOK) != nil {
+		t.Errorf("GET /debug/pprof/ on the logged %s: %v", addr, a)
 	}
 }

@@ -10,6 +10,7 @@ import (
 // connection too: otherwise the connection would go back to idle, and
 // Shutdown would close it under a request the balancer may be writing.
 func TestDrainClosesConnectionsOfRequestsUnderWay(t *testing.T) {
+	t.Parallel()
 	d := newDrainer()
 	started, answer := make(chan struct{}), make(chan struct{})
 	srv := httptest.NewServer(d.handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -14,52 +11,6 @@ import (
 
 	"shop/internal/testenv"
 )
-
-// answer is a response as the edge tests look at it.
-type answer struct {
-	status     int
-	code       string
-	retryAfter string
-	replayed   bool
-}
-
-// send sends method path with body (JSON, when not empty) and headers to
-// url and reads the answer.
-func send(t *testing.T, client *http.Client, method, url, body string, header map[string]string) answer {
-	t.Helper()
-	req, err := http.NewRequest(method, url, strings.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body != "" {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	for k, v := range header {
-		req.Header.Set(k, v)
-	}
-	res, err := client.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	raw, _ := io.ReadAll(res.Body)
-	var e struct {
-		Error struct{ Code string } `json:"error"`
-	}
-	json.Unmarshal(raw, &e)
-	return answer{status: res.StatusCode, code: e.Error.Code, retryAfter: res.Header.Get("Retry-After"),
-		replayed: res.Header.Get("Idempotent-Replayed") == "true"}
-}
-
-// order sends user's order of sku under key (none when empty) to url.
-func order(t *testing.T, client *http.Client, url string, sku, user int, key string) answer {
-	t.Helper()
-	h := map[string]string{}
-	if key != "" {
-		h["Idempotency-Key"] = key
-	}
-	return send(t, client, "POST", url+"/api/v1/orders", fmt.Sprintf(`{"sku_id":%d,"user_id":%d}`, sku, user), h)
-}
 
 // ordersOf counts user's orders in MySQL.
 func ordersOf(t *testing.T, db *testenv.DB, user int) int {
@@ -71,13 +22,6 @@ func ordersOf(t *testing.T, db *testenv.DB, user int) int {
 	return n
 }
 
-// isRateLimited reports whether a is a 429 rate_limited with a Retry-After
-// of whole seconds, at least one.
-func isRateLimited(a answer) bool {
-	n, err := strconv.Atoi(a.retryAfter)
-	return a.status == http.StatusTooManyRequests && a.code == "rate_limited" && err == nil && n >= 1
-}
-
 // A buyer's orders are limited over the whole fleet: sent to three
 // replicas in turn, one buyer's orders get the burst and what the rate
 // adds while they are sent, not three bursts; the rest are 429 with
@@ -85,30 +29,28 @@ func isRateLimited(a answer) bool {
 // with it even over the limit; a key refused by the limit is refused again.
 // A scalper with one user id and many connections gets 429s the same way.
 func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
+	// Not in parallel (see parallel_test.go): a refused key is sent again while
+	// the buyer is over the limit, which a slow second would refill.
 	const rate, burst, skus = 1, 3, 80
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{"SHOP_RATE_USER": fmt.Sprint(rate), "SHOP_RATE_USER_BURST": fmt.Sprint(burst)})
 	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", "5"); code != 0 {
 		t.Fatal(out)
 	}
-	var replicas []*replica
-	for range 3 {
-		replicas = append(replicas, startReplica(t, vars()))
-	}
-	client := &http.Client{Timeout: 30 * time.Second}
+	replicas := startReplicas(t, 3, vars)
 
 	const user = 7
 	began := time.Now()
 	var placed, limited []int
 	for sku := 1; sku <= 12; sku++ {
-		a := order(t, client, replicas[sku%3].url, sku, user, fmt.Sprintf("k%d", sku))
+		o := replicas[sku%3].public.order(sku, user, withKey(fmt.Sprintf("k%d", sku)))
 		switch {
-		case a.status == http.StatusCreated:
+		case o.status == http.StatusCreated:
 			placed = append(placed, sku)
-		case isRateLimited(a):
+		case o.rateLimited():
 			limited = append(limited, sku)
 		default:
-			t.Fatalf("order %d: %+v; want 201, or 429 rate_limited with Retry-After", sku, a)
+			t.Fatalf("order %d: %v; want 201, or 429 rate_limited with Retry-After", sku, o)
 		}
 	}
 	// The burst, and one more for each second the orders took to send.
@@ -123,11 +65,11 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 
 	// Over the limit still: the first key is answered with its order, a
 	// refused one is refused again.
-	if a := order(t, client, replicas[1].url, placed[0], user, fmt.Sprintf("k%d", placed[0])); a.status != http.StatusCreated || !a.replayed {
-		t.Errorf("the key of a placed order, over the limit: %+v; want 201 Idempotent-Replayed", a)
+	if o := replicas[1].public.order(placed[0], user, withKey(fmt.Sprintf("k%d", placed[0]))); o.status != http.StatusCreated || !o.replayed() {
+		t.Errorf("the key of a placed order, over the limit: %v; want 201 Idempotent-Replayed", o)
 	}
-	if a := order(t, client, replicas[2].url, limited[0], user, fmt.Sprintf("k%d", limited[0])); !isRateLimited(a) {
-		t.Errorf("a refused key again, over the limit: %+v; want 429 rate_limited", a)
+	if o := replicas[2].public.order(limited[0], user, withKey(fmt.Sprintf("k%d", limited[0]))); !o.rateLimited() {
+		t.Errorf("a refused key again, over the limit: %v; want 429 rate_limited", o)
 	}
 	if n := ordersOf(t, db, user); n != len(placed) {
 		t.Errorf("after the retries the buyer has %d orders; want %d", n, len(placed))
@@ -141,13 +83,13 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 	began = time.Now()
 	for i := range conns {
 		wg.Go(func() {
-			a := order(t, client, replicas[i%3].url, 13+i, scalper, "")
+			o := replicas[i%3].public.order(13+i, scalper)
 			mu.Lock()
 			defer mu.Unlock()
-			if a.status == http.StatusTooManyRequests && !isRateLimited(a) {
-				t.Errorf("scalper's 429: %+v; want rate_limited with Retry-After", a)
+			if o.status == http.StatusTooManyRequests && !o.rateLimited() {
+				t.Errorf("scalper's 429: %v; want rate_limited with Retry-After", o)
 			}
-			statuses[a.status]++
+			statuses[o.status]++
 		})
 	}
 	wg.Wait()
@@ -155,7 +97,11 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 	// and let its order through: those are counted.
 	failedOpen := 0
 	for _, r := range replicas {
-		failedOpen += int(metric(t, r.admin, `shop_rate_limit_total{limit="user",result="failed_open"}`))
+		n, err := r.admin.metric(`shop_rate_limit_total{limit="user",result="failed_open"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		failedOpen += int(n)
 	}
 	most = burst + int(time.Since(began).Seconds()*rate) + 1 + failedOpen
 	if statuses[201] > most || statuses[429] < conns-most || statuses[201]+statuses[429] != conns {
@@ -169,34 +115,12 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 	}
 }
 
-// metric reads the value of the series named exactly series (name and
-// labels, as the text format writes them) from url's /metrics; -1 when
-// it is not there.
-func metric(t *testing.T, url, series string) float64 {
-	t.Helper()
-	res, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	sc := bufio.NewScanner(res.Body)
-	sc.Buffer(nil, 1<<20)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatalf("%s: %v", series, err)
-			}
-			return f
-		}
-	}
-	return -1
-}
-
 // With its Redis gone, the limiter lets orders through and counts them:
 // a rate limit guards the sale and must not end it. (The lock is the
 // in-process one here, so that orders need no Redis at all.)
 func TestRateLimitFailsOpenWithoutRedis(t *testing.T) {
+	// Not in parallel: the second order must come before the limit refills, a
+	// second after the first.
 	db := testenv.MySQL(t)
 	srv := testenv.StartRedis(t)
 	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": srv.Addr, "SHOP_LOCK_MODE": "local",
@@ -205,24 +129,29 @@ func TestRateLimitFailsOpenWithoutRedis(t *testing.T) {
 		t.Fatal(out)
 	}
 	r := startReplica(t, vars)
-	client := &http.Client{Timeout: 30 * time.Second}
-	if a := order(t, client, r.url, 1, 5, ""); a.status != http.StatusCreated {
-		t.Fatalf("first order: %+v", a)
+	if o := r.public.order(1, 5); o.expect(http.StatusCreated) != nil {
+		t.Fatalf("first order: %v", o)
 	}
-	if a := order(t, client, r.url, 2, 5, ""); !isRateLimited(a) {
-		t.Fatalf("second order at once with 1 a second, burst 1: %+v; want 429", a)
+	if o := r.public.order(2, 5); !o.rateLimited() {
+		t.Fatalf("second order at once with 1 a second, burst 1: %v; want 429", o)
 	}
 	srv.Kill()
+	// At once: each waits for the limiter's answer and, after its commit, the
+	// cache's, which do not come.
+	var wg sync.WaitGroup
 	for sku := 3; sku <= 6; sku++ {
-		if a := order(t, client, r.url, sku, 5, ""); a.status != http.StatusCreated {
-			t.Errorf("order of SKU %d with Redis down: %+v; want 201 (the limiter fails open)", sku, a)
-		}
+		wg.Go(func() {
+			if o := r.public.order(sku, 5); o.expect(http.StatusCreated) != nil {
+				t.Errorf("order of SKU %d with Redis down: %v; want 201 (the limiter fails open)", sku, o)
+			}
+		})
 	}
+	wg.Wait()
 	if n := ordersOf(t, db, 5); n != 5 {
 		t.Errorf("the buyer has %d orders; want 5", n)
 	}
-	if n := metric(t, r.admin, `shop_rate_limit_total{limit="user",result="failed_open"}`); n != 4 {
-		t.Errorf("failed_open count %v; want 4", n)
+	if n, err := r.admin.metric(`shop_rate_limit_total{limit="user",result="failed_open"}`); err != nil || n != 4 {
+		t.Errorf("failed_open count %v, %v; want 4", n, err)
 	}
 }
 
@@ -230,6 +159,7 @@ func TestRateLimitFailsOpenWithoutRedis(t *testing.T) {
 // probes; the address is X-Forwarded-For's only from a trusted proxy
 // (loopback by default), else the socket's.
 func TestRequestsRateLimitedPerClientAddress(t *testing.T) {
+	// Not in parallel: the ten reads must come before the limit refills much.
 	db := testenv.MySQL(t)
 	for _, tt := range []struct {
 		trusted string
@@ -241,11 +171,13 @@ func TestRequestsRateLimitedPerClientAddress(t *testing.T) {
 				t.Fatal(out)
 			}
 			r := startReplica(t, vars)
-			client := &http.Client{Timeout: 30 * time.Second}
 			statuses := map[int]int{}
 			for i := range 10 {
-				a := send(t, client, "GET", r.url+"/api/v1/products/1", "", map[string]string{"X-Forwarded-For": fmt.Sprintf("10.1.0.%d", i+1)})
-				statuses[a.status]++
+				p := r.public.product(1, withHeader("X-Forwarded-For", fmt.Sprintf("10.1.0.%d", i+1)))
+				if p.err != nil {
+					t.Fatal(p.err)
+				}
+				statuses[p.status]++
 			}
 			switch {
 			case tt.spread && statuses[200] != 10:
@@ -254,8 +186,8 @@ func TestRequestsRateLimitedPerClientAddress(t *testing.T) {
 				t.Errorf("10 reads from one untrusted peer at 2 a second: %v; want at least 6 × 429", statuses)
 			}
 			for range 5 {
-				if a := send(t, client, "GET", r.url+"/healthz", "", nil); a.status != 200 {
-					t.Errorf("/healthz over the limit: %+v; want 200", a)
+				if h := r.public.healthz(); h.expect(200) != nil {
+					t.Errorf("/healthz over the limit: %v; want 200", h)
 				}
 			}
 		})
@@ -268,41 +200,39 @@ func TestRequestsRateLimitedPerClientAddress(t *testing.T) {
 // past them even the right token is 429, so that the limit bounds guesses.
 // Each is logged at info with its request id.
 func TestOperatorsHaveTheirOwnDoor(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	const token = "0123456789abcdef-admin"
 	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": token})()
 	r := startReplica(t, vars)
-	client := &http.Client{Timeout: 30 * time.Second}
-	bearer := map[string]string{"Authorization": "Bearer " + token}
-	seed := `{"products":3,"stock":1}`
 
 	for _, p := range []struct{ method, path, body string }{
-		{"GET", "/metrics", ""}, {"POST", "/api/v1/admin/seed", seed}, {"GET", "/api/v1/admin/refunds", ""},
+		{"GET", "/metrics", ""}, {"POST", "/api/v1/admin/seed", `{"products":3,"stock":1}`}, {"GET", "/api/v1/admin/refunds", ""},
 		{"PATCH", "/api/v1/admin/products/1", `{"add_stock":1}`},
 	} {
-		if a := send(t, client, p.method, r.url+p.path, p.body, bearer); a.status != 404 || a.code != "not_found" {
-			t.Errorf("%s %s on the public listener: %+v; want 404 not_found", p.method, p.path, a)
+		if a := r.public.send(p.method, p.path, p.body, withBearer(token)); a.status != 404 || a.code() != "not_found" {
+			t.Errorf("%s %s on the public listener: %v; want 404 not_found", p.method, p.path, a)
 		}
 	}
-	if a := send(t, client, "POST", r.admin+"/api/v1/admin/seed", seed, bearer); a.status != 200 {
-		t.Fatalf("seed on the admin listener: %+v", a)
+	if s := r.admin.seed(3, 1); s.expect(200) != nil {
+		t.Fatalf("seed on the admin listener: %v", s)
 	}
-	if n := metric(t, r.admin, "shop_orders_queued"); n != 0 {
-		t.Errorf("shop_orders_queued on the admin listener: %v; want 0", n)
+	if n, err := r.admin.metric("shop_orders_queued"); err != nil || n != 0 {
+		t.Errorf("shop_orders_queued on the admin listener: %v, %v; want 0", n, err)
 	}
 	if !strings.Contains(r.log.String(), `"msg":"seed: catalog reset"`) {
 		t.Errorf("a seed is not logged at info:\n%s", r.log)
 	}
 
 	for i := range 10 {
-		h := map[string]string{"Authorization": "Bearer wrong-" + strconv.Itoa(i), "X-Request-ID": "guess-" + strconv.Itoa(i)}
-		if a := send(t, client, "GET", r.admin+"/api/v1/admin/refunds", "", h); a.status != 401 {
-			t.Fatalf("wrong token %d: %+v; want 401", i, a)
+		if a := r.admin.send("GET", "/api/v1/admin/refunds", "", withBearer("wrong-"+strconv.Itoa(i)),
+			withHeader("X-Request-ID", "guess-"+strconv.Itoa(i))); a.status != 401 {
+			t.Fatalf("wrong token %d: %v; want 401", i, a)
 		}
 	}
-	for _, h := range []map[string]string{{"Authorization": "Bearer wrong-again"}, bearer} {
-		if a := send(t, client, "GET", r.admin+"/api/v1/admin/refunds", "", h); !isRateLimited(a) {
-			t.Errorf("after ten wrong tokens a minute, %q: %+v; want 429 rate_limited", h["Authorization"], a)
+	for _, bearer := range []string{"wrong-again", token} {
+		if a := r.admin.send("GET", "/api/v1/admin/refunds", "", withBearer(bearer)); !a.rateLimited() {
+			t.Errorf("after ten wrong tokens a minute, %q: %v; want 429 rate_limited", bearer, a)
 		}
 	}
 	logged := 0
@@ -315,7 +245,7 @@ func TestOperatorsHaveTheirOwnDoor(t *testing.T) {
 	if logged != 10 {
 		t.Errorf("%d failed token checks logged at info with their request id; want 10", logged)
 	}
-	if n := metric(t, r.admin, `shop_rate_limit_total{limit="admin_auth",result="limited"}`); n != 2 {
-		t.Errorf("admin_auth limited count %v; want 2", n)
+	if n, err := r.admin.metric(`shop_rate_limit_total{limit="admin_auth",result="limited"}`); err != nil || n != 2 {
+		t.Errorf("admin_auth limited count %v, %v; want 2", n, err)
 	}
 }

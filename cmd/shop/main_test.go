@@ -27,6 +27,7 @@ func env(m map[string]string) func(string) string {
 }
 
 func TestConfigErrorsNameTheVariable(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name, value string
 	}{
@@ -112,6 +113,7 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 
 // SHOP_CACHE_LOCAL_TTL defaults to 1s and takes 0 (no copy of the pages).
 func TestConfigCacheLocalTTL(t *testing.T) {
+	t.Parallel()
 	for v, want := range map[string]time.Duration{"": time.Second, "0": 0, "250ms": 250 * time.Millisecond, "1m": time.Minute} {
 		if got := testConfig(t, map[string]string{"SHOP_CACHE_LOCAL_TTL": v}).Cache.LocalTTL; got != want {
 			t.Errorf("SHOP_CACHE_LOCAL_TTL=%q: %s; want %s", v, got, want)
@@ -122,6 +124,7 @@ func TestConfigCacheLocalTTL(t *testing.T) {
 // SHOP_REDIS_ADDR and SHOP_REDIS_MASTER_NAME name every Redis deployment in
 // go-redis's terms: one address, a Cluster's seed nodes, or Sentinels.
 func TestConfigRedisTopology(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		addr, master string
 		want         string
@@ -182,6 +185,7 @@ func TestConfigRedisTopology(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
+	t.Parallel()
 	for _, args := range [][]string{nil, {"nope"}, {"seed", "--products", "x"}, {"verify", "extra"}} {
 		var out bytes.Buffer
 		if code := exitCode(run(context.Background(), args, env(nil), &out, &out), &out); code != 2 {
@@ -220,6 +224,7 @@ func redisPrefix(t *testing.T) string {
 }
 
 func TestMigrateSeedVerify(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "migrate"); code != 0 {
 		t.Fatalf("migrate again: %d %s", code, out)
@@ -234,6 +239,7 @@ func TestMigrateSeedVerify(t *testing.T) {
 }
 
 func TestMigrateCreatesDatabase(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	fresh := &testenv.DB{DSN: strings.Replace(db.DSN, "/shop_test_", "/shop_fresh_", 1)}
 	t.Cleanup(func() {
@@ -256,6 +262,7 @@ func dbName(dsn string) string {
 // TestVerifyDetectsEachViolation breaks a database in each way verify checks
 // and expects exit 1 with that check failing, and only that one.
 func TestVerifyDetectsEachViolation(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		check string
 		sql   []string
@@ -312,6 +319,7 @@ func TestVerifyDetectsEachViolation(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.check, func(t *testing.T) {
+			t.Parallel()
 			db := testenv.MySQL(t)
 			if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), 5, 1); err != nil {
 				t.Fatal(err)
@@ -344,6 +352,7 @@ func TestVerifyDetectsEachViolation(t *testing.T) {
 }
 
 func TestVerifyJSON(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	shop(t, db, "seed", "--products", "2", "--stock", "1")
 	code, out := shop(t, db, "verify", "--json")
@@ -355,6 +364,7 @@ func TestVerifyJSON(t *testing.T) {
 // A sale with orders in every status and refunds owed: the report counts
 // them, in text and in JSON, and every invariant holds.
 func TestVerifyLifecycle(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "3", "--stock", "2"); code != 0 {
 		t.Fatal(out)
@@ -407,6 +417,7 @@ func TestVerifyLifecycle(t *testing.T) {
 }
 
 func TestReadAcks(t *testing.T) {
+	t.Parallel()
 	path := filepath.Join(t.TempDir(), "acks")
 	os.WriteFile(path, []byte("1\n\n 2 \n3\n4 5\t6\n"), 0o600)
 	got, err := readAcks(path)

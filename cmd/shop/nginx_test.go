@@ -2,8 +2,8 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -76,6 +76,7 @@ func nginxTime(t *testing.T, v string) time.Duration {
 // connections to a replica before a stopping replica's drain ends, or the
 // replica closes them under nginx's requests.
 func TestNginxTimeoutsFitTheService(t *testing.T) {
+	t.Parallel()
 	if read := nginxDirective(t, "location /", "proxy_read_timeout"); read <= handler.OrderBudget {
 		t.Errorf("proxy_read_timeout %s; want above the order budget, %s", read, handler.OrderBudget)
 	}
@@ -104,7 +105,7 @@ func nginxBin(t *testing.T) string {
 
 // frontNginx is nginx from deploy/nginx.conf in front of replicas.
 type frontNginx struct {
-	url  string
+	*client
 	dir  string
 	port string
 	cmd  *exec.Cmd
@@ -136,7 +137,7 @@ func startNginx(t *testing.T, upstreams ...string) *frontNginx {
 	bin := nginxBin(t)
 	dir := t.TempDir()
 	port := strings.TrimPrefix(deadAddr(t), "127.0.0.1:")
-	n := &frontNginx{url: "http://127.0.0.1:" + port, dir: dir, port: port}
+	n := &frontNginx{client: newClient("http://127.0.0.1:" + port), dir: dir, port: port}
 	n.configure(t, upstreams...)
 	path := filepath.Join(dir, "nginx.conf")
 	opts := "daemon off;"
@@ -156,36 +157,30 @@ func startNginx(t *testing.T, upstreams ...string) *frontNginx {
 			t.Logf("nginx error.log:\n%s", log)
 		}
 	})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
-			c.Close()
-			return n
-		}
-		if time.Now().After(deadline) {
+	waitFor(t, 10*time.Second, "nginx listening", func() error {
+		c, err := net.Dial("tcp", "127.0.0.1:"+port)
+		if err != nil {
 			log, _ := os.ReadFile(filepath.Join(dir, "error.log"))
-			t.Fatalf("nginx did not start:\n%s", log)
+			return fmt.Errorf("%w; error.log:\n%s", err, log)
 		}
-	}
+		return c.Close()
+	})
+	return n
 }
 
 // /metrics shows the runtime of the process and is for Prometheus, which
 // scrapes each replica's operators' listener: through nginx it does not
 // exist, in the API's error shape; on the operators' listener it is served.
 func TestNginxHidesMetrics(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
-	r := startReplica(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
-	front := startNginx(t, strings.TrimPrefix(r.url, "http://")).url
-	waitReady(t, front)
+	r := startReplica(t, fleetVars(t, db, nil)())
+	front := startNginx(t, r.addr())
+	waitReady(t, front.client)
 
-	wantNotFound(t, front, "/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics")
-	res, err := http.Get(r.admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 200 || !strings.Contains(string(body), "shop_http_requests_total") {
-		t.Errorf("GET /metrics on the replica's operators' listener: %d; want the metrics", res.StatusCode)
+	wantNotFound(t, front.client, "/metrics", "/metrics?name[]=go_goroutines", "//metrics", "/%6Detrics")
+	if m := r.admin.metrics(); m.expect(200) != nil || !bytes.Contains(m.raw, []byte("shop_http_requests_total")) {
+		t.Errorf("GET /metrics on the replica's operators' listener: %d %v; want the metrics", m.status, m.err)
 	}
 }
 
@@ -197,31 +192,42 @@ func TestNginxHidesMetrics(t *testing.T) {
 // closing its connection. No buyer sees a 502, a 504 or a broken
 // connection, and every acknowledged order is in MySQL.
 func TestStopBehindNginxDropsNoOrder(t *testing.T) {
-	const skus = 2000
+	t.Parallel()
+	crowded(t)
+	// The buyers order before SKUs, then on while the replica stops, and
+	// after more once it has gone; the catalog has more than they need.
+	const skus, before, after = 2000, 500, 200
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", fmt.Sprint(skus), "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
 	vars := fleetVars(t, db, map[string]string{"SHOP_DRAIN": defaultDrain.String()})
 	stopping, staying := startReplica(t, vars()), startReplica(t, vars())
-	front := startNginx(t, strings.TrimPrefix(stopping.url, "http://"), strings.TrimPrefix(staying.url, "http://"))
-	waitReady(t, front.url)
+	front := startNginx(t, stopping.addr(), staying.addr())
+	waitReady(t, front.client)
 
-	client := crowdClient(60 * time.Second)
-	t.Cleanup(client.CloseIdleConnections)
+	crowd := crowdClient(60 * time.Second)
+	t.Cleanup(crowd.CloseIdleConnections)
 	tl := &tally{status: map[int]int{}}
-	skusc, wait := buyers(32, client, front.url, tl)
+	skusc, wait := buyers(32, front.using(crowd), tl)
 	stopped := make(chan time.Duration, 1)
+	gone := make(chan struct{})
 	stop := func() { // under load
 		start := time.Now()
 		stopping.stop()
 		<-stopping.done
 		stopping.done <- nil // for the cleanup
 		stopped <- time.Since(start)
+		close(gone)
 	}
-	for sku := 1; sku <= skus; sku++ { // and on after the replica has gone
-		if sku == skus/4 {
+	for sku, left := 1, after; sku <= skus && left > 0; sku++ {
+		if sku == before {
 			go stop()
+		}
+		select {
+		case <-gone:
+			left--
+		default:
 		}
 		skusc <- sku
 	}
@@ -231,9 +237,7 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 	if tl.status[201] == 0 || tl.errs != 0 || len(tl.status) != 1 {
 		t.Errorf("answers through nginx: %v, transport errors %d; want only 201s", tl.status, tl.errs)
 	}
-	acks := filepath.Join(t.TempDir(), "acks")
-	os.WriteFile(acks, []byte(strings.Join(tl.acks, "\n")+"\n"), 0o600)
-	if code, out := shop(t, db, "verify", "--acks", acks); code != 0 {
+	if code, out := shop(t, db, "verify", "--acks", acksFile(t, tl.acks)); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
 	}
 	if took >= defaultDrain {
@@ -249,6 +253,7 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 // 503 outcome_unknown — before nginx gives up on the replica and answers
 // 504, and every acknowledged order is in MySQL.
 func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "100"); code != 0 {
 		t.Fatal(out)
@@ -260,48 +265,29 @@ func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
 	proxy := testenv.StartProxy(t, cfg.Addr)
 	cfg.Addr = proxy.Addr
 	r := startReplica(t, fleetVars(t, &testenv.DB{DSN: cfg.FormatDSN()}, nil)())
-	front := startNginx(t, strings.TrimPrefix(r.url, "http://"))
-	waitReady(t, front.url)
+	front := startNginx(t, r.addr())
+	waitReady(t, front.client)
 	held, release := proxy.HoldReply(testenv.MySQLQuery("COMMIT"))
 	defer release(false)
 
-	client := &http.Client{Timeout: time.Minute}
+	buyer := front.using(&http.Client{Timeout: time.Minute})
 	readTimeout := nginxDirective(t, "location /", "proxy_read_timeout")
 	type answer struct {
-		user   int
-		status int
-		code   string
-		order  string
-		took   time.Duration
+		user int
+		reply[order]
+		took time.Duration
 	}
 	answers := make(chan answer)
 	start := time.Now()
 	const n = 20
 	for user := 1; user <= n; user++ {
 		go func() {
-			req, err := http.NewRequest("POST", front.url+"/api/v1/orders", strings.NewReader(fmt.Sprintf(`{"sku_id":1,"user_id":%d}`, user)))
-			if err != nil {
-				t.Error(err)
-			}
-			req.Header.Set("Content-Type", "application/json")
+			var opts []option
 			if user%2 == 0 {
-				req.Header.Set("Idempotency-Key", fmt.Sprint("buyer-", user))
+				opts = append(opts, withKey(fmt.Sprint("buyer-", user)))
 			}
-			a := answer{user: user}
-			res, err := client.Do(req)
-			if err == nil {
-				body, _ := io.ReadAll(res.Body)
-				res.Body.Close()
-				a.status, a.code = res.StatusCode, errorCodeOf(body)
-				var o struct {
-					OrderID int64 `json:"order_id"`
-				}
-				if json.Unmarshal(body, &o) == nil && o.OrderID > 0 {
-					a.order = fmt.Sprint(o.OrderID)
-				}
-			}
-			a.took = time.Since(start)
-			answers <- a
+			o := buyer.order(1, user, opts...)
+			answers <- answer{user, o, time.Since(start)}
 		}()
 	}
 	<-held
@@ -309,40 +295,36 @@ func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
 	statuses := map[string]int{}
 	for range n {
 		a := <-answers
-		statuses[fmt.Sprint(a.status, " ", a.code)]++
+		statuses[fmt.Sprint(a.status, " ", a.code())]++
 		switch {
 		case a.took >= readTimeout:
-			t.Errorf("user %d answered %d after %s: nginx gives up after %s", a.user, a.status, a.took, readTimeout)
+			t.Errorf("user %d answered %v after %s: nginx gives up after %s", a.user, a.reply, a.took, readTimeout)
 		case a.status == 201:
-			acks = append(acks, a.order)
-		case a.status != 503 || a.code != "outcome_unknown":
-			t.Errorf("user %d: %d %s; want 201 or 503 outcome_unknown", a.user, a.status, a.code)
+			acks = append(acks, fmt.Sprint(a.body.ID))
+		case a.status != 503 || a.code() != "outcome_unknown":
+			t.Errorf("user %d: %v; want 201 or 503 outcome_unknown", a.user, a.reply)
 		}
 	}
 	t.Logf("answers while one COMMIT's reply was held: %v", statuses)
 	if statuses["503 outcome_unknown"] == 0 {
 		t.Errorf("no buyer was told outcome_unknown: the held COMMIT answered no order")
 	}
-	path := filepath.Join(t.TempDir(), "acks")
-	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
-	if code, out := shop(t, db, "verify", "--acks", path); code != 0 {
+	if code, out := shop(t, db, "verify", "--acks", acksFile(t, acks)); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
 	}
 }
 
-// wantNotFound checks that GET of each path through nginx at front is
+// wantNotFound checks that GET of each path through nginx, front, is
 // answered 404 not_found in the API's error shape.
-func wantNotFound(t *testing.T, front string, paths ...string) {
+func wantNotFound(t *testing.T, front *client, paths ...string) {
 	t.Helper()
 	for _, path := range paths {
-		res, err := http.Get(front + path)
-		if err != nil {
-			t.Fatal(err)
+		a := front.send("GET", path, "")
+		if a.err != nil {
+			t.Fatal(a.err)
 		}
-		body, _ := io.ReadAll(res.Body)
-		res.Body.Close()
-		if res.StatusCode != 404 || errorCodeOf(body) != "not_found" || strings.Contains(string(body), "go_goroutines ") {
-			t.Errorf("GET %s through nginx: %d %.200s; want 404 not_found", path, res.StatusCode, body)
+		if a.status != 404 || a.code() != "not_found" || bytes.Contains(a.raw, []byte("go_goroutines ")) {
+			t.Errorf("GET %s through nginx: %v; want 404 not_found", path, a)
 		}
 	}
 }
@@ -373,49 +355,21 @@ func (u *upstreamStub) count(path string) int {
 	return u.paths[path]
 }
 
-// edgeAnswer is what a client was told by nginx.
-type edgeAnswer struct {
-	status     int
-	code       string
-	retryAfter string
-	requestID  string
-}
-
-// edgeOrder sends POST /api/v1/orders through front, with X-Forwarded-For
-// set to an address the client made up.
-func edgeOrder(t *testing.T, client *http.Client, front string) edgeAnswer {
-	t.Helper()
-	req, err := http.NewRequest("POST", front+"/api/v1/orders", strings.NewReader(`{"sku_id":1,"user_id":1}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("X-Forwarded-For", "203.0.113.9")
-	res, err := client.Do(req)
-	if err != nil {
-		t.Error(err)
-		return edgeAnswer{}
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	return edgeAnswer{status: res.StatusCode, code: errorCodeOf(body), retryAfter: res.Header.Get("Retry-After"),
-		requestID: res.Header.Get("X-Request-ID")}
-}
-
 // burst sends n orders at once through front and returns their answers.
-func burst(t *testing.T, client *http.Client, front string, n int) []edgeAnswer {
-	t.Helper()
-	answers := make([]edgeAnswer, n)
+func burst(front *client, n int) []reply[order] {
+	answers := make([]reply[order], n)
 	var wg sync.WaitGroup
 	for i := range answers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			answers[i] = edgeOrder(t, client, front)
-		}()
+		wg.Go(func() { answers[i] = edgeOrder(front) })
 	}
 	wg.Wait()
 	return answers
+}
+
+// edgeOrder sends an order through front with X-Forwarded-For set to an
+// address the client made up.
+func edgeOrder(front *client) reply[order] {
+	return front.order(1, 1, withHeader("X-Forwarded-For", "203.0.113.9"))
 }
 
 // nginx's limits per client address never refuse an honest buyer, 5 orders
@@ -425,21 +379,25 @@ func burst(t *testing.T, client *http.Client, front string, n int) []edgeAnswer 
 // told the client's own address, whatever X-Forwarded-For the client sent,
 // and nothing of the admin API reaches it.
 func TestNginxLimitsPerAddress(t *testing.T) {
+	t.Parallel()
 	up := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
-	front := startNginx(t, strings.TrimPrefix(srv.URL, "http://")).url
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
-	t.Cleanup(client.CloseIdleConnections)
+	nginx := startNginx(t, strings.TrimPrefix(srv.URL, "http://"))
+	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
+	// Before nginx's stop (cleanups run last first): nginx stopping
+	// gracefully waits for the connections its clients keep.
+	t.Cleanup(hc.CloseIdleConnections)
+	front := nginx.using(hc)
 
 	// Honest: bursts of 10 orders two seconds apart, 5 a second.
 	for i := range 3 {
 		if i > 0 {
 			time.Sleep(2 * time.Second)
 		}
-		for _, a := range burst(t, client, front, 10) {
-			if a.status != http.StatusCreated {
-				t.Errorf("honest burst %d: an order answered %d %s; want 201", i+1, a.status, a.code)
+		for _, a := range burst(front, 10) {
+			if a.expect(http.StatusCreated) != nil {
+				t.Errorf("honest burst %d: an order answered %v; want 201", i+1, a)
 			}
 		}
 	}
@@ -456,12 +414,16 @@ func TestNginxLimitsPerAddress(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 10 {
-				a := edgeOrder(t, client, front)
+				a := edgeOrder(front)
+				if a.err != nil {
+					t.Error(a.err)
+				}
 				mu.Lock()
 				statuses[a.status]++
 				mu.Unlock()
-				if a.status == http.StatusTooManyRequests && (a.code != "rate_limited" || a.retryAfter != "1" || len(a.requestID) != 32) {
-					t.Errorf("429 with code %q, Retry-After %q, X-Request-ID %q; want rate_limited, 1 and nginx's id", a.code, a.retryAfter, a.requestID)
+				retryAfter, id := a.header.Get("Retry-After"), a.header.Get("X-Request-ID")
+				if a.status == http.StatusTooManyRequests && (a.code() != "rate_limited" || retryAfter != "1" || len(id) != 32) {
+					t.Errorf("429 with code %q, Retry-After %q, X-Request-ID %q; want rate_limited, 1 and nginx's id", a.code(), retryAfter, id)
 				}
 			}
 		}()

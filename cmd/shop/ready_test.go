@@ -1,9 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"slices"
@@ -16,22 +16,11 @@ import (
 
 // SHOP_READY_GRACE defaults to 10s and takes 0 (no grace).
 func TestConfigReadyGrace(t *testing.T) {
+	t.Parallel()
 	for v, want := range map[string]time.Duration{"": 10 * time.Second, "0": 0, "1s": time.Second, "5m": 5 * time.Minute} {
 		if got := testConfig(t, map[string]string{"SHOP_READY_GRACE": v}).Stop.ReadyGrace; got != want {
 			t.Errorf("SHOP_READY_GRACE=%q: %s; want %s", v, got, want)
 		}
-	}
-}
-
-// waitFailing polls failing until it returns want, for up to 15 s.
-func waitFailing(t *testing.T, failing func() []string, want []string, when string) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for got := failing(); !slices.Equal(got, want); got = failing() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: failing %q after 15 s; want %q", when, got, want)
-		}
-		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -49,7 +38,7 @@ func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []s
 		t.Fatal(err)
 	}
 	t.Cleanup(stop)
-	waitFailing(t, failing, []string{dep}, dep+" unreachable at start")
+	waitFor(t, 15*time.Second, dep+" found failing at start", failingOnly(failing, dep))
 	time.Sleep(3 * time.Second) // three probes, well inside the grace of 10 s
 	if got := failing(); !slices.Equal(got, []string{dep}) {
 		t.Fatalf("%s never reached, 3 s later: failing %q; want %s", dep, got, dep)
@@ -62,15 +51,18 @@ func wantNeverReady(t *testing.T, vars map[string]string, dep string) func() []s
 // ready once the dependency answers. The probes are newReadiness's, on real
 // servers.
 func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	t.Run("redis", func(t *testing.T) {
+		t.Parallel()
 		r := testenv.StartRedis(t)
 		r.Kill()
 		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr}, "redis")
 		r.Restart()
-		waitFailing(t, failing, nil, "Redis started")
+		waitFor(t, 15*time.Second, "nothing failing once Redis started", failingOnly(failing))
 	})
 	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -84,22 +76,31 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 	})
 }
 
+// failingOnly is what checks that failing names deps, and only them.
+func failingOnly(failing func() []string, deps ...string) func() error {
+	return func() error {
+		if got := failing(); !slices.Equal(got, deps) {
+			return fmt.Errorf("failing %q; want %q", got, deps)
+		}
+		return nil
+	}
+}
+
 // readyzPoll is what polling /readyz every 100ms saw.
 type readyzPoll struct {
 	polls int
 	// unready are the answers that were not 200, in order, as status and
 	// body (or the transport error).
 	unready []string
-	// lastStatus is the last answer's status, 0 for a transport error.
-	lastStatus int
 }
 
-// pollReadyz asks url's /readyz every 100ms until stop is closed.
-func pollReadyz(url string, stop <-chan struct{}) <-chan readyzPoll {
+// pollReadyz asks c's /readyz every 100ms, each time for at most 2 s,
+// until stop is closed.
+func pollReadyz(c *client, stop <-chan struct{}) <-chan readyzPoll {
+	c = c.using(&http.Client{Timeout: 2 * time.Second})
 	out := make(chan readyzPoll, 1)
 	go func() {
 		var p readyzPoll
-		client := &http.Client{Timeout: 2 * time.Second}
 		tick := time.NewTicker(100 * time.Millisecond)
 		defer tick.Stop()
 		for {
@@ -110,17 +111,12 @@ func pollReadyz(url string, stop <-chan struct{}) <-chan readyzPoll {
 			case <-tick.C:
 			}
 			p.polls++
-			res, err := client.Get(url + "/readyz")
-			if err != nil {
-				p.lastStatus = 0
-				p.unready = append(p.unready, err.Error())
-				continue
-			}
-			body, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			p.lastStatus = res.StatusCode
-			if res.StatusCode != http.StatusOK {
-				p.unready = append(p.unready, fmt.Sprintf("%d %s", res.StatusCode, strings.TrimSpace(string(body))))
+			r := c.readyz()
+			switch {
+			case r.err != nil:
+				p.unready = append(p.unready, r.err.Error())
+			case r.status != http.StatusOK:
+				p.unready = append(p.unready, fmt.Sprintf("%d %s", r.status, bytes.TrimSpace(r.raw)))
 			}
 		}
 	}()
@@ -134,6 +130,7 @@ func pollReadyz(url string, stop <-chan struct{}) <-chan readyzPoll {
 // makes it answer 503 naming redis, and it is ready again once Redis is
 // back.
 func TestReadyzThroughARedisStop(t *testing.T) {
+	t.Parallel()
 	const outage = 5 * time.Second
 	stops := map[string]func(r *testenv.RedisProc) (resume func()){
 		"paused": func(r *testenv.RedisProc) func() { r.Pause(); return r.Resume },
@@ -151,6 +148,7 @@ func TestReadyzThroughARedisStop(t *testing.T) {
 			name = tc.stop + ", default grace"
 		}
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			r := testenv.StartRedis(t)
 			t.Cleanup(r.Resume) // before the kill of StartRedis's cleanup
 			vars := fleetVars(t, db, map[string]string{"SHOP_REDIS_ADDR": r.Addr})()
@@ -160,7 +158,7 @@ func TestReadyzThroughARedisStop(t *testing.T) {
 			rep := startReplica(t, vars)
 
 			stopPolling := make(chan struct{})
-			polled := pollReadyz(rep.url, stopPolling)
+			polled := pollReadyz(rep.public, stopPolling)
 			time.Sleep(time.Second)
 			resume := stops[tc.stop](r)
 			time.Sleep(outage)
@@ -176,20 +174,9 @@ func TestReadyzThroughARedisStop(t *testing.T) {
 				}
 			} else {
 				// Back to 200 within 10 s of Redis's return.
-				deadline := time.Now().Add(10 * time.Second)
-				for {
-					res, err := http.Get(rep.url + "/readyz")
-					if err == nil {
-						res.Body.Close()
-						if res.StatusCode == http.StatusOK {
-							break
-						}
-					}
-					if time.Now().After(deadline) {
-						t.Fatalf("not ready 10 s after Redis came back: %v", err)
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
+				waitFor(t, 10*time.Second, "ready again once Redis came back", func() error {
+					return rep.public.readyz().expect(http.StatusOK)
+				})
 				close(stopPolling)
 				p = <-polled
 				if len(p.unready) == 0 {

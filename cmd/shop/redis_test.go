@@ -57,6 +57,7 @@ func testCache(t *testing.T, cfg config, catalog *stock.Catalog) (redis.Universa
 // slack of a busy machine — not when a client's own read timeout (1s, and
 // again on a retry) finally ends the renewal.
 func TestLeaseEndsWithItsTTLWhenRedisHangs(t *testing.T) {
+	// Not in parallel: it times the lease's end within 300ms.
 	const (
 		ttl   = 600 * time.Millisecond
 		slack = 300 * time.Millisecond
@@ -98,6 +99,7 @@ func TestLeaseEndsWithItsTTLWhenRedisHangs(t *testing.T) {
 // read answers (from MySQL) in about that time, not after the client's 1s
 // read timeout.
 func TestCacheReadFallsBackInTimeWhenRedisHangs(t *testing.T) {
+	// Not in parallel: it times the read within 400ms.
 	const (
 		redisTimeout = 500 * time.Millisecond // cache.Settings.RedisTimeout's default
 		slack        = 400 * time.Millisecond
@@ -137,6 +139,7 @@ func TestCacheReadFallsBackInTimeWhenRedisHangs(t *testing.T) {
 // gone and reports the lock as not held, a lease lost under an order that
 // in fact kept it to the end.
 func TestLockReleaseWithLostReplyIsNotReportedNotHeld(t *testing.T) {
+	t.Parallel()
 	proxy := testenv.StartProxy(t, testenv.RedisAddr(t))
 	prefix := redisPrefix(t)
 	locker := testLocker(t, map[string]string{"SHOP_REDIS_ADDR": proxy.Addr, "SHOP_REDIS_PREFIX": prefix})
@@ -181,6 +184,8 @@ func TestLockReleaseWithLostReplyIsNotReportedNotHeld(t *testing.T) {
 // mutex's SET lost, the failed try gives the key back at once, and another
 // replica loads the product into the cache at once.
 func TestCacheMutexWithLostReplyIsGivenBack(t *testing.T) {
+	// Not in parallel: the mutex's try is given 500ms for its answer
+	// (cache.Options.RedisTimeout), or the read goes to MySQL without it.
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
 	ctx := context.Background()
@@ -223,6 +228,7 @@ func TestCacheMutexWithLostReplyIsGivenBack(t *testing.T) {
 
 // /readyz's Redis check passes on every topology the service runs on.
 func TestRedisReadyOnEveryTopology(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		rdb := newRedis(testConfig(t, topo.Env()).Redis)
 		t.Cleanup(func() { rdb.Close() })
@@ -239,6 +245,7 @@ func TestRedisReadyOnEveryTopology(t *testing.T) {
 // PING through the ClusterClient would reach a live node most times — and
 // it passes again once the master is back.
 func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
+	t.Parallel()
 	cluster := testenv.StartRedisCluster(t, 3, 0)
 	rdb := newRedis(testConfig(t, map[string]string{"SHOP_REDIS_ADDR": strings.Join(cluster.Addrs(), ",")}).Redis)
 	t.Cleanup(func() { rdb.Close() })
@@ -291,6 +298,7 @@ func TestRedisReadyNeedsEveryClusterMaster(t *testing.T) {
 // reached through a proxy that loses, on cue, the reply to the command
 // that names the key.
 func TestLockClientOnClusterLeavesLostRepliesToTheLock(t *testing.T) {
+	// Not in parallel: its lock waits 500ms for a key.
 	ctx := context.Background()
 	topo := testenv.TopologyNamed(t, "cluster")
 	direct, prefix := testenv.RedisOn(t, topo)

@@ -1,8 +1,6 @@
 package main
 
 import (
-	"io"
-	"net/http"
 	"testing"
 
 	"shop/internal/testenv"
@@ -10,6 +8,7 @@ import (
 
 // shop serve lists the refunds owed that MySQL has to the admin API.
 func TestServeRefunds(t *testing.T) {
+	t.Parallel()
 	const token = "refunds-admin-token-0123456789"
 	db := testenv.MySQL(t)
 	vars := fleetVars(t, db, map[string]string{"SHOP_ADMIN_TOKEN": token})
@@ -25,19 +24,9 @@ func TestServeRefunds(t *testing.T) {
 		}
 	}
 	r := startReplica(t, vars())
-	req, err := http.NewRequest("GET", r.admin+"/api/v1/admin/refunds", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Authorization", "Bearer "+token)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	body, _ := io.ReadAll(res.Body)
+	a := r.admin.refunds()
 	want := `{"refunds":[{"order_id":9,"user_id":7,"sku_id":1,"payment_id":"pay-9","received_at":"2030-01-02T03:04:05.5Z","reason":"order_expired"}]}`
-	if res.StatusCode != 200 || string(body) != want {
-		t.Errorf("GET /api/v1/admin/refunds: %d %s\nwant 200 %s", res.StatusCode, body, want)
+	if a.expect(200) != nil || string(a.raw) != want {
+		t.Errorf("GET /api/v1/admin/refunds: %v\nwant 200 %s", a, want)
 	}
 }

@@ -2,7 +2,7 @@ package main
 
 import (
 	"encoding/json"
-	"io"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -22,26 +22,27 @@ var nginxID = regexp.MustCompile(`^[0-9a-f]{32}$`)
 // id, waiting for nginx to flush its buffer (flush=1s).
 func (n *frontNginx) accessLine(t *testing.T, id string) string {
 	t.Helper()
-	var log []byte
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-		log, _ = os.ReadFile(filepath.Join(n.dir, "access.log"))
+	var found string
+	waitFor(t, 15*time.Second, "the line with id="+id+" in nginx's access log", func() error {
+		log, err := os.ReadFile(filepath.Join(n.dir, "access.log"))
 		for line := range strings.Lines(string(log)) {
 			if strings.HasSuffix(strings.TrimSpace(line), " id="+id) {
-				return line
+				found = line
+				return nil
 			}
 		}
-	}
-	t.Fatalf("no line with id=%s in nginx's access log:\n%s", id, log)
-	return ""
+		return fmt.Errorf("%v, the log:\n%s", err, log)
+	})
+	return found
 }
 
-// oneID returns res's X-Request-ID, failing unless it has exactly one, of
-// nginx's form.
-func oneID(t *testing.T, res *http.Response) string {
+// oneID returns the X-Request-ID of an answer with header, failing unless
+// it has exactly one, of nginx's form.
+func oneID(t *testing.T, header http.Header) string {
 	t.Helper()
-	ids := res.Header.Values(requestid.Header)
+	ids := header.Values(requestid.Header)
 	if len(ids) != 1 || !nginxID.MatchString(ids[0]) {
-		t.Fatalf("%s: X-Request-ID %q; want exactly one, nginx's 32 hex digits", res.Status, ids)
+		t.Fatalf("X-Request-ID %q; want exactly one, nginx's 32 hex digits", ids)
 	}
 	return ids[0]
 }
@@ -51,31 +52,21 @@ func oneID(t *testing.T, res *http.Response) string {
 // the replica's log line for it. A client's own X-Request-ID is replaced by
 // nginx's.
 func TestRequestIDThroughNginx(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
 	// The access log is at debug level.
 	r := startReplica(t, fleetVars(t, db, map[string]string{"SHOP_LOG_LEVEL": "debug"})())
-	front := startNginx(t, strings.TrimPrefix(r.url, "http://"))
-	waitReady(t, front.url)
+	front := startNginx(t, r.addr())
+	waitReady(t, front.client)
 
-	req, err := http.NewRequest("POST", front.url+"/api/v1/orders", strings.NewReader(`{"sku_id":1,"user_id":7}`))
-	if err != nil {
-		t.Fatal(err)
+	o := front.order(1, 7, withHeader(requestid.Header, "chosen-by-the-client"))
+	if o.expect(201) != nil {
+		t.Fatalf("order through nginx: %v", o)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(requestid.Header, "chosen-by-the-client")
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(res.Body)
-	res.Body.Close()
-	if res.StatusCode != 201 {
-		t.Fatalf("order through nginx: %d %s", res.StatusCode, body)
-	}
-	id := oneID(t, res)
+	id := oneID(t, o.header)
 
 	if line := front.accessLine(t, id); !strings.Contains(line, `"POST /api/v1/orders HTTP/1.1" 201 `) {
 		t.Errorf("nginx's access log line with id=%s is not the order's: %s", id, line)
@@ -96,6 +87,7 @@ func TestRequestIDThroughNginx(t *testing.T) {
 // the body) and on its access log line: the 502 when no replica answers,
 // its 413 and the 404 of /metrics.
 func TestNginxOwnAnswersCarryRequestID(t *testing.T) {
+	t.Parallel()
 	front := startNginx(t, deadAddr(t))
 	tests := []struct {
 		name, method, path, body string
@@ -107,21 +99,13 @@ func TestNginxOwnAnswersCarryRequestID(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req, err := http.NewRequest(tt.method, front.url+tt.path, strings.NewReader(tt.body))
-			if err != nil {
-				t.Fatal(err)
+			t.Parallel()
+			a := front.send(tt.method, tt.path, tt.body, withHeader("Content-Type", "application/json"))
+			if a.expect(tt.status) != nil {
+				t.Fatalf("%v; want %d", a, tt.status)
 			}
-			req.Header.Set("Content-Type", "application/json")
-			res, err := http.DefaultClient.Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			body, _ := io.ReadAll(res.Body)
-			res.Body.Close()
-			if res.StatusCode != tt.status {
-				t.Fatalf("status %d, want %d: %s", res.StatusCode, tt.status, body)
-			}
-			id := oneID(t, res)
+			id := oneID(t, a.header)
+			body := a.raw
 			var e struct {
 				Error struct {
 					RequestID *string `json:"request_id"`

@@ -2,19 +2,15 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/gin-gonic/gin"
 
-	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/mysqldb"
 	"shop/internal/notify"
@@ -38,8 +34,8 @@ func deadAddr(t *testing.T) string {
 }
 
 // seedAPI serves the admin API with the seeder serve builds, on the catalog
-// and on the Redis at redisAddr.
-func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAddr string) (*httptest.Server, *cache.Products) {
+// and on the Redis at redisAddr, and returns its client.
+func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAddr string) *client {
 	t.Helper()
 	gin.SetMode(gin.ReleaseMode)
 	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": redisAddr, "SHOP_REDIS_PREFIX": redisPrefix(t)})
@@ -48,28 +44,7 @@ func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAd
 		Seeder: newSeeder(catalog, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler)),
 	}, handler.Settings{AdminToken: testAdminToken}).Admin)
 	t.Cleanup(srv.Close)
-	return srv, products
-}
-
-// postSeed posts a seed of n products of units each and decodes the answer.
-func postSeed(t *testing.T, url string, n, units int) (int, map[string]any, http.Header) {
-	t.Helper()
-	req, err := http.NewRequest("POST", url+"/api/v1/admin/seed", strings.NewReader(fmt.Sprintf(`{"products":%d,"stock":%d}`, n, units)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Authorization", "Bearer "+testAdminToken)
-	res, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	var body map[string]any
-	if err := json.NewDecoder(res.Body).Decode(&body); err != nil {
-		t.Fatal(err)
-	}
-	return res.StatusCode, body, res.Header
+	return operators(srv.URL, testAdminToken)
 }
 
 // A seed that committed stands, even when what follows it fails: the API
@@ -77,19 +52,18 @@ func postSeed(t *testing.T, url string, n, units int) (int, map[string]any, http
 // second seed would delete the orders placed since), and `shop seed` says
 // the catalog WAS seeded and exits 1.
 func TestSeedThatCommittedIsNotAFailure(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
 	dead := deadAddr(t) // Redis is down: no announcement, no cache reset
 
-	srv, _ := seedAPI(t, catalog, catalog, dead)
-	code, body, _ := postSeed(t, srv.URL, 7, 2)
-	warnings, _ := body["warnings"].([]any)
-	if code != 200 || body["products"] != 7.0 || body["stock"] != 2.0 || len(warnings) != 2 {
-		t.Errorf("seed with Redis down: %d %v; want 200 with the seed and two warnings", code, body)
+	s := seedAPI(t, catalog, catalog, dead).seed(7, 2)
+	if s.expect(200) != nil || s.body.Products != 7 || s.body.Stock != 2 || len(s.body.Warnings) != 2 {
+		t.Errorf("seed with Redis down: %v; want 200 with the seed and two warnings", s)
 	}
-	for _, w := range warnings {
-		if s, _ := w.(string); strings.Contains(s, dead) || strings.Contains(s, "dial") {
-			t.Errorf("warning shows internals: %q", s)
+	for _, w := range s.body.Warnings {
+		if strings.Contains(w, dead) || strings.Contains(w, "dial") {
+			t.Errorf("warning shows internals: %q", w)
 		}
 	}
 	if r, err := verify.Sale(context.Background(), db.Gorm, nil); err != nil || r.Products != 7 || r.Stock != 14 {
@@ -129,6 +103,7 @@ func (c cancelAfterSeed) SeedWindow(ctx context.Context, n, units int, sale stoc
 // Bloom filter is rebuilt even when the request's context ends right after
 // the commit, so the new products are not refused as absent.
 func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	catalog := stock.NewCatalog(db.Gorm)
 	ctx := context.Background()
@@ -159,15 +134,14 @@ func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
 // A seed that cannot reach MySQL wrote nothing and may be retried: 503 busy
 // with Retry-After, not a 500.
 func TestSeedWithMySQLDownIsBusy(t *testing.T) {
+	t.Parallel()
 	deadDB, err := mysqldb.Open("root@tcp("+deadAddr(t)+")/shop?parseTime=true", 4)
 	if err != nil {
 		t.Fatal(err)
 	}
 	catalog := stock.NewCatalog(deadDB)
-	srv, _ := seedAPI(t, catalog, catalog, testenv.RedisAddr(t))
-	code, body, header := postSeed(t, srv.URL, 5, 1)
-	e, _ := body["error"].(map[string]any)
-	if code != 503 || e["code"] != "busy" || header.Get("Retry-After") == "" {
-		t.Errorf("seed with MySQL down: %d %v, Retry-After %q; want 503 busy with Retry-After", code, body, header.Get("Retry-After"))
+	s := seedAPI(t, catalog, catalog, testenv.RedisAddr(t)).seed(5, 1)
+	if s.status != 503 || s.code() != "busy" || s.header.Get("Retry-After") == "" {
+		t.Errorf("seed with MySQL down: %v, Retry-After %q; want 503 busy with Retry-After", s, s.header.Get("Retry-After"))
 	}
 }

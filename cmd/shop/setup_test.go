@@ -30,6 +30,7 @@ func catalogCounts(t *testing.T, db *testenv.DB) (products, units, orders int64)
 }
 
 func TestSeedIfEmptySeedsAnEmptyCatalog(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	code, out := shop(t, db, "seed", "--if-empty", "--products", "20", "--stock", "3")
 	if code != 0 || !strings.Contains(out, "seeded 20 products with 3 units each") {
@@ -43,6 +44,7 @@ func TestSeedIfEmptySeedsAnEmptyCatalog(t *testing.T) {
 // A started sale is left alone: `docker compose up` again, or the k8s Job
 // created again, must not delete the orders.
 func TestSeedIfEmptyLeavesACatalogWithOrders(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "5", "--stock", "2"); code != 0 {
 		t.Fatalf("seed: %d %s", code, out)
@@ -75,6 +77,7 @@ func TestSeedIfEmptyLeavesACatalogWithOrders(t *testing.T) {
 // INSERT waits for, until two seeds wait — for that lock or for the seeds'
 // own.
 func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	// At REPEATABLE READ, so that the locking read of the empty table
 	// locks its gap.
@@ -96,7 +99,17 @@ func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
 			results <- result{code, out}
 		})
 	}
-	waitSeeds(t, db, 2)
+	// Both wait: at their INSERT of products or for the seed lock.
+	waitFor(t, 20*time.Second, "two seeds waiting together", func() error {
+		var waiting int
+		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
+			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND = 'Query'
+			AND (INFO LIKE 'INSERT INTO products %' OR INFO LIKE 'SELECT GET_LOCK(%')`).Scan(&waiting).Error
+		if err == nil && waiting < 2 {
+			err = fmt.Errorf("%d waiting", waiting)
+		}
+		return err
+	})
 	if err := hold.Commit().Error; err != nil {
 		t.Fatal(err)
 	}
@@ -121,25 +134,6 @@ func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
 	}
 }
 
-// waitSeeds waits until n seeds of db wait: at their INSERT of products or
-// for the seeds' lock.
-func waitSeeds(t *testing.T, db *testenv.DB, n int) {
-	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		var waiting int
-		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.PROCESSLIST
-			WHERE DB = DATABASE() AND ID <> CONNECTION_ID() AND COMMAND = 'Query'
-			AND (INFO LIKE 'INSERT INTO products %' OR INFO LIKE 'SELECT GET_LOCK(%')`).Scan(&waiting).Error
-		if err != nil {
-			t.Fatal(err)
-		}
-		if waiting >= n {
-			return
-		}
-	}
-	t.Fatalf("%d seeds never waited together", n)
-}
-
 // healthcheckWith runs shop healthcheck with SHOP_HTTP_ADDR=addr.
 func healthcheckWith(addr string) (int, string) {
 	return shopWith(map[string]string{"SHOP_HTTP_ADDR": addr}, "healthcheck")
@@ -148,9 +142,10 @@ func healthcheckWith(addr string) (int, string) {
 // shop healthcheck asks the replica on the port of SHOP_HTTP_ADDR, however
 // the address is written, and fails once it has stopped.
 func TestHealthcheckOfAReplica(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	r := startReplica(t, fleetVars(t, db, nil)())
-	_, port, err := net.SplitHostPort(strings.TrimPrefix(r.url, "http://"))
+	_, port, err := net.SplitHostPort(r.addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,21 +156,21 @@ func TestHealthcheckOfAReplica(t *testing.T) {
 		}
 	}
 	r.stop()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	waitFor(t, 10*time.Second, "the stopped replica's healthcheck exits 1, not ready", func() error {
 		code, out := healthcheckWith(":" + port)
-		if code == 1 && strings.Contains(out, "not ready") {
-			t.Logf("stopped replica: %s", strings.TrimSpace(out))
-			break
+		if code != 1 || !strings.Contains(out, "not ready") {
+			return fmt.Errorf("exit %d, %q", code, out)
 		}
-		if code != 0 || time.Now().After(deadline) {
-			t.Fatalf("stopped replica: exit %d, %q; want 1, not ready", code, out)
-		}
-	}
+		t.Logf("stopped replica: %s", strings.TrimSpace(out))
+		return nil
+	})
 }
 
 // shop healthcheck GETs /readyz and exits 0 on 200 only, 1 on anything else
 // — never 2, which container engines reserve — and within its timeout.
 func TestHealthcheckExits0Or1(t *testing.T) {
+	// Not in parallel: each run must end within the healthcheck's timeout
+	// and a second.
 	var (
 		mu       sync.Mutex
 		requests []string
@@ -247,6 +242,7 @@ func TestHealthcheckExits0Or1(t *testing.T) {
 // An address that listens on every interface is asked on the loopback;
 // any other, as written.
 func TestReadyURL(t *testing.T) {
+	t.Parallel()
 	for addr, want := range map[string]string{
 		":9090":          "http://127.0.0.1:9090/readyz",
 		"0.0.0.0:9090":   "http://127.0.0.1:9090/readyz",

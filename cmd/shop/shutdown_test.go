@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -23,22 +22,13 @@ import (
 // itself with it.
 const asShopEnv = "SHOP_TEST_AS_SHOP"
 
-func TestMain(m *testing.M) {
-	if os.Getenv(asShopEnv) == "1" {
-		main()
-	}
-	os.Exit(m.Run())
-}
-
-// waitLog waits until the replica's log matches re.
-func waitLog(t *testing.T, log *logSink, re *regexp.Regexp, within time.Duration) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !re.MatchString(log.String()) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line matching %s within %s:\n%s", re, within, log)
+// logged is what checks that log has a line matching re.
+func logged(log *logSink, re *regexp.Regexp) func() error {
+	return func() error {
+		if s := log.String(); !re.MatchString(s) {
+			return fmt.Errorf("no line matching %s in:\n%s", re, s)
 		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
 	}
 }
 
@@ -72,6 +62,7 @@ func rawRequest(t *testing.T, conn net.Conn, r *bufio.Reader, req string) (*http
 // connection left, the drain ends long before its period and the replica
 // exits.
 func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
+	t.Parallel()
 	const drain = 20 * time.Second
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "2", "--stock", "1"); code != 0 {
@@ -81,7 +72,7 @@ func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 		"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t),
 		"SHOP_DRAIN": drain.String(),
 	})
-	addr := strings.TrimPrefix(r.url, "http://")
+	addr := r.addr()
 	idle := func() (net.Conn, *bufio.Reader) {
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -100,7 +91,7 @@ func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 
 	stopped := time.Now()
 	r.stop() // what SIGTERM does in main
-	waitLog(t, r.log, stopBegun, 10*time.Second)
+	waitFor(t, 10*time.Second, "the stop begun", logged(r.log, stopBegun))
 	time.Sleep(200 * time.Millisecond) // a balancer's request comes whenever it comes
 
 	if c, err := net.Dial("tcp", addr); err == nil {
@@ -148,6 +139,7 @@ func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 // flight (behind a row lock the test holds in MySQL) and the drain and the
 // shutdown would each wait much longer.
 func TestSecondSignalExitsAtOnce(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)
@@ -173,28 +165,35 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		cmd.Process.Kill()
 		<-exited
 	})
-	var url string
+	var shop *client
 	select {
 	case addr := <-log.addr:
-		url = "http://" + addr
+		shop = newClient("http://" + addr).using(&http.Client{Timeout: time.Minute})
 	case err := <-exited:
 		t.Fatalf("shop serve exited: %v\n%s", err, log)
 	case <-time.After(30 * time.Second):
 		t.Fatalf("shop serve did not start:\n%s", log)
 	}
-	waitReady(t, url)
+	waitReady(t, shop)
 
 	answered := make(chan int, 1)
-	go func() {
-		code, _, _ := postOrder(&http.Client{Timeout: time.Minute}, url, 1, 1)
-		answered <- code
-	}()
-	waitLockWait(t, db)
+	go func() { answered <- shop.order(1, 1).status }()
+	// The order's UPDATE runs, behind the row lock the test holds.
+	name := dbName(db.DSN)
+	waitFor(t, 30*time.Second, "an order waiting for the row lock", func() error {
+		var n int64
+		err := db.Gorm.Raw(`SELECT COUNT(*) FROM information_schema.processlist
+			WHERE db = ? AND info LIKE 'UPDATE products %'`, name).Scan(&n).Error
+		if err == nil && n == 0 {
+			err = errors.New("no UPDATE of products under way")
+		}
+		return err
+	})
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	waitLog(t, log, stopBegun, 10*time.Second)
+	waitFor(t, 10*time.Second, "the stop begun", logged(log, stopBegun))
 	second := time.Now()
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
@@ -228,30 +227,5 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Errorf("the client of the held order got nothing, not even a closed connection")
-	}
-}
-
-// waitLockWait waits until an order's UPDATE runs on db: behind the row
-// lock the test holds, it stays there.
-func waitLockWait(t *testing.T, db *testenv.DB) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	name := dbName(db.DSN)
-	for {
-		var n int64
-		err := db.Gorm.WithContext(ctx).Raw(`SELECT COUNT(*) FROM information_schema.processlist
-			WHERE db = ? AND info LIKE 'UPDATE products %'`, name).Scan(&n).Error
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n > 0 {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatal("no order waited for the row lock")
-		case <-time.After(20 * time.Millisecond):
-		}
 	}
 }

@@ -4,12 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"shop/internal/testenv"
 	"shop/internal/verify"
@@ -20,6 +17,8 @@ import (
 // its own SKU lock, on its own replica, and exactly three of each user's
 // are placed.
 func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
+	t.Parallel()
+	crowded(t)
 	const skus, users, limit = 80, 5, 3
 	db := testenv.MySQL(t)
 	// Each user's orders of 80 products are serialized on the user's
@@ -32,15 +31,11 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 	if code, out := shopWith(vars(), "seed", "--products", fmt.Sprint(skus), "--stock", fmt.Sprint(users)); code != 0 {
 		t.Fatal(out)
 	}
-	var replicas []*replica
-	for range 3 {
-		replicas = append(replicas, startReplica(t, vars()))
-	}
+	replicas := startReplicas(t, 3, vars)
 	if !strings.Contains(replicas[0].log.String(), fmt.Sprintf(`"user_limit":%d`, limit)) {
 		t.Errorf("the start-up log does not show the limit:\n%s", replicas[0].log)
 	}
 
-	client := &http.Client{Timeout: 30 * time.Second}
 	var (
 		mu     sync.Mutex
 		status = map[int]int{}
@@ -52,28 +47,21 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 	start := make(chan struct{})
 	for sku := 1; sku <= skus; sku++ {
 		for user := 1; user <= users; user++ {
-			url := replicas[(sku+user)%len(replicas)].url
+			buyer := replicas[(sku+user)%len(replicas)].public
 			wg.Go(func() {
 				<-start
-				code, body, err := postOrder(client, url, sku, user)
+				o := buyer.order(sku, user)
 				mu.Lock()
 				defer mu.Unlock()
-				if err != nil {
-					errs = append(errs, err)
+				if o.err != nil {
+					errs = append(errs, o.err)
 					return
 				}
-				status[code]++
-				var b struct {
-					OrderID int64 `json:"order_id"`
-					Error   struct {
-						Code string `json:"code"`
-					} `json:"error"`
-				}
-				json.Unmarshal(body, &b)
-				if code == http.StatusCreated {
-					acks = append(acks, fmt.Sprintf("%d %d %d", b.OrderID, sku, user))
+				status[o.status]++
+				if o.status == http.StatusCreated {
+					acks = append(acks, fmt.Sprintf("%d %d %d", o.body.ID, sku, user))
 				} else {
-					codes[b.Error.Code]++
+					codes[o.code()]++
 				}
 			})
 		}
@@ -98,9 +86,7 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 			t.Errorf("user %d holds %d orders in MySQL, want %d", h.UserID, h.N, limit)
 		}
 	}
-	path := filepath.Join(t.TempDir(), "acks")
-	os.WriteFile(path, []byte(strings.Join(acks, "\n")+"\n"), 0o600)
-	code, out := shopWith(vars(), "verify", "--acks", path)
+	code, out := shopWith(vars(), "verify", "--acks", acksFile(t, acks))
 	if code != 0 || !strings.Contains(out, fmt.Sprintf("ok    orders per user <= %d\n", limit)) {
 		t.Errorf("verify with SHOP_USER_LIMIT=%d: exit %d\n%s", limit, code, out)
 	}
@@ -110,6 +96,7 @@ func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 // orders than the limit, in text and in JSON, and only that; without it, it
 // does not check.
 func TestVerifyDetectsUserOverLimit(t *testing.T) {
+	t.Parallel()
 	db := testenv.MySQL(t)
 	if code, out := shop(t, db, "seed", "--products", "5", "--stock", "1"); code != 0 {
 		t.Fatal(out)
