@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"log/slog"
 	"net/http/httptest"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +12,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"shop/internal/admin"
 	"shop/internal/handler"
 	"shop/internal/lock"
 	"shop/internal/notify"
@@ -314,7 +312,7 @@ func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
 	rdb, products := testCache(t, cfg, catalog)
 	orders := stock.NewService(stock.Deps{DB: db.Gorm, Locks: lock.NewLocal(time.Second)}, stock.Settings{}, stock.Hooks{})
 	srv := httptest.NewServer(handler.New(handler.Deps{
-		Admin: newProductAdmin(orders, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler)),
+		Admin: &admin.Admin{Changer: orders, Cache: products, Restocks: notify.New(rdb, cfg.Redis.Prefix)},
 	}, handler.Settings{AdminToken: testAdminToken}).Admin)
 	t.Cleanup(srv.Close)
 	admin := operators(srv.URL, testAdminToken)
@@ -327,113 +325,6 @@ func TestChangeThatCommittedIsNotAFailure(t *testing.T) {
 	var p stock.Product
 	if err := db.Gorm.Take(&p, 1).Error; err != nil || p.Stock != 3 || p.InitialStock != 3 || p.SaleEndsAt == nil {
 		t.Errorf("MySQL after the changes: %+v, %v", p, err)
-	}
-}
-
-// changerFunc is a productChanger that answers with a function.
-type changerFunc func(ctx context.Context, sku int64, c stock.Change) (stock.Product, error)
-
-func (f changerFunc) ChangeProduct(ctx context.Context, sku int64, c stock.Change) (stock.Product, error) {
-	return f(ctx, sku, c)
-}
-
-// dropped records what a productInvalidator is told.
-type dropped struct {
-	mu   sync.Mutex
-	skus []int64
-}
-
-func (d *dropped) Invalidate(_ context.Context, sku int64) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.skus = append(d.skus, sku)
-	return nil
-}
-
-func (d *dropped) take() []int64 {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	s := d.skus
-	d.skus = nil
-	return s
-}
-
-// A restock whose outcome is unknown is followed up as one that committed —
-// announced to the other replicas, its cached product dropped — since it may
-// have, and both are harmless if it did not; its error is returned all the
-// same. A restock that failed is followed by nothing.
-func TestChangeOfUnknownOutcomeIsFollowedUp(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	rdb, prefix := testenv.Redis(t)
-	restocks := notify.New(rdb, prefix)
-	heard := make(chan int64, 16)
-	ready, stop := restocks.Listen(func(e notify.Event) {
-		if e.Kind == notify.Raised {
-			heard <- e.SKU
-		}
-	})
-	t.Cleanup(func() { stop() })
-	select {
-	case <-ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("never subscribed to the restocks")
-	}
-	if got := <-heard; got != notify.All {
-		t.Fatalf("on subscribing: heard %d, want All", got)
-	}
-	next := func(t *testing.T) int64 {
-		t.Helper()
-		select {
-		case sku := <-heard:
-			return sku
-		case <-time.After(10 * time.Second):
-			t.Fatal("no announcement heard")
-			return 0
-		}
-	}
-
-	tests := []struct {
-		name string
-		err  error
-		// told: whether the restock is announced and the cache dropped.
-		told bool
-	}{
-		{"committed", nil, true},
-		{"outcome unknown", fmt.Errorf("%w: sku 7: connection lost at COMMIT", stock.ErrChangeOutcomeUnknown), true},
-		{"busy", fmt.Errorf("%w: sku 7: invalid connection", stock.ErrBusy), false},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			cache := &dropped{}
-			changer := changerFunc(func(context.Context, int64, stock.Change) (stock.Product, error) {
-				if tt.err != nil {
-					return stock.Product{}, tt.err
-				}
-				return stock.Product{ID: 7, Stock: 5, InitialStock: 5}, nil
-			})
-			p, warnings, err := changeProduct(ctx, changer, cache, restocks, slog.New(slog.DiscardHandler), 7, stock.Change{AddStock: new(5)})
-			if !errors.Is(err, tt.err) || (tt.err == nil) != (err == nil) || len(warnings) != 0 || (err == nil) != (p.ID == 7) {
-				t.Errorf("changeProduct: %+v, %q, %v; want the changer's answer, %v", p, warnings, err, tt.err)
-			}
-			// A marker announced after the call: heard first, it shows
-			// that the call announced nothing.
-			if !tt.told {
-				if err := restocks.Announce(ctx, 99); err != nil {
-					t.Fatal(err)
-				}
-			}
-			want, wantDropped := int64(7), []int64{7}
-			if !tt.told {
-				want, wantDropped = 99, nil
-			}
-			if got := next(t); got != want {
-				t.Errorf("heard sku %d, want %d", got, want)
-			}
-			if got := cache.take(); !slices.Equal(got, wantDropped) {
-				t.Errorf("cache entries dropped: %v, want %v", got, wantDropped)
-			}
-		})
 	}
 }
 

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"log/slog"
 	"net"
 	"net/http/httptest"
 	"strings"
@@ -11,6 +9,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"shop/internal/admin"
 	"shop/internal/handler"
 	"shop/internal/mysqldb"
 	"shop/internal/notify"
@@ -35,13 +34,13 @@ func deadAddr(t *testing.T) string {
 
 // seedAPI serves the admin API with the seeder serve builds, on the catalog
 // and on the Redis at redisAddr, and returns its client.
-func seedAPI(t *testing.T, catalog catalogSeeder, source *stock.Catalog, redisAddr string) *client {
+func seedAPI(t *testing.T, catalog admin.Catalog, source *stock.Catalog, redisAddr string) *client {
 	t.Helper()
 	gin.SetMode(gin.ReleaseMode)
 	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": redisAddr, "SHOP_REDIS_PREFIX": redisPrefix(t)})
 	rdb, products := testCache(t, cfg, source)
 	srv := httptest.NewServer(handler.New(handler.Deps{
-		Seeder: newSeeder(catalog, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler)),
+		Seeder: &admin.Admin{Catalog: catalog, Cache: products, Restocks: notify.New(rdb, cfg.Redis.Prefix)},
 	}, handler.Settings{AdminToken: testAdminToken}).Admin)
 	t.Cleanup(srv.Close)
 	return operators(srv.URL, testAdminToken)
@@ -83,51 +82,6 @@ func TestSeedThatCommittedIsNotAFailure(t *testing.T) {
 	}
 	if r, err := verify.Sale(context.Background(), db.Gorm, nil); err != nil || r.Products != 5 {
 		t.Errorf("catalog after shop seed: %+v, %v; want 5 products", r, err)
-	}
-}
-
-// cancelAfterSeed seeds, then cancels the caller's context, as a client
-// that gives up right after the commit does.
-type cancelAfterSeed struct {
-	catalog *stock.Catalog
-	cancel  context.CancelFunc
-}
-
-func (c cancelAfterSeed) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
-	err := c.catalog.SeedWindow(ctx, n, units, sale)
-	c.cancel()
-	return err
-}
-
-// What follows a committed seed does not depend on the client staying: the
-// Bloom filter is rebuilt even when the request's context ends right after
-// the commit, so the new products are not refused as absent.
-func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
-	t.Parallel()
-	db := testenv.MySQL(t)
-	catalog := stock.NewCatalog(db.Gorm)
-	ctx := context.Background()
-	if err := catalog.Seed(ctx, 3, 1); err != nil {
-		t.Fatal(err)
-	}
-	reqCtx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	cfg := testConfig(t, map[string]string{"SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)})
-	rdb, products := testCache(t, cfg, catalog)
-	if _, err := products.Reset(ctx); err != nil { // the filter of products 1..3
-		t.Fatal(err)
-	}
-	if _, err := products.Product(ctx, 9); !errors.Is(err, stock.ErrNotFound) {
-		t.Fatalf("product 9 before the seed: %v, want not found", err)
-	}
-
-	seeder := newSeeder(cancelAfterSeed{catalog, cancel}, products, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler))
-	warnings, err := seeder.Seed(reqCtx, 10, 1, stock.Window{})
-	if err != nil || len(warnings) != 0 {
-		t.Errorf("seed whose client left after the commit: %q, %v; want no warning", warnings, err)
-	}
-	if p, err := products.Product(ctx, 9); err != nil || p.ID != 9 {
-		t.Errorf("product 9 after the seed: %+v, %v; the Bloom filter was not rebuilt", p, err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"gorm.io/gorm"
 
+	"shop/internal/admin"
 	"shop/internal/auth"
 	"shop/internal/cache"
 	"shop/internal/depmetrics"
@@ -165,6 +166,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 	}
 	r.onClose(stopProbes)
 
+	adm := &admin.Admin{Catalog: catalog, Changer: orders, Cache: products, Restocks: restocks, Logger: log}
 	gin.SetMode(gin.ReleaseMode)
 	r.handlers = handler.New(handler.Deps{
 		Logger:    log,
@@ -177,8 +179,8 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 		Pages:     handlerPages(pages),
 		Stock:     public,
 		Filter:    products,
-		Seeder:    newSeeder(catalog, products, restocks, log),
-		Admin:     newProductAdmin(orders, products, restocks, log),
+		Seeder:    adm,
+		Admin:     adm,
 		Refunds:   catalog,
 		Limiter:   ratelimit.New(rdb, cfg.Redis.Prefix+"limit:"),
 		Ready:     ready,

@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"github.com/go-sql-driver/mysql"
 	"gorm.io/gorm"
 
+	"shop/internal/admin"
 	"shop/internal/mysqldb"
 	"shop/internal/notify"
 	"shop/internal/stock"
@@ -113,11 +113,11 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	catalog := stock.NewCatalog(db)
 	cached, closeCache := newCache(cfg, rdb, catalog, nil, nil, nil, nil, nil)
 	defer closeCache()
-	var seeder catalogSeeder = catalog
+	adm := &admin.Admin{Catalog: catalog, Cache: cached, Restocks: notify.New(rdb, cfg.Redis.Prefix)}
 	if *ifEmpty {
-		seeder = emptyCatalog{catalog}
+		adm.Catalog = admin.IfEmpty{Catalog: catalog}
 	}
-	s, err := seedCatalog(ctx, seeder, cached, notify.New(rdb, cfg.Redis.Prefix), slog.New(slog.DiscardHandler), *products, *units, sale)
+	s, err := adm.SeedCatalog(ctx, *products, *units, sale)
 	var notEmpty *stock.NotEmptyError
 	if errors.As(err, &notEmpty) {
 		fmt.Fprintf(stdout, "catalog has %d products: not seeded\n", notEmpty.Products)
@@ -126,24 +126,15 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	if err != nil {
 		return err
 	}
-	if len(s.warnings) > 0 {
+	if len(s.Warnings) > 0 {
 		fmt.Fprintf(stdout, "seeded %d products with %d units each\n", *products, *units)
-		for _, w := range s.warnings {
-			fmt.Fprintf(stdout, "warning: %s (%v)\n", w.msg, w.err)
+		for _, w := range s.Warnings {
+			fmt.Fprintf(stdout, "warning: %s (%v)\n", w.Msg, w.Err)
 		}
 		return errSeededWithWarnings
 	}
-	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, s.dropped)
+	fmt.Fprintf(stdout, "seeded %d products with %d units each; product cache reset (%d entries dropped), Bloom filter rebuilt\n", *products, *units, s.Dropped)
 	return nil
-}
-
-// emptyCatalog is a catalog whose seed leaves a catalog that has products
-// as it is (shop seed --if-empty): its SeedWindow is
-// stock.Catalog.SeedWindowIfEmpty.
-type emptyCatalog struct{ catalog *stock.Catalog }
-
-func (c emptyCatalog) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
-	return c.catalog.SeedWindowIfEmpty(ctx, n, units, sale)
 }
 
 // saleWindow reads the sale window of shop seed's --starts-at and

@@ -848,21 +848,10 @@ func (p *Products) Hear(e notify.Event) {
 	}
 }
 
-// Invalidate is Announce of a Changed of product id: an order committed.
-// It is kept for the order service (stock.Invalidator) until that
-// announces through Announce.
+// Invalidate is Announce of a Changed of product id: a change of the
+// product committed (admin.Admin's change of a product).
 func (p *Products) Invalidate(ctx context.Context, id int64) error {
 	return p.Announce(ctx, notify.Event{Kind: notify.Changed, SKU: id})
-}
-
-// InvalidateSoldOut is Announce of a SoldOut of product id as of fencing
-// token fence: the order that sold its last unit, under the SKU's lock with
-// that token. Every replica hears that the product sold out, so that each
-// refuses its orders from memory (stock.Service.SoldOutElsewhere). It is
-// kept for the order service (stock.SoldOutInvalidator) until that
-// announces through Announce.
-func (p *Products) InvalidateSoldOut(ctx context.Context, id, fence int64) error {
-	return p.Announce(ctx, notify.Event{Kind: notify.SoldOut, SKU: id, Fence: fence})
 }
 
 // queue adds the announcement of e to pipe, when there is an Announcer. A
