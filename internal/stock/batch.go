@@ -43,7 +43,7 @@ import (
 //     ErrSaleNotStarted, ErrSaleEnded;
 //  4. no unit left: ErrSoldOut;
 //  5. the buyer holds an order of the product already: ErrAlreadyOrdered;
-//  6. the buyer holds Options.UserLimit orders: ErrUserLimit.
+//  6. the buyer holds Settings.UserLimit orders: ErrUserLimit.
 //
 // A replay comes first, so that a retry of an order that committed gets its
 // order whatever has happened since. Then the product's rules come before

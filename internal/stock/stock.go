@@ -3,13 +3,15 @@
 // any number of concurrent buyers and replicas.
 //
 // It knows nothing of HTTP. It declares what it needs from the outside — a
-// Locker and an Invalidator — and uses MySQL through gorm, every statement
+// Locker and an Announcer — and uses MySQL through gorm, every statement
 // of it in sql.go. Following one order through the code, the files read in
 // this order: order.go (an order's path: placed, queued, its turn),
-// queue.go, batch.go (the batch's transaction), tx.go, idempotency.go,
-// userlimit.go, soldout.go and announce.go (what the fleet is told).
-// lifecycle.go pays, cancels and expires orders; admin.go and seed.go
-// change products and reset the catalog; catalog.go reads for the public.
+// soldout.go (what this replica knows without asking), batch.go (the
+// batch's transaction), tx.go, idempotency.go, userlimit.go, errors.go and
+// announce.go (what the fleet is told). lifecycle.go pays, cancels and
+// expires orders; admin.go and seed.go change products and reset the
+// catalog; catalog.go reads for the public. service.go is what a Service is
+// built from.
 package stock
 
 import (

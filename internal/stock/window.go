@@ -8,7 +8,7 @@ import (
 // Window is a product's sale window: an order that arrives at or after
 // StartsAt and before EndsAt may buy; a nil bound leaves that side open.
 //
-// An order is judged by the time it arrived (Options.Now when PlaceOrder
+// An order is judged by the time it arrived (Deps.Now when PlaceOrder
 // was called), not by when its transaction runs: a buyer who came while the
 // sale was on is not refused because the queue ahead of it took a while.
 type Window struct {
