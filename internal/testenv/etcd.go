@@ -57,18 +57,18 @@ type etcdMember struct {
 // 1.5 election timeouts, rounded up to whole seconds). The members are
 // killed when the test ends, and die with the test binary if that ends
 // first. The binary is etcd on PATH or SHOP_TEST_ETCD_BIN; a test that
-// cannot find it fails, or is skipped by -short.
+// cannot find it fails. -short runs, which start no servers, skip it.
 func StartEtcdCluster(tb testing.TB, opts ...Option) *EtcdCluster {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("an etcd cluster is a server; -short runs skip tests that need servers")
+	}
 	bin := os.Getenv(EtcdBinEnv)
 	if bin == "" {
 		bin = "etcd"
 	}
 	bin, err := exec.LookPath(bin)
 	if err != nil {
-		if testing.Short() {
-			tb.Skipf("etcd: %v; -short runs skip tests that need servers", err)
-		}
 		tb.Fatalf("etcd: %v (install etcd-server or set %s)", err, EtcdBinEnv)
 	}
 	c := &EtcdCluster{tb: tb, bin: bin, dir: dataDir(tb, opts)}

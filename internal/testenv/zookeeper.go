@@ -70,6 +70,9 @@ func zkJars(home string) (string, error) {
 // that ends first.
 func StartZooKeeper(tb testing.TB, opts ...Option) *ZooKeeperEnsemble {
 	tb.Helper()
+	if testing.Short() {
+		tb.Skip("a ZooKeeper ensemble is a server; -short runs skip tests that need servers")
+	}
 	home := os.Getenv(ZooKeeperHomeEnv)
 	if home == "" {
 		home = "/usr/share/zookeeper"
@@ -83,9 +86,6 @@ func StartZooKeeper(tb testing.TB, opts ...Option) *ZooKeeperEnsemble {
 		err = jerr
 	}
 	if err != nil {
-		if testing.Short() {
-			tb.Skipf("ZooKeeper (%s=%s): %v; -short runs skip tests that need servers", ZooKeeperHomeEnv, home, err)
-		}
 		tb.Fatalf("ZooKeeper (%s=%s): %v", ZooKeeperHomeEnv, home, err)
 	}
 	e := &ZooKeeperEnsemble{tb: tb, java: java, cp: cp}
