@@ -7,7 +7,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"shop/internal/mysqldb"
 	"shop/internal/stock"
 )
 
@@ -31,23 +30,11 @@ type orderResponse struct {
 	PaymentID *string `json:"payment_id,omitempty"`
 }
 
-const (
-	// orderTimeout bounds one order, lock wait included, up to the moment
-	// its COMMIT is sent: its transaction ends, at the latest, then.
-	orderTimeout = stock.TurnTimeout
-	// commitBound is the longest a COMMIT, once sent, waits for MySQL's
-	// answer: the orders' pool's read timeout.
-	commitBound = mysqldb.OrdersIOTimeout
-	// answerBound is what the order path may still spend after COMMIT
-	// and before the answer: the cache invalidation. The lock is released
-	// after the answer.
-	answerBound = stock.InvalidateTimeout
-	// OrderBudget is the longest POST /api/v1/orders takes to be answered.
-	// A proxy in front of the service must wait longer for an answer
-	// (deploy/nginx.conf's proxy_read_timeout), or it answers 504 for an
-	// order that was placed.
-	OrderBudget = orderTimeout + commitBound + answerBound
-)
+// OrderBudget is the longest POST /api/v1/orders takes to be answered: the
+// longest an order takes (stock.OrderBudget). A proxy in front of the
+// service must wait longer for an answer (deploy/nginx.conf's
+// proxy_read_timeout), or it answers 504 for an order that was placed.
+const OrderBudget = stock.OrderBudget
 
 // handlePlaceOrder answers 201 only after the order has been committed. The
 // buyer is the body's user_id, or the bearer token's subject with
@@ -74,7 +61,9 @@ func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) 
 			fail(err)
 			return
 		}
-		ctx, cancel := context.WithTimeout(c.Request.Context(), orderTimeout)
+		// The order's context bounds it up to the moment its COMMIT is
+		// sent: its transaction ends, at the latest, then.
+		ctx, cancel := context.WithTimeout(c.Request.Context(), stock.TurnTimeout)
 		defer cancel()
 		var o stock.Order
 		if key == "" && orders.KnownSoldOut(sku) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"shop/internal/lock"
+	"shop/internal/mysqldb"
 )
 
 // Every order takes one path, which this file follows top to bottom. It
@@ -39,6 +40,13 @@ const (
 	// MaxLockWait is the longest the Locker of a Service may wait for a lock:
 	// a turn must keep time for its transaction after the wait.
 	MaxLockWait = TurnTimeout - 5*time.Second
+	// OrderBudget is the longest PlaceOrder takes to return: its turn, up
+	// to the moment its COMMIT is sent (TurnTimeout); the COMMIT's answer,
+	// which waits at most the orders' pool's read timeout
+	// (mysqldb.OrdersIOTimeout); and what follows the COMMIT before the
+	// answer, the announcement (InvalidateTimeout). The lock is released
+	// after the answer.
+	OrderBudget = TurnTimeout + mysqldb.OrdersIOTimeout + InvalidateTimeout
 )
 
 // drainCourtesy is how long a drain that released a lock another process
