@@ -279,8 +279,8 @@ func TestPenetration(t *testing.T) { testenv.EachTopology(t, testPenetration) }
 func testPenetration(t *testing.T, topo testenv.Topology) {
 	const (
 		products = 5000
-		distinct = 1000
-		gets     = 4000
+		distinct = 500
+		gets     = 2000
 	)
 	absent := func(i int) int64 { return products + 1 + int64(i%distinct) }
 	notFoundOnly := func(t *testing.T, errs []error) {
@@ -306,10 +306,10 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 		notFoundOnly(t, errs)
 
 		// Each id the filter lets through (a false positive) is loaded once
-		// and then answered by its placeholder. With p = 0.001, 1000 absent
-		// ids give 1 false positive on average; 10 or more has a probability
-		// below 1e-6 (binomial tail), and the hashes are deterministic, so
-		// the count is the same on every run.
+		// and then answered by its placeholder. With p = 0.001, 500 absent
+		// ids give 0.5 false positives on average; 10 or more has a
+		// probability below 1e-9 (binomial tail), and the hashes are
+		// deterministic, so the count is the same on every run.
 		rejects := r.counter(t, "bloom_rejects_total")
 		loaded := f.q.total.Load()
 		t.Logf("%d GETs over %d absent ids: %.0f Bloom rejects, %d GETs passed, %d MySQL queries", gets, distinct, rejects, gets-int(rejects), loaded)
@@ -348,7 +348,7 @@ func testPenetration(t *testing.T, topo testenv.Topology) {
 		}
 		// Every GET is answered by a placeholder or misses; the misses
 		// beyond the loads shared a load under way (a slow machine may
-		// still be loading id i when GET i+1000 comes).
+		// still be loading id i when GET i+500 comes).
 		if nullHits+misses != gets || nullHits < gets/2 {
 			t.Errorf("placeholder hits = %.0f, misses = %.0f; want %d in all, mostly placeholder hits", nullHits, misses, gets)
 		}
