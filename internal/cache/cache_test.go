@@ -79,8 +79,9 @@ func newFixture(t *testing.T, products, units int) *fixture {
 // a read hides by falling back to MySQL, or that the cache only logs (a
 // script whose keys are in different slots of a Cluster: CROSSSLOT), fails
 // the test when it ends. Its replicas are patient: a read that fell back
-// because a busy machine left it no CPU for RedisTimeout would fail the
-// test too, for no fault of Redis.
+// because a busy machine left it no CPU for RedisTimeout, or a question for
+// the catalog's epoch that it logged for outlasting EpochTimeout, would fail
+// the test too, for no fault of Redis.
 func newFixtureOn(t *testing.T, topo testenv.Topology, products, units int) *fixture {
 	t.Helper()
 	rdb, prefix := testenv.RedisOn(t, topo)
@@ -209,7 +210,7 @@ func (f *fixture) replicaOn(t *testing.T, d cache.Deps, mutexRdb redis.Universal
 // something else than them, which a read that fell back to MySQL for want
 // of CPU would fail (a read that falls back caches nothing).
 func patient(s cache.Settings) cache.Settings {
-	for _, d := range []*time.Duration{&s.Wait, &s.LoadTimeout, &s.FallbackWait, &s.RedisTimeout} {
+	for _, d := range []*time.Duration{&s.Wait, &s.LoadTimeout, &s.EpochTimeout, &s.FallbackWait, &s.RedisTimeout} {
 		if *d == 0 {
 			*d = 10 * time.Second
 		}
