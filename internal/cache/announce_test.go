@@ -144,6 +144,7 @@ func (p *pageLoads) loads(t *testing.T) [2]int64 {
 // hears the event, and drops its own copy of the page. What goes on the
 // wire is what notify's own senders send: older replicas read it.
 func TestAnnounceOneProduct(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 5)
 	ctx := context.Background()
 	restocks := notify.New(f.rdb, f.prefix)
@@ -269,6 +270,7 @@ func TestAnnounceOneProduct(t *testing.T) {
 // notify does: the seed's Reset drops the entries, and each replica's
 // pages go when it hears the announcement, this one's too.
 func TestAnnounceEveryProduct(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 5)
 	ctx := context.Background()
 	restocks := notify.New(f.rdb, f.prefix)
@@ -313,6 +315,7 @@ func TestAnnounceEveryProduct(t *testing.T) {
 // this replica's page is dropped all the same (the change has committed),
 // and the failure is returned.
 func TestAnnounceWithoutAnnouncerOrRedis(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 5)
 	ctx := context.Background()
 	w := listenOn(t, f.rdb, f.prefix)
@@ -354,6 +357,7 @@ func TestAnnounceWithoutAnnouncerOrRedis(t *testing.T) {
 // notify.All (a seed) drops its copies of the Bloom filter too, which are
 // kept otherwise: the next check asks Redis.
 func TestHear(t *testing.T) {
+	t.Parallel()
 	const absent = 100
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()

@@ -275,7 +275,10 @@ func reads(n, workers int, read func(i int) error) []error {
 
 // TestPenetration runs on every Redis deployment: on a Cluster, the
 // filter's shards and the entries are spread over the masters.
-func TestPenetration(t *testing.T) { testenv.EachTopology(t, testPenetration) }
+func TestPenetration(t *testing.T) {
+	t.Parallel()
+	testenv.EachTopology(t, testPenetration)
+}
 
 func testPenetration(t *testing.T, topo testenv.Topology) {
 	const (
@@ -387,6 +390,7 @@ func scan(rdb *redis.Client, match string) ([]string, error) {
 // TestBreakdownOneLoadAcrossReplicas runs on every Redis deployment: the
 // load mutex, the entry and its generation share no slot on a Cluster.
 func TestBreakdownOneLoadAcrossReplicas(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, testBreakdownOneLoadAcrossReplicas)
 }
 
@@ -449,6 +453,7 @@ func testBreakdownOneLoadAcrossReplicas(t *testing.T, topo testenv.Topology) {
 // buckets of 5 seconds over the defaults' window of 2 minutes are 41.7 keys
 // per bucket on average, as 5000 keys in buckets of a second were.
 func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
+	t.Parallel()
 	const (
 		products = 1000
 		bucket   = 5 * time.Second
@@ -518,6 +523,7 @@ func TestAvalancheJitterSpreadsExpiry(t *testing.T) {
 }
 
 func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
 
@@ -556,6 +562,7 @@ func TestPlaceholderNeverOverwritesRealValue(t *testing.T) {
 }
 
 func TestRealValueReplacesPlaceholder(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
 	r := f.replica(t, cache.Settings{NullTTL: 500 * time.Millisecond, Jitter: -1})
@@ -586,6 +593,7 @@ func TestRealValueReplacesPlaceholder(t *testing.T) {
 }
 
 func TestOrderInvalidatesCachedStock(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 3, 5)
 	ctx := context.Background()
 	r := f.replica(t, cache.Settings{Bloom: true})
@@ -681,6 +689,7 @@ func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
 }
 
 func TestBloomFilterRebuiltWhenMissing(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 100, 1)
 	ctx := context.Background()
 	r := f.replica(t, cache.Settings{Bloom: true})
@@ -835,7 +844,10 @@ func allFound(t *testing.T, r replica, from, to int64) {
 // filter over them; the late build goes on, and its swap must be refused.
 // On every Redis deployment: on a Cluster, the epochs and swaps of the
 // filter's shards are on different masters.
-func TestBloomStaleBuildRefused(t *testing.T) { testenv.EachTopology(t, testBloomStaleBuildRefused) }
+func TestBloomStaleBuildRefused(t *testing.T) {
+	t.Parallel()
+	testenv.EachTopology(t, testBloomStaleBuildRefused)
+}
 
 func testBloomStaleBuildRefused(t *testing.T, topo testenv.Topology) {
 	cases := []struct {
@@ -1142,6 +1154,7 @@ func TestHungMutexFallsBackWithinTimeout(t *testing.T) {
 // loaded again, never as "no window" for a product that has one; and a
 // changed window shows once the entry is invalidated.
 func TestSaleWindowCached(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 1, 1)
 	ctx := context.Background()
 	r := f.replica(t, cache.Settings{})

@@ -24,6 +24,7 @@ import (
 // by its reset is seen at once, as before: the new products found and
 // absent ids turned away without MySQL.
 func TestBloomOfAnOlderCatalogIsNoFilter(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		f := newFixtureOn(t, topo, 200, 1)
 		ctx := context.Background()

@@ -67,6 +67,7 @@ func TestBloomShardsOnEveryMaster(t *testing.T) {
 // product 1's, which a rebuild that looked only for a missing filter by
 // asking it about one id would not notice.
 func TestBloomShardLost(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		cases := []struct {
 			name string
@@ -128,6 +129,7 @@ func TestBloomShardLost(t *testing.T) {
 // are spread over the masters, and each one is scanned. And the rebuilt
 // filter admits the products of the new catalog.
 func TestResetDropsEveryEntry(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		// More entries than a reset drops in one pipeline (resetBatch).
 		const cached, reseeded = 1500, 2000
@@ -220,6 +222,7 @@ func entriesPerMaster(t *testing.T, f *fixture) map[string]int {
 // as after a reseed to fewer): a shard of the filter costs a few round
 // trips whatever its ids.
 func TestResetPipelined(t *testing.T) {
+	t.Parallel()
 	testenv.EachTopology(t, func(t *testing.T, topo testenv.Topology) {
 		const cached = 20_000
 		f := newFixtureOn(t, topo, 1000, 1)
