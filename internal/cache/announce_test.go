@@ -68,6 +68,22 @@ func (w *wire) published(t *testing.T) []string {
 	}
 }
 
+// announcing is a fixture of two products of 5 units, the channel its
+// replicas announce on, a look at the channel as any replica has, and a
+// copy of the pages for the replica under test.
+type announcing struct {
+	f        *fixture
+	restocks *notify.Restocks
+	w        *wire
+	mine     *pageLoads
+}
+
+func announcements(t *testing.T) announcing {
+	t.Helper()
+	f := newFixture(t, 2, 5)
+	return announcing{f, notify.New(f.rdb, f.prefix), listenOn(t, f.rdb, f.prefix), newPageLoads(t)}
+}
+
 // replicaTold is a replica on a client of its own that announces with
 // announcer and keeps pages, either of which may be nil.
 func (f *fixture) replicaTold(t *testing.T, announcer cache.Announcer, pages *cache.Pages, s cache.Settings) replica {
@@ -144,15 +160,15 @@ func (p *pageLoads) loads(t *testing.T) [2]int64 {
 // hears the event, and drops its own copy of the page. What goes on the
 // wire is what notify's own senders send: older replicas read it.
 func TestAnnounceOneProduct(t *testing.T) {
-	f := newFixture(t, 2, 5)
+	t.Parallel()
+	a := announcements(t)
+	f, restocks, w, mine := a.f, a.restocks, a.w, a.mine
 	ctx := context.Background()
-	restocks := notify.New(f.rdb, f.prefix)
-	w := listenOn(t, f.rdb, f.prefix)
 
 	rdb := f.topo.Client(t, nil)
 	var sent testenv.RoundTrips
 	rdb.AddHook(&sent)
-	mine, theirs := newPageLoads(t), newPageLoads(t)
+	theirs := newPageLoads(t)
 	r := f.replicaOn(t, cache.Deps{Redis: rdb, Announcer: restocks, Pages: mine.pages}, rdb, cache.Settings{}, lock.RedisOptions{})
 	other := f.replicaTold(t, nil, theirs.pages, cache.Settings{})
 	events := hearing(t, restocks, other)
@@ -269,11 +285,10 @@ func TestAnnounceOneProduct(t *testing.T) {
 // notify does: the seed's Reset drops the entries, and each replica's
 // pages go when it hears the announcement, this one's too.
 func TestAnnounceEveryProduct(t *testing.T) {
-	f := newFixture(t, 2, 5)
+	t.Parallel()
+	a := announcements(t)
+	f, restocks, w, mine := a.f, a.restocks, a.w, a.mine
 	ctx := context.Background()
-	restocks := notify.New(f.rdb, f.prefix)
-	w := listenOn(t, f.rdb, f.prefix)
-	mine := newPageLoads(t)
 	r := f.replicaTold(t, restocks, mine.pages, cache.Settings{})
 	events := hearing(t, restocks, r)
 
@@ -313,10 +328,10 @@ func TestAnnounceEveryProduct(t *testing.T) {
 // this replica's page is dropped all the same (the change has committed),
 // and the failure is returned.
 func TestAnnounceWithoutAnnouncerOrRedis(t *testing.T) {
-	f := newFixture(t, 2, 5)
+	t.Parallel()
+	a := announcements(t)
+	f, w, mine := a.f, a.w, a.mine
 	ctx := context.Background()
-	w := listenOn(t, f.rdb, f.prefix)
-	mine := newPageLoads(t)
 	r := f.replicaTold(t, nil, mine.pages, cache.Settings{})
 	if _, err := r.Product(ctx, 1); err != nil {
 		t.Fatal(err)
@@ -354,6 +369,7 @@ func TestAnnounceWithoutAnnouncerOrRedis(t *testing.T) {
 // notify.All (a seed) drops its copies of the Bloom filter too, which are
 // kept otherwise: the next check asks Redis.
 func TestHear(t *testing.T) {
+	t.Parallel()
 	const absent = 100
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()

@@ -39,6 +39,7 @@ func TestShardTagsSpreadOverSlots(t *testing.T) {
 // through at the configured rate, as one filter does, in as many bits; and
 // the ids spread evenly over the shards.
 func TestShardedFalsePositiveRate(t *testing.T) {
+	t.Parallel()
 	const (
 		ids    = 20_000
 		absent = 400_000

@@ -20,6 +20,7 @@ import (
 // announcement has it do; without that, within a few seconds all the same,
 // as the copy of the old catalog is found out.
 func TestBloomCopyAnswersWithoutRedis(t *testing.T) {
+	t.Parallel()
 	f := newFixtureOn(t, testenv.TopologyNamed(t, "single"), 200, 1)
 	ctx := context.Background()
 	builder := f.replica(t, cache.Settings{Bloom: true})

@@ -149,6 +149,11 @@ type Settings struct {
 	Wait time.Duration
 	// LoadTimeout bounds one load from MySQL; default 3s.
 	LoadTimeout time.Duration
+	// EpochTimeout bounds one question to MySQL for the catalog's epoch,
+	// which a read asks at most once a second to judge the Bloom filter's
+	// "no" by (see Products.trusted); default 500ms. Then the epoch known
+	// before stands.
+	EpochTimeout time.Duration
 	// Fallback is how many reads of this process may go to MySQL at once
 	// without the cache; default 4.
 	Fallback int
@@ -185,6 +190,9 @@ func (s *Settings) defaults() {
 	}
 	if s.LoadTimeout <= 0 {
 		s.LoadTimeout = 3 * time.Second
+	}
+	if s.EpochTimeout <= 0 {
+		s.EpochTimeout = 500 * time.Millisecond
 	}
 	if s.Fallback <= 0 {
 		s.Fallback = 4

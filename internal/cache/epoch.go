@@ -8,13 +8,10 @@ import (
 	"golang.org/x/sync/singleflight"
 )
 
-const (
-	// epochEvery is how often, at most, a replica asks MySQL for the
-	// catalog's epoch to judge the Bloom filter's "no" by (see trusted).
-	epochEvery = time.Second
-	// epochTimeout bounds that question.
-	epochTimeout = 500 * time.Millisecond
-)
+// epochEvery is how often, at most, a replica asks MySQL for the catalog's
+// epoch to judge the Bloom filter's "no" by (see trusted); the question is
+// bounded by Settings.EpochTimeout.
+const epochEvery = time.Second
 
 // catalogEpoch is what a replica knows of the catalog's epoch
 // (Source.Epoch).
@@ -80,7 +77,7 @@ func (p *Products) askEpoch(ctx context.Context, atOnce bool) int64 {
 		if !atOnce && time.Since(time.Unix(0, e.asked.Load())) < epochEvery {
 			return nil, nil // asked meanwhile
 		}
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), epochTimeout)
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.set.EpochTimeout)
 		defer cancel()
 		epoch, err := p.src.Epoch(ctx)
 		if err != nil {

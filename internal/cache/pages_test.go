@@ -169,6 +169,7 @@ func TestPagesShareOneLoad(t *testing.T) {
 // placed it before the order is answered, the others when they hear it. The
 // order that sells the last unit says so, with its lock's fencing token.
 func TestOrderAnnouncedToEveryReplicasPages(t *testing.T) {
+	t.Parallel()
 	f := newFixture(t, 2, 2)
 	ctx := context.Background()
 	restocks := notify.New(f.rdb, f.prefix)
