@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -163,15 +164,11 @@ func saleWindow(startsAt, endsAt string) (stock.Window, error) {
 	return w, err
 }
 
-// seedFlag names a field of the catalog's rules as shop seed's flags do.
+// seedFlag names a field of the catalog's rules as shop seed's flags do:
+// --starts-at and --ends-at for the window's bounds, --products, --stock.
 func seedFlag(f stock.Field) string {
-	switch f {
-	case stock.FieldSaleStartsAt:
-		return "--starts-at"
-	case stock.FieldSaleEndsAt:
-		return "--ends-at"
-	}
-	return "--" + string(f)
+	flags := map[stock.Field]string{stock.FieldSaleStartsAt: "starts-at", stock.FieldSaleEndsAt: "ends-at"}
+	return "--" + cmp.Or(flags[f], string(f))
 }
 
 // errSeededWithWarnings ends a seed that committed but was not followed by

@@ -25,13 +25,9 @@ import (
 // most maxConns connections. It does not wait for the server to answer.
 // Times are read as time.Time whatever the DSN says.
 func Open(dsn string, maxConns int) (*gorm.DB, error) {
-	cfg, err := parseDSN(dsn)
+	connector, err := connect(dsn, nil)
 	if err != nil {
 		return nil, err
-	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	return openPool(connector, maxConns)
 }
@@ -40,13 +36,9 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 // of at most maxConns connections, for a caller that runs its statements
 // itself (the MySQL lock table).
 func OpenSQL(dsn string, maxConns int) (*sql.DB, error) {
-	cfg, err := parseDSN(dsn)
+	connector, err := connect(dsn, nil)
 	if err != nil {
 		return nil, err
-	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	return limited(sql.OpenDB(connector), maxConns), nil
 }
@@ -75,14 +67,11 @@ const (
 // READ COMMITTED needs binlog_format ROW or MIXED (the servers' defaults)
 // where the binary log is on.
 func OpenOrders(dsn string, maxConns int) (*gorm.DB, error) {
-	cfg, err := parseDSN(dsn)
+	connector, err := connect(dsn, func(cfg *mysql.Config) {
+		cfg.ReadTimeout, cfg.WriteTimeout = OrdersIOTimeout, OrdersIOTimeout
+	})
 	if err != nil {
 		return nil, err
-	}
-	cfg.ReadTimeout, cfg.WriteTimeout = OrdersIOTimeout, OrdersIOTimeout
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
 	return openPool(session{connector, []string{
 		"SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED",
@@ -113,8 +102,9 @@ func returningIn(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
-// parseDSN reads dsn as every pool of the service uses it.
-func parseDSN(dsn string) (*mysql.Config, error) {
+// connect is the driver's connector for dsn, read as every pool of the
+// service uses it, and changed by with when with is not nil.
+func connect(dsn string, with func(*mysql.Config)) (driver.Connector, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysqldb: open: %w", err)
@@ -123,7 +113,14 @@ func parseDSN(dsn string) (*mysql.Config, error) {
 	// preparing, executing and closing it in three.
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
-	return cfg, nil
+	if with != nil {
+		with(cfg)
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
+	}
+	return connector, nil
 }
 
 // openPool is a gorm pool of at most maxConns connections from connector.
