@@ -21,7 +21,9 @@ import (
 // one active order per user; Idempotency-Keys replay the order with its
 // current status. With failPay, each payment's first delivery is a 503
 // (Retry-After: 0, nothing done) and its second is done but its answer
-// lost (the connection closed).
+// lost (the connection closed). With lapseAfter set (lapseWhenSoldOutTo),
+// the reservations lapse when a number of buyers have been told sold_out,
+// not by the clock.
 type lifeShop struct {
 	window  time.Duration
 	failPay bool
@@ -35,6 +37,8 @@ type lifeShop struct {
 	keysSent   map[string]int   // Idempotency-Key → orders sent with it
 	deliveries map[string]int   // order and payment id → deliveries
 	refunds    map[string]string
+	lapseAfter int            // above zero: the sold_out users that make the reservations lapse
+	soldOutTo  map[int64]bool // users told sold_out since lapseWhenSoldOutTo
 }
 
 type lifeOrder struct {
@@ -47,6 +51,34 @@ type lifeOrder struct {
 func newLifeShop(units int, window time.Duration) *lifeShop {
 	return &lifeShop{window: window, stock: units, orders: map[int64]*lifeOrder{}, keys: map[string]int64{},
 		active: map[int64]int64{}, keysSent: map[string]int{}, deliveries: map[string]int{}, refunds: map[string]string{}}
+}
+
+// lapseWhenSoldOutTo makes the reservations placed so far lapse at once
+// when n different users have been told sold_out from now on.
+func (s *lifeShop) lapseWhenSoldOutTo(n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lapseAfter, s.soldOutTo = n, map[int64]bool{}
+}
+
+// soldOut notes that user was told sold_out, and lapses the reservations
+// if that makes the number lapseWhenSoldOutTo waits for.
+func (s *lifeShop) soldOut(user int64) {
+	if s.lapseAfter == 0 {
+		return
+	}
+	s.soldOutTo[user] = true
+	if len(s.soldOutTo) < s.lapseAfter {
+		return
+	}
+	s.lapseAfter = 0
+	now := time.Now()
+	for _, o := range s.orders {
+		if o.status == "reserved" {
+			o.payBy = now
+		}
+	}
+	s.expire()
 }
 
 // expire gives back the units of lapsed reservations.
@@ -101,6 +133,7 @@ func (s *lifeShop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 		if s.stock == 0 {
 			s.fail(w, http.StatusConflict, "sold_out")
+			s.soldOut(req.User)
 			return
 		}
 		s.stock--
@@ -258,15 +291,20 @@ func TestNoPaymentWhenPaid(t *testing.T) {
 // wave's unpaid reservations give back (-until), buys exactly those, under
 // keys of its own for each purchase attempt, and pays them all.
 func TestSecondWaveBuysReturnedUnits(t *testing.T) {
-	// The window outlasts the first wave and the start of the second on a
-	// loaded machine, so that the second meets the product sold out first.
-	shop := newLifeShop(5, 3*time.Second)
+	// The first wave's reservations lapse not by the clock (their window
+	// outlasts the test) but once each of the ten buyers hey sends at once
+	// in the second wave (-c 10) has been told sold_out. Until the units
+	// come back, none of those buyers is answered, and hey sends no other,
+	// so that every unit is bought by a buyer buying again after a
+	// sold_out, however long either wave takes on a loaded machine.
+	shop := newLifeShop(5, time.Minute)
 	srv := httptest.NewServer(shop)
 	defer srv.Close()
 	first, acks1, _ := runPay(t, srv.URL, "-scenario", "hotsku", "-n", "10", "-c", "10", "-retry")
 	if len(acks1) != 5 || first.Reserved != 5 {
 		t.Fatalf("first wave: acks %v, reserved %d", acks1, first.Reserved)
 	}
+	shop.lapseWhenSoldOutTo(10)
 
 	r, acks2, lines := runPay(t, srv.URL, "-scenario", "hotsku", "-n", "20", "-c", "10", "-retry", "-first-user", "101",
 		"-until", "5", "-until-for", "20s", "-pay-frac", "1")

@@ -299,14 +299,7 @@ func TestRate(t *testing.T) {
 // A buyer's 201 is one ack, however many 201s (a replay) it is answered
 // with; buyers without a key are each their own.
 func TestOneAckPerBuyer(t *testing.T) {
-	srcs, err := newSources(0, 1, tapConnsPerHost)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tp, err := newTap(retryPolicy{attempts: 1, timeout: time.Second}, srcs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tp := newTestTap(t)
 	defer tp.close(0)
 	created := answer{status: http.StatusCreated, body: []byte(`{"order_id":7,"sku_id":3,"user_id":9}`)}
 	tp.record("lt-3-9", created)

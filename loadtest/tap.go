@@ -34,6 +34,14 @@ type tap struct {
 	addr    string
 	policy  retryPolicy
 
+	// serving counts the buyers the tap is answering. Once close has
+	// begun (closing), the tap takes no new buyer, and drained is closed
+	// when the last one it had has its answer.
+	servingMu sync.Mutex
+	serving   int
+	closing   bool
+	drained   chan struct{}
+
 	next     atomic.Int64 // buyers seen
 	done     atomic.Int64
 	retries  atomic.Int64
@@ -91,6 +99,7 @@ func newTap(policy retryPolicy, srcs *sources) (*tap, error) {
 		errors:   map[string]int{},
 		finals:   map[string]int{},
 		acked:    map[string]bool{},
+		drained:  make(chan struct{}),
 	}
 	t.server = &http.Server{Handler: t, ReadHeaderTimeout: 10 * time.Second}
 	go t.server.Serve(ln)
@@ -99,12 +108,51 @@ func newTap(policy retryPolicy, srcs *sources) (*tap, error) {
 
 // close stops the tap once the buyers it is still serving have their
 // answers (at most wait), so that a snapshot taken after it counts them.
+// It waits for those buyers, not for the tap's connections to go idle, as
+// http.Server's Shutdown would: hey's transport may dial a connection it
+// never sends a request on (the request it was dialled for took another
+// connection that came free first), and Shutdown waits for such a
+// connection until it is five seconds old, which would hold every run
+// that leaves one, and the "orders done" line a next wave starts on, for
+// five seconds more.
 func (t *tap) close(wait time.Duration) {
-	ctx, cancel := context.WithTimeout(context.Background(), wait)
-	defer cancel()
-	t.server.Shutdown(ctx)
+	t.servingMu.Lock()
+	if !t.closing && t.serving == 0 {
+		close(t.drained)
+	}
+	t.closing = true
+	t.servingMu.Unlock()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case <-t.drained:
+	case <-timer.C:
+	}
+	// Close drops every connection, unused or idle, and any buyer still
+	// in flight past wait: its request's context ends its attempts.
 	t.server.Close()
 	t.sources.closeIdle()
+}
+
+// enter counts a buyer in, unless the tap is closing.
+func (t *tap) enter() bool {
+	t.servingMu.Lock()
+	defer t.servingMu.Unlock()
+	if t.closing {
+		return false
+	}
+	t.serving++
+	return true
+}
+
+// leave counts a buyer out, once it has its answer.
+func (t *tap) leave() {
+	t.servingMu.Lock()
+	defer t.servingMu.Unlock()
+	t.serving--
+	if t.closing && t.serving == 0 {
+		close(t.drained)
+	}
 }
 
 // answer is what one attempt got: a response, read whole, or an error.
@@ -120,6 +168,11 @@ type answer struct {
 // buyer who wins a reservation that the payment plan picks has it paid
 // (payer); with until set, a buyer answered 409 sold_out buys again.
 func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !t.enter() {
+		http.Error(w, "the load test is over", http.StatusServiceUnavailable)
+		return
+	}
+	defer t.leave()
 	defer t.done.Add(1)
 	body, err := io.ReadAll(r.Body)
 	if err != nil {
