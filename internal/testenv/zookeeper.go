@@ -102,9 +102,14 @@ func StartZooKeeper(tb testing.TB, opts ...Option) *ZooKeeperEnsemble {
 		}
 		_, port, _ := net.SplitHostPort(s.client)
 		cfg := append([]string{
+			// Short ticks, for short sessions; generous limits in ticks, so
+			// that a follower on a loaded machine that takes seconds to
+			// load the leader's state, or to answer it, is not taken for
+			// lost, which starts the election again and again. A leader
+			// killed closes its connections: its followers see it at once.
 			"tickTime=200",
-			"initLimit=10",
-			"syncLimit=5",
+			"initLimit=50",
+			"syncLimit=15",
 			"dataDir=" + filepath.Join(s.dir, "data"),
 			"clientPort=" + port,
 			"clientPortAddress=127.0.0.1",
