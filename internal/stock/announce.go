@@ -39,7 +39,8 @@ func (s *Service) Hear(e notify.Event) {
 // stands, and a cache left holding the old stock would show it until the
 // entry expires, and a replica not told of a raise refuses the product from
 // memory until that lapses (DefaultSoldOutTTL), which is what the log line
-// reports.
+// reports: "invalidate cached product", or "announce units returned to the
+// sale" for a raise (operators and the tests look for these two).
 func (s *Service) announce(ctx context.Context, e notify.Event) {
 	if s.deps.Announcer == nil {
 		return
@@ -47,7 +48,11 @@ func (s *Service) announce(ctx context.Context, e notify.Event) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
 	if err := s.deps.Announcer.Announce(ctx, e); err != nil {
-		s.log.WarnContext(ctx, "announce a change of a product", "sku", e.SKU, "kind", e.Kind, "err", err)
+		msg := "invalidate cached product"
+		if e.Kind == notify.Raised {
+			msg = "announce units returned to the sale"
+		}
+		s.log.WarnContext(ctx, msg, "sku", e.SKU, "kind", e.Kind, "err", err)
 	}
 }
 

@@ -39,7 +39,7 @@ func TestOrderLogsCarryTheRequestID(t *testing.T) {
 				if err := json.Unmarshal([]byte(line), &rec); err != nil {
 					t.Fatalf("%v: %q", err, line)
 				}
-				if rec["msg"] == "announce a change of a product" {
+				if rec["msg"] == "invalidate cached product" {
 					found = true
 					if rec["request_id"] != "buyer-1" {
 						t.Errorf("request_id = %v, want buyer-1: %s", rec["request_id"], line)
