@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"strings"
 	"time"
 
@@ -362,7 +364,21 @@ func (m *MySQL) execLost(ctx context.Context, query string, args ...any) (id int
 }
 
 // mysqlReplyLost reports whether err leaves it unknown whether a statement
-// ran (mysqldb.ReplyLost), while ctx lasts: its end ends the tries.
+// ran: anything but MySQL's answer, even an error, a statement never sent
+// (database/sql tries those on another connection by itself and reports
+// driver.ErrBadConn when it gives up) and a failed dial. It is wider than
+// mysqldb.ReplyLost, which counts only a connection seen to fail: a lock's
+// release or raise is safe to run again, so any doubt is a try more. The
+// end of ctx ends the tries.
 func mysqlReplyLost(ctx context.Context, err error) bool {
-	return !ended(ctx) && mysqldb.ReplyLost(err)
+	var (
+		answer *mysql.MySQLError
+		op     *net.OpError
+	)
+	switch {
+	case err == nil, ended(ctx), errors.As(err, &answer), errors.Is(err, driver.ErrBadConn),
+		errors.As(err, &op) && op.Op == "dial":
+		return false
+	}
+	return true
 }

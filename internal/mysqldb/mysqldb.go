@@ -34,13 +34,18 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 
 // OpenSQL connects to MySQL with dsn as Open does, on a database/sql pool
 // of at most maxConns connections, for a caller that runs its statements
-// itself (the MySQL lock table).
+// itself (the MySQL lock table). Its connections are kept while idle, as
+// a lock's waiters come back to them, and renewed after an hour.
 func OpenSQL(dsn string, maxConns int) (*sql.DB, error) {
 	connector, err := connect(dsn, nil)
 	if err != nil {
 		return nil, err
 	}
-	return limited(sql.OpenDB(connector), maxConns), nil
+	db := sql.OpenDB(connector)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	db.SetConnMaxLifetime(time.Hour)
+	return db, nil
 }
 
 const (
@@ -140,16 +145,11 @@ func openPool(connector driver.Connector, maxConns int) (*gorm.DB, error) {
 		sqlDB.Close()
 		return nil, fmt.Errorf("mysqldb: open: %w", err)
 	}
-	limited(sqlDB, maxConns)
+	// At most maxConns connections, kept while they are used.
+	sqlDB.SetMaxOpenConns(maxConns)
+	sqlDB.SetMaxIdleConns(maxConns)
+	sqlDB.SetConnMaxIdleTime(time.Minute)
 	return db, nil
-}
-
-// limited bounds db to maxConns connections, kept while they are used.
-func limited(db *sql.DB, maxConns int) *sql.DB {
-	db.SetMaxOpenConns(maxConns)
-	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxIdleTime(time.Minute)
-	return db
 }
 
 // session is a connector whose connections run statements before their
