@@ -212,20 +212,31 @@ func TestEtcdWaiterThatGaveUpLeavesNoKey(t *testing.T) {
 	c := etcdCluster(t)
 	cl := c.Client(t)
 	prefix := etcdPrefix()
+	const wait = 300 * time.Millisecond // the waiter's
 	holder := etcdLock(t, cl, prefix, lock.EtcdOptions{})
-	waiter := etcdLock(t, c.Client(t), prefix, lock.EtcdOptions{Wait: 300 * time.Millisecond})
+	waiter := etcdLock(t, c.Client(t), prefix, lock.EtcdOptions{Wait: wait})
 	lease := etcdObtain(t, holder, "k")
 	defer lease.Release(context.Background())
-	short, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-	defer cancel()
 	for _, w := range []struct {
-		name string
-		ctx  context.Context
-	}{{"the wait", context.Background()}, {"a shorter context", short}} {
-		if _, err := waiter.Obtain(w.ctx, "k"); !errors.Is(err, lock.ErrNotObtained) {
-			t.Fatalf("%s: Obtain = %v, want ErrNotObtained", w.name, err)
+		name    string
+		timeout time.Duration // the caller's context's; 0: none
+		want    time.Duration // when Obtain gives up
+	}{{"the wait", 0, wait}, {"a shorter context", 100 * time.Millisecond, 100 * time.Millisecond}} {
+		ctx := context.Background()
+		if w.timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, w.timeout)
+			defer cancel()
 		}
+		start := time.Now()
+		_, err := waiter.Obtain(ctx, "k")
 		returned := time.Now()
+		if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("%s: Obtain = %v, want ErrNotObtained with DeadlineExceeded", w.name, err)
+		}
+		if took := returned.Sub(start); took < w.want || took > w.want+time.Second {
+			t.Errorf("%s: Obtain gave up after %v, want about %v", w.name, took, w.want)
+		}
 		waitForEtcd(t, w.name+": the waiter's key is deleted", func() bool {
 			q := etcdQueue(t, cl, waiter, "k")
 			return len(q) == 1 && q[0].CreateRevision == lease.Fence()
