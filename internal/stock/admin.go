@@ -1,7 +1,6 @@
 package stock
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -127,8 +126,8 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 	var p Product
 	fence := s.fence(lease)
 	err := s.transaction(ctx, ErrChangeOutcomeUnknown, fmt.Sprintf("sku %d", sku), func(tx *gorm.DB) error {
-		if found, err := read(tx, &p, sqlProductLocked, sku); err != nil || !found {
-			return cmp.Or(err, fmt.Errorf("%w: product %d", ErrNotFound, sku))
+		if err := readProduct(tx, &p, sqlProductLocked, sku); err != nil {
+			return err
 		}
 		w, err := c.apply(p)
 		if err != nil {

@@ -42,12 +42,12 @@ func (s *Service) Hear(e notify.Event) {
 // reports: "invalidate cached product", or "announce units returned to the
 // sale" for a raise (operators and the tests look for these two).
 func (s *Service) announce(ctx context.Context, e notify.Event) {
-	if s.deps.Announcer == nil {
+	if s.announcer == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
-	if err := s.deps.Announcer.Announce(ctx, e); err != nil {
+	if err := s.announcer.Announce(ctx, e); err != nil {
 		msg := "invalidate cached product"
 		if e.Kind == notify.Raised {
 			msg = "announce units returned to the sale"
@@ -85,7 +85,7 @@ func (s *Service) fence(lease *lock.Lease) int64 {
 
 // transitions counts n orders that went to status (or refunds owed).
 func (s *Service) transitions(status string, n int) {
-	if s.deps.Transitions != nil {
-		s.deps.Transitions(status, n)
+	if s.transitioned != nil {
+		s.transitioned(status, n)
 	}
 }

@@ -1,7 +1,6 @@
 package stock
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -234,7 +233,7 @@ func (s *Service) sellIn(ctx context.Context, tx *gorm.DB, after *func(), fence,
 		// Refused, and nothing written: judge each order.
 	}
 
-	read, err := s.readProduct(tx, sku)
+	read, err := s.readSale(tx, sku)
 	if err != nil {
 		return sale{}, err
 	}
@@ -335,19 +334,16 @@ func hasKeys(batch []*ticket) bool {
 	return false
 }
 
-// readProduct reads sku's row for the careful attempt: with a lock for the
+// readSale reads sku's row for the careful attempt: with a lock for the
 // guarded update, so that nothing changes it until COMMIT; as the source
 // articles read it for the naive one.
-func (s *Service) readProduct(tx *gorm.DB, sku int64) (Product, error) {
+func (s *Service) readSale(tx *gorm.DB, sku int64) (Product, error) {
 	q := sqlSaleOf
 	if s.set.Update == Guarded {
 		q = sqlSaleOfLocked
 	}
 	var p Product
-	found, err := read(tx, &p, q, sku)
-	if err == nil && !found {
-		err = fmt.Errorf("%w: product %d", ErrNotFound, sku)
-	}
+	err := readProduct(tx, &p, q, sku)
 	return p, err
 }
 
@@ -443,8 +439,8 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, was Product, fenced bool, f
 	// Refused: a newer holder wrote the row, or (naive) an older one wrote
 	// it after it was read. A locking read sees the row as committed now.
 	var now Product
-	if found, err := read(tx, &now, sqlStockAndFenceLocked, sku); err != nil || !found {
-		return cmp.Or(err, fmt.Errorf("%w: product %d", ErrNotFound, sku))
+	if err := readProduct(tx, &now, sqlStockAndFenceLocked, sku); err != nil {
+		return err
 	}
 	switch {
 	case fenced && now.Fence >= fence:

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"slices"
 
-	"gorm.io/gorm"
-
 	"shop/internal/mysqldb"
 )
 
@@ -152,14 +150,6 @@ func (e *staleFence) Error() string {
 }
 
 func (e *staleFence) Unwrap() []error { return []error{ErrBusy, ErrStaleFence} }
-
-// notFound is ErrNotFound for product id when err is gorm's "no row".
-func notFound(err error, id int64) error {
-	if errors.Is(err, gorm.ErrRecordNotFound) {
-		return fmt.Errorf("%w: product %d", ErrNotFound, id)
-	}
-	return err
-}
 
 // classify wraps database failures that may pass with ErrBusy and leaves
 // the domain's rulings and failures as they are.

@@ -277,7 +277,6 @@ func (s *Service) giveBack(ctx context.Context, sku int64, status, where string,
 	flipped := 0
 	err := s.withLease(ctx, sku, func(ctx context.Context, lease *lock.Lease) error {
 		err := s.transaction(ctx, ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
-			flipped = 0
 			n, err := s.returnUnits(ctx, tx, s.fence(lease), sku, status, where, args)
 			flipped = n
 			return err
@@ -301,8 +300,8 @@ func (s *Service) giveBack(ctx context.Context, sku int64, status, where string,
 // token is fence (0: not fenced).
 func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64, status, where string, args []any) (int, error) {
 	var p Product
-	if found, err := read(tx, &p, sqlFenceLocked, sku); err != nil || !found {
-		return 0, cmp.Or(err, fmt.Errorf("%w: product %d", ErrNotFound, sku))
+	if err := readProduct(tx, &p, sqlFenceLocked, sku); err != nil {
+		return 0, err
 	}
 	if fence > 0 && p.Fence >= fence {
 		return 0, &staleFence{sku: sku, token: fence, row: p.Fence}

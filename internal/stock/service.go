@@ -21,11 +21,13 @@ type Service struct {
 	reads  *gorm.DB
 	public *Catalog
 	locks  Locker
-	deps   Deps
 	set    Settings
 	hooks  Hooks
 	log    *slog.Logger
 	now    func() time.Time
+
+	announcer    Announcer                  // Deps.Announcer; nil: none
+	transitioned func(status string, n int) // Deps.Transitions; nil: none
 
 	slots   *semaphore.Weighted // nil: unbounded
 	soldOut *soldOut
@@ -190,8 +192,8 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 	if s.SoldOutTTL == 0 {
 		s.SoldOutTTL = DefaultSoldOutTTL
 	}
-	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, locks: d.Locks, deps: d, set: s, hooks: h,
-		log: d.Logger, now: d.Now, soldOut: newSoldOut(s.SoldOutTTL, d.Now), queues: make(map[int64]*queue)}
+	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, locks: d.Locks, set: s, hooks: h,
+		log: d.Logger, now: d.Now, announcer: d.Announcer, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), queues: make(map[int64]*queue)}
 	if s.Concurrency > 0 {
 		svc.slots = semaphore.NewWeighted(int64(s.Concurrency))
 	}

@@ -77,12 +77,8 @@ func soldOutError(sku int64) error { return fmt.Errorf("%w: sku %d", ErrSoldOut,
 func (s *Service) stocked(ctx context.Context, sku int64) (Product, error) {
 	gen := s.soldOut.generation()
 	var p Product
-	found, err := read(s.reads.WithContext(ctx), &p, sqlStockOf, sku)
-	switch {
-	case err != nil:
-	case !found:
-		err = fmt.Errorf("%w: product %d", ErrNotFound, sku)
-	case p.Stock <= 0:
+	err := readProduct(s.reads.WithContext(ctx), &p, sqlStockOf, sku)
+	if err == nil && p.Stock <= 0 {
 		err = soldOutError(sku)
 	}
 	s.learn(sku, gen, err)
