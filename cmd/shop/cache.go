@@ -27,17 +27,6 @@ const bloomCopyEvery = 10 * time.Second
 // than a load (its watchdog renews it meanwhile).
 const cacheMutexTTL = 5 * time.Second
 
-// newCache is the product cache on rdb in front of catalog, and what closes
-// it: its background work, then the client of its load mutexes. Its metrics
-// go to reg when it is not nil; hook, when not nil, is added to the mutexes'
-// client (the dependency errors' count).
-//
-// The mutexes have a client of their own, which never retries, as the order
-// lock's (lockRedisOptions): a retry of a SET NX whose reply was lost finds
-// the key held by its own token, and the mutex would stay taken for a whole
-// TTL by a try nobody knows of, every replica's read of that product
-// waiting for it and then falling back to MySQL. Seen as an error, the lost
-// reply makes the lock give the key back at once.
 // pageLoadTimeout bounds a replica's load of a product page into its own
 // copy (cache.Pages), which may wait for another replica's load of the
 // product (cache.Settings.Wait, 1s) and then for MySQL (LoadTimeout, 3s).
@@ -51,10 +40,21 @@ func handlerPages(pages *cache.Pages) handler.Pages {
 	return pages
 }
 
-// newCache returns the product cache. With announcer, every invalidation
-// is announced to the replicas, and pages, when not nil, is this
-// replica's own copy of the pages, which it drops from too. Tools that
-// only seed pass neither.
+// newCache is the product cache on rdb in front of catalog, and what closes
+// it: its background work, then the client of its load mutexes. Its metrics
+// go to reg when it is not nil; hook, when not nil, is added to the mutexes'
+// client (the dependency errors' count).
+//
+// The mutexes have a client of their own, which never retries, as the order
+// lock's (lockRedisOptions): a retry of a SET NX whose reply was lost finds
+// the key held by its own token, and the mutex would stay taken for a whole
+// TTL by a try nobody knows of, every replica's read of that product
+// waiting for it and then falling back to MySQL. Seen as an error, the lost
+// reply makes the lock give the key back at once.
+//
+// With announcer, every invalidation is announced to the replicas, and
+// pages, when not nil, is this replica's own copy of the pages, which it
+// drops from too. Tools that only seed pass neither.
 func newCache(cfg config, rdb redis.UniversalClient, catalog *stock.Catalog, reg prometheus.Registerer, log *slog.Logger, hook redis.Hook,
 	announcer cache.Announcer, pages *cache.Pages) (*cache.Products, func()) {
 	mutexRdb := withHook(newLockRedis(cfg.Redis, cacheMutexTTL), hook)

@@ -391,13 +391,7 @@ func (e *environ) orders() ordersConfig {
 		}
 		c.Batch = n
 	}
-	if v := e.getenv("SHOP_USER_LIMIT"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > maxUserLimit {
-			e.bad("SHOP_USER_LIMIT=%q: must be a whole number from 0 (no limit) to %d", v, maxUserLimit)
-		}
-		c.UserLimit = n
-	}
+	c.UserLimit = e.count("SHOP_USER_LIMIT", "0", maxUserLimit, "no limit")
 	return c
 }
 

@@ -85,7 +85,7 @@ func warnLock(c lockConfig, log *slog.Logger) {
 func fencedMode(mode string) bool { return mode != "local" && mode != "none" }
 
 // lockPoolSize is how many MySQL connections the mysql lock of a replica
-// holds, beside the orders' own (see openDB): the lock's statements are
+// holds, beside the orders' own (see build): the lock's statements are
 // short, and its waiters poll one per key and process.
 const lockPoolSize = 8
 

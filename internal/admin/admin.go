@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"time"
 
+	"shop/internal/notify"
 	"shop/internal/stock"
 )
 
@@ -127,7 +128,7 @@ func (a *Admin) SeedCatalog(ctx context.Context, n, units int, sale stock.Window
 	}
 	// Announced first: a replica refusing from memory is a wrong answer,
 	// a stale cached product only a stale page.
-	if err := a.Restocks.Announce(ctx, 0); err != nil {
+	if err := a.Restocks.Announce(ctx, notify.All); err != nil {
 		warn(fmt.Sprintf("the replicas were not told of the new stock: a replica may refuse a product it found sold out before the seed for up to %s", stock.DefaultSoldOutTTL), err)
 	}
 	dropped, err := a.Cache.Reset(ctx)
@@ -140,7 +141,7 @@ func (a *Admin) SeedCatalog(ctx context.Context, n, units int, sale stock.Window
 	if err == nil {
 		// Now that the filter of the new catalog is built: every replica
 		// drops its copy of the old one (see cache.Products.Hear).
-		if err := a.Restocks.Announce(ctx, 0); err != nil {
+		if err := a.Restocks.Announce(ctx, notify.All); err != nil {
 			a.log().WarnContext(ctx, "seed: the replicas were not told the Bloom filter was rebuilt: each reads it again once its copy is found of an older catalog (within a second)", "err", err)
 		}
 	}

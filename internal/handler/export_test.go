@@ -1,7 +1,10 @@
 package handler
 
 import (
+	"context"
 	"log/slog"
+
+	"shop/internal/stock"
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,4 +24,20 @@ func Routes() (public, admin gin.RoutesInfo) {
 	addRoutes(pr, d, m, lim)
 	addAdminRoutes(ar, d, "", m, lim)
 	return pr.Routes(), ar.Routes()
+}
+
+// SeedFunc is a function that is a Seeder.
+type SeedFunc func(ctx context.Context, products, units int, sale stock.Window) ([]string, error)
+
+// Seed calls f.
+func (f SeedFunc) Seed(ctx context.Context, products, units int, sale stock.Window) ([]string, error) {
+	return f(ctx, products, units, sale)
+}
+
+// ChangeProductFunc is a function that is a ProductAdmin.
+type ChangeProductFunc func(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error)
+
+// ChangeProduct calls f.
+func (f ChangeProductFunc) ChangeProduct(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error) {
+	return f(ctx, id, c)
 }

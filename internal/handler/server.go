@@ -52,14 +52,6 @@ type Seeder interface {
 	Seed(ctx context.Context, products, units int, sale stock.Window) (warnings []string, err error)
 }
 
-// SeedFunc is a function that is a Seeder.
-type SeedFunc func(ctx context.Context, products, units int, sale stock.Window) ([]string, error)
-
-// Seed calls f.
-func (f SeedFunc) Seed(ctx context.Context, products, units int, sale stock.Window) ([]string, error) {
-	return f(ctx, products, units, sale)
-}
-
 // ProductAdmin changes a product's sale window and stock (see
 // stock.Service.ChangeProduct) and returns it as MySQL has it after the
 // change. An error means nothing changed, but for
@@ -68,14 +60,6 @@ func (f SeedFunc) Seed(ctx context.Context, products, units int, sale stock.Wind
 // did happen (the product cache, the other replicas).
 type ProductAdmin interface {
 	ChangeProduct(ctx context.Context, id int64, c stock.Change) (p stock.Product, warnings []string, err error)
-}
-
-// ChangeProductFunc is a function that is a ProductAdmin.
-type ChangeProductFunc func(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error)
-
-// ChangeProduct calls f.
-func (f ChangeProductFunc) ChangeProduct(ctx context.Context, id int64, c stock.Change) (stock.Product, []string, error) {
-	return f(ctx, id, c)
 }
 
 // Refunds lists the refunds owed: payments that came after their order had
