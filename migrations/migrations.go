@@ -17,7 +17,7 @@ var files embed.FS
 
 // Up applies every migration that db has not seen yet. It is idempotent.
 func Up(ctx context.Context, db *sql.DB) error {
-	p, err := goose.NewProvider(goose.DialectMySQL, db, files)
+	p, err := goose.NewProvider(goose.DialectMySQL, db, files, goose.WithGoMigrations(refundIDs()))
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}

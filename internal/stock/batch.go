@@ -456,42 +456,36 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, was Product, fenced bool, f
 
 // insertOrders inserts orders of sku, reserved until now plus payWindow by
 // MySQL's clock (paid when payWindow is 0), and returns them as MySQL has
-// them, by user. The orders are one INSERT. With returning (MariaDB 10.5
-// and later) they come back with it; otherwise they are read back through
-// the (user, active SKU) unique index: a multi-row INSERT's ids need not be
-// consecutive (innodb_autoinc_lock_mode=2, auto_increment_increment), and
-// pay_by is MySQL's to set. A single paid order needs no read: its id comes
-// back with the INSERT, and it has no pay_by.
+// them, by user. The orders are one INSERT, whose rows are selected from
+// the product's row, which the transaction has locked: each order owes the
+// product's price, in its currency, as they are at that moment. With
+// returning (MariaDB 10.5 and later) the orders come back with it;
+// otherwise they are read back through the (user, active SKU) unique index:
+// a multi-row INSERT's ids need not be consecutive
+// (innodb_autoinc_lock_mode=2, auto_increment_increment), and pay_by,
+// amount_cents and currency are MySQL's to set.
 func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duration, returning bool) (map[int64]Order, error) {
 	status, payBy := StatusPaid, "NULL"
 	if payWindow > 0 {
 		status, payBy = StatusReserved, fmt.Sprintf("UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND", payWindow.Microseconds())
 	}
-	row := "(?, ?, ?, ?, ?, ?, " + payBy + ")"
-	insert := sqlInsertOrder + strings.Repeat(row+", ", len(orders)-1) + row
-	args := make([]any, 0, 6*len(orders))
+	row := withCondition(sqlOrderRow, payBy)
+	insert := sqlInsertOrder + strings.Repeat(row+" UNION ALL ", len(orders)-1) + row
+	args := make([]any, 0, sqlOrderRowArgs*len(orders))
 	users := make([]int64, 0, len(orders))
 	for _, o := range orders {
-		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt, status)
+		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt, status, sku)
 		users = append(users, o.UserID)
 	}
 	var placed []Order
-	switch {
-	case returning:
+	if returning {
 		// MariaDB hands the orders back as it wrote them — their ids,
-		// pay_by by MySQL's clock — in the INSERT's own round trip.
+		// pay_by by MySQL's clock, their amounts — in the INSERT's own
+		// round trip.
 		if _, err := read(tx, &placed, insert+" RETURNING "+sqlOrderColumns, args...); err != nil {
 			return nil, err
 		}
-	case len(orders) == 1 && payWindow <= 0:
-		o := orders[0]
-		_, id, err := run(tx, insert, args...)
-		if err != nil {
-			return nil, err
-		}
-		o.ID, o.Status = id, status
-		return map[int64]Order{o.UserID: o}, nil
-	default:
+	} else {
 		if _, _, err := run(tx, insert, args...); err != nil {
 			return nil, err
 		}

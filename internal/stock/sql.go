@@ -67,11 +67,16 @@ const (
 
 // Orders.
 const (
-	// sqlOrderColumns are an order's columns as Order holds them.
-	sqlOrderColumns = "id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by"
-	// sqlInsertOrder is the start of a multi-row INSERT of orders, whose rows
-	// insertOrders writes with the status and pay_by of their kind.
-	sqlInsertOrder = "INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by) VALUES "
+	// sqlOrderColumns are the columns of an order just placed.
+	sqlOrderColumns = "id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency"
+	// sqlInsertOrder is the start of a multi-row INSERT of orders, whose
+	// rows insertOrders writes as sqlOrderRow, joined by UNION ALL: each
+	// selects its amount and currency from the product's row (the last
+	// argument), with the pay_by of its kind (%s). The form is plain SQL,
+	// the same on MariaDB and MySQL.
+	sqlInsertOrder  = "INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency) "
+	sqlOrderRow     = "SELECT ?, ?, ?, ?, ?, ?, %s, price_cents, currency FROM products WHERE id = ?"
+	sqlOrderRowArgs = 7
 	// sqlOrdersOfUsers reads users' active orders of a SKU through the
 	// (user, active SKU) unique index.
 	sqlOrdersOfUsers = "SELECT * FROM orders WHERE user_id IN ? AND active_sku = ?"

@@ -32,6 +32,9 @@ type Product struct {
 	ID           int64     `gorm:"column:id;primaryKey;autoIncrement:false"`
 	Name         string    `gorm:"column:name"`
 	PriceCents   int64     `gorm:"column:price_cents"`
+	// Currency is the price's currency, three letters, upper-case (ISO
+	// 4217); the price is in its minor unit.
+	Currency string `gorm:"column:currency"`
 	InitialStock int       `gorm:"column:initial_stock"`
 	Stock        int       `gorm:"column:stock"`
 	Fence        int64     `gorm:"column:fence"`
@@ -62,6 +65,17 @@ type Order struct {
 	// ReturnedAt is when the order's unit went back to the sale: set on
 	// cancelled and expired orders, and only on them.
 	ReturnedAt *time.Time `gorm:"column:returned_at"`
+	// AmountCents and Currency are what the order owes: its product's
+	// price and currency when it was placed. Nil on orders from before
+	// amounts.
+	AmountCents *int64  `gorm:"column:amount_cents"`
+	Currency    *string `gorm:"column:currency"`
+	// PaymentIntent and ClientSecret are its Stripe checkout's, and
+	// CheckoutKey the Idempotency-Key that checkout was created with; nil
+	// before a checkout.
+	PaymentIntent *string `gorm:"column:payment_intent"`
+	ClientSecret  *string `gorm:"column:client_secret"`
+	CheckoutKey   *string `gorm:"column:checkout_key"`
 
 	// Replayed is true when the order was placed earlier under the same
 	// idempotency key and this call created nothing.
