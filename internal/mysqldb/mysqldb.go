@@ -274,3 +274,7 @@ func Contended(err error) bool {
 	n := errorNumber(err)
 	return n == errDeadlock || n == errLockWaitTimeout
 }
+
+// Deadlock reports whether err is InnoDB choosing this transaction as a
+// deadlock's victim (1213): it was rolled back whole, and may be run again.
+func Deadlock(err error) bool { return errorNumber(err) == errDeadlock }

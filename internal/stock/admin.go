@@ -30,14 +30,23 @@ type Change struct {
 	// AddStock, when set, raises both initial_stock and stock by that many
 	// units, 1 to MaxAddStock.
 	AddStock *int
+	// PriceCents, when set, is the product's new price, 1 to MaxPrice, in
+	// its currency's minor unit. Reservations placed before keep what
+	// they owe.
+	PriceCents *int64
 }
+
+// MaxPrice is the highest price a product may have.
+const MaxPrice = 1_000_000_000_000
 
 // validate refuses a change that changes nothing or adds a number of units
 // out of range.
 func (c Change) validate() error {
 	switch {
-	case !c.SaleStartsAt.Set && !c.SaleEndsAt.Set && c.AddStock == nil:
-		return invalidf("give at least one of %s, %s, %s", FieldSaleStartsAt, FieldSaleEndsAt, FieldAddStock)
+	case !c.SaleStartsAt.Set && !c.SaleEndsAt.Set && c.AddStock == nil && c.PriceCents == nil:
+		return invalidf("give at least one of %s, %s, %s, %s", FieldSaleStartsAt, FieldSaleEndsAt, FieldAddStock, FieldPrice)
+	case c.PriceCents != nil && (*c.PriceCents < 1 || *c.PriceCents > MaxPrice):
+		return invalidf("%s must be an integer between 1 and %d", FieldPrice, MaxPrice)
 	case c.AddStock != nil && (*c.AddStock < 1 || *c.AddStock > MaxAddStock):
 		return invalidf("%s must be an integer between 1 and %d", FieldAddStock, MaxAddStock)
 	}
@@ -133,9 +142,12 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 		if err != nil {
 			return err
 		}
-		n := 0
+		n, price := 0, p.PriceCents
 		if c.AddStock != nil {
 			n = *c.AddStock
+		}
+		if c.PriceCents != nil {
+			price = *c.PriceCents
 		}
 		if int64(p.InitialStock)+int64(n) > math.MaxInt32 {
 			return invalidf("sku %d: %s %d + %s %d exceeds %d", sku, FieldInitialStock, p.InitialStock, FieldAddStock, n, math.MaxInt32)
@@ -143,7 +155,7 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 		if fence == 0 {
 			// Without fencing an UPDATE that changes nothing (the same
 			// window again) counts no row: its count says nothing.
-			_, _, err := run(tx, sqlChangeProduct, n, n, w.StartsAt, w.EndsAt, sku)
+			_, _, err := run(tx, sqlChangeProduct, n, n, price, w.StartsAt, w.EndsAt, sku)
 			if err != nil {
 				return err
 			}
@@ -154,7 +166,7 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 			// A fenced UPDATE always moves the fence, so it counts its row.
 			// The row is locked, so the count is 1 unless the fence check
 			// above was wrong.
-			changed, _, err := run(tx, sqlChangeProductFenced, n, n, w.StartsAt, w.EndsAt, fence, sku, fence)
+			changed, _, err := run(tx, sqlChangeProductFenced, n, n, price, w.StartsAt, w.EndsAt, fence, sku, fence)
 			if err != nil {
 				return err
 			}
@@ -166,6 +178,7 @@ func (s *Service) changeProduct(ctx context.Context, lease *lock.Lease, sku int6
 		p.InitialStock += n
 		p.Stock += n
 		p.SaleStartsAt, p.SaleEndsAt = w.StartsAt, w.EndsAt
+		p.PriceCents = price
 		return nil
 	})
 	return p, err

@@ -50,8 +50,18 @@ var (
 	ErrOrderCancelled error = &ruling{"stock: order cancelled"}
 	// ErrOrderPaid means the order is paid: it can no longer be cancelled.
 	ErrOrderPaid error = &ruling{"stock: order paid"}
-	// ErrPaymentMismatch means the order was paid by another payment.
-	ErrPaymentMismatch error = &ruling{"stock: order paid by another payment"}
+	// ErrOrderNotPayable means the order cannot be paid now: it is not
+	// reserved, or its payment window has ended.
+	ErrOrderNotPayable error = &ruling{"stock: order not payable"}
+	// ErrRefundNotFound means there is no refund of that id (or of that
+	// payment).
+	ErrRefundNotFound error = &ruling{"stock: no such refund"}
+	// ErrRefundSettled means the refund was settled with another
+	// reference.
+	ErrRefundSettled error = &ruling{"stock: refund settled otherwise"}
+	// ErrRefundsUnsettled means a seed was refused because refunds are
+	// still owed: a seed never deletes money owed silently.
+	ErrRefundsUnsettled error = &ruling{"stock: refunds unsettled"}
 
 	// ErrBusy means the request could not be served now and may succeed
 	// later: the SKU lock was not obtained in time or was lost, or MySQL or
@@ -104,6 +114,15 @@ const (
 	FieldOrder          Field = "order id"
 	FieldIdempotencyKey Field = "idempotency key"
 	FieldPaymentID      Field = "payment id"
+	FieldProvider       Field = "provider"
+	FieldAmount         Field = "amount"
+	FieldCurrency       Field = "currency"
+	FieldPrice          Field = "price"
+	FieldEventID        Field = "event id"
+	FieldRefund         Field = "refund id"
+	FieldRefundState    Field = "refund state"
+	FieldProviderRefund Field = "provider refund id"
+	FieldLimit          Field = "limit"
 	FieldSaleStartsAt   Field = "sale start"
 	FieldSaleEndsAt     Field = "sale end"
 	FieldAddStock       Field = "units to add"

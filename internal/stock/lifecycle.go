@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"regexp"
 	"time"
 
 	"gorm.io/gorm"
@@ -20,9 +19,11 @@ import (
 // is one conditional UPDATE, decided by MySQL, never a read followed by a
 // write:
 //
-//   - reserved → paid (Pay): WHERE status = 'reserved' AND pay_by >
-//     UTC_TIMESTAMP(6). A payment that finds no such row is late, or for a
-//     cancelled order: it is recorded as a refund owed, never dropped.
+//   - reserved → paid (Receive, a payment from the provider): WHERE status
+//     = 'reserved' AND pay_by > UTC_TIMESTAMP(6) and the amount owed. A
+//     payment that finds no such row is late, for a cancelled order, or of
+//     another amount: it is recorded as a refund owed, never dropped
+//     (payments.go).
 //   - reserved → cancelled (Cancel): the same condition, so that a
 //     cancellation and a payment cannot both win;
 //   - reserved → expired (the sweep): WHERE status = 'reserved' AND pay_by
@@ -43,17 +44,6 @@ const (
 	// sweepSKUs bounds the SKUs one sweep looks at.
 	sweepSKUs = 100
 )
-
-var paymentIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
-
-// CheckPaymentID returns an ErrInvalid error unless id is 1–64 characters
-// of [A-Za-z0-9_-].
-func CheckPaymentID(id string) error {
-	if !paymentIDRE.MatchString(id) {
-		return invalidf("%s must be 1-64 characters of A-Z a-z 0-9 _ -", FieldPaymentID)
-	}
-	return nil
-}
 
 // found is an order as readOrder read it, with what MySQL's clock says of
 // it.
@@ -84,87 +74,6 @@ func readOrder(db *gorm.DB, user, id int64) (found, error) {
 func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
 	f, err := s.public.order(ctx, user, id)
 	return f.Order, err
-}
-
-// Pay pays user's reservation id with paymentID, the payment provider's
-// reference, and returns the paid order.
-//
-// The payment wins if and only if one conditional UPDATE finds the order
-// reserved and its payment window open, by MySQL's clock. The same payment
-// again is answered with the paid order. A payment that comes after the
-// window ended, or after the buyer cancelled, is recorded as a refund owed
-// (Refunds) before it is refused; a payment delivered again is the same
-// refund.
-//
-// Errors: ErrInvalid, ErrOrderNotFound (also for another user's order),
-// ErrOrderExpired and ErrOrderCancelled (a refund is owed),
-// ErrPaymentMismatch (another payment paid the order, or it was paid when
-// placed), ErrBusy (MySQL did not answer, and the payment may or may not
-// have been applied: the same payment again is safe, and tells).
-func (s *Service) Pay(ctx context.Context, user, id int64, paymentID string) (Order, error) {
-	if err := validateOrderOf(user, id); err != nil {
-		return Order{}, err
-	}
-	if err := CheckPaymentID(paymentID); err != nil {
-		return Order{}, err
-	}
-	// A payment for an order that is not there is answered before it
-	// takes a slot of the order path.
-	if _, err := s.public.order(ctx, user, id); err != nil {
-		return Order{}, err
-	}
-	release, err := s.slot(ctx, 0)
-	if err != nil {
-		return Order{}, err
-	}
-	defer release()
-	o, err := s.pay(s.db.WithContext(ctx), user, id, paymentID)
-	return o, classify(ctx, "pay order", err)
-}
-
-func (s *Service) pay(db *gorm.DB, user, id int64, paymentID string) (Order, error) {
-	n, _, err := run(db, sqlPay, paymentID, id, user)
-	if err != nil {
-		return Order{}, err
-	}
-	paid := n == 1
-	f, err := readOrder(db, user, id)
-	if err != nil {
-		if paid {
-			return Order{}, fmt.Errorf("%w: order %d was paid, then could not be read: %w", ErrBusy, id, err)
-		}
-		return Order{}, err
-	}
-	if paid {
-		s.transitions(StatusPaid, 1)
-	}
-	switch {
-	case f.Status == StatusPaid && f.PaymentID != nil && *f.PaymentID == paymentID:
-		return f.Order, nil
-	case f.Status == StatusPaid:
-		return Order{}, fmt.Errorf("%w: order %d", ErrPaymentMismatch, id)
-	case f.Status == StatusCancelled:
-		return Order{}, s.oweRefund(db, f.Order, paymentID, RefundOrderCancelled, ErrOrderCancelled)
-	case f.Status == StatusExpired || f.Lapsed:
-		return Order{}, s.oweRefund(db, f.Order, paymentID, RefundOrderExpired, ErrOrderExpired)
-	}
-	// Reserved, its window open, and yet the UPDATE found it otherwise: it
-	// can only be a clock that went back. Nothing changed.
-	return Order{}, fmt.Errorf("%w: order %d: reserved and payable, but not paid", ErrBusy, id)
-}
-
-// oweRefund records paymentID, which came for o after it had ended for
-// reason, as a refund owed, and returns refused, the payment's answer. A
-// payment recorded before is left as it was.
-func (s *Service) oweRefund(db *gorm.DB, o Order, paymentID, reason string, refused error) error {
-	n, _, err := run(db, sqlOweRefund, o.ID, paymentID, o.UserID, o.SKUID, reason)
-	if err != nil {
-		return fmt.Errorf("record a refund owed for order %d: %w", o.ID, err)
-	}
-	if n == 1 {
-		s.transitions("refund_owed", 1)
-	}
-	return fmt.Errorf("%w: order %d: the payment is owed back", refused, o.ID)
 }
 
 // Cancel cancels user's reservation id and gives its unit back to the sale,
@@ -267,51 +176,65 @@ func (s *Service) RunSweeper(ctx context.Context, interval time.Duration) {
 //
 //  1. locks the product's row, first, as every order transaction does, and
 //     checks the lease's fencing token against it;
-//  2. locks the orders to return (a locking read: a payment of one of them
-//     waits, then finds it no longer reserved; one that came first has
-//     made it paid, and it is not selected);
+//  2. locks the orders to return, found just before, through the primary
+//     key with the condition again (a payment of one of them waits, then finds
+//     it no longer reserved; one that came first has made it paid, and it
+//     is not locked);
 //  3. flips them, with the same condition again, stamping returned_at;
 //  4. adds back exactly as many units as rows the flip changed, with a
 //     fenced write, and takes the orders off their buyers' counters.
+//
+// Once it committed, the checkouts of the orders it ended are cancelled at
+// the provider (Deps.Checkouts), so that they can no longer be paid.
 func (s *Service) giveBack(ctx context.Context, sku int64, status, where string, args ...any) (int, error) {
-	flipped := 0
+	var ended []Order
 	err := s.withLease(ctx, sku, func(ctx context.Context, lease *lock.Lease) error {
+		// Found before the transaction, so that it has no snapshot for
+		// innodb_snapshot_isolation to hold its locking reads to.
+		var candidates []int64
+		if _, err := read(s.db.WithContext(ctx), &candidates, withCondition(sqlFindEnding, where), append(append([]any{sku}, args...), sweepRows)...); err != nil || len(candidates) == 0 {
+			return err
+		}
 		err := s.transaction(ctx, ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
-			n, err := s.returnUnits(ctx, tx, s.fence(lease), sku, status, where, args)
-			flipped = n
+			var err error
+			ended, err = s.returnUnits(ctx, tx, s.fence(lease), sku, candidates, status, where, args)
 			return err
 		})
 		if !mayHaveCommitted(err) {
-			flipped = 0 // rolled back
+			ended = nil // rolled back
 			return err
 		}
-		if flipped > 0 {
-			s.transitions(status, flipped)
+		if len(ended) > 0 {
+			s.transitions(status, len(ended))
 		}
-		if flipped > 0 || err != nil {
+		if len(ended) > 0 || err != nil {
 			s.returned(ctx, sku, s.fence(lease))
 		}
 		return err
 	})
-	return flipped, err
+	if err == nil {
+		s.cancelCheckouts(ctx, ended)
+	}
+	return len(ended), err
 }
 
 // returnUnits is giveBack's transaction, on tx, under a lease whose fencing
-// token is fence (0: not fenced).
-func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64, status, where string, args []any) (int, error) {
+// token is fence (0: not fenced), ending those of candidates that where
+// still selects. It returns the orders it ended.
+func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64, candidates []int64, status, where string, args []any) ([]Order, error) {
 	var p Product
 	if err := readProduct(tx, &p, sqlFenceLocked, sku); err != nil {
-		return 0, err
+		return nil, err
 	}
 	if fence > 0 && p.Fence >= fence {
-		return 0, &staleFence{sku: sku, token: fence, row: p.Fence}
+		return nil, &staleFence{sku: sku, token: fence, row: p.Fence}
 	}
 	var ends []Order
-	if _, err := read(tx, &ends, withCondition(sqlLockEnding, where), append(append([]any{sku}, args...), sweepRows)...); err != nil {
-		return 0, err
+	if _, err := read(tx, &ends, withCondition(sqlLockEnding, where), append([]any{candidates, sku}, args...)...); err != nil {
+		return nil, err
 	}
 	if len(ends) == 0 {
-		return 0, nil
+		return nil, nil
 	}
 	ids, users := make([]int64, len(ends)), make([]int64, len(ends))
 	for i, o := range ends {
@@ -319,28 +242,28 @@ func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64
 	}
 	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, ids, sku}, args...)...)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	if n != int64(len(ends)) {
-		return 0, fmt.Errorf("%w: sku %d: %d of %d locked orders changed", ErrBusy, sku, n, len(ends))
+		return nil, fmt.Errorf("%w: sku %d: %d of %d locked orders changed", ErrBusy, sku, n, len(ends))
 	}
 	q, qargs := sqlReturnUnits, []any{len(ends), sku}
 	if fence > 0 {
 		q, qargs = sqlReturnUnitsFenced, []any{len(ends), fence, sku, fence}
 	}
 	if n, _, err := run(tx, q, qargs...); err != nil || n != 1 {
-		return 0, cmp.Or(err, error(&staleFence{sku: sku, token: fence, row: p.Fence}))
+		return nil, cmp.Or(err, error(&staleFence{sku: sku, token: fence, row: p.Fence}))
 	}
 	if s.set.UserLimit > 0 {
 		// A user holds one active order of a SKU: users has no repeats.
 		if _, _, err := run(tx, sqlUncountOrders, users); err != nil {
-			return 0, err
+			return nil, err
 		}
 	}
 	if s.hooks.BeforeReturn != nil {
 		s.hooks.BeforeReturn(ctx, sku)
 	}
-	return len(ends), nil
+	return ends, nil
 }
 
 func validateOrderOf(user, id int64) error {

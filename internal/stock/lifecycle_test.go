@@ -31,35 +31,44 @@ func pools(t *testing.T, test func(t *testing.T, open func(opt options) (*stock.
 		t.Run(pool, func(t *testing.T) {
 			test(t, func(opt options) (*stock.Service, *testenv.DB, *lock.Redis) {
 				t.Helper()
-				db := testenv.MySQL(t)
-				rdb, prefix := testenv.Redis(t)
-				if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), 3, 2); err != nil {
-					t.Fatal(err)
-				}
-				var orders *gorm.DB
-				var err error
-				if dsn := snapshotDSN(t, db); pool == "orders pool" {
-					orders, err = mysqldb.OpenOrders(dsn, 8)
-				} else {
-					orders, err = mysqldb.Open(dsn, 8)
-				}
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() {
-					if sqlDB, err := orders.DB(); err == nil {
-						sqlDB.Close()
-					}
-				})
-				if opt.PayWindow == 0 {
-					opt.PayWindow = payWindow
-				}
-				opt.Fencing = true
-				l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: time.Second})
-				return newService(orders, l, opt), db, l
+				svc, db, l, _ := openPool(t, pool, opt)
+				return svc, db, l
 			})
 		})
 	}
+}
+
+// openPool is a Service with a payment window on a new database seeded
+// with 3 products of 2 units, writing through pool (see pools), with the
+// pool and the lock, for more replicas.
+func openPool(t *testing.T, pool string, opt options) (*stock.Service, *testenv.DB, *lock.Redis, *gorm.DB) {
+	t.Helper()
+	db := testenv.MySQL(t)
+	rdb, prefix := testenv.Redis(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(context.Background(), 3, 2); err != nil {
+		t.Fatal(err)
+	}
+	var orders *gorm.DB
+	var err error
+	if dsn := snapshotDSN(t, db); pool == "orders pool" {
+		orders, err = mysqldb.OpenOrders(dsn, 8)
+	} else {
+		orders, err = mysqldb.Open(dsn, 8)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := orders.DB(); err == nil {
+			sqlDB.Close()
+		}
+	})
+	if opt.PayWindow == 0 {
+		opt.PayWindow = payWindow
+	}
+	opt.Fencing = true
+	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: time.Second})
+	return newService(orders, l, opt), db, l, orders
 }
 
 // lapse ends the payment window of orders ids now, by MySQL's clock, as
@@ -95,6 +104,13 @@ func orderRow(t *testing.T, db *testenv.DB, id int64) stock.Order {
 		t.Fatal(err)
 	}
 	return o
+}
+
+// pay is the payment provider reporting payment id for order o, of the
+// amount o owes.
+func pay(ctx context.Context, svc *stock.Service, o stock.Order, id string) (stock.Receipt, error) {
+	return svc.Receive(ctx, stock.Payment{Provider: "webhook", PaymentID: id, OrderID: o.ID,
+		AmountCents: *o.AmountCents, Currency: *o.Currency, EventID: "msg_" + id})
 }
 
 // refundsOf are the refunds owed for order id: payment id → reason.
@@ -164,10 +180,10 @@ func (h *held) hook(ctx context.Context, sku int64) {
 	<-h.let
 }
 
-// An order with a payment window is reserved until pay_by; the payment
-// wins while the window is open, the same payment again answers the same,
-// another payment is a mismatch, and a buyer cannot pay or read another's
-// order.
+// An order with a payment window is reserved until pay_by and owes its
+// product's price; the payment wins while the window is open, the same
+// payment again answers the same, another payment is owed back, and a
+// buyer cannot read another's order.
 func TestPayReservation(t *testing.T) {
 	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		ctx := context.Background()
@@ -179,21 +195,23 @@ func TestPayReservation(t *testing.T) {
 		if o.Status != stock.StatusReserved || o.PayBy == nil || o.PayBy.Sub(o.CreatedAt) < payWindow-time.Minute {
 			t.Fatalf("placed %+v, want reserved with pay_by an hour on", o)
 		}
-		if _, err := svc.Pay(ctx, 8, o.ID, "pay-1"); !errors.Is(err, stock.ErrOrderNotFound) {
-			t.Errorf("another buyer pays: %v, want ErrOrderNotFound", err)
+		if o.AmountCents == nil || *o.AmountCents != 137 || o.Currency == nil || *o.Currency != "USD" {
+			t.Errorf("placed order owes %v %v, want 137 USD, product 1's price", o.AmountCents, o.Currency)
 		}
 		if _, err := svc.Order(ctx, 8, o.ID); !errors.Is(err, stock.ErrOrderNotFound) {
 			t.Errorf("another buyer reads: %v, want ErrOrderNotFound", err)
 		}
-		paid, err := svc.Pay(ctx, 7, o.ID, "pay-1")
-		if err != nil || paid.Status != stock.StatusPaid || paid.PaymentID == nil || *paid.PaymentID != "pay-1" {
-			t.Fatalf("pay = %+v, %v; want paid by pay-1", paid, err)
+		if r, err := pay(ctx, svc, o, "pay-1"); err != nil || r.Outcome != stock.OutcomeApplied || r.Again {
+			t.Fatalf("pay = %+v, %v; want applied", r, err)
 		}
-		if again, err := svc.Pay(ctx, 7, o.ID, "pay-1"); err != nil || again.Status != stock.StatusPaid {
-			t.Errorf("the same payment again = %+v, %v; want the paid order", again, err)
+		if paid := orderRow(t, db, o.ID); paid.PaymentID == nil || *paid.PaymentID != "pay-1" {
+			t.Fatalf("paid order %+v, want paid by pay-1", paid)
 		}
-		if _, err := svc.Pay(ctx, 7, o.ID, "pay-2"); !errors.Is(err, stock.ErrPaymentMismatch) {
-			t.Errorf("another payment: %v, want ErrPaymentMismatch", err)
+		if r, err := pay(ctx, svc, o, "pay-1"); err != nil || r.Outcome != stock.OutcomeApplied || !r.Again {
+			t.Errorf("the same payment again = %+v, %v; want applied, again", r, err)
+		}
+		if r, err := pay(ctx, svc, o, "pay-2"); err != nil || r.Outcome != stock.OutcomeOwed || r.Reason != stock.RefundDuplicatePayment {
+			t.Errorf("another payment = %+v, %v; want owed: duplicate_payment", r, err)
 		}
 		if _, err := svc.Cancel(ctx, 7, o.ID); !errors.Is(err, stock.ErrOrderPaid) {
 			t.Errorf("cancel a paid order: %v, want ErrOrderPaid", err)
@@ -201,8 +219,8 @@ func TestPayReservation(t *testing.T) {
 		if r, err := svc.PlaceOrder(ctx, 1, 7, "k1"); err != nil || !r.Replayed || r.Status != stock.StatusPaid {
 			t.Errorf("replay of the key = %+v, %v; want the order, paid now", r, err)
 		}
-		if len(refundsOf(t, db, o.ID)) != 0 {
-			t.Errorf("refunds owed for a paid order: %v", refundsOf(t, db, o.ID))
+		if r := refundsOf(t, db, o.ID); len(r) != 1 || r["pay-2"] != stock.RefundDuplicatePayment {
+			t.Errorf("refunds owed for the paid order = %v, want pay-2 only", r)
 		}
 		wantStatus(t, db, o.ID, stock.StatusPaid)
 		verified(t, db)
@@ -223,8 +241,8 @@ func TestLatePaymentAndReorder(t *testing.T) {
 		}
 		lapse(t, db, o.ID)
 		for range 2 {
-			if _, err := svc.Pay(ctx, 7, o.ID, "pay-late"); !errors.Is(err, stock.ErrOrderExpired) {
-				t.Fatalf("late payment: %v, want ErrOrderExpired", err)
+			if r, err := pay(ctx, svc, o, "pay-late"); err != nil || r.Outcome != stock.OutcomeOwed || r.Reason != stock.RefundOrderExpired {
+				t.Fatalf("late payment = %+v, %v; want owed: order_expired", r, err)
 			}
 		}
 		if r := refundsOf(t, db, o.ID); len(r) != 1 || r["pay-late"] != stock.RefundOrderExpired {
@@ -273,7 +291,6 @@ func TestPaymentWaitsForAReturn(t *testing.T) {
 		// give is the return, again the same asked a second time.
 		give, again func(ctx context.Context, svc *stock.Service, o stock.Order) error
 		status      string
-		refused     error
 		reason      string
 	}{
 		{
@@ -286,7 +303,7 @@ func TestPaymentWaitsForAReturn(t *testing.T) {
 				n, err := svc.Sweep(ctx)
 				return errors.Join(err, wantZero(n))
 			},
-			status: stock.StatusExpired, refused: stock.ErrOrderExpired, reason: stock.RefundOrderExpired,
+			status: stock.StatusExpired, reason: stock.RefundOrderExpired,
 		},
 		{
 			name: "a cancellation",
@@ -300,7 +317,7 @@ func TestPaymentWaitsForAReturn(t *testing.T) {
 				}
 				return nil
 			},
-			status: stock.StatusCancelled, refused: stock.ErrOrderCancelled, reason: stock.RefundOrderCancelled,
+			status: stock.StatusCancelled, reason: stock.RefundOrderCancelled,
 		},
 	} {
 		t.Run(race.name, func(t *testing.T) {
@@ -318,10 +335,15 @@ func TestPaymentWaitsForAReturn(t *testing.T) {
 				given := make(chan error, 1)
 				go func() { given <- race.give(ctx, svc, o) }()
 				<-h.at
-				paid := make(chan error, 1)
-				go func() { _, err := svc.Pay(ctx, 7, o.ID, "pay-1"); paid <- err }()
+				paid := make(chan stock.Receipt, 1)
+				failed := make(chan error, 1)
+				go func() {
+					r, err := pay(ctx, svc, o, "pay-1")
+					failed <- err
+					paid <- r
+				}()
 				select {
-				case err := <-paid:
+				case err := <-failed:
 					t.Fatalf("the payment was answered (%v) while %s held its order", err, race.name)
 				case <-time.After(300 * time.Millisecond):
 				}
@@ -329,8 +351,11 @@ func TestPaymentWaitsForAReturn(t *testing.T) {
 				if err := <-given; err != nil {
 					t.Fatal(err)
 				}
-				if err := <-paid; !errors.Is(err, race.refused) {
-					t.Errorf("payment after %s: %v, want %v", race.name, err, race.refused)
+				if err := <-failed; err != nil {
+					t.Fatalf("payment after %s: %v", race.name, err)
+				}
+				if r := <-paid; r.Outcome != stock.OutcomeOwed || r.Reason != race.reason {
+					t.Errorf("payment after %s = %+v, want owed: %s", race.name, r, race.reason)
 				}
 				if r := refundsOf(t, db, o.ID); len(r) != 1 || r["pay-1"] != race.reason {
 					t.Errorf("refunds owed = %v, want pay-1: %s", r, race.reason)
@@ -409,8 +434,8 @@ func TestCancelRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := svc.Pay(ctx, 7, p.ID, "pay-2"); err != nil {
-			t.Fatal(err)
+		if r, err := pay(ctx, svc, p, "pay-2"); err != nil || r.Outcome != stock.OutcomeApplied {
+			t.Fatal(r, err)
 		}
 		if _, err := svc.Cancel(ctx, 7, p.ID); !errors.Is(err, stock.ErrOrderPaid) {
 			t.Errorf("cancel after the payment: %v, want ErrOrderPaid", err)
@@ -575,8 +600,8 @@ func TestUserLimitAcrossReorders(t *testing.T) {
 		if err != nil {
 			t.Fatalf("order of the first product again: %v", err)
 		}
-		if _, err := svc.Pay(ctx, 7, q.ID, "pay-q"); err != nil {
-			t.Fatal(err)
+		if r, err := pay(ctx, svc, q, "pay-q"); err != nil || r.Outcome != stock.OutcomeApplied {
+			t.Fatal(r, err)
 		}
 		if _, err := svc.PlaceOrder(ctx, 3, 7, ""); !errors.Is(err, stock.ErrUserLimit) {
 			t.Errorf("order beside a paid one: %v, want ErrUserLimit", err)

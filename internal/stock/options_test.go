@@ -15,6 +15,7 @@ type options struct {
 	stock.Settings
 	stock.Hooks
 	Announcer stock.Announcer
+	Checkouts stock.Checkouts
 	Reads     *gorm.DB
 	Logger    *slog.Logger
 	Now       func() time.Time
@@ -22,6 +23,6 @@ type options struct {
 
 // newService is a Service on db under locks, as o says.
 func newService(db *gorm.DB, locks stock.Locker, o options) *stock.Service {
-	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Reads: o.Reads, Logger: o.Logger, Now: o.Now},
+	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Checkouts: o.Checkouts, Reads: o.Reads, Logger: o.Logger, Now: o.Now},
 		o.Settings, o.Hooks)
 }

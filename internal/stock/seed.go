@@ -48,7 +48,45 @@ func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 // SeedWindow is Seed with every product on sale within w (see Window).
 // Errors: those of Seed, and ErrInvalid for a window Normalize refuses.
 func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error {
-	return c.seed(ctx, n, stock, w, false)
+	return c.SeedWith(ctx, n, stock, SeedOptions{Window: w})
+}
+
+// SeedOptions are how a seed makes its products, and what it does with
+// the refunds of the catalog it replaces.
+type SeedOptions struct {
+	// Window is when every product is on sale.
+	Window Window
+	// PriceCents is every product's price, in Currency's minor unit; 0
+	// gives each a price of its own between 1.00 and 99.99.
+	PriceCents int64
+	// Currency is the products' currency, three upper-case letters;
+	// empty is USD.
+	Currency string
+	// DiscardRefunds lets the seed delete the refunds still unsettled
+	// (and their payments in the ledger); without it a seed refuses while
+	// there are any, with ErrRefundsUnsettled.
+	DiscardRefunds bool
+}
+
+func (o SeedOptions) validate() (SeedOptions, error) {
+	if o.PriceCents < 0 || o.PriceCents > 1_000_000_000_000 {
+		return o, invalidf("%s must be between 0 and 1000000000000", FieldPrice)
+	}
+	if o.Currency == "" {
+		o.Currency = "USD"
+	}
+	w, err := o.Window.Normalize()
+	o.Window = w
+	if err != nil {
+		return o, err
+	}
+	return o, CheckCurrency(o.Currency)
+}
+
+// SeedWith is Seed with the products and refunds as o says. Errors: those
+// of SeedWindow, and ErrRefundsUnsettled (nothing changed).
+func (c *Catalog) SeedWith(ctx context.Context, n, stock int, o SeedOptions) error {
+	return c.seed(ctx, n, stock, o, false)
 }
 
 // SeedWindowIfEmpty is SeedWindow on a catalog without products only. A
@@ -58,7 +96,7 @@ func (c *Catalog) SeedWindow(ctx context.Context, n, stock int, w Window) error 
 // other then finds its products. Errors: those of SeedWindow, and
 // *NotEmptyError.
 func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window) error {
-	return c.seed(ctx, n, stock, w, true)
+	return c.seed(ctx, n, stock, SeedOptions{Window: w}, true)
 }
 
 // seed is SeedWindow, or SeedWindowIfEmpty when ifEmpty is set. Every seed
@@ -66,8 +104,8 @@ func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window)
 // before its transaction begins until after it ends, so that seeds of one
 // database run one after the other and each sees what the one before
 // committed.
-func (c *Catalog) seed(ctx context.Context, n, stock int, w Window, ifEmpty bool) error {
-	w, err := w.Normalize()
+func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions, ifEmpty bool) error {
+	o, err := o.validate()
 	if err != nil {
 		return err
 	}
@@ -95,7 +133,7 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, w Window, ifEmpty bool
 					return &NotEmptyError{Products: products}
 				}
 			}
-			return resetCatalog(tx, n, stock, w)
+			return resetCatalog(tx, n, stock, o)
 		}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
 	})
 	var notEmpty *NotEmptyError
@@ -126,13 +164,24 @@ func unlockSeeds(ctx context.Context, conn *gorm.DB) {
 	_, _, _ = run(conn.WithContext(ctx), sqlUnlockSeeds)
 }
 
-// resetCatalog deletes every order, every refund owed, every user's order
-// counter and every product in tx, inserts products 1..n with stock units
-// each, on sale within w, and raises the catalog's epoch.
-func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
-	// The refunds owed are of the orders, and the per-user order counters
-	// count them.
-	for _, q := range []string{sqlDeleteOrders, sqlDeleteRefunds, sqlDeleteCounters, sqlDeleteProducts, sqlRaiseEpoch} {
+// resetCatalog deletes every order, every refund settled or discarded,
+// every user's order counter and every product in tx, inserts products
+// 1..n with stock units each, as o says, and raises the catalog's epoch.
+// Settled refunds and the payments ledger stay: they are money's history,
+// not the sale's.
+func resetCatalog(tx *gorm.DB, n, stock int, o SeedOptions) error {
+	var unsettled int64
+	if _, err := read(tx, &unsettled, sqlCountUnsettled); err != nil {
+		return err
+	}
+	deletes := []string{sqlDeleteOrders, sqlDeleteCounters, sqlDeleteProducts, sqlRaiseEpoch}
+	if unsettled > 0 {
+		if !o.DiscardRefunds {
+			return fmt.Errorf("%w: %d refunds are not settled", ErrRefundsUnsettled, unsettled)
+		}
+		deletes = append([]string{sqlDiscardPayments, sqlDeleteUnsettled}, deletes...)
+	}
+	for _, q := range deletes {
 		if _, _, err := run(tx, q); err != nil {
 			return err
 		}
@@ -141,7 +190,11 @@ func resetCatalog(tx *gorm.DB, n, stock int, w Window) error {
 		last := min(first+seedBatch-1, n)
 		args := make([]any, 0, (last-first+1)*sqlProductRowCount)
 		for id := first; id <= last; id++ {
-			args = append(args, id, fmt.Sprintf("Product %d", id), int64(100+id*37%9900), stock, stock, w.StartsAt, w.EndsAt)
+			price := o.PriceCents
+			if price == 0 {
+				price = int64(100 + id*37%9900)
+			}
+			args = append(args, id, fmt.Sprintf("Product %d", id), price, o.Currency, stock, stock, o.Window.StartsAt, o.Window.EndsAt)
 		}
 		insert := sqlInsertProduct + strings.Repeat(sqlProductRow+", ", last-first) + sqlProductRow
 		if _, _, err := run(tx, insert, args...); err != nil {

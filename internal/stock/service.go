@@ -27,6 +27,7 @@ type Service struct {
 	now    func() time.Time
 
 	announcer    Announcer                  // Deps.Announcer; nil: none
+	checkouts    Checkouts                  // Deps.Checkouts; nil: none
 	transitioned func(status string, n int) // Deps.Transitions; nil: none
 
 	slots   *semaphore.Weighted // nil: unbounded
@@ -64,9 +65,15 @@ type Deps struct {
 	// product cache drops it, and every replica hears that it sold out or
 	// that units came back.
 	Announcer Announcer
+	// Checkouts, when set, creates the checkouts buyers pay at the
+	// payment provider (Checkout), and cancels those of reservations that
+	// ended (checkout.go).
+	Checkouts Checkouts
 	// Transitions, when set, counts orders as they reach a status: n orders
-	// placed reserved or paid, paid by Pay, cancelled, expired; and
-	// "refund_owed" for a payment recorded as owed back.
+	// placed reserved or paid, paid by a payment, cancelled, expired;
+	// "payment_<outcome>" for each payment received, "refund_owed" for a
+	// payment recorded as owed back, and "refund_<state>" for refunds
+	// settled or failed.
 	Transitions func(status string, n int)
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
@@ -193,7 +200,7 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 		s.SoldOutTTL = DefaultSoldOutTTL
 	}
 	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, locks: d.Locks, set: s, hooks: h,
-		log: d.Logger, now: d.Now, announcer: d.Announcer, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), queues: make(map[int64]*queue)}
+		log: d.Logger, now: d.Now, announcer: d.Announcer, checkouts: d.Checkouts, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), queues: make(map[int64]*queue)}
 	if s.Concurrency > 0 {
 		svc.slots = semaphore.NewWeighted(int64(s.Concurrency))
 	}

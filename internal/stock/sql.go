@@ -98,30 +98,77 @@ const (
 	// sqlPayable selects the reservations that may still be paid or
 	// cancelled: the exact complement of sqlLapsed among reservations.
 	sqlPayable = "status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)"
-	// sqlPay pays a user's payable reservation.
-	sqlPay = "UPDATE orders SET status = 'paid', payment_id = ?, paid_at = UTC_TIMESTAMP(6) WHERE id = ? AND user_id = ? AND " + sqlPayable
-	// sqlOweRefund records a payment owed back; the same payment again is
-	// the same refund.
-	sqlOweRefund = "INSERT IGNORE INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) " +
-		"VALUES (?, ?, ?, ?, ?, UTC_TIMESTAMP(6))"
 	// sqlLapsedSKUs finds SKUs with lapsed reservations, at most ? of them.
 	sqlLapsedSKUs = "SELECT DISTINCT sku_id FROM orders WHERE " + sqlLapsed + " LIMIT ?"
 	// sqlCancellable and sqlExpirable are what a cancellation and the sweep
 	// end: a user's payable reservation, and lapsed reservations.
 	sqlCancellable = "id = ? AND user_id = ? AND " + sqlPayable
 	sqlExpirable   = sqlLapsed
-	// sqlLockEnding locks, in id order, at most ? orders of a SKU that a
-	// condition (sqlCancellable, sqlExpirable) selects; sqlEnd ends them,
-	// with the same condition again, stamping returned_at.
-	sqlLockEnding = "SELECT id, user_id FROM orders WHERE sku_id = ? AND %s ORDER BY id LIMIT ? FOR UPDATE"
-	sqlEnd        = "UPDATE orders SET status = ?, returned_at = UTC_TIMESTAMP(6) WHERE id IN ? AND sku_id = ? AND %s"
+	// sqlFindEnding finds, without a lock and before the transaction, at
+	// most ? orders of a SKU that a condition (sqlCancellable,
+	// sqlExpirable) selects; sqlLockEnding then locks them through the
+	// primary key, in id order, with the condition again. A payment locks
+	// its order through the primary key too, so the two take an order's
+	// locks in one order: a locking read through the (sku, status) index
+	// would hold its entry while waiting for the row that a payment holds
+	// while it waits for the entry, a deadlock. sqlEnd ends them, with the
+	// condition again, stamping returned_at.
+	sqlFindEnding = "SELECT id FROM orders WHERE sku_id = ? AND %s ORDER BY id LIMIT ?"
+	sqlLockEnding = "SELECT id, user_id, payment_intent FROM orders FORCE INDEX (PRIMARY) WHERE id IN ? AND sku_id = ? AND %s ORDER BY id FOR UPDATE"
+	sqlEnd        = "UPDATE orders FORCE INDEX (PRIMARY) SET status = ?, returned_at = UTC_TIMESTAMP(6) WHERE id IN ? AND sku_id = ? AND %s"
 	// sqlReturnUnits adds units back; sqlReturnUnitsFenced is its fenced
 	// form.
 	sqlReturnUnits       = "UPDATE products SET stock = stock + ? WHERE id = ?"
 	sqlReturnUnitsFenced = "UPDATE products SET stock = stock + ?, fence = ? WHERE id = ? AND fence < ?"
-	// sqlRefunds lists every refund owed, oldest first.
-	sqlRefunds = "SELECT order_id, user_id, sku_id, payment_id, received_at, reason FROM refunds " +
-		"ORDER BY received_at, order_id, payment_id"
+)
+
+// Payments and refunds (payments.go, refunds.go).
+const (
+	// sqlRecordPayment keeps a payment in the ledger, as applied until
+	// its transaction says otherwise (sqlSetOutcome). On a payment there
+	// already it changes nothing, and MySQL answers 0 rows, having locked
+	// the row: a delivery racing the first waits for its COMMIT.
+	sqlRecordPayment = "INSERT INTO payments (provider, payment_id, order_id, amount_cents, currency, event_id, received_at, outcome) " +
+		"VALUES (?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), 'applied') ON DUPLICATE KEY UPDATE provider = provider"
+	sqlSetOutcome = "UPDATE payments SET outcome = ? WHERE provider = ? AND payment_id = ?"
+	sqlPaymentOf  = "SELECT order_id, amount_cents, currency, outcome FROM payments WHERE provider = ? AND payment_id = ?"
+	// sqlApplyPayment pays a payable reservation with a payment of its
+	// amount, by its primary key: the event names no buyer. FORCE INDEX:
+	// on few rows the optimizer may go through (status, pay_by) instead,
+	// and lock that index's entry before the row, the other way round from
+	// a cancellation or the sweep (sqlLockEnding): a deadlock.
+	sqlApplyPayment = "UPDATE orders FORCE INDEX (PRIMARY) SET status = 'paid', payment_id = ?, paid_at = UTC_TIMESTAMP(6) " +
+		"WHERE id = ? AND " + sqlPayable + " AND amount_cents = ? AND currency = ?"
+	// sqlLockOrder reads an order by its primary key with a lock, with
+	// whether its payment window has ended by MySQL's clock.
+	sqlLockOrder      = "SELECT *, (" + sqlLapsed + ") AS lapsed FROM orders WHERE id = ? FOR UPDATE"
+	sqlOrderOfPayment = "SELECT id FROM orders WHERE payment_id = ?"
+	// sqlOweRefund records a payment owed back.
+	sqlOweRefund = "INSERT INTO refunds (refund_id, provider, payment_id, order_id, user_id, sku_id, reason, amount_cents, currency, received_at, state) " +
+		"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), 'owed')"
+	sqlRefundColumns   = "refund_id, provider, payment_id, order_id, user_id, sku_id, amount_cents, currency, received_at, reason, state, provider_refund_id, settled_at, attempts, last_error"
+	sqlRefundOfPayment = "SELECT " + sqlRefundColumns + " FROM refunds WHERE provider = ? AND payment_id = ?"
+	// sqlRefundPage is a page of refunds in some states, by refund id.
+	sqlRefundPage          = "SELECT " + sqlRefundColumns + " FROM refunds WHERE state IN ? AND refund_id > ? ORDER BY refund_id LIMIT ?"
+	sqlLockRefund          = "SELECT " + sqlRefundColumns + " FROM refunds WHERE refund_id = ? FOR UPDATE"
+	sqlLockRefundOfPayment = sqlRefundOfPayment + " FOR UPDATE"
+	sqlSettleRefund        = "UPDATE refunds SET state = 'refunded', provider_refund_id = ?, settled_at = UTC_TIMESTAMP(6), claimed_until = NULL, last_error = NULL WHERE refund_id = ?"
+	sqlFailRefund          = "UPDATE refunds SET state = 'failed', last_error = ?, claimed_until = NULL WHERE refund_id = ?"
+	// sqlClaimableRefunds locks refunds a refunder may take, skipping
+	// those another refunder is claiming now; sqlClaimRefunds claims them.
+	sqlClaimableRefunds = "SELECT " + sqlRefundColumns + " FROM refunds WHERE state IN ('owed', 'requested') AND provider = ? " +
+		"AND amount_cents IS NOT NULL AND (claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6)) ORDER BY refund_id LIMIT ? FOR UPDATE SKIP LOCKED"
+	sqlClaimRefunds = "UPDATE refunds SET state = 'requested', attempts = attempts + 1, " +
+		"claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND WHERE refund_id IN ?"
+	sqlRetryRefund = "UPDATE refunds SET claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, last_error = ? " +
+		"WHERE refund_id = ? AND state = 'requested'"
+	// sqlStoreCheckout stores an order's checkout, once, while it is
+	// payable.
+	sqlStoreCheckout  = "UPDATE orders SET payment_intent = ?, client_secret = ? WHERE id = ? AND user_id = ? AND payment_intent IS NULL AND " + sqlPayable
+	sqlSetCheckoutKey = "UPDATE orders SET checkout_key = ? WHERE id = ? AND checkout_key IS NULL"
+	sqlCheckoutKey    = "SELECT checkout_key FROM orders WHERE id = ?"
+	// sqlCountUnsettled counts the refunds a seed must not delete.
+	sqlCountUnsettled = "SELECT COUNT(*) FROM refunds WHERE state <> 'refunded'"
 )
 
 // The buyers' order counters of the user limit (userlimit.go). FORCE
@@ -143,9 +190,9 @@ const (
 
 // A product change (admin.go).
 const (
-	sqlChangeProduct = "UPDATE products SET initial_stock = initial_stock + ?, stock = stock + ?, " +
+	sqlChangeProduct = "UPDATE products SET initial_stock = initial_stock + ?, stock = stock + ?, price_cents = ?, " +
 		"sale_starts_at = ?, sale_ends_at = ? WHERE id = ?"
-	sqlChangeProductFenced = "UPDATE products SET initial_stock = initial_stock + ?, stock = stock + ?, " +
+	sqlChangeProductFenced = "UPDATE products SET initial_stock = initial_stock + ?, stock = stock + ?, price_cents = ?, " +
 		"sale_starts_at = ?, sale_ends_at = ?, fence = ? WHERE id = ? AND fence < ?"
 )
 
@@ -158,13 +205,14 @@ const (
 	sqlUnlockSeeds     = "DO RELEASE_LOCK(" + seedLockName + ")"
 	sqlCountProducts   = "SELECT COUNT(*) FROM products"
 	sqlDeleteOrders    = "DELETE FROM orders"
-	sqlDeleteRefunds   = "DELETE FROM refunds"
+	sqlDeleteUnsettled = "DELETE FROM refunds WHERE state <> 'refunded'"
+	sqlDiscardPayments = "DELETE p FROM payments p JOIN refunds r ON r.provider = p.provider AND r.payment_id = p.payment_id WHERE r.state <> 'refunded'"
 	sqlDeleteCounters  = "DELETE FROM user_orders"
 	sqlDeleteProducts  = "DELETE FROM products"
 	sqlRaiseEpoch      = "INSERT INTO catalog_epoch (id, epoch) VALUES (1, 1) ON DUPLICATE KEY UPDATE epoch = epoch + 1"
-	sqlInsertProduct   = "INSERT INTO products (id, name, price_cents, initial_stock, stock, fence, sale_starts_at, sale_ends_at) VALUES "
-	sqlProductRow      = "(?, ?, ?, ?, ?, 0, ?, ?)"
-	sqlProductRowCount = 7 // the arguments of sqlProductRow
+	sqlInsertProduct   = "INSERT INTO products (id, name, price_cents, currency, initial_stock, stock, fence, sale_starts_at, sale_ends_at) VALUES "
+	sqlProductRow      = "(?, ?, ?, ?, ?, ?, 0, ?, ?)"
+	sqlProductRowCount = 8 // the arguments of sqlProductRow
 )
 
 // withCondition puts condition into a statement that has %s for it.

@@ -29,12 +29,12 @@ const (
 
 // Product is an item on sale.
 type Product struct {
-	ID           int64     `gorm:"column:id;primaryKey;autoIncrement:false"`
-	Name         string    `gorm:"column:name"`
-	PriceCents   int64     `gorm:"column:price_cents"`
+	ID         int64  `gorm:"column:id;primaryKey;autoIncrement:false"`
+	Name       string `gorm:"column:name"`
+	PriceCents int64  `gorm:"column:price_cents"`
 	// Currency is the price's currency, three letters, upper-case (ISO
 	// 4217); the price is in its minor unit.
-	Currency string `gorm:"column:currency"`
+	Currency     string    `gorm:"column:currency"`
 	InitialStock int       `gorm:"column:initial_stock"`
 	Stock        int       `gorm:"column:stock"`
 	Fence        int64     `gorm:"column:fence"`
