@@ -258,10 +258,8 @@ func decodeData(data []byte, what string, v any) error {
 }
 
 // newPayment checks a payment's fields, each provider's by the same rules.
+// orderID is positive: both providers read it with positiveInt.
 func newPayment(orderID int64, paymentID string, amountCents int64, currency string) (*Payment, error) {
-	if orderID <= 0 {
-		return nil, fmt.Errorf("%w: order_id must be a positive integer", ErrMalformed)
-	}
 	if err := CheckPaymentID(paymentID); err != nil {
 		return nil, err
 	}

@@ -385,8 +385,8 @@ func TestNewStandard(t *testing.T) {
 	}
 	// The shortest key allowed, and a list of three.
 	for _, ok := range []string{whsec(bytes.Repeat([]byte{7}, payments.MinSecret)), secretA + "," + secretB + "," + secretOther} {
-		if _, err := payments.NewStandard(ok); err != nil {
-			t.Errorf("NewStandard(%q): %v", ok, err)
+		if v, err := payments.NewStandard(ok); err != nil || v.Provider() != payments.ProviderWebhook {
+			t.Errorf("NewStandard(%q) = %v, %v; want a %s verifier", ok, v, err, payments.ProviderWebhook)
 		}
 	}
 }
