@@ -18,6 +18,8 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 	github.com/rakyll/hey v0.1.5
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/standard-webhooks/standard-webhooks/libraries v0.0.1
+	github.com/stripe/stripe-go/v82 v82.5.1
 	go.etcd.io/etcd/api/v3 v3.7.3
 	go.etcd.io/etcd/client/v3 v3.7.3
 	go.etcd.io/gofail v0.2.0
