@@ -15,20 +15,22 @@ import (
 	"github.com/go-sql-driver/mysql"
 
 	"shop/internal/auth"
+	"shop/internal/payments"
 	"shop/internal/stock"
 )
 
 // config is the service's configuration, read from the environment by
 // subject, as docs/configuration.md lists it.
 type config struct {
-	Listen listenConfig
-	MySQL  mysqlConfig
-	Redis  redisConfig
-	Lock   lockConfig
-	Orders ordersConfig
-	Cache  cacheConfig
-	Buyers buyersConfig
-	Stop   stopConfig
+	Listen   listenConfig
+	MySQL    mysqlConfig
+	Redis    redisConfig
+	Lock     lockConfig
+	Orders   ordersConfig
+	Cache    cacheConfig
+	Buyers   buyersConfig
+	Payments paymentsConfig
+	Stop     stopConfig
 }
 
 // listenConfig is where a replica listens.
@@ -104,6 +106,26 @@ type cacheConfig struct {
 	Jitter   float64
 	NullTTL  time.Duration
 	Bloom    bool
+}
+
+// paymentsConfig is the payment provider, whose signed events say that
+// money arrived (docs/payments.md).
+type paymentsConfig struct {
+	// Provider is SHOP_PAYMENTS: "webhook" (Standard Webhooks) or
+	// "stripe".
+	Provider string
+	// Verifier checks the provider's events, built from its secret; nil
+	// when Missing names a secret not set, which a payment window does not
+	// allow (serving).
+	Verifier payments.Verifier
+	Missing  []string
+	// StripeKey and StripeAPIBase are Stripe's API key and address
+	// (stripe mode).
+	StripeKey     string
+	StripeAPIBase string
+	// Currency is SHOP_CURRENCY: the currency of products seeded or
+	// migrated without one.
+	Currency string
 }
 
 // buyersConfig is who the buyers and clients are, and how often they may
@@ -211,6 +233,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Buyers: e.buyers(),
 		Stop:   e.stop(),
 	}
+	c.Payments = e.payments()
 	if len(e.errs) > 0 {
 		return c, configError{errors.Join(e.errs...)}
 	}
@@ -427,6 +450,68 @@ func (e *environ) buyers() buyersConfig {
 	}
 	c.JWT = e.jwt(c.Auth)
 	return c
+}
+
+// defaultStripeAPIBase is Stripe's own API.
+const defaultStripeAPIBase = "https://api.stripe.com"
+
+// payments reads the provider's settings.
+func (e *environ) payments() paymentsConfig {
+	c := paymentsConfig{
+		Provider:      e.oneOf("SHOP_PAYMENTS", payments.ProviderWebhook, payments.ProviderWebhook, payments.ProviderStripe),
+		StripeAPIBase: e.get("SHOP_STRIPE_API_BASE", defaultStripeAPIBase),
+		Currency:      e.get("SHOP_CURRENCY", "USD"),
+	}
+	if err := stock.CheckCurrency(c.Currency); err != nil {
+		e.bad("SHOP_CURRENCY=%q: must be three upper-case letters (ISO 4217)", c.Currency)
+	}
+	if u, err := url.Parse(c.StripeAPIBase); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		e.bad("SHOP_STRIPE_API_BASE=%q: must be an http or https URL", c.StripeAPIBase)
+	}
+	var missing []string
+	switch c.Provider {
+	case payments.ProviderWebhook:
+		if secret := e.getenv("SHOP_PAYMENT_WEBHOOK_SECRET"); secret != "" {
+			v, err := payments.NewStandard(secret)
+			if err != nil {
+				e.bad("%w", err)
+			}
+			c.Verifier = v
+		} else {
+			missing = append(missing, "SHOP_PAYMENT_WEBHOOK_SECRET")
+		}
+	case payments.ProviderStripe:
+		c.StripeKey = e.getenv("SHOP_STRIPE_SECRET_KEY")
+		if c.StripeKey == "" {
+			missing = append(missing, "SHOP_STRIPE_SECRET_KEY")
+		}
+		if secret := e.getenv("SHOP_STRIPE_WEBHOOK_SECRET"); secret != "" {
+			v, err := payments.NewStripe(secret)
+			if err != nil {
+				e.bad("%w", err)
+			}
+			c.Verifier = v
+		} else {
+			missing = append(missing, "SHOP_STRIPE_WEBHOOK_SECRET")
+		}
+	}
+	if len(missing) > 0 {
+		c.Verifier, c.Missing = nil, missing
+	}
+	return c
+}
+
+// servable refuses to serve a payment window without the provider's
+// secret: orders are paid only by the provider's signed events, so a
+// forgotten secret must stop the service rather than give goods away, and
+// nothing switches to orders paid when placed by itself.
+func (c config) servable() error {
+	if c.Orders.PayWindow > 0 && len(c.Payments.Missing) > 0 {
+		return configError{fmt.Errorf("%s: not set, and SHOP_PAY_WINDOW=%s asks buyers to pay: only the payment provider's signed events pay an order, "+
+			"so set the provider's secret (SHOP_PAYMENTS=%s), or SHOP_PAY_WINDOW=0 for orders paid when placed",
+			strings.Join(c.Payments.Missing, ", "), c.Orders.PayWindow, c.Payments.Provider)}
+	}
+	return nil
 }
 
 func (e *environ) stop() stopConfig {

@@ -64,6 +64,9 @@ func serve(ctx context.Context, args []string, getenv func(string) string, stder
 	if err != nil {
 		return err
 	}
+	if err := cfg.servable(); err != nil {
+		return err
+	}
 	// Every line logged for a request, with its context, carries the
 	// request's id (requestid.LogHandler).
 	log := slog.New(requestid.LogHandler(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.Stop.LogLevel})))
@@ -166,7 +169,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 	}
 	r.onClose(stopProbes)
 
-	adm := &admin.Admin{Catalog: catalog, Changer: orders, Cache: products, Restocks: restocks, Logger: log}
+	adm := &admin.Admin{Catalog: catalog, Changer: orders, Cache: products, Restocks: restocks, Currency: cfg.Payments.Currency, Logger: log}
 	gin.SetMode(gin.ReleaseMode)
 	r.handlers = handler.New(handler.Deps{
 		Logger:    log,
@@ -182,6 +185,8 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 		Seeder:    adm,
 		Admin:     adm,
 		Refunds:   catalog,
+		Verifier:  cfg.Payments.Verifier,
+		Payments:  orders,
 		Limiter:   ratelimit.New(rdb, cfg.Redis.Prefix+"limit:"),
 		Ready:     ready,
 		Stopping:  r.drain.Draining,

@@ -61,7 +61,14 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	if err := migrations.Up(ctx, sqlDB); err != nil {
 		return err
 	}
+	n, err := stock.NewCatalog(db).PriceUnpriced(ctx, cfg.Payments.Currency)
+	if err != nil {
+		return err
+	}
 	fmt.Fprintln(stdout, "migrations applied")
+	if n > 0 {
+		fmt.Fprintf(stdout, "%d products without a currency now in %s\n", n, cfg.Payments.Currency)
+	}
 	return nil
 }
 
@@ -93,6 +100,9 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	startsAt := fs.String("starts-at", "", "when every product's sale starts, RFC 3339 (default: no start)")
 	endsAt := fs.String("ends-at", "", "when every product's sale ends, RFC 3339 (default: no end)")
 	ifEmpty := fs.Bool("if-empty", false, "seed only a catalog without products; leave one that has some, and its orders, as they are")
+	price := fs.Int64("price-cents", 0, "every product's price, in the currency's minor unit (default: each its own, 1.00 to 99.99)")
+	currency := fs.String("currency", "", "the products' currency, three upper-case letters (default: SHOP_CURRENCY)")
+	discard := fs.Bool("discard-refunds", false, "delete the refunds not yet settled; without it, a seed refuses while there are any")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -118,11 +128,18 @@ func seed(ctx context.Context, args []string, getenv func(string) string, stdout
 	if *ifEmpty {
 		adm.Catalog = admin.IfEmpty{Catalog: catalog}
 	}
-	s, err := adm.SeedCatalog(ctx, *products, *units, sale)
+	if *price < 0 {
+		return usageError{fmt.Sprintf("seed: -price-cents %d: must be positive (or 0 for each product its own)", *price)}
+	}
+	adm.Currency = cfg.Payments.Currency
+	s, err := adm.SeedCatalog(ctx, *products, *units, stock.SeedOptions{Window: sale, PriceCents: *price, Currency: *currency, DiscardRefunds: *discard})
 	var notEmpty *stock.NotEmptyError
 	if errors.As(err, &notEmpty) {
 		fmt.Fprintf(stdout, "catalog has %d products: not seeded\n", notEmpty.Products)
 		return nil
+	}
+	if errors.Is(err, stock.ErrRefundsUnsettled) {
+		return fmt.Errorf("seed: %w: settle them first (docs/payments.md), or pass -discard-refunds to delete them", err)
 	}
 	if err != nil {
 		return err

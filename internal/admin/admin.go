@@ -21,10 +21,10 @@ import (
 	"shop/internal/stock"
 )
 
-// Catalog resets the catalog in MySQL; *stock.Catalog is one (SeedWindow),
+// Catalog resets the catalog in MySQL; *stock.Catalog is one (SeedWith),
 // and so is IfEmpty of one.
 type Catalog interface {
-	SeedWindow(ctx context.Context, n, units int, sale stock.Window) error
+	SeedWith(ctx context.Context, n, units int, o stock.SeedOptions) error
 }
 
 // Changer changes a product in MySQL; *stock.Service is one.
@@ -54,6 +54,9 @@ type Admin struct {
 	Changer  Changer
 	Cache    Cache
 	Restocks Restocks
+	// Currency is the currency of the products a seed makes without one
+	// (SHOP_CURRENCY); empty is USD.
+	Currency string
 	// Logger receives the warnings, at error level. Default: discard.
 	Logger *slog.Logger
 }
@@ -66,13 +69,13 @@ func (a *Admin) log() *slog.Logger {
 }
 
 // IfEmpty is a Catalog whose seed leaves a catalog that has products as it
-// is (shop seed --if-empty): its SeedWindow is
-// stock.Catalog.SeedWindowIfEmpty, whose *stock.NotEmptyError says so.
+// is (shop seed --if-empty): its seed's *stock.NotEmptyError says so.
 type IfEmpty struct{ Catalog *stock.Catalog }
 
-// SeedWindow seeds c's catalog if it has no products.
-func (c IfEmpty) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
-	return c.Catalog.SeedWindowIfEmpty(ctx, n, units, sale)
+// SeedWith seeds c's catalog if it has no products.
+func (c IfEmpty) SeedWith(ctx context.Context, n, units int, o stock.SeedOptions) error {
+	o.IfEmpty = true
+	return c.Catalog.SeedWith(ctx, n, units, o)
 }
 
 // seedFollowUpTimeout bounds what follows a committed seed: the restock
@@ -108,15 +111,19 @@ func messages(warnings []Warning) []string {
 	return msgs
 }
 
-// SeedCatalog resets the catalog to products 1..n with units each, on sale
-// within sale, then the product cache and its Bloom filter, and tells every
+// SeedCatalog resets the catalog to products 1..n with units each, as o
+// says (a currency of "" is Admin.Currency), then the product cache and its Bloom filter, and tells every
 // replica to forget what it found sold out.
 //
-// An error means the catalog was not reset (stock.Catalog.SeedWindow's,
-// among them *stock.NotEmptyError from IfEmpty). Once it was, the seed
+// An error means the catalog was not reset (stock.Catalog.SeedWith's,
+// among them *stock.NotEmptyError from IfEmpty and
+// stock.ErrRefundsUnsettled). Once it was, the seed
 // stands: what fails after it is a warning, logged at error level.
-func (a *Admin) SeedCatalog(ctx context.Context, n, units int, sale stock.Window) (Seeded, error) {
-	if err := a.Catalog.SeedWindow(ctx, n, units, sale); err != nil {
+func (a *Admin) SeedCatalog(ctx context.Context, n, units int, o stock.SeedOptions) (Seeded, error) {
+	if o.Currency == "" {
+		o.Currency = a.Currency
+	}
+	if err := a.Catalog.SeedWith(ctx, n, units, o); err != nil {
 		return Seeded{}, err
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), seedFollowUpTimeout)
@@ -151,8 +158,8 @@ func (a *Admin) SeedCatalog(ctx context.Context, n, units int, sale stock.Window
 
 // Seed is SeedCatalog as the admin API answers it: its warnings in words
 // for the client (handler.Seeder).
-func (a *Admin) Seed(ctx context.Context, n, units int, sale stock.Window) ([]string, error) {
-	s, err := a.SeedCatalog(ctx, n, units, sale)
+func (a *Admin) Seed(ctx context.Context, n, units int, o stock.SeedOptions) ([]string, error) {
+	s, err := a.SeedCatalog(ctx, n, units, o)
 	return s.Messages(), err
 }
 

@@ -309,13 +309,15 @@ type entry struct {
 }
 
 // entryFormat is the format of the entries this code writes: 2 carries the
-// sale window; the entries of older replicas, which lack it, have none.
-const entryFormat = 2
+// sale window, 3 the price's currency; the entries of older replicas, which
+// lack them, have a lower one or none.
+const entryFormat = 3
 
 type product struct {
 	ID           int64      `json:"sku_id"`
 	Name         string     `json:"name"`
 	PriceCents   int64      `json:"price_cents"`
+	Currency     string     `json:"currency"`
 	Stock        int        `json:"stock"`
 	SaleStartsAt *time.Time `json:"sale_starts_at"`
 	SaleEndsAt   *time.Time `json:"sale_ends_at"`
@@ -482,7 +484,8 @@ func answer(id int64, e entry) (stock.Product, error) {
 	if e.Product == nil {
 		return stock.Product{}, notFound(id)
 	}
-	return stock.Product{ID: e.Product.ID, Name: e.Product.Name, PriceCents: e.Product.PriceCents, Stock: e.Product.Stock,
+	return stock.Product{ID: e.Product.ID, Name: e.Product.Name, PriceCents: e.Product.PriceCents,
+		Currency: e.Product.Currency, Stock: e.Product.Stock,
 		SaleStartsAt: e.Product.SaleStartsAt, SaleEndsAt: e.Product.SaleEndsAt}, nil
 }
 
@@ -590,7 +593,7 @@ func (p *Products) load(ctx context.Context, id int64) (e entry, loaded bool, er
 		p.m.loadErrors.Inc()
 		return entry{}, true, fmt.Errorf("cache: load %d: %w", id, err)
 	default:
-		e.Product = &product{ID: v.ID, Name: v.Name, PriceCents: v.PriceCents, Stock: v.Stock,
+		e.Product = &product{ID: v.ID, Name: v.Name, PriceCents: v.PriceCents, Currency: v.Currency, Stock: v.Stock,
 			SaleStartsAt: v.SaleStartsAt, SaleEndsAt: v.SaleEndsAt}
 		e.Format = entryFormat
 		if p.set.RefreshAhead > 0 {
@@ -1056,8 +1059,8 @@ func (p *Products) idOf(key string) (int64, bool) {
 // errOldFormat is an entry an older replica wrote, during a rolling upgrade.
 var errOldFormat = errors.New("cache: entry of an older format")
 
-// decode reads an entry. A product written by an older replica (no format:
-// it has no sale window) is refused like a garbled entry, so it counts as a
+// decode reads an entry. A product written by an older replica (an older
+// format: it has no sale window, or no currency) is refused like a garbled entry, so it counts as a
 // miss and the load overwrites it: read as it is, it would show "no window"
 // for a product that has one, and let nobody see the window until the entry
 // expired. Placeholders carry no product, so every format's are good.

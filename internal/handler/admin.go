@@ -18,6 +18,14 @@ type seedRequest struct {
 	// window: RFC 3339 or null (no bound).
 	SaleStartsAt json.RawMessage `json:"sale_starts_at"`
 	SaleEndsAt   json.RawMessage `json:"sale_ends_at"`
+	// PriceCents and Currency, optional, are every product's price
+	// (default: each its own) and currency (default: SHOP_CURRENCY).
+	PriceCents *int64  `json:"price_cents"`
+	Currency   *string `json:"currency"`
+	// DiscardRefunds lets the seed delete the refunds not yet settled;
+	// without it, a seed refuses while there are any (409
+	// refunds_unsettled).
+	DiscardRefunds bool `json:"discard_refunds"`
 }
 
 type seedResponse struct {
@@ -44,8 +52,22 @@ func handleSeed(seeder Seeder) gin.HandlerFunc {
 			writeError(c, err)
 			return
 		}
-		sale := stock.Window{StartsAt: starts.At, EndsAt: ends.At}
-		warnings, err := seeder.Seed(c.Request.Context(), *req.Products, *req.Stock, sale)
+		o := stock.SeedOptions{Window: stock.Window{StartsAt: starts.At, EndsAt: ends.At}, DiscardRefunds: req.DiscardRefunds}
+		if req.PriceCents != nil {
+			if *req.PriceCents < 1 {
+				writeError(c, invalid("price_cents must be a positive integer"))
+				return
+			}
+			o.PriceCents = *req.PriceCents
+		}
+		if req.Currency != nil {
+			o.Currency = *req.Currency
+			if err := stock.CheckCurrency(o.Currency); err != nil {
+				writeError(c, err)
+				return
+			}
+		}
+		warnings, err := seeder.Seed(c.Request.Context(), *req.Products, *req.Stock, o)
 		if err != nil {
 			writeError(c, err)
 			return
@@ -64,6 +86,9 @@ type changeProductRequest struct {
 	SaleStartsAt json.RawMessage `json:"sale_starts_at"`
 	SaleEndsAt   json.RawMessage `json:"sale_ends_at"`
 	AddStock     *int            `json:"add_stock"`
+	// PriceCents is the product's new price; reservations placed before
+	// keep what they owe.
+	PriceCents *int64 `json:"price_cents"`
 }
 
 // adminProductResponse is a product as MySQL has it after an admin's
@@ -111,7 +136,7 @@ func readChange(c *gin.Context) (stock.Change, error) {
 	if err != nil {
 		return stock.Change{}, err
 	}
-	return stock.Change{SaleStartsAt: starts, SaleEndsAt: ends, AddStock: req.AddStock}, nil
+	return stock.Change{SaleStartsAt: starts, SaleEndsAt: ends, AddStock: req.AddStock, PriceCents: req.PriceCents}, nil
 }
 
 // windowFields reads a body's optional sale_starts_at and sale_ends_at

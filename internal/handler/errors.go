@@ -8,6 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"shop/internal/auth"
+	"shop/internal/payments"
 	"shop/internal/requestid"
 	"shop/internal/stock"
 )
@@ -88,7 +89,13 @@ var answers = []answer{
 	{stock.ErrOrderExpired, http.StatusConflict, "order_expired", "the order's payment window ended; a payment for it is owed back"},
 	{stock.ErrOrderCancelled, http.StatusConflict, "order_cancelled", "the order was cancelled; a payment for it is owed back"},
 	{stock.ErrOrderPaid, http.StatusConflict, "order_paid", "the order is paid"},
-	{stock.ErrPaymentMismatch, http.StatusConflict, "payment_mismatch", "the order was paid by another payment"},
+	{stock.ErrOrderNotPayable, http.StatusConflict, "not_payable", "the order is not reserved, or its payment window has ended"},
+	{stock.ErrRefundNotFound, http.StatusNotFound, "not_found", "no such refund"},
+	{stock.ErrRefundSettled, http.StatusConflict, "refund_settled", "the refund was settled with another provider reference"},
+	{stock.ErrRefundsUnsettled, http.StatusConflict, "refunds_unsettled", ""},
+	{payments.ErrMalformed, http.StatusBadRequest, "invalid_argument", ""},
+	{payments.ErrSignature, http.StatusUnauthorized, "unauthorized",
+		"the event's signature is missing or not valid, or its timestamp is more than 5 minutes away"},
 	{stock.ErrSoldOut, http.StatusConflict, "sold_out", "the product is sold out"},
 	{stock.ErrAlreadyOrdered, http.StatusConflict, "already_ordered", "this user already ordered this product"},
 	{stock.ErrUserLimit, http.StatusConflict, "user_limit", "this user holds the most orders one user may"},
@@ -165,6 +172,20 @@ func fieldName(f stock.Field) string {
 		return "Idempotency-Key"
 	case stock.FieldPaymentID:
 		return "payment_id"
+	case stock.FieldPrice:
+		return "price_cents"
+	case stock.FieldCurrency:
+		return "currency"
+	case stock.FieldRefund:
+		return "refund_id"
+	case stock.FieldRefundState:
+		return "state"
+	case stock.FieldProviderRefund:
+		return "provider_refund_id"
+	case stock.FieldLimit:
+		return "limit"
+	case stock.FieldAmount:
+		return "amount_cents"
 	case stock.FieldSaleStartsAt:
 		return "sale_starts_at"
 	case stock.FieldSaleEndsAt:

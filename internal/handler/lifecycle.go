@@ -12,24 +12,20 @@ import (
 	"shop/internal/stock"
 )
 
-// Lifecycle is what happens to an order after it was placed: payment,
-// cancellation, and reading it back; *stock.Service implements it.
+// Lifecycle is what a buyer does with an order after it was placed:
+// cancel it, and read it back; *stock.Service implements it. Payments come
+// from the provider (Payments), never from the buyer.
 type Lifecycle interface {
 	Order(ctx context.Context, user, id int64) (stock.Order, error)
-	Pay(ctx context.Context, user, id int64, paymentID string) (stock.Order, error)
 	Cancel(ctx context.Context, user, id int64) (stock.Order, error)
-}
-
-type payRequest struct {
-	UserID    *int64  `json:"user_id"`
-	PaymentID *string `json:"payment_id"`
 }
 
 type cancelRequest struct {
 	UserID *int64 `json:"user_id"`
 }
 
-// lifecycleTimeout bounds a payment or a cancellation, lock wait included.
+// lifecycleTimeout bounds a payment event, a checkout or a cancellation,
+// lock wait included.
 const lifecycleTimeout = stock.TurnTimeout
 
 // newOrderResponse is o as its buyer sees it.
@@ -41,6 +37,8 @@ func newOrderResponse(o stock.Order) orderResponse {
 		CreatedAt: o.CreatedAt.UTC().Format(time.RFC3339Nano),
 		Status:    o.Status,
 		PaymentID: o.PaymentID,
+		Amount:    o.AmountCents,
+		Currency:  o.Currency,
 	}
 	if o.PayBy != nil {
 		t := o.PayBy.UTC().Format(time.RFC3339Nano)
@@ -89,25 +87,8 @@ type actionRequest interface {
 	check() error
 }
 
-func (r *payRequest) claimed() *int64 { return r.UserID }
-
-func (r *payRequest) check() error {
-	if r.PaymentID == nil {
-		return invalid("payment_id is required")
-	}
-	return nil
-}
-
 func (r *cancelRequest) claimed() *int64 { return r.UserID }
 func (r *cancelRequest) check() error    { return nil }
-
-// handlePay pays a reservation. A payment that comes too late is refused
-// with 409 only once it has been recorded as a refund owed.
-func handlePay(orders Lifecycle, m *metrics) gin.HandlerFunc {
-	return orderAction(m.payments, "paid", func(ctx context.Context, user, id int64, r *payRequest) (stock.Order, error) {
-		return orders.Pay(ctx, user, id, *r.PaymentID)
-	})
-}
 
 // handleCancel cancels a reservation; its unit goes back to the sale.
 func handleCancel(orders Lifecycle, m *metrics) gin.HandlerFunc {

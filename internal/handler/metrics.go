@@ -15,8 +15,9 @@ type metrics struct {
 	duration *prometheus.HistogramVec
 	orders   *prometheus.CounterVec
 	busy     *prometheus.CounterVec
-	// payments and cancellations count /pay and /cancel by outcome.
-	payments      *prometheus.CounterVec
+	// paymentEvents counts the provider's events; cancellations /cancel
+	// by outcome.
+	paymentEvents *prometheus.CounterVec
 	cancellations *prometheus.CounterVec
 }
 
@@ -42,15 +43,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 				"stale_fence (MySQL refused the write of a holder whose token was no longer the newest), other.",
 		}, []string{"cause"}),
 	}
-	m.payments = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "shop_payments_total",
-		Help: "Payments (POST /api/v1/orders/{id}/pay) by outcome: paid, or the error code (order_expired and order_cancelled: owed back).",
-	}, []string{"result"})
+	m.paymentEvents = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shop_payment_events_total",
+		Help: "The payment provider's events (POST /api/v1/payments/...) by provider, type (a fixed list; other for the rest) and result: " +
+			"applied, owed or conflict for a payment; refunded, failed or conflict for a refund; ignored; or the error code " +
+			"(unauthorized: a bad signature; invalid_argument; busy).",
+	}, []string{"provider", "type", "result"})
 	m.cancellations = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shop_cancellations_total",
 		Help: "Cancellations (POST /api/v1/orders/{id}/cancel) by outcome: cancelled, or the error code.",
 	}, []string{"result"})
-	reg.MustRegister(m.requests, m.duration, m.orders, m.busy, m.payments, m.cancellations)
+	reg.MustRegister(m.requests, m.duration, m.orders, m.busy, m.paymentEvents, m.cancellations)
 	// Every cause is exported from the start, at 0, so that a dashboard's
 	// rate of busy orders reads 0 rather than "no data" before the first.
 	for _, cause := range busyCauses {

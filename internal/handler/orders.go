@@ -28,6 +28,10 @@ type orderResponse struct {
 	PayBy *string `json:"pay_by"`
 	// PaymentID is the payment that paid the order, absent when none did.
 	PaymentID *string `json:"payment_id,omitempty"`
+	// Amount and Currency are what the order owes (its product's price
+	// when it was placed); null on orders from before amounts.
+	Amount   *int64  `json:"amount_cents"`
+	Currency *string `json:"currency"`
 }
 
 // OrderBudget is the longest POST /api/v1/orders takes to be answered: the

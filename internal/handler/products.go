@@ -17,6 +17,7 @@ type productResponse struct {
 	SKUID        int64      `json:"sku_id"`
 	Name         string     `json:"name"`
 	PriceCents   int64      `json:"price_cents"`
+	Currency     string     `json:"currency"`
 	Stock        int        `json:"stock"`
 	SaleStartsAt *time.Time `json:"sale_starts_at"`
 	SaleEndsAt   *time.Time `json:"sale_ends_at"`
@@ -63,7 +64,7 @@ func handleProduct(products Products, pages Pages) gin.HandlerFunc {
 
 // newProductResponse is p as its page shows it, times in UTC.
 func newProductResponse(p stock.Product) productResponse {
-	return productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Stock: p.Stock,
+	return productResponse{SKUID: p.ID, Name: p.Name, PriceCents: p.PriceCents, Currency: p.Currency, Stock: p.Stock,
 		SaleStartsAt: utc(p.SaleStartsAt), SaleEndsAt: utc(p.SaleEndsAt)}
 }
 

@@ -3,6 +3,8 @@ package handler
 import (
 	"log/slog"
 
+	"shop/internal/payments"
+
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -20,6 +22,13 @@ func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 	r.GET("/readyz", handleReadyz(d.Ready, d.Stopping))
 	r.GET("/openapi.json", handleOpenAPI())
 
+	// The payment provider's events: signed, not a buyer's, and sent in
+	// bursts from few addresses exactly at pay_by, so no per-client limit
+	// applies; the signature, checked first, and the body's bound do.
+	if d.Verifier != nil && d.Payments != nil {
+		r.POST(paymentsPath(d.Verifier.Provider()), handlePaymentEvent(d.Verifier, d.Payments, m, d.Logger))
+	}
+
 	// Everything below is limited per client address (SHOP_RATE_IP); the
 	// balancers' probes above are not.
 	api := r.Group("/api/v1", lim.perClient())
@@ -28,7 +37,9 @@ func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 	buyers := api.Group("", authenticate(d.Auth))
 	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, d.Replays, lim, m))
 	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
-	buyers.POST("/orders/:id/pay", jsonBody(), handlePay(d.Lifecycle, m))
+	if d.Checkouts != nil {
+		buyers.POST("/orders/:id/checkout", jsonBody(), handleCheckout(d.Checkouts))
+	}
 	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
 	api.GET("/products/:id", handleProduct(d.Products, d.Pages))
 	api.GET("/products/:id/stock", handleStock(d.Stock, d.Filter))
@@ -47,4 +58,19 @@ func addAdminRoutes(r *gin.Engine, d Deps, token string, m *metrics, lim *limite
 	admin.POST("/seed", jsonBody(), handleSeed(d.Seeder))
 	admin.PATCH("/products/:id", jsonBody(), handleChangeProduct(d.Admin))
 	admin.GET("/refunds", handleRefunds(d.Refunds))
+	if d.Payments != nil {
+		provider := ""
+		if d.Verifier != nil {
+			provider = d.Verifier.Provider()
+		}
+		admin.POST("/refunds/:refund_id/settle", jsonBody(), handleSettle(d.Payments, provider))
+	}
+}
+
+// paymentsPath is the route of provider's events.
+func paymentsPath(provider string) string {
+	if provider == payments.ProviderStripe {
+		return "/api/v1/payments/stripe"
+	}
+	return "/api/v1/payments/events"
 }

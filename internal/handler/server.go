@@ -12,6 +12,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"shop/internal/payments"
 	"shop/internal/stock"
 )
 
@@ -49,7 +50,7 @@ type Stock interface {
 //
 // Every product is on sale within sale (see stock.Window).
 type Seeder interface {
-	Seed(ctx context.Context, products, units int, sale stock.Window) (warnings []string, err error)
+	Seed(ctx context.Context, products, units int, o stock.SeedOptions) (warnings []string, err error)
 }
 
 // ProductAdmin changes a product's sale window and stock (see
@@ -60,12 +61,6 @@ type Seeder interface {
 // did happen (the product cache, the other replicas).
 type ProductAdmin interface {
 	ChangeProduct(ctx context.Context, id int64, c stock.Change) (p stock.Product, warnings []string, err error)
-}
-
-// Refunds lists the refunds owed: payments that came after their order had
-// expired or been cancelled, oldest first; *stock.Catalog implements it.
-type Refunds interface {
-	Refunds(ctx context.Context) ([]stock.Refund, error)
 }
 
 // Replays finds the order a buyer placed under an Idempotency-Key;
@@ -113,8 +108,19 @@ type Deps struct {
 	Stock  Stock
 	Filter Filter
 
+	// Verifier checks the payment provider's signed events
+	// (SHOP_PAYMENTS): its routes are POST /api/v1/payments/events for
+	// Standard Webhooks and POST /api/v1/payments/stripe for Stripe, the
+	// other's answers 404. Payments does what the events say, and settles
+	// refunds by hand. Nil Verifier: no payment routes.
+	Verifier payments.Verifier
+	Payments Payments
+	// Checkouts, when set (SHOP_PAYMENTS=stripe), answers POST
+	// /api/v1/orders/{id}/checkout.
+	Checkouts Checkouts
+
 	// Seeder resets the catalog, Admin changes products (PATCH
-	// /api/v1/admin/products/{id}), Refunds lists the refunds owed (GET
+	// /api/v1/admin/products/{id}), Refunds lists the refunds (GET
 	// /api/v1/admin/refunds).
 	Seeder  Seeder
 	Admin   ProductAdmin

@@ -62,6 +62,10 @@ type SeedOptions struct {
 	// Currency is the products' currency, three upper-case letters;
 	// empty is USD.
 	Currency string
+	// IfEmpty seeds only a catalog without products: one that has some
+	// is left as it is, orders included, and the error is a
+	// *NotEmptyError.
+	IfEmpty bool
 	// DiscardRefunds lets the seed delete the refunds still unsettled
 	// (and their payments in the ledger); without it a seed refuses while
 	// there are any, with ErrRefundsUnsettled.
@@ -86,7 +90,7 @@ func (o SeedOptions) validate() (SeedOptions, error) {
 // SeedWith is Seed with the products and refunds as o says. Errors: those
 // of SeedWindow, and ErrRefundsUnsettled (nothing changed).
 func (c *Catalog) SeedWith(ctx context.Context, n, stock int, o SeedOptions) error {
-	return c.seed(ctx, n, stock, o, false)
+	return c.seed(ctx, n, stock, o)
 }
 
 // SeedWindowIfEmpty is SeedWindow on a catalog without products only. A
@@ -96,7 +100,7 @@ func (c *Catalog) SeedWith(ctx context.Context, n, stock int, o SeedOptions) err
 // other then finds its products. Errors: those of SeedWindow, and
 // *NotEmptyError.
 func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window) error {
-	return c.seed(ctx, n, stock, SeedOptions{Window: w}, true)
+	return c.SeedWith(ctx, n, stock, SeedOptions{Window: w, IfEmpty: true})
 }
 
 // seed is SeedWindow, or SeedWindowIfEmpty when ifEmpty is set. Every seed
@@ -104,7 +108,7 @@ func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window)
 // before its transaction begins until after it ends, so that seeds of one
 // database run one after the other and each sees what the one before
 // committed.
-func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions, ifEmpty bool) error {
+func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions) error {
 	o, err := o.validate()
 	if err != nil {
 		return err
@@ -124,7 +128,7 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions, ifEmpty
 		// DELETEs lock the gaps too: an order counter made meanwhile
 		// (ensureCounter) waits for the seed, and then counts what it left.
 		return conn.Transaction(func(tx *gorm.DB) error {
-			if ifEmpty {
+			if o.IfEmpty {
 				var products int64
 				if _, err := read(tx, &products, sqlCountProducts); err != nil {
 					return err
@@ -202,4 +206,15 @@ func resetCatalog(tx *gorm.DB, n, stock int, o SeedOptions) error {
 		}
 	}
 	return nil
+}
+
+// PriceUnpriced gives currency to every product that has none (shop
+// migrate, SHOP_CURRENCY), and returns how many it changed. Errors:
+// ErrInvalid, ErrBusy.
+func (c *Catalog) PriceUnpriced(ctx context.Context, currency string) (int64, error) {
+	if err := CheckCurrency(currency); err != nil {
+		return 0, err
+	}
+	n, _, err := run(c.db.WithContext(ctx), sqlPriceUnpriced, currency)
+	return n, classify(ctx, "currency of products", err)
 }

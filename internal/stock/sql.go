@@ -204,6 +204,7 @@ const (
 	sqlLockSeeds       = "SELECT GET_LOCK(" + seedLockName + ", ?)"
 	sqlUnlockSeeds     = "DO RELEASE_LOCK(" + seedLockName + ")"
 	sqlCountProducts   = "SELECT COUNT(*) FROM products"
+	sqlPriceUnpriced   = "UPDATE products SET currency = ? WHERE currency IS NULL"
 	sqlDeleteOrders    = "DELETE FROM orders"
 	sqlDeleteUnsettled = "DELETE FROM refunds WHERE state <> 'refunded'"
 	sqlDiscardPayments = "DELETE p FROM payments p JOIN refunds r ON r.provider = p.provider AND r.payment_id = p.payment_id WHERE r.state <> 'refunded'"
