@@ -36,8 +36,8 @@ type cancelAfterSeed struct {
 	cancel  context.CancelFunc
 }
 
-func (c cancelAfterSeed) SeedWindow(ctx context.Context, n, units int, sale stock.Window) error {
-	err := c.catalog.SeedWindow(ctx, n, units, sale)
+func (c cancelAfterSeed) SeedWith(ctx context.Context, n, units int, o stock.SeedOptions) error {
+	err := c.catalog.SeedWith(ctx, n, units, o)
 	c.cancel()
 	return err
 }
@@ -65,7 +65,7 @@ func TestSeedFollowUpOutlivesTheRequest(t *testing.T) {
 	}
 
 	adm := &admin.Admin{Catalog: cancelAfterSeed{catalog, cancel}, Cache: products, Restocks: notify.New(rdb, prefix)}
-	warnings, err := adm.Seed(reqCtx, 10, 1, stock.Window{})
+	warnings, err := adm.Seed(reqCtx, 10, 1, stock.SeedOptions{})
 	if err != nil || len(warnings) != 0 {
 		t.Errorf("seed whose client left after the commit: %q, %v; want no warning", warnings, err)
 	}

@@ -27,11 +27,11 @@ func Routes() (public, admin gin.RoutesInfo) {
 }
 
 // SeedFunc is a function that is a Seeder.
-type SeedFunc func(ctx context.Context, products, units int, sale stock.Window) ([]string, error)
+type SeedFunc func(ctx context.Context, products, units int, o stock.SeedOptions) ([]string, error)
 
 // Seed calls f.
-func (f SeedFunc) Seed(ctx context.Context, products, units int, sale stock.Window) ([]string, error) {
-	return f(ctx, products, units, sale)
+func (f SeedFunc) Seed(ctx context.Context, products, units int, o stock.SeedOptions) ([]string, error) {
+	return f(ctx, products, units, o)
 }
 
 // ChangeProductFunc is a function that is a ProductAdmin.

@@ -63,8 +63,8 @@ func newAPI(t *testing.T, adminToken string) *api {
 		Orders:   orders,
 		Products: products,
 		Stock:    catalog,
-		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int, sale stock.Window) ([]string, error) {
-			if err := catalog.SeedWindow(ctx, n, units, sale); err != nil {
+		Seeder: handler.SeedFunc(func(ctx context.Context, n, units int, o stock.SeedOptions) ([]string, error) {
+			if err := catalog.SeedWith(ctx, n, units, o); err != nil {
 				return nil, err
 			}
 			_, err := products.Reset(ctx)
@@ -79,6 +79,8 @@ func newAPI(t *testing.T, adminToken string) *api {
 			return p, nil, products.Invalidate(ctx, id)
 		}),
 		Refunds:  catalog,
+		Verifier: webhookVerifier(t),
+		Payments: orders,
 		Ready:    probed(t, "redis", func(ctx context.Context) error { return rdb.Ping(ctx).Err() }),
 		Registry: a.reg,
 	}, handler.Settings{AdminToken: adminToken})))
