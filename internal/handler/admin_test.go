@@ -36,13 +36,13 @@ func TestChangeProduct(t *testing.T) {
 	a := newAPI(t, adminToken)
 	// Cached before the change: the change must show at once.
 	if r := a.do(t, "GET", "/api/v1/products/1", "", nil, nil); r.status != 200 ||
-		!slices.Equal(keysOf(r.body), []string{"name", "price_cents", "sale_ends_at", "sale_starts_at", "sku_id", "stock"}) ||
+		!slices.Equal(keysOf(r.body), []string{"currency", "name", "price_cents", "sale_ends_at", "sale_starts_at", "sku_id", "stock"}) ||
 		r.body["sale_starts_at"] != nil || r.body["sale_ends_at"] != nil {
 		t.Fatalf("product 1 before any window: %d %s; want both window keys, null", r.status, r.raw)
 	}
 
 	r := a.patch(t, "1", `{"add_stock":3}`)
-	want := []string{"initial_stock", "name", "price_cents", "sale_ends_at", "sale_starts_at", "sku_id", "stock"}
+	want := []string{"currency", "initial_stock", "name", "price_cents", "sale_ends_at", "sale_starts_at", "sku_id", "stock"}
 	if r.status != 200 || !slices.Equal(keysOf(r.body), want) || r.body["sku_id"] != 1.0 || r.body["stock"] != 8.0 ||
 		r.body["initial_stock"] != 8.0 || r.body["sale_starts_at"] != nil || r.body["name"] != "Product 1" {
 		t.Fatalf("add_stock 3 to 5 units: %d %s; want 200 with stock and initial_stock 8, keys %v", r.status, r.raw, want)
@@ -51,10 +51,32 @@ func TestChangeProduct(t *testing.T) {
 		t.Errorf("MySQL after add_stock: stock %d, initial %d; want 8, 8", p.Stock, p.InitialStock)
 	}
 
+	// A new price shows at once, and leaves orders placed before it as
+	// they were.
+	placed := a.order(t, `{"sku_id":1,"user_id":99}`, nil)
+	if placed.status != 201 || placed.body["amount_cents"] != 137.0 || placed.body["currency"] != "USD" {
+		t.Fatalf("order at the old price: %d %s; want 137 USD", placed.status, placed.raw)
+	}
+	if r := a.patch(t, "1", `{"price_cents":999}`); r.status != 200 || r.body["price_cents"] != 999.0 || r.body["stock"] != 7.0 {
+		t.Fatalf("price 999: %d %s", r.status, r.raw)
+	}
+	if r := a.do(t, "GET", "/api/v1/products/1", "", nil, nil); r.body["price_cents"] != 999.0 {
+		t.Errorf("product page right after the price change: %s; want 999", r.raw)
+	}
+	var owed int64
+	if err := a.db.Gorm.Raw("SELECT amount_cents FROM orders WHERE user_id = 99").Scan(&owed).Error; err != nil || owed != 137 {
+		t.Errorf("the earlier order owes %d, %v; want 137 still", owed, err)
+	}
+	for _, bad := range []string{`{"price_cents":0}`, `{"price_cents":-5}`, `{"price_cents":1.5}`} {
+		if r := a.patch(t, "1", bad); r.status != 400 || errorCode(t, r) != "invalid_argument" {
+			t.Errorf("%s: %d %s; want 400", bad, r.status, r.raw)
+		}
+	}
+
 	// Any offset in, UTC out, to the microsecond as MySQL keeps it.
 	r = a.patch(t, "1", `{"sale_starts_at":"2030-01-02T03:04:05.1234567+01:00","sale_ends_at":"2030-01-03T00:00:00Z"}`)
 	if r.status != 200 || r.body["sale_starts_at"] != "2030-01-02T02:04:05.123456Z" || r.body["sale_ends_at"] != "2030-01-03T00:00:00Z" ||
-		r.body["stock"] != 8.0 {
+		r.body["stock"] != 7.0 {
 		t.Fatalf("set the window: %d %s", r.status, r.raw)
 	}
 	if r := a.do(t, "GET", "/api/v1/products/1", "", nil, nil); r.body["sale_starts_at"] != "2030-01-02T02:04:05.123456Z" ||
@@ -91,7 +113,7 @@ func TestChangeProduct(t *testing.T) {
 	if r := a.order(t, `{"sku_id":1,"user_id":1}`, nil); r.status != 201 {
 		t.Errorf("order once the window is open again: %d %s", r.status, r.raw)
 	}
-	if s := a.state(t); !s.OK() || s.Orders != 1 || s.InitialStock != 18 {
+	if s := a.state(t); !s.OK() || s.Orders != 2 || s.InitialStock != 18 {
 		t.Errorf("after the changes: %+v", s)
 	}
 }

@@ -105,8 +105,8 @@ func TestEveryDomainErrorHasAnAnswer(t *testing.T) {
 		}
 	}
 	for _, row := range rows {
-		if row != "auth.ErrExpired" && !slices.Contains(want, row) {
-			t.Errorf("answers has a row for %s, which is not an error of stock or handler", row)
+		if !slices.Contains([]string{"auth.ErrExpired", "payments.ErrMalformed", "payments.ErrSignature"}, row) && !slices.Contains(want, row) {
+			t.Errorf("answers has a row for %s, which is not an error of stock, handler, auth or payments", row)
 		}
 	}
 }

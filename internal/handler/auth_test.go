@@ -54,13 +54,9 @@ func (p *placed) PlaceOrder(_ context.Context, sku, user int64, key string) (sto
 	return o, nil
 }
 
-// Order, Pay and Cancel make p a Lifecycle, whose every order the buyer
+// Order and Cancel make p a Lifecycle, whose every order the buyer
 // asking for it holds: what it records is who asked.
 func (p *placed) Order(_ context.Context, user, id int64) (stock.Order, error) {
-	return p.PlaceOrder(context.Background(), id, user, "")
-}
-
-func (p *placed) Pay(_ context.Context, user, id int64, _ string) (stock.Order, error) {
 	return p.PlaceOrder(context.Background(), id, user, "")
 }
 
@@ -262,7 +258,7 @@ func TestAuthOffNeedsUserID(t *testing.T) {
 	}
 }
 
-// Paying, cancelling and reading an order are buyer routes too: 401
+// Cancelling and reading an order are buyer routes too: 401
 // without a token, 403 for another user_id (in the body, or the query of
 // GET), and otherwise the token's sub is the buyer, user_id or not.
 func TestAuthLifecycleRoutes(t *testing.T) {
@@ -272,7 +268,6 @@ func TestAuthLifecycleRoutes(t *testing.T) {
 		method, path, body, mismatch string
 	}{
 		{"GET", "/api/v1/orders/5", "", "/api/v1/orders/5?user_id=8"},
-		{"POST", "/api/v1/orders/5/pay", `{"payment_id":"pi_1"}`, `{"payment_id":"pi_1","user_id":8}`},
 		{"POST", "/api/v1/orders/5/cancel", `{}`, `{"user_id":8}`},
 	}
 	send := func(method, path, body string, header map[string][]string) response {
