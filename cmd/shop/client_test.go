@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
 // client is the tests' client of the API (internal/handler's routes.go):
@@ -186,6 +188,9 @@ type order struct {
 	// until a payment paid the order.
 	PayBy     *string `json:"pay_by"`
 	PaymentID *string `json:"payment_id"`
+	// Amount and Currency are what it owes.
+	Amount   *int64  `json:"amount_cents"`
+	Currency *string `json:"currency"`
 }
 
 // order places user's order of sku: POST /api/v1/orders. A user of 0 sends
@@ -203,10 +208,46 @@ func (c *client) getOrder(id int64, user int) reply[order] {
 	return call[order](c, "GET", fmt.Sprintf("/api/v1/orders/%d?user_id=%d", id, user), "")
 }
 
-// pay pays user's order id with payment: POST /api/v1/orders/{id}/pay.
-func (c *client) pay(id int64, user int, payment string) reply[order] {
-	return call[order](c, "POST", fmt.Sprintf("/api/v1/orders/%d/pay", id),
-		fmt.Sprintf(`{"user_id":%d,"payment_id":%q}`, user, payment))
+// testWebhookSecret signs the payment events of the tests' fleets
+// (SHOP_PAYMENT_WEBHOOK_SECRET): 32 bytes, base64.
+const testWebhookSecret = "whsec_dGVzdHMnIHBheW1lbnQgcHJvdmlkZXIgc2VjcmV0IQ=="
+
+// event is the answer to a payment event.
+type event struct {
+	Result   string `json:"result"`
+	Reason   string `json:"reason"`
+	RefundID string `json:"refund_id"`
+	Again    bool   `json:"again"`
+}
+
+// paid is the payment provider saying that payment, of amount in currency,
+// arrived for order id: a signed payment.succeeded event, POST
+// /api/v1/payments/events.
+func (c *client) paid(id int64, payment string, amount int64, currency string) reply[event] {
+	body := fmt.Sprintf(`{"type":"payment.succeeded","data":{"order_id":%d,"payment_id":%q,"amount_cents":%d,"currency":%q}}`,
+		id, payment, amount, currency)
+	return c.signedEvent("msg_"+payment, body)
+}
+
+// pays is paid of what o owes.
+func (c *client) pays(o order, payment string) reply[event] {
+	return c.paid(o.ID, payment, *o.Amount, *o.Currency)
+}
+
+// signedEvent sends body as a Standard Webhooks message id, signed with
+// testWebhookSecret now.
+func (c *client) signedEvent(id, body string) reply[event] {
+	wh, err := standardwebhooks.NewWebhook(testWebhookSecret)
+	if err != nil {
+		return reply[event]{err: err}
+	}
+	now := time.Now()
+	sig, err := wh.Sign(id, now, []byte(body))
+	if err != nil {
+		return reply[event]{err: err}
+	}
+	return call[event](c, "POST", "/api/v1/payments/events", body, withHeader("webhook-id", id),
+		withHeader("webhook-timestamp", strconv.FormatInt(now.Unix(), 10)), withHeader("webhook-signature", sig))
 }
 
 // product is what the tests read of a product's page as the API answers
@@ -271,6 +312,12 @@ func (c *client) patchProduct(sku int, change string) reply[changed] {
 
 // refunds lists the refunds owed: GET /api/v1/admin/refunds.
 func (c *client) refunds() reply[none] { return adminCall[none](c, "GET", "/api/v1/admin/refunds", "") }
+
+// settle settles refund id by hand with the provider's reference:
+// POST /api/v1/admin/refunds/{id}/settle.
+func (c *client) settle(id, ref string) reply[none] {
+	return adminCall[none](c, "POST", "/api/v1/admin/refunds/"+id+"/settle", fmt.Sprintf(`{"provider_refund_id":%q}`, ref))
+}
 
 // metrics is GET /metrics.
 func (c *client) metrics() reply[none] { return call[none](c, "GET", "/metrics", "") }

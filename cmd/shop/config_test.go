@@ -185,3 +185,34 @@ func TestDebugListenerLogsTheAddressBound(t *testing.T) {
 		t.Errorf("GET /debug/pprof/ on the logged %s: %v", addr, a)
 	}
 }
+
+// A payment window is paid only by the provider's signed events: without
+// the provider's secret, serve refuses to start and names what is missing;
+// with SHOP_PAY_WINDOW=0 it starts without (orders are paid when placed).
+// Stripe mode needs its two secrets.
+func TestConfigPaymentsNeedASecret(t *testing.T) {
+	t.Parallel()
+	base := serveBase(t)
+	delete(base, "SHOP_PAYMENT_WEBHOOK_SECRET")
+	for _, c := range []struct {
+		vars    map[string]string
+		code    int
+		missing []string
+	}{
+		{map[string]string{}, 2, []string{"SHOP_PAYMENT_WEBHOOK_SECRET", "SHOP_PAY_WINDOW"}},
+		{map[string]string{"SHOP_PAY_WINDOW": "0"}, 0, nil},
+		{map[string]string{"SHOP_PAYMENTS": "stripe"}, 2, []string{"SHOP_STRIPE_SECRET_KEY", "SHOP_STRIPE_WEBHOOK_SECRET"}},
+		{map[string]string{"SHOP_PAYMENTS": "stripe", "SHOP_STRIPE_SECRET_KEY": "sk_test_1"}, 2, []string{"SHOP_STRIPE_WEBHOOK_SECRET"}},
+		{map[string]string{"SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret}, 0, nil},
+	} {
+		code, out := serveWith(base, c.vars)
+		if code != c.code {
+			t.Errorf("%v: exit %d, want %d:\n%s", c.vars, code, c.code, out)
+		}
+		for _, name := range c.missing {
+			if !strings.Contains(out, name) {
+				t.Errorf("%v: the message does not name %s:\n%s", c.vars, name, out)
+			}
+		}
+	}
+}

@@ -420,6 +420,9 @@ func fleetVars(t *testing.T, db *testenv.DB, extra map[string]string) func() map
 			"SHOP_MYSQL_DSN":    db.DSN,
 			"SHOP_REDIS_ADDR":   testenv.RedisAddr(t),
 			"SHOP_REDIS_PREFIX": redisPrefix(t),
+			// The provider's secret: without it, the default payment
+			// window refuses to start.
+			"SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 		}
 		maps.Copy(m, extra)
 		return m

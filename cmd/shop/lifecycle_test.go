@@ -9,12 +9,13 @@ import (
 )
 
 // A sale on three replicas with a payment window: the winners reserve
-// every unit, half pay (through other replicas than the one they bought
-// through), and every replica learns the product sold out. The other
-// reservations lapse; the replicas' sweeps give their units back, once,
-// and announce it, so that the replicas that remembered the product sold
-// out sell it again to new buyers. A payment after the window is refused
-// and owed back; verify --acks holds throughout.
+// every unit at the product's price, and half are paid by the provider's
+// signed events (each delivered to all three replicas at once), and every
+// replica learns the product sold out. The other reservations lapse; the
+// replicas' sweeps give their units back, once, and announce it, so that
+// the replicas that remembered the product sold out sell it again to new
+// buyers. A payment after the window is owed back, in MySQL; verify
+// --acks holds throughout.
 func TestLifecycleOnThreeReplicas(t *testing.T) {
 	t.Parallel()
 	// The first wave, 13 orders one after the other, and the payments must
@@ -30,7 +31,7 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 	replicas := startReplicas(t, 3, vars)
 	var acks []string
 	type reservation struct {
-		id    int64
+		order
 		user  int
 		payBy time.Time
 	}
@@ -47,7 +48,10 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 			if err != nil {
 				t.Fatalf("pay_by %v: %v", *o.body.PayBy, err)
 			}
-			won = append(won, reservation{o.body.ID, user, payBy})
+			if o.body.Amount == nil || *o.body.Amount != 137 || o.body.Currency == nil || *o.body.Currency != "USD" {
+				t.Fatalf("order of user %d: %v; want it to owe 137 USD, the product's price", user, o)
+			}
+			won = append(won, reservation{o.body, user, payBy})
 			acks = append(acks, fmt.Sprint(o.body.ID))
 		case o.status == 409 && o.code() == "sold_out" && user > units:
 		default:
@@ -57,17 +61,33 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 	if len(won) != units {
 		t.Fatalf("%d reservations, want %d (the orders took %s, the pay window is %s)", len(won), units, time.Since(began), payWindow)
 	}
-	for i, r := range won[:units/2] {
-		payment := fmt.Sprintf("pay-%d", r.id)
-		for range 2 { // the same payment twice: 200 both times
-			o := replicas[(i+1)%3].public.pay(r.id, r.user, payment)
-			if o.expect(200) != nil || o.body.Status != "paid" || o.body.PaymentID == nil || *o.body.PaymentID != payment {
-				t.Fatalf("pay order %d: %v", r.id, o)
+	for _, r := range won[:units/2] {
+		payment := fmt.Sprintf("pay-%d", r.ID)
+		// The same event to the three replicas at once: one applies it,
+		// the others find it applied; all answer 200.
+		answers := make(chan reply[event], len(replicas))
+		for _, rep := range replicas {
+			go func() { answers <- rep.public.pays(r.order, payment) }()
+		}
+		first := 0
+		for range replicas {
+			a := <-answers
+			if a.expect(200) != nil || a.body.Result != "applied" {
+				t.Fatalf("payment of order %d: %v", r.ID, a)
 			}
+			if !a.body.Again {
+				first++
+			}
+		}
+		if first != 1 {
+			t.Errorf("payment of order %d applied by %d deliveries, want 1", r.ID, first)
+		}
+		if o := replicas[0].public.getOrder(r.ID, r.user); o.expect(200) != nil || o.body.Status != "paid" || o.body.PaymentID == nil || *o.body.PaymentID != payment {
+			t.Fatalf("order %d after its payment: %v", r.ID, o)
 		}
 	}
 	// Someone else's order is not found, nor is one that does not exist.
-	if o := replicas[0].public.getOrder(won[0].id, 999); o.status != 404 {
+	if o := replicas[0].public.getOrder(won[0].ID, 999); o.status != 404 {
 		t.Errorf("another buyer's order: %v, want 404", o)
 	}
 
@@ -75,16 +95,17 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 	// replica sells them again.
 	late := won[units-1]
 	waitFor(t, time.Until(late.payBy)+12*time.Second, "the unpaid reservations expired", func() error {
-		if o := replicas[2].public.getOrder(late.id, late.user); o.err != nil || o.body.Status != "expired" {
+		if o := replicas[2].public.getOrder(late.ID, late.user); o.err != nil || o.body.Status != "expired" {
 			return fmt.Errorf("the last one: %v", o)
 		}
 		return nil
 	})
-	if o := replicas[0].public.pay(late.id, late.user, fmt.Sprintf("late-%d", late.id)); o.status != 409 || o.code() != "order_expired" {
-		t.Errorf("late payment: %v, want 409 order_expired", o)
+	if o := replicas[0].public.pays(late.order, fmt.Sprintf("late-%d", late.ID)); o.expect(200) != nil || o.body.Result != "owed" || o.body.Reason != "order_expired" {
+		t.Errorf("late payment: %v, want 200 owed order_expired", o)
 	}
 	var refunds int
-	if err := db.Gorm.Raw("SELECT COUNT(*) FROM refunds WHERE order_id = ? AND reason = 'order_expired'", late.id).Scan(&refunds).Error; err != nil || refunds != 1 {
+	if err := db.Gorm.Raw("SELECT COUNT(*) FROM refunds WHERE order_id = ? AND reason = 'order_expired' AND amount_cents = 137 AND state = 'owed'",
+		late.ID).Scan(&refunds).Error; err != nil || refunds != 1 {
 		t.Errorf("refunds owed for the late payment: %d, %v; want 1", refunds, err)
 	}
 	for i := range units / 2 {

@@ -93,6 +93,14 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_CACHE_LOCAL_TTL", "-1s"},
 		{"SHOP_CACHE_LOCAL_TTL", "1"},
 		{"SHOP_CACHE_LOCAL_TTL", "2m"},
+		{"SHOP_PAYMENTS", "paypal"},
+		{"SHOP_PAYMENT_WEBHOOK_SECRET", "not-whsec"},
+		{"SHOP_PAYMENT_WEBHOOK_SECRET", "whsec_c2hvcnQ="}, // 5 bytes
+		{"SHOP_PAYMENT_WEBHOOK_SECRET", testWebhookSecret + ",whsec_!!"},
+		{"SHOP_PAYMENT_WEBHOOK_SECRET", ""}, // the default pay window needs it
+		{"SHOP_CURRENCY", "usd"},
+		{"SHOP_CURRENCY", "EURO"},
+		{"SHOP_STRIPE_API_BASE", "localhost:12111"},
 	}
 	base := serveBase(t)
 	for _, tt := range tests {

@@ -1,12 +1,15 @@
 package main
 
 import (
+	"encoding/json"
+	"strings"
 	"testing"
 
 	"shop/internal/testenv"
 )
 
-// shop serve lists the refunds owed that MySQL has to the admin API.
+// shop serve lists the refunds that MySQL has to the admin API, and
+// settles one by hand; a seed refuses while one is unsettled.
 func TestServeRefunds(t *testing.T) {
 	t.Parallel()
 	const token = "refunds-admin-token-0123456789"
@@ -15,18 +18,33 @@ func TestServeRefunds(t *testing.T) {
 	if code, out := shopWith(vars(), "seed", "--products", "1", "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}
-	for _, q := range []string{
-		"INSERT INTO orders (id, sku_id, user_id, status, pay_by, returned_at) VALUES (9, 1, 7, 'expired', '2030-01-02 03:00:00', '2030-01-02 03:00:01')",
-		"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (9, 'pay-9', 7, 1, 'order_expired', '2030-01-02 03:04:05.5')",
-	} {
-		if err := db.Gorm.Exec(q).Error; err != nil {
-			t.Fatalf("%s: %v", q, err)
-		}
-	}
 	r := startReplica(t, vars())
+	if e := r.public.paid(1<<40, "pay-9", 250, "EUR"); e.expect(200) != nil || e.body.Result != "owed" || e.body.Reason != "unknown_order" {
+		t.Fatalf("a payment for no order: %v; want 200 owed unknown_order", e)
+	}
 	a := r.admin.refunds()
-	want := `{"refunds":[{"order_id":9,"user_id":7,"sku_id":1,"payment_id":"pay-9","received_at":"2030-01-02T03:04:05.5Z","reason":"order_expired"}]}`
-	if a.expect(200) != nil || string(a.raw) != want {
-		t.Errorf("GET /api/v1/admin/refunds: %v\nwant 200 %s", a, want)
+	var page struct {
+		Refunds []map[string]any `json:"refunds"`
+		Next    *string          `json:"next"`
+	}
+	if a.expect(200) != nil || json.Unmarshal(a.raw, &page) != nil || len(page.Refunds) != 1 || page.Next != nil {
+		t.Fatalf("GET /api/v1/admin/refunds: %v", a)
+	}
+	got := page.Refunds[0]
+	if got["payment_id"] != "pay-9" || got["amount_cents"] != 250.0 || got["currency"] != "EUR" || got["state"] != "owed" || got["reason"] != "unknown_order" {
+		t.Errorf("the refund: %v", got)
+	}
+	if code, out := shopWith(vars(), "seed", "--products", "1", "--stock", "1"); code != 1 || !strings.Contains(out, "1 refunds are not settled") {
+		t.Errorf("seed with a refund owed: exit %d\n%s\nwant 1, saying so", code, out)
+	}
+	if s := r.admin.settle(got["refund_id"].(string), "re_9"); s.expect(200) != nil {
+		t.Fatalf("settle: %v", s)
+	}
+	if code, out := shopWith(vars(), "seed", "--products", "1", "--stock", "1", "--price-cents", "500", "--currency", "GBP"); code != 0 {
+		t.Errorf("seed once settled: exit %d\n%s", code, out)
+	}
+	var n int64
+	if err := db.Gorm.Raw("SELECT COUNT(*) FROM products WHERE price_cents = 500 AND currency = 'GBP'").Scan(&n).Error; err != nil || n != 1 {
+		t.Errorf("seeded products at 500 GBP: %d, %v", n, err)
 	}
 }
