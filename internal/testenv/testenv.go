@@ -77,6 +77,20 @@ func MySQL(tb testing.TB) *DB {
 // MySQLFrom is MySQL on the server that the variable env names.
 func MySQLFrom(tb testing.TB, env string) *DB {
 	tb.Helper()
+	return newDatabase(tb, env, migrations.Up)
+}
+
+// EmptyMySQL is MySQL without a schema: for tests of the migrations
+// themselves, which apply them step by step.
+func EmptyMySQL(tb testing.TB) *DB {
+	tb.Helper()
+	return newDatabase(tb, MySQLEnv, func(context.Context, *sql.DB) error { return nil })
+}
+
+// newDatabase creates a database on the server that the variable env
+// names, dropped when the test ends, and gives it its schema with migrate.
+func newDatabase(tb testing.TB, env string, migrate func(context.Context, *sql.DB) error) *DB {
+	tb.Helper()
 	base := lookup(tb, env)
 	cfg, err := mysql.ParseDSN(base)
 	if err != nil {
@@ -110,7 +124,7 @@ func MySQLFrom(tb testing.TB, env string) *DB {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := migrations.Up(ctx, sqlDB); err != nil {
+	if err := migrate(ctx, sqlDB); err != nil {
 		tb.Fatal(err)
 	}
 	return db
