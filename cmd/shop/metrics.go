@@ -1,6 +1,8 @@
 package main
 
 import (
+	"strings"
+
 	"shop/internal/lock"
 	"shop/internal/stock"
 
@@ -46,16 +48,32 @@ func registerLockStats(reg prometheus.Registerer, stats func() lock.Stats) {
 	)
 }
 
-// registerTransitions registers the counter of orders by the status they
-// reached, and of refunds owed, exported at 0 from the start.
-func registerTransitions(reg prometheus.Registerer) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+// registerTransitions registers the counters of orders by the status they
+// reached and of refunds by the state they reached, exported at 0 from the
+// start, and returns stock.Deps.Transitions, which counts in them.
+func registerTransitions(reg prometheus.Registerer) func(status string, n int) {
+	orders := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shop_order_status_total",
-		Help: "Orders as they reach a status: reserved or paid when placed, paid by a payment, cancelled, expired (their units back in the sale); refund_owed counts payments that came too late and are owed back.",
+		Help: "Orders as they reach a status: reserved or paid when placed, paid by a payment, cancelled, expired (their units back in the sale); refund_owed counts payments owed back.",
 	}, []string{"status"})
-	reg.MustRegister(c)
+	refunds := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "shop_refunds_total",
+		Help: "Refunds as they reach a state: owed (a payment recorded as owed back), refunded (settled by the provider or an operator), failed (the provider refused it: an operator must act).",
+	}, []string{"state"})
+	reg.MustRegister(orders, refunds)
 	for _, s := range []string{stock.StatusReserved, stock.StatusPaid, stock.StatusCancelled, stock.StatusExpired, "refund_owed"} {
-		c.WithLabelValues(s)
+		orders.WithLabelValues(s)
 	}
-	return c
+	for _, s := range []string{stock.RefundOwed, stock.RefundRefunded, stock.RefundFailed} {
+		refunds.WithLabelValues(s)
+	}
+	return func(status string, n int) {
+		if state, ok := strings.CutPrefix(status, "refund_"); ok {
+			refunds.WithLabelValues(state).Add(float64(n))
+			if state != stock.RefundOwed {
+				return
+			}
+		}
+		orders.WithLabelValues(status).Add(float64(n))
+	}
 }

@@ -259,7 +259,7 @@ func newOrders(ctx context.Context, cfg config, p pools, public *stock.Catalog, 
 	transitions := registerTransitions(reg)
 	orders := stock.NewService(stock.Deps{
 		DB: p.orders, Reads: p.reads, Public: public, Locks: locker, Announcer: products, Logger: log,
-		Transitions: func(status string, n int) { transitions.WithLabelValues(status).Add(float64(n)) },
+		Transitions: transitions,
 	}, stock.Settings{
 		Update: update, Fencing: cfg.Lock.Fencing, Batch: cfg.Orders.Batch, Lanes: lanes, UserLimit: cfg.Orders.UserLimit,
 		PayWindow: cfg.Orders.PayWindow, Returning: returning, Concurrency: ordersPoolSize,

@@ -147,7 +147,6 @@ func (s *Service) Receive(ctx context.Context, p Payment) (Receipt, error) {
 		return Receipt{}, classify(ctx, "receive payment", err)
 	}
 	if !r.Again {
-		s.transitions("payment_"+r.Outcome, 1)
 		switch r.Outcome {
 		case OutcomeApplied:
 			s.transitions(StatusPaid, 1)

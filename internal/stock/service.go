@@ -71,9 +71,8 @@ type Deps struct {
 	Checkouts Checkouts
 	// Transitions, when set, counts orders as they reach a status: n orders
 	// placed reserved or paid, paid by a payment, cancelled, expired;
-	// "payment_<outcome>" for each payment received, "refund_owed" for a
-	// payment recorded as owed back, and "refund_<state>" for refunds
-	// settled or failed.
+	// "refund_owed" for a payment recorded as owed back, and
+	// "refund_refunded" and "refund_failed" for refunds settled or failed.
 	Transitions func(status string, n int)
 	// Logger receives what the caller cannot act on, such as a failed
 	// release. Default: discard.
