@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -127,6 +130,63 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 		t.Errorf("expired orders %d (returned %d), want %d, each returned", expired, returned, units/2)
 	}
 	if code, out := shop(t, db, "verify", "--acks", acksFile(t, acks)); code != 0 {
+		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// The provider's events are paid for by the order path, not the public
+// gate: under a flood of anonymous stock reads, which the gate answers 503
+// when it is full, every payment of a reservation is answered 200 and
+// applied, in its window.
+func TestPaymentsUnderAReadFlood(t *testing.T) {
+	t.Parallel()
+	const reservations, readers = 20, 48
+	db := testenv.MySQL(t)
+	vars := fleetVars(t, db, map[string]string{"SHOP_PAY_WINDOW": "20s"})
+	if code, out := shop(t, db, "seed", "--products", "1", "--stock", fmt.Sprint(reservations)); code != 0 {
+		t.Fatal(out)
+	}
+	r := startReplica(t, vars())
+	var won []order
+	for user := 1; user <= reservations; user++ {
+		o := r.public.order(1, user)
+		if o.expect(201) != nil {
+			t.Fatalf("order of user %d: %v", user, o)
+		}
+		won = append(won, o.body)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	var reads, refused atomic.Int64
+	var wg sync.WaitGroup
+	for range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				s := r.public.send("GET", "/api/v1/products/1/stock", "", withContext(ctx))
+				reads.Add(1)
+				if s.status == 503 {
+					refused.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond) // the flood is on
+	for _, o := range won {
+		began := time.Now()
+		e := r.public.pays(o, fmt.Sprintf("flood-%d", o.ID))
+		if e.expect(200) != nil || e.body.Result != "applied" {
+			t.Errorf("payment of order %d under the flood: %v (after %s)", o.ID, e, time.Since(began))
+		}
+	}
+	stop()
+	wg.Wait()
+	t.Logf("%d stock reads during the payments, %d answered 503", reads.Load(), refused.Load())
+	var paid int64
+	if err := db.Gorm.Raw("SELECT COUNT(*) FROM orders WHERE status = 'paid' AND payment_id LIKE 'flood-%'").Scan(&paid).Error; err != nil || paid != reservations {
+		t.Errorf("paid orders: %d, %v; want %d", paid, err, reservations)
+	}
+	if code, out := shop(t, db, "verify"); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
 	}
 }
