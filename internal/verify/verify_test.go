@@ -238,16 +238,22 @@ func TestVerifyLifecycleHolds(t *testing.T) {
 		checkRefundOrder, checkRefundNotPaid, ackExists, ackMatches} {
 		checkOf(t, r, name)
 	}
-	text := r.String()
-	for _, line := range []string{
+	expectLines(t, r,
 		"products 4, initial stock 12, stock 8, orders 6, oversold units 0\n",
 		"orders by status: reserved 2, paid 2, cancelled 1, expired 1; refunds owed 2\n",
 		"payments by outcome: applied 0, owed 0, conflict 0; refunds by state: owed 2, requested 0, refunded 0, failed 0\n",
 		"info  1 paid orders carry no payment id (paid when placed, or by the migration)\n",
 		"info  1 paid orders carry a payment id from before the payments ledger, and no amount to check it by\n",
-		"ok    " + checkRefundNotPaid + "\n",
+		"ok    "+checkRefundNotPaid+"\n",
 		"verdict: all invariants hold\n",
-	} {
+	)
+}
+
+// expectLines expects the text report of r to have every line of lines.
+func expectLines(t *testing.T, r verify.Report, lines ...string) {
+	t.Helper()
+	text := r.String()
+	for _, line := range lines {
 		if !strings.Contains(text, line) {
 			t.Errorf("the text report lacks %q:\n%s", line, text)
 		}
@@ -330,34 +336,51 @@ func TestVerifyLifecycleViolations(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			db := lifecycle(t)
-			ctx := context.Background()
-			err := db.Gorm.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-				for _, q := range tt.sql {
-					if err := conn.Exec(q).Error; err != nil {
-						return fmt.Errorf("%s: %w", q, err)
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := verify.Sale(ctx, db.Gorm, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := []verify.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}}
-			if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Errorf("failing checks %+v, want only %+v\n%s", got, want, r)
-			}
-			if r.OK() {
-				t.Error("OK() with a violation")
-			}
-			if line := "FAIL  " + tt.check + ": " + fmt.Sprint(len(tt.examples)) + " violations, first: " + strings.Join(tt.examples, "; ") + "\n"; !strings.Contains(r.String(), line) {
-				t.Errorf("the text report lacks %q:\n%s", line, r)
-			}
+			r := saleAfter(t, lifecycle(t), tt.sql)
+			expectFailing(t, r, []verify.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}})
 		})
+	}
+}
+
+// saleAfter runs sql on one connection of db, in order, and returns what
+// Sale then finds.
+func saleAfter(t *testing.T, db *testenv.DB, sql []string) verify.Report {
+	t.Helper()
+	ctx := context.Background()
+	err := db.Gorm.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		for _, q := range sql {
+			if err := conn.Exec(q).Error; err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := verify.Sale(ctx, db.Gorm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// expectFailing expects the checks of r that fail to be want, no more, in
+// the text report and in its JSON; with want nil, the sale holds.
+func expectFailing(t *testing.T, r verify.Report, want []verify.Check) {
+	t.Helper()
+	if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("failing checks %+v, want only %+v\n%s", got, want, r)
+	}
+	if r.OK() != (want == nil) {
+		t.Errorf("OK() = %v with %d checks failing", r.OK(), len(want))
+	}
+	checks := jsonChecks(t, r)
+	for _, c := range want {
+		expectLines(t, r, fmt.Sprintf("FAIL  %s: %d violations, first: %s\n", c.Name, c.Violations, strings.Join(c.Examples, "; ")))
+		if got := checks[c.Name]; fmt.Sprint(got) != fmt.Sprint(c) {
+			t.Errorf("JSON check %+v, want %+v", got, c)
+		}
 	}
 }
 
