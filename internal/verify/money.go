@@ -39,11 +39,11 @@ const (
 	gaveUpPayment = `EXISTS (SELECT 1 FROM refunds d
 		WHERE d.order_id = orders.id AND d.provider IS NULL AND d.reason = 'duplicate_payment')`
 	// paidOutsideLedger are the paid orders o that carry a payment id the
-	// ledger applied to no order: from before the ledger, when a buyer's
-	// word paid an order, or paid by a path that skipped the ledger. A
-	// WHERE clause follows, to be extended with AND.
-	paidOutsideLedger = `orders o LEFT JOIN (SELECT DISTINCT payment_id FROM payments WHERE outcome = 'applied') a
-		ON a.payment_id = o.payment_id
+	// ledger did not apply to them: from before the ledger, when a buyer's
+	// word paid an order, or paid by a path that skipped the ledger. The
+	// ledger is read by its order (ix_payments_order): by payment id alone
+	// it has no index. A WHERE clause follows, to be extended with AND.
+	paidOutsideLedger = `orders o LEFT JOIN payments a ON a.order_id = o.id AND a.payment_id = o.payment_id AND a.outcome = 'applied'
 		WHERE o.status = 'paid' AND o.payment_id IS NOT NULL AND a.payment_id IS NULL`
 	// refundAndLedger is every refund r with its payment p in the ledger,
 	// when it has a provider and the ledger has the payment.
@@ -120,10 +120,9 @@ func (o offenders) check(db *gorm.DB) (Check, error) {
 //     carried by its order; one owed has its refund, for the same order;
 //     a conflict's payment id is on another order; every refund with a
 //     provider is of a payment the ledger holds as owed (or applied, the
-//     check above); and every paid order with an amount, whose payment id
-//     the ledger applied to no order, is a violation: only orders from
-//     before amounts were paid before the ledger (counted, not a
-//     violation).
+//     check above); and every paid order with an amount carries a payment
+//     the ledger applied to it: only orders from before amounts were paid
+//     before the ledger (counted, not a violation).
 var moneyChecks = []offenders{
 	{
 		checkRefundOrder,
@@ -197,7 +196,7 @@ var moneyChecks = []offenders{
 			FROM ` + refundAndLedger + `
 			WHERE r.provider IS NOT NULL AND COALESCE(p.outcome, '') NOT IN ('applied', 'owed')
 		UNION ALL SELECT 5, o.id, o.payment_id, CONCAT('order ', o.id, ' is paid by payment ', o.payment_id,
-				', which the ledger has not applied')
+				', which the ledger has not applied to it')
 			FROM ` + paidOutsideLedger + ` AND NOT ` + beforeAmounts,
 		"kind, order_id, k",
 	},

@@ -183,7 +183,10 @@ func TestVerifyLedgerViolations(t *testing.T) {
 			"UPDATE products SET stock = stock - 1 WHERE id = 1",
 			`INSERT INTO orders (id, sku_id, user_id, created_at, status, pay_by, paid_at, payment_id, amount_cents, currency)
 				VALUES (12, 1, 12, '` + placedAt + `', 'paid', '` + payBy + `', '` + paidAt + `', 'pay-7', 1000, 'USD')`,
-		}, one(checkPaymentOnce, "payment pay-7 is on orders 7,12; the ledger applied it to order 7 (webhook)")},
+		}, []verify.Check{
+			{Name: checkPaymentOnce, Violations: 1, Examples: []string{"payment pay-7 is on orders 7,12; the ledger applied it to order 7 (webhook)"}},
+			{Name: checkLedger, Violations: 1, Examples: []string{"order 12 is paid by payment pay-7, which the ledger has not applied to it"}},
+		}},
 		{"one payment id applied twice", []string{
 			"INSERT INTO payments VALUES ('stripe', 'pay-7', 7, 1000, 'USD', 'evt_7', '" + paidAt + "', 'applied')",
 		}, one(checkPaymentOnce, "payment pay-7 is on orders 7; the ledger applied it to order 7 (stripe), order 7 (webhook)")},
@@ -203,10 +206,12 @@ func TestVerifyLedgerViolations(t *testing.T) {
 			"UPDATE refunds SET state = 'refunded', provider_refund_id = '', settled_at = '" + lateAt + "' WHERE refund_id = 'r4'",
 		}, one(checkRefundSettled, "refund r4 refunded, provider_refund_id '' settled_at "+lateAt+".000000")},
 
-		{"a payment applied to an order that does not carry it", []string{"UPDATE payments SET order_id = 8 WHERE payment_id = 'pay-7'"},
-			one(checkLedger, "payment pay-7 (webhook) applied to order 8, which carries no payment id")},
-		{"a payment applied to no order", []string{"UPDATE payments SET order_id = 98 WHERE payment_id = 'pay-7'"},
-			one(checkLedger, "payment pay-7 (webhook) applied to order 98, which does not exist")},
+		{"a payment applied to an order that does not carry it", []string{
+			"INSERT INTO payments VALUES ('webhook', 'pay-13', 8, 1000, 'USD', 'evt-13', '" + lateAt + "', 'applied')",
+		}, one(checkLedger, "payment pay-13 (webhook) applied to order 8, which carries no payment id")},
+		{"a payment applied to no order, which paid another", []string{"UPDATE payments SET order_id = 98 WHERE payment_id = 'pay-7'"},
+			one(checkLedger, "payment pay-7 (webhook) applied to order 98, which does not exist",
+				"order 7 is paid by payment pay-7, which the ledger has not applied to it")},
 		{"a payment owed back with no refund", []string{"DELETE FROM refunds WHERE refund_id = 'r8'"},
 			one(checkLedger, "payment pay-8 (webhook) owed back for order 8, and no refund returns it")},
 		{"a payment owed back by a refund of another order", []string{"UPDATE payments SET order_id = 7 WHERE payment_id = 'pay-8'"},
@@ -221,7 +226,7 @@ func TestVerifyLedgerViolations(t *testing.T) {
 			one(checkLedger, "payment pay-8 (webhook) owed back for order 8, and no refund returns it",
 				"refund r8 of payment pay-8 (stripe): the ledger does not have the payment")},
 		{"an order with an amount paid outside the ledger", []string{"DELETE FROM payments WHERE payment_id = 'pay-7'"},
-			one(checkLedger, "order 7 is paid by payment pay-7, which the ledger has not applied")},
+			one(checkLedger, "order 7 is paid by payment pay-7, which the ledger has not applied to it")},
 
 		{"a payment applied and owed back, in the ledger", []string{
 			`INSERT INTO refunds (refund_id, provider, payment_id, order_id, user_id, sku_id, amount_cents, currency, reason, received_at)
