@@ -148,6 +148,7 @@ const (
 	paidAt     = "2025-01-01 10:05:00"
 	returnedAt = "2025-01-01 10:20:00"
 	payBy      = "2025-01-01 10:15:00"
+	lateAt     = "2025-01-01 10:40:00" // after every pay_by
 )
 
 // lifecycle is a catalog of four products with three units each and orders
@@ -156,7 +157,7 @@ const (
 // would be short of units.
 //
 //	order 1: sku 1, user 10, reserved
-//	order 2: sku 1, user 11, paid through /pay (payment pay-2)
+//	order 2: sku 1, user 11, paid through /pay before the ledger (payment pay-2)
 //	order 3: sku 2, user 10, paid when placed (no payment id)
 //	order 4: sku 2, user 11, cancelled; its late payment pay-4 is owed back
 //	order 5: sku 3, user 10, expired; its late payment pay-5 is owed back
@@ -178,9 +179,9 @@ func lifecycle(t *testing.T) *testenv.DB {
 			(4, 2, 11, '` + placedAt + `', 'cancelled', '` + payBy + `', NULL, NULL, '` + returnedAt + `'),
 			(5, 3, 10, '` + placedAt + `', 'expired', '` + payBy + `', NULL, NULL, '` + returnedAt + `'),
 			(6, 3, 10, '` + returnedAt + `', 'reserved', '2025-01-01 10:35:00', NULL, NULL, NULL)`,
-		`INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
-			(4, 'pay-4', 11, 2, 'order_cancelled', '2025-01-01 10:30:00'),
-			(5, 'pay-5', 10, 3, 'order_expired', '2025-01-01 10:25:00')`,
+		`INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
+			('r4', 4, 'pay-4', 11, 2, 'order_cancelled', '2025-01-01 10:30:00'),
+			('r5', 5, 'pay-5', 10, 3, 'order_expired', '2025-01-01 10:25:00')`,
 	} {
 		if err := db.Gorm.WithContext(ctx).Exec(q).Error; err != nil {
 			t.Fatalf("%s: %v", q, err)
@@ -207,8 +208,8 @@ const (
 	checkStatus        = "every order is reserved, paid, cancelled or expired"
 	checkPaidAndGone   = "no order both paid and cancelled or expired"
 	checkReturned      = "returned_at set exactly on cancelled and expired orders"
-	checkPaymentID     = "every order paid through /pay has its payment id"
-	checkRefundOrder   = "every refund owed is for a cancelled or expired order of its user and sku"
+	checkPaymentID     = "every order paid by a payment has its payment id"
+	checkRefundOrder   = "every refund owed is of its order, for a reason the order bears out"
 	checkRefundNotPaid = "no payment both paid an order and is owed back"
 )
 
@@ -230,18 +231,29 @@ func TestVerifyLifecycleHolds(t *testing.T) {
 		r.Stock != 8 || r.InitialStock != 12 || r.Oversold != 0 || r.Acks != 6 {
 		t.Errorf("report %+v; want 6 orders %+v, 2 refunds, 1 paid without payment id, stock 8 of 12", r, want)
 	}
+	if r.Payments != (verify.PaymentCounts{}) || r.RefundsByState != (verify.RefundCounts{Owed: 2}) || r.PaidBeforeLedger != 1 {
+		t.Errorf("report %+v; want an empty ledger, 2 refunds owed and 1 order paid before the ledger", r)
+	}
 	for _, name := range []string{checkUnits, checkOneActive, checkStatus, checkPaidAndGone, checkReturned, checkPaymentID,
 		checkRefundOrder, checkRefundNotPaid, ackExists, ackMatches} {
 		checkOf(t, r, name)
 	}
-	text := r.String()
-	for _, line := range []string{
+	expectLines(t, r,
 		"products 4, initial stock 12, stock 8, orders 6, oversold units 0\n",
 		"orders by status: reserved 2, paid 2, cancelled 1, expired 1; refunds owed 2\n",
+		"payments by outcome: applied 0, owed 0, conflict 0; refunds by state: owed 2, requested 0, refunded 0, failed 0\n",
 		"info  1 paid orders carry no payment id (paid when placed, or by the migration)\n",
-		"ok    " + checkRefundNotPaid + "\n",
+		"info  1 paid orders carry a payment id from before the payments ledger, and no amount to check it by\n",
+		"ok    "+checkRefundNotPaid+"\n",
 		"verdict: all invariants hold\n",
-	} {
+	)
+}
+
+// expectLines expects the text report of r to have every line of lines.
+func expectLines(t *testing.T, r verify.Report, lines ...string) {
+	t.Helper()
+	text := r.String()
+	for _, line := range lines {
 		if !strings.Contains(text, line) {
 			t.Errorf("the text report lacks %q:\n%s", line, text)
 		}
@@ -292,59 +304,83 @@ func TestVerifyLifecycleViolations(t *testing.T) {
 			"UPDATE orders SET returned_at = NULL WHERE id = 4",
 			"UPDATE orders SET returned_at = '" + returnedAt + "' WHERE id = 1",
 		}, checkReturned, []string{"order 1 reserved returned_at " + returnedAt + ".000000", "order 4 cancelled returned_at NULL"}},
-		{"paid through /pay without its payment id", []string{"UPDATE orders SET payment_id = NULL WHERE id = 2"},
+		{"paid by a payment without its payment id", []string{"UPDATE orders SET payment_id = NULL WHERE id = 2"},
 			checkPaymentID, []string{"order 2 paid paid_at " + paidAt + ".000000 payment_id NULL"}},
 		{"a payment id without paid_at", []string{"UPDATE orders SET payment_id = 'pay-3' WHERE id = 3"},
 			checkPaymentID, []string{"order 3 paid paid_at NULL payment_id pay-3"}},
 		{"a reservation with a payment", []string{"UPDATE orders SET payment_id = 'pay-1' WHERE id = 1"},
 			checkPaymentID, []string{"order 1 reserved paid_at NULL payment_id pay-1"}},
 		{"a refund of no order", []string{
-			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (99, 'pay-99', 10, 1, 'order_expired', NOW())",
-		}, checkRefundOrder, []string{"refund of order 99 payment pay-99 (user 10 sku 1 order_expired): no such order"}},
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('rx', 99, 'pay-99', 10, 1, 'order_expired', '" + lateAt + "')",
+		}, checkRefundOrder, []string{"refund rx of order 99 payment pay-99 (user 10 sku 1 order_expired, received " + lateAt + ".000000): no such order"}},
 		{"a refund of a paid order", []string{
-			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (2, 'pay-late', 11, 1, 'order_expired', NOW())",
-		}, checkRefundOrder, []string{"refund of order 2 payment pay-late (user 11 sku 1 order_expired): the order is user 11 sku 1 paid"}},
-		{"a refund of a reserved order", []string{
-			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (6, 'pay-6', 10, 3, 'order_expired', NOW())",
-		}, checkRefundOrder, []string{"refund of order 6 payment pay-6 (user 10 sku 3 order_expired): the order is user 10 sku 3 reserved"}},
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('rx', 2, 'pay-late', 11, 1, 'order_expired', '" + lateAt + "')",
+		}, checkRefundOrder, []string{"refund rx of order 2 payment pay-late (user 11 sku 1 order_expired, received " + lateAt + ".000000): " +
+			"the order is user 11 sku 1 paid, pay_by " + payBy + ".000000"}},
+		{"a refund of a reservation before its pay_by", []string{
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('rx', 6, 'pay-6', 10, 3, 'order_expired', '2025-01-01 10:34:59')",
+		}, checkRefundOrder, []string{"refund rx of order 6 payment pay-6 (user 10 sku 3 order_expired, received 2025-01-01 10:34:59.000000): " +
+			"the order is user 10 sku 3 reserved, pay_by 2025-01-01 10:35:00.000000"}},
+		{"a late payment refunded before its order's pay_by", []string{"UPDATE refunds SET received_at = '2025-01-01 10:14:00' WHERE refund_id = 'r5'"},
+			checkRefundOrder, []string{"refund r5 of order 5 payment pay-5 (user 10 sku 3 order_expired, received 2025-01-01 10:14:00.000000): " +
+				"the order is user 10 sku 3 expired, pay_by " + payBy + ".000000"}},
 		{"a refund of another reason", []string{"UPDATE refunds SET reason = 'order_cancelled' WHERE order_id = 5"},
-			checkRefundOrder, []string{"refund of order 5 payment pay-5 (user 10 sku 3 order_cancelled): the order is user 10 sku 3 expired"}},
+			checkRefundOrder, []string{"refund r5 of order 5 payment pay-5 (user 10 sku 3 order_cancelled): the order is user 10 sku 3 expired"}},
 		{"a refund to another user and sku", []string{"UPDATE refunds SET user_id = 12, sku_id = 1 WHERE order_id = 4"},
-			checkRefundOrder, []string{"refund of order 4 payment pay-4 (user 12 sku 1 order_cancelled): the order is user 11 sku 2 cancelled"}},
+			checkRefundOrder, []string{"refund r4 of order 4 payment pay-4 (user 12 sku 1 order_cancelled): the order is user 11 sku 2 cancelled"}},
+		{"a refund to no user", []string{"UPDATE refunds SET user_id = NULL WHERE order_id = 4"},
+			checkRefundOrder, []string{"refund r4 of order 4 payment pay-4 (user NULL sku 2 order_cancelled): the order is user 11 sku 2 cancelled"}},
 		{"a payment applied and owed back", []string{
-			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (4, 'pay-2', 11, 2, 'order_cancelled', NOW())",
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('rx', 4, 'pay-2', 11, 2, 'order_cancelled', '" + lateAt + "')",
 		}, checkRefundNotPaid, []string{"payment pay-2 paid order 2 and is owed back for order 4"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			db := lifecycle(t)
-			ctx := context.Background()
-			err := db.Gorm.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-				for _, q := range tt.sql {
-					if err := conn.Exec(q).Error; err != nil {
-						return fmt.Errorf("%s: %w", q, err)
-					}
-				}
-				return nil
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := verify.Sale(ctx, db.Gorm, nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := []verify.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}}
-			if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
-				t.Errorf("failing checks %+v, want only %+v\n%s", got, want, r)
-			}
-			if r.OK() {
-				t.Error("OK() with a violation")
-			}
-			if line := "FAIL  " + tt.check + ": " + fmt.Sprint(len(tt.examples)) + " violations, first: " + strings.Join(tt.examples, "; ") + "\n"; !strings.Contains(r.String(), line) {
-				t.Errorf("the text report lacks %q:\n%s", line, r)
-			}
+			r := saleAfter(t, lifecycle(t), tt.sql)
+			expectFailing(t, r, []verify.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}})
 		})
+	}
+}
+
+// saleAfter runs sql on one connection of db, in order, and returns what
+// Sale then finds.
+func saleAfter(t *testing.T, db *testenv.DB, sql []string) verify.Report {
+	t.Helper()
+	ctx := context.Background()
+	err := db.Gorm.WithContext(ctx).Connection(func(conn *gorm.DB) error {
+		for _, q := range sql {
+			if err := conn.Exec(q).Error; err != nil {
+				return fmt.Errorf("%s: %w", q, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := verify.Sale(ctx, db.Gorm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// expectFailing expects the checks of r that fail to be want, no more, in
+// the text report and in its JSON; with want nil, the sale holds.
+func expectFailing(t *testing.T, r verify.Report, want []verify.Check) {
+	t.Helper()
+	if got := failing(r); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("failing checks %+v, want only %+v\n%s", got, want, r)
+	}
+	if r.OK() != (want == nil) {
+		t.Errorf("OK() = %v with %d checks failing", r.OK(), len(want))
+	}
+	checks := jsonChecks(t, r)
+	for _, c := range want {
+		expectLines(t, r, fmt.Sprintf("FAIL  %s: %d violations, first: %s\n", c.Name, c.Violations, strings.Join(c.Examples, "; ")))
+		if got := checks[c.Name]; fmt.Sprint(got) != fmt.Sprint(c) {
+			t.Errorf("JSON check %+v, want %+v", got, c)
+		}
 	}
 }
 
