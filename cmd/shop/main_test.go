@@ -301,20 +301,20 @@ func TestVerifyDetectsEachViolation(t *testing.T) {
 		{check: "returned_at set exactly on cancelled and expired orders", sql: []string{
 			"INSERT INTO orders (sku_id, user_id, status) VALUES (2, 7, 'expired')",
 		}},
-		{check: "every order paid through /pay has its payment id", sql: []string{
+		{check: "every order paid by a payment has its payment id", sql: []string{
 			"UPDATE products SET stock = 0 WHERE id = 2",
 			"INSERT INTO orders (sku_id, user_id, status, paid_at) VALUES (2, 7, 'paid', NOW(6))",
 		}},
-		{check: "every refund owed is for a cancelled or expired order of its user and sku", sql: []string{
+		{check: "every refund owed is of its order, for a reason the order bears out", sql: []string{
 			"UPDATE products SET stock = 0 WHERE id = 2",
 			"INSERT INTO orders (id, sku_id, user_id, status, pay_by) VALUES (50, 2, 7, 'reserved', NOW(6))",
-			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (50, 'p1', 7, 2, 'order_expired', NOW(6))",
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('01JAAAAAAAAAAAAAAAAAAAAAAA', 50, 'p1', 7, 2, 'order_expired', NOW(6) - INTERVAL 1 MINUTE)",
 		}},
 		{check: "no payment both paid an order and is owed back", sql: []string{
 			"UPDATE products SET stock = 0 WHERE id = 2",
 			"INSERT INTO orders (id, sku_id, user_id, status, pay_by, paid_at, payment_id) VALUES (50, 2, 7, 'paid', NOW(6), NOW(6), 'p1')",
 			"INSERT INTO orders (id, sku_id, user_id, status, pay_by, returned_at) VALUES (51, 3, 7, 'expired', NOW(6), NOW(6))",
-			"INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES (51, 'p1', 7, 3, 'order_expired', NOW(6))",
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('01JAAAAAAAAAAAAAAAAAAAAAAB', 51, 'p1', 7, 3, 'order_expired', NOW(6))",
 		}},
 		{check: "every acknowledged order exists", acks: "12345\n"},
 		{check: "every acknowledged order exists", sql: []string{
@@ -386,8 +386,8 @@ func TestVerifyLifecycle(t *testing.T) {
 			(3, 2, 7, 'paid', NULL, NULL, NULL, NULL),
 			(4, 2, 8, 'cancelled', NOW(6), NULL, NULL, NOW(6)),
 			(5, 3, 7, 'expired', NOW(6), NULL, NULL, NOW(6))`,
-		`INSERT INTO refunds (order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
-			(5, 'pay-5', 7, 3, 'order_expired', NOW(6))`,
+		`INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES
+			('01JAAAAAAAAAAAAAAAAAAAAAAC', 5, 'pay-5', 7, 3, 'order_expired', NOW(6))`,
 	} {
 		if err := db.Gorm.Exec(q).Error; err != nil {
 			t.Fatalf("%s: %v", q, err)

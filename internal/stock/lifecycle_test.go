@@ -391,6 +391,12 @@ func TestSweepWaitsForAPayment(t *testing.T) {
 		}
 		tx := db.Gorm.Begin()
 		defer tx.Rollback()
+		// The payment's transaction as Receive runs it: its row in the
+		// ledger, then the UPDATE.
+		if err := tx.Exec("INSERT INTO payments (provider, payment_id, order_id, amount_cents, currency, event_id, received_at, outcome) "+
+			"VALUES ('webhook', 'pay-2', ?, ?, 'USD', 'msg', UTC_TIMESTAMP(6), 'applied')", p.ID, *p.AmountCents).Error; err != nil {
+			t.Fatal(err)
+		}
 		res := tx.Exec("UPDATE orders SET status = 'paid', payment_id = 'pay-2', paid_at = UTC_TIMESTAMP(6) WHERE id = ? AND status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)", p.ID)
 		if res.Error != nil || res.RowsAffected != 1 {
 			t.Fatalf("the payment's UPDATE: %v, %d rows", res.Error, res.RowsAffected)
