@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"shop/internal/payments"
 	"shop/internal/stock"
 
 	"github.com/gin-gonic/gin"
@@ -14,16 +15,23 @@ import (
 var OpenAPI = openAPI
 
 // Routes returns the routes of both listeners, as gin has them: the
-// public's (addRoutes) and the operators' (addAdminRoutes).
+// public's (addRoutes) and the operators' (addAdminRoutes). Some routes
+// exist only with a dependency, and the payment events' route depends on
+// the provider, so the routes are those of every dependency set, with each
+// provider in turn. The dependencies are only registered, never called.
 func Routes() (public, admin gin.RoutesInfo) {
 	gin.SetMode(gin.ReleaseMode)
-	d := Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry()}
-	m := newMetrics(d.Registry)
-	lim := newLimiter(nil, Limits{}, d.Logger, d.Registry)
-	pr, ar := gin.New(), gin.New()
-	addRoutes(pr, d, m, lim)
-	addAdminRoutes(ar, d, "", m, lim)
-	return pr.Routes(), ar.Routes()
+	for _, v := range []payments.Verifier{&payments.Standard{}, &payments.Stripe{}} {
+		d := Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(),
+			Verifier: v, Payments: (*stock.Service)(nil), Checkouts: (*stock.Service)(nil)}
+		m := newMetrics(d.Registry)
+		lim := newLimiter(nil, Limits{}, d.Logger, d.Registry)
+		pr, ar := gin.New(), gin.New()
+		addRoutes(pr, d, m, lim)
+		addAdminRoutes(ar, d, "", m, lim)
+		public, admin = append(public, pr.Routes()...), append(admin, ar.Routes()...)
+	}
+	return public, admin
 }
 
 // SeedFunc is a function that is a Seeder.
