@@ -74,7 +74,7 @@ func (p *placed) count() int {
 type productFunc struct{}
 
 func (productFunc) Product(_ context.Context, id int64) (stock.Product, error) {
-	return stock.Product{ID: id, Name: "Product", PriceCents: 100, Stock: 1}, nil
+	return stock.Product{ID: id, Name: "Product", PriceCents: 100, Currency: "USD", Stock: 1}, nil
 }
 
 func (productFunc) Stock(context.Context, int64) (int, error) { return 1, nil }

@@ -46,8 +46,6 @@ var (
 	// ErrOrderExpired means the order's payment window had ended: its unit
 	// goes back to the sale, or has gone.
 	ErrOrderExpired error = &ruling{"stock: order expired"}
-	// ErrOrderCancelled means the buyer cancelled the order.
-	ErrOrderCancelled error = &ruling{"stock: order cancelled"}
 	// ErrOrderPaid means the order is paid: it can no longer be cancelled.
 	ErrOrderPaid error = &ruling{"stock: order paid"}
 	// ErrOrderNotPayable means the order cannot be paid now: it is not

@@ -124,9 +124,9 @@ func (p Payment) validate() error {
 // retried once.
 //
 // Errors: ErrInvalid (nothing written), ErrBusy (MySQL did not answer or
-// refused work for now; nothing was recorded), ErrOutcomeUnknown (the
-// COMMIT's answer was lost). After ErrBusy and ErrOutcomeUnknown the same
-// payment again is safe: it is recorded once.
+// refused work for now, and nothing was recorded; or the COMMIT's answer
+// was lost). After ErrBusy the same payment again is safe: it is recorded
+// once.
 func (s *Service) Receive(ctx context.Context, p Payment) (Receipt, error) {
 	if err := p.validate(); err != nil {
 		return Receipt{}, err
@@ -160,7 +160,9 @@ func (s *Service) Receive(ctx context.Context, p Payment) (Receipt, error) {
 // receive is Receive's transaction.
 func (s *Service) receive(ctx context.Context, p Payment) (Receipt, error) {
 	var r Receipt
-	err := s.transaction(ctx, ErrOutcomeUnknown, "payment "+p.PaymentID, func(tx *gorm.DB) error {
+	// A COMMIT whose answer was lost is answered busy: the provider sends
+	// the event again, and the ledger makes that safe.
+	err := s.transaction(ctx, ErrBusy, "payment "+p.PaymentID, func(tx *gorm.DB) error {
 		// The ledger's row first: a delivery that finds it there already
 		// waits for the one that wrote it, then changes nothing.
 		n, _, err := run(tx, sqlRecordPayment, p.Provider, p.PaymentID, p.OrderID, p.AmountCents, p.Currency, p.EventID)
