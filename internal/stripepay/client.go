@@ -23,11 +23,12 @@
 // # Errors
 //
 // Every error of a call is an *Error naming its Kind and whether trying
-// again may succeed (but CancelIntent's ErrIntentFinal). Calls are idempotent (each sends an Idempotency-Key),
-// so a retry after an answer that was lost is safe: transport failures,
-// timeouts, 409, 429, 5xx, a rejected key (401, 403: the operator's to fix,
-// not the refund's) and answers that are not Stripe's are retryable; any
-// other 4xx is permanent.
+// again may succeed, but CancelIntent's ErrIntentFinal. A retry after an
+// answer that was lost is safe: a creation and a refund carry an
+// Idempotency-Key, and a cancellation repeated is ErrIntentFinal. So
+// transport failures, timeouts, 409, 429, 5xx, a rejected key (401, 403:
+// the operator's to fix, not the refund's) and answers that are not
+// Stripe's are retryable; any other 4xx is permanent.
 package stripepay
 
 import (
