@@ -26,6 +26,12 @@
 //	    lapsed reservations, or a cancellation), after its writes and before
 //	    its COMMIT, prints a line to stderr and stops for 5000 ms, so that the
 //	    demo can kill the process with the transaction open.
+//	shopRefundKill=1*return(5000)
+//	    the first refund the refunder has called Stripe's Refund API for
+//	    prints a line to stderr and stops for 5000 ms before its answer is
+//	    recorded, so that the demo can kill the process between the call and
+//	    the record: the refund stays owed, and once its lease runs out the
+//	    call is made again with the same Idempotency-Key.
 package failpoint
 
 import (
@@ -45,4 +51,8 @@ type Hooks struct {
 	BeforeReturn func(ctx context.Context, sku int64)
 	// After is lock.RedisOptions.After, the timer lease watchdogs sleep on.
 	After func(time.Duration) <-chan time.Time
+	// BetweenRefundCallAndRecord is stripepay.Hooks.BetweenCallAndRecord:
+	// it runs after the refunder's call to the Refund API and before the
+	// transaction that records its answer.
+	BetweenRefundCallAndRecord func(ctx context.Context, refundID string)
 }

@@ -30,7 +30,7 @@ func TestDefaultBuildHasNoFailpoints(t *testing.T) {
 	}
 	const gofail = "go.etcd.io/gofail/runtime"
 	h := failpoint.New()
-	if h.BeforeWrite != nil || h.After != nil {
+	if h.BeforeWrite != nil || h.BeforeReturn != nil || h.After != nil || h.BetweenRefundCallAndRecord != nil {
 		t.Error("a default build hands out hooks")
 	}
 	if slices.Contains(deps(t, ""), gofail) {

@@ -18,6 +18,7 @@ var (
 	register   sync.Once
 	staleWrite *gofail.Failpoint
 	sweepStall *gofail.Failpoint
+	refundKill *gofail.Failpoint
 	stopped    = &world{}
 )
 
@@ -26,41 +27,58 @@ func New() Hooks {
 	register.Do(func() {
 		staleWrite = gofail.NewFailpoint("shopStaleWrite")
 		sweepStall = gofail.NewFailpoint("shopSweepStall")
+		refundKill = gofail.NewFailpoint("shopRefundKill")
 	})
-	return Hooks{BeforeWrite: beforeWrite, BeforeReturn: beforeReturn, After: stopped.after}
+	return Hooks{BeforeWrite: beforeWrite, BeforeReturn: beforeReturn, After: stopped.after,
+		BetweenRefundCallAndRecord: betweenRefundCallAndRecord}
 }
 
 // beforeReturn is the shopSweepStall failpoint.
 func beforeReturn(ctx context.Context, sku int64) {
-	v, err := sweepStall.Acquire()
-	if err != nil {
-		return
-	}
-	d, err := duration(v)
-	if err != nil {
-		sweepStall.BadType(v, "milliseconds (int) or a duration (string)")
+	d, ok := stop(sweepStall)
+	if !ok {
 		return
 	}
 	fmt.Fprintf(os.Stderr, "failpoint shopSweepStall: the sweep of sku %d stops for %s before its COMMIT\n", sku, d)
 	time.Sleep(d)
 }
 
+// betweenRefundCallAndRecord is the shopRefundKill failpoint.
+func betweenRefundCallAndRecord(ctx context.Context, refundID string) {
+	d, ok := stop(refundKill)
+	if !ok {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "failpoint shopRefundKill: the refunder stops for %s between the Refund API call for refund %s and its record\n", d, refundID)
+	time.Sleep(d)
+}
+
 // beforeWrite is the shopStaleWrite failpoint: while it is off it costs
 // one read of the failpoint's terms.
 func beforeWrite(ctx context.Context, sku int64) func() {
-	v, err := staleWrite.Acquire()
-	if err != nil {
-		return nil
-	}
-	d, err := duration(v)
-	if err != nil {
-		staleWrite.BadType(v, "milliseconds (int) or a duration (string)")
+	d, ok := stop(staleWrite)
+	if !ok {
 		return nil
 	}
 	fmt.Fprintf(os.Stderr, "failpoint shopStaleWrite: the holder of sku %d stops for %s between its read and its write\n", sku, d)
 	stopped.freeze()
 	time.Sleep(d) // a stopped process does not notice its context either
 	return stopped.thaw
+}
+
+// stop reports whether fp fires, and for how long it stops its caller: its
+// terms' value, milliseconds (int) or a duration (string).
+func stop(fp *gofail.Failpoint) (time.Duration, bool) {
+	v, err := fp.Acquire()
+	if err != nil {
+		return 0, false
+	}
+	d, err := duration(v)
+	if err != nil {
+		fp.BadType(v, "milliseconds (int) or a duration (string)")
+		return 0, false
+	}
+	return d, true
 }
 
 func duration(v any) (time.Duration, error) {

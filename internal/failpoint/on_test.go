@@ -4,6 +4,8 @@ package failpoint
 
 import (
 	"context"
+	"io"
+	"os"
 	"testing"
 	"time"
 
@@ -51,5 +53,43 @@ func TestStaleWriteStopsTheWorld(t *testing.T) {
 	case <-h.After(time.Millisecond):
 	case <-time.After(5 * time.Second):
 		t.Fatal("a timer did not fire")
+	}
+}
+
+// shopRefundKill stops the refunder between its call and its record for
+// the time it is given, once, and says so on stderr, where the demo waits
+// for that line to kill the process.
+func TestRefundKillStopsBetweenCallAndRecord(t *testing.T) {
+	h := New()
+	if err := gofail.Enable("shopRefundKill", "1*return(100)"); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { gofail.Disable("shopRefundKill") })
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	start := time.Now()
+	h.BetweenRefundCallAndRecord(context.Background(), "01JREFUND")
+	stopped := time.Since(start)
+	os.Stderr = stderr
+	w.Close()
+	said, err := io.ReadAll(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stopped < 100*time.Millisecond {
+		t.Errorf("the refunder was stopped %s, want 100ms", stopped)
+	}
+	if want := "failpoint shopRefundKill: the refunder stops for 100ms between the Refund API call for refund 01JREFUND and its record\n"; string(said) != want {
+		t.Errorf("stderr = %q, want %q", said, want)
+	}
+	start = time.Now()
+	h.BetweenRefundCallAndRecord(context.Background(), "01JREFUND")
+	if again := time.Since(start); again >= 100*time.Millisecond {
+		t.Errorf("1*return stopped the refunder twice (%s)", again)
 	}
 }
