@@ -28,7 +28,7 @@ import (
 
 // Each replica's MySQL connections, split by who may take them, so that
 // no flood of public requests can take a connection the order path or
-// readiness needs. A replica holds at most 24+4+6 = 34 here (and the
+// readiness needs. A replica holds at most 24+4+6+2 = 36 here (and the
 // readiness check its own one): three replicas and one more surging
 // during a rolling restart stay within MySQL's default max_connections of
 // 151, with room for an operator's shop verify (docs/scaling.md).
@@ -47,6 +47,10 @@ const (
 	// after stock.DefaultGateWait, rather than queued. The admin API's
 	// seeds and reports use it too, ungated.
 	publicPoolSize = 6
+	// refundPoolSize is the refunder's (SHOP_PAYMENTS=stripe): its claims
+	// and records are short transactions of their own, the calls to
+	// Stripe made between them, outside any.
+	refundPoolSize = 2
 	// redisPoolSize bounds the Redis connections of a replica.
 	redisPoolSize = 64
 	// redisTimeout bounds every Redis command; a command whose context has
@@ -149,7 +153,11 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 	products, closeProducts := newCache(cfg, rdb, public, reg, log, depErrors.RedisHook(), restocks, pages)
 	r.onClose(closeProducts)
 
-	orders := newOrders(ctx, cfg, pools, public, locker, products, hooks, reg, log)
+	stripe, err := newStripe(cfg.Payments)
+	if err != nil {
+		return nil, err
+	}
+	orders := newOrders(ctx, cfg, pools, public, locker, products, stripe.checkouts(), hooks, reg, log)
 	// Every replica hears what every replica announces, itself included.
 	_, stopHearing := restocks.Listen(func(e notify.Event) {
 		orders.Hear(e)
@@ -162,6 +170,9 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 	swept := make(chan struct{})
 	go func() { defer close(swept); orders.RunSweeper(sweepCtx, cfg.Orders.SweepInterval) }()
 	r.onClose(func() { stopSweeping(); <-swept })
+	// In stripe mode every replica pays refunds back; the leases keep them
+	// off each other's.
+	r.onClose(stripe.runRefunder(ctx, cfg.Payments, pools, locker, hooks, reg, log))
 
 	ready, stopProbes, err := newReadiness(ctx, cfg, rdb, reg, log)
 	if err != nil {
@@ -187,6 +198,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 		Refunds:   catalog,
 		Verifier:  cfg.Payments.Verifier,
 		Payments:  orders,
+		Checkouts: stripe.checkoutRoute(orders),
 		Limiter:   ratelimit.New(rdb, cfg.Redis.Prefix+"limit:"),
 		Ready:     ready,
 		Stopping:  r.drain.Draining,
@@ -204,7 +216,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 
 // pools are a replica's MySQL pools (see the pool sizes above).
 type pools struct {
-	public, reads, orders *gorm.DB
+	public, reads, orders, refunds *gorm.DB
 }
 
 // openPools opens a replica's MySQL pools on dsn, closed with r, their
@@ -216,7 +228,8 @@ func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) 
 		db     **gorm.DB
 		size   int
 		orders bool
-	}{{&p.public, publicPoolSize, false}, {&p.reads, orderReadsPoolSize, false}, {&p.orders, ordersPoolSize, true}} {
+	}{{&p.public, publicPoolSize, false}, {&p.reads, orderReadsPoolSize, false}, {&p.orders, ordersPoolSize, true},
+		{&p.refunds, refundPoolSize, true}} {
 		if pool.orders {
 			*pool.db, err = mysqldb.OpenOrders(dsn, pool.size)
 		} else {
@@ -229,7 +242,8 @@ func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) 
 			r.onClose(func() { sqlDB.Close() })
 		}
 	}
-	if err := errors.Join(depErrors.WatchGorm(p.public), depErrors.WatchGorm(p.reads), depErrors.WatchGorm(p.orders)); err != nil {
+	if err := errors.Join(depErrors.WatchGorm(p.public), depErrors.WatchGorm(p.reads), depErrors.WatchGorm(p.orders),
+		depErrors.WatchGorm(p.refunds)); err != nil {
 		return pools{}, fmt.Errorf("serve: %w", err)
 	}
 	return p, nil
@@ -238,7 +252,7 @@ func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) 
 // newOrders is the replica's order service on its pools, under locker,
 // announcing through products, with hooks (a failpoints build's).
 func newOrders(ctx context.Context, cfg config, p pools, public *stock.Catalog, locker orderLock, products *cache.Products,
-	hooks failpoint.Hooks, reg prometheus.Registerer, log *slog.Logger) *stock.Service {
+	checkouts stock.Checkouts, hooks failpoint.Hooks, reg prometheus.Registerer, log *slog.Logger) *stock.Service {
 	update := stock.Guarded
 	if cfg.Orders.StockUpdate == "naive" {
 		update = stock.Naive
@@ -258,7 +272,7 @@ func newOrders(ctx context.Context, cfg config, p pools, public *stock.Catalog, 
 	}
 	transitions := registerTransitions(reg)
 	orders := stock.NewService(stock.Deps{
-		DB: p.orders, Reads: p.reads, Public: public, Locks: locker, Announcer: products, Logger: log,
+		DB: p.orders, Reads: p.reads, Public: public, Locks: locker, Announcer: products, Checkouts: checkouts, Logger: log,
 		Transitions: transitions,
 	}, stock.Settings{
 		Update: update, Fencing: cfg.Lock.Fencing, Batch: cfg.Orders.Batch, Lanes: lanes, UserLimit: cfg.Orders.UserLimit,
