@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -10,6 +11,10 @@ import (
 	"github.com/stripe/stripe-go/v82"
 	"github.com/stripe/stripe-go/v82/webhook"
 
+	"shop/internal/payments"
+	"shop/internal/stock"
+	"shop/internal/stripepay"
+	"shop/internal/striperec"
 	"shop/internal/testenv"
 )
 
@@ -151,5 +156,64 @@ func TestStripeMode(t *testing.T) {
 	}
 	if code, out := shop(t, db, "verify"); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+}
+
+// The refunder on MySQL (refundStore) and stripe-mock, killed between the
+// Refund API call and its record: its claim holds the refund until the
+// lease runs out, then another replica's refunder claims it and calls
+// again with the same Idempotency-Key. Stripe's key window has passed for
+// the second call, which is answered charge_already_refunded, and the
+// refund found in the PaymentIntent's list is recorded: refunded once,
+// with one key.
+func TestRefunderKilledBetweenCallAndRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rec := testenv.StartStripeRecorder(t, testenv.StripeMock(t))
+	db := testenv.MySQL(t)
+	svc := stock.NewService(stock.Deps{DB: db.Gorm}, stock.Settings{}, stock.Hooks{})
+	owed, err := svc.Receive(ctx, stock.Payment{Provider: payments.ProviderStripe, PaymentID: "pi_killed", OrderID: 1 << 40,
+		AmountCents: 990, Currency: "USD", EventID: "evt_1"})
+	if err != nil || owed.Outcome != stock.OutcomeOwed {
+		t.Fatal(owed, err)
+	}
+	client, err := stripepay.New(stripepay.Config{SecretKey: "sk_test_123", APIBase: rec.URL, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lease = 7 * time.Second // a call's timeout and a record's, and more
+	called, killed := make(chan struct{}), make(chan struct{})
+	t.Cleanup(func() { close(killed) })
+	dead := &stripepay.Refunder{Store: refundStore{svc}, Client: client, Lease: lease,
+		Hooks: stripepay.Hooks{BetweenCallAndRecord: func(context.Context, string) {
+			close(called)
+			<-killed // the process is gone: nothing after the call runs
+		}}}
+	go dead.Once(ctx)
+	<-called
+	var state string
+	if err := db.Gorm.Raw("SELECT state FROM refunds WHERE refund_id = ?", owed.RefundID).Scan(&state).Error; err != nil || state != stock.RefundRequested {
+		t.Fatalf("refund after the call, before the record: %q, %v; want requested", state, err)
+	}
+	rec.Inject("POST", "/v1/refunds", 400,
+		`{"error":{"type":"invalid_request_error","code":"charge_already_refunded","message":"Charge has already been refunded."}}`)
+	successor := &stripepay.Refunder{Store: refundStore{svc}, Client: client, Lease: lease}
+	if n, err := successor.Once(ctx); n != 0 || err != nil {
+		t.Fatalf("another refunder within the lease claimed %d, %v; want none", n, err)
+	}
+	waitFor(t, 2*lease, "the successor claims the refund once the lease ran out", func() error {
+		if n, err := successor.Once(ctx); err != nil || n != 1 {
+			return fmt.Errorf("claimed %d, %v", n, err)
+		}
+		return nil
+	})
+	var ref string
+	if err := db.Gorm.Raw("SELECT state, COALESCE(provider_refund_id, '') FROM refunds WHERE refund_id = ?", owed.RefundID).Row().Scan(&state, &ref); err != nil ||
+		state != stock.RefundRefunded || !strings.HasPrefix(ref, "re_") {
+		t.Errorf("refund: %s, %q, %v; want refunded with Stripe's reference", state, ref, err)
+	}
+	calls := striperec.Refunds(rec.Calls(t))[owed.RefundID]
+	if calls == nil || calls.Calls != 2 || len(calls.Keys) != 1 {
+		t.Errorf("Refund API calls for the refund: %+v; want 2 calls with one key", calls)
 	}
 }
