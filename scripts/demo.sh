@@ -7,6 +7,9 @@
 # about 10 seconds that the other rows do not need; the etcd and ZooKeeper
 # rows start a cluster of three of their own (seconds, once each).
 # Extra arguments go to bin/demo (-skus, -buyers, -c, -ttl, -pause, ...).
+# bin/demo signs its payment events with the stack's secrets
+# (SHOP_PAYMENT_WEBHOOK_SECRET, and SHOP_STRIPE_WEBHOOK_SECRET for the
+# Stripe rows), which scripts/stack.sh keeps in the state.
 #
 # Environment: SHOP_STATE (default .state/demo), DEMO_OUT (default out/demo),
 # DEMO_MODE (-bench: make bench-orders, see scripts/bench-orders.sh; -edge:
@@ -29,4 +32,7 @@ scripts/stack.sh up >/dev/null
 go build -o bin/demo ./cmd/demo
 # The pause rows stop a lock holder at a failpoint: a binary of their own.
 go build -tags failpoints -o bin/shop-failpoints ./cmd/shop
+SHOP_PAYMENT_WEBHOOK_SECRET=$(stack_value "$SHOP_STATE" PAYMENT_WEBHOOK_SECRET)
+SHOP_STRIPE_WEBHOOK_SECRET=$(stack_value "$SHOP_STATE" STRIPE_WEBHOOK_SECRET)
+export SHOP_PAYMENT_WEBHOOK_SECRET SHOP_STRIPE_WEBHOOK_SECRET
 bin/demo ${DEMO_MODE:-} -state "$SHOP_STATE" -out "$out" "$@"

@@ -531,6 +531,14 @@ pid_alive() {
   [ "${state:0:1}" != Z ]
 }
 
+# alive DIR tells whether the process of DIR/pid runs.
+alive() { [ -f "$1/pid" ] && pid_alive "$(cat "$1/pid")"; }
+
+# serving DIR PORT tells whether the process of DIR/pid runs and listens on
+# PORT: a server the scripts started, not another process that took its
+# port, or its pid, meanwhile.
+serving() { alive "$1" && pid_listens "$(cat "$1/pid")" "$2"; }
+
 # kill_pidfile FILE kills the process whose pid FILE holds at once
 # (SIGKILL), as a crash would, waits until it has exited, and removes FILE.
 kill_pidfile() {
@@ -566,6 +574,121 @@ stop_pidfile() {
     fi
   fi
   rm -f "$file"
+}
+
+# new_webhook_secret prints a new secret for signing payment events, in
+# the form Standard Webhooks and Stripe give them: whsec_ and 32 random
+# bytes in standard base64 (shop wants at least 24).
+new_webhook_secret() { printf 'whsec_%s\n' "$(head -c 32 /dev/urandom | base64 | tr -d '\n')"; }
+
+# stack_value STATE NAME prints NAME's value in the ports.env of the stack
+# in STATE (scripts/stack.sh): a port, the admin token, a secret.
+stack_value() {
+  [ -f "$1/ports.env" ] || die "no stack in $1: scripts/stack.sh up first"
+  sed -n "s/^$2=//p" "$1/ports.env" | tail -1 | tr -d "'"
+}
+
+# stripe-mock, Stripe's own stateless imitation of its API, stands in for
+# Stripe in the tests, the demo and the load test (SHOP_PAYMENTS=stripe).
+# This version is the one they are written against: its fixtures (a
+# retrieve answers 1099 usd) and its API version.
+stripe_mock_module=github.com/stripe/stripe-mock
+stripe_mock_version=v0.203.0
+
+# tools_dir prints where the scripts install the Go programs they run that
+# are not this module's: bin/tools (SHOP_TOOLS_DIR replaces it; the tests
+# of these scripts use it).
+tools_dir() { echo "${SHOP_TOOLS_DIR:-$PWD/bin/tools}"; }
+
+# module_version BINARY prints the version of the module a Go program was
+# built from, as go install records it (empty for anything else).
+module_version() { go version -m "$1" 2>/dev/null | awk '$1 == "mod" { print $3; exit }'; }
+
+# ensure_stripe_mock prints the path of stripe-mock $stripe_mock_version in
+# tools_dir, installing it first with go install (from the module proxy, as
+# go fetches the module's own dependencies) when it is missing or another
+# build.
+ensure_stripe_mock() {
+  local dir bin
+  dir=$(tools_dir)
+  bin=$dir/stripe-mock
+  if [ "$(module_version "$bin")" != "$stripe_mock_version" ]; then
+    log "installing stripe-mock $stripe_mock_version into $dir"
+    mkdir -p "$dir"
+    # go install overwrites only a Go program of its own making.
+    rm -f "$bin"
+    GOBIN=$dir go install "$stripe_mock_module@$stripe_mock_version" >&2 ||
+      die "go install $stripe_mock_module@$stripe_mock_version failed"
+  fi
+  echo "$bin"
+}
+
+# The recording proxy that stands in front of stripe-mock: it logs every
+# call (method, path, Idempotency-Key), one JSON line each, which the demo
+# and the refunder's tests count. A tree without its source runs
+# stripe-mock alone.
+stripe_recorder_src=scripts/stripe-recorder
+
+# has_stripe_recorder tells whether the tree has the recording proxy.
+has_stripe_recorder() { [ -d "$stripe_recorder_src" ]; }
+
+# build_stripe_recorder builds the recording proxy into bin/ and prints
+# its path.
+build_stripe_recorder() {
+  go build -o bin/stripe-recorder "./$stripe_recorder_src" || die "go build ./$stripe_recorder_src failed"
+  echo "$PWD/bin/stripe-recorder"
+}
+
+# start_stripe DIR MOCK_PORT RECORDER_PORT starts stripe-mock on
+# 127.0.0.1:MOCK_PORT (in DIR/mock) and, where the tree has it, the
+# recording proxy in front of it on 127.0.0.1:RECORDER_PORT (in
+# DIR/recorder), logging the calls to DIR/calls.jsonl. Clients use
+# stripe_api_base's URL.
+start_stripe() {
+  local dir=$1 port=$2 rport=$3 bin
+  bin=$(ensure_stripe_mock)
+  need_free_port "$port" "stripe-mock in $dir"
+  mkdir -p "$dir/mock"
+  # stripe-mock serves HTTPS beside HTTP unless told otherwise, on its
+  # fixed port 12112 on every interface: here on a loopback port the
+  # kernel picks, so that two of them never collide.
+  "$bin" -http-addr "127.0.0.1:$port" -https-addr 127.0.0.1:0 </dev/null >>"$dir/mock/stripe-mock.log" 2>&1 &
+  echo $! >"$dir/mock/pid"
+  wait_port "$port" 30 $! || { tail -20 "$dir/mock/stripe-mock.log" >&2; die "stripe-mock did not start on port $port"; }
+  log "stripe-mock $stripe_mock_version on 127.0.0.1:$port"
+  if ! has_stripe_recorder; then
+    log "no $stripe_recorder_src in this tree: stripe-mock's calls are not recorded"
+    return 0
+  fi
+  bin=$(build_stripe_recorder)
+  need_free_port "$rport" "the recording proxy in $dir"
+  mkdir -p "$dir/recorder"
+  "$bin" -listen "127.0.0.1:$rport" -target "http://127.0.0.1:$port" -log "$dir/calls.jsonl" \
+    </dev/null >>"$dir/recorder/recorder.log" 2>&1 &
+  echo $! >"$dir/recorder/pid"
+  wait_port "$rport" 30 $! || { tail -20 "$dir/recorder/recorder.log" >&2; die "the recording proxy did not start on port $rport"; }
+  log "stripe-mock's calls recorded on 127.0.0.1:$rport in $dir/calls.jsonl"
+}
+
+# stripe_api_base MOCK_PORT RECORDER_PORT prints the URL of Stripe's API
+# for shop (SHOP_STRIPE_API_BASE): the recording proxy's, or stripe-mock's
+# where the tree has no recorder.
+stripe_api_base() {
+  if has_stripe_recorder; then echo "http://127.0.0.1:$2"; else echo "http://127.0.0.1:$1"; fi
+}
+
+# stripe_running DIR MOCK_PORT RECORDER_PORT tells whether what start_stripe
+# starts runs, each process on its port.
+stripe_running() {
+  serving "$1/mock" "$2" || return 1
+  ! has_stripe_recorder || serving "$1/recorder" "$3"
+}
+
+# stop_stripe DIR stops what start_stripe started in DIR, the recorder
+# first.
+stop_stripe() {
+  stop_pidfile "$1/recorder/pid"
+  stop_pidfile "$1/mock/pid"
 }
 
 # The private servers of the other lock families: an etcd cluster and a

@@ -577,9 +577,12 @@ test_stack_topologies() {
     redis_cli "$first" CLUSTER INFO | tr -d '\r' | grep -qx cluster_state:ok; then
     ok "stack.sh redis-up starts a Cluster of three masters and names them in SHOP_REDIS_ADDR"
   else fail "stack.sh redis-up on a Cluster: $out"; fi
-  if scripts/stack.sh status | grep -q "^Redis topology: cluster (SHOP_REDIS_ADDR=127.0.0.1:$first,"; then
+  # Read whole: grep -q stops reading at its match, and status, writing
+  # the lines after it, would die of SIGPIPE (a failed pipeline, pipefail).
+  out=$(scripts/stack.sh status)
+  if grep -q "^Redis topology: cluster (SHOP_REDIS_ADDR=127.0.0.1:$first," <<<"$out"; then
     ok "the topology is kept in the state: stack.sh status, without REDIS_TOPOLOGY, names the Cluster"
-  else fail "the topology was not kept: $(scripts/stack.sh status | grep topology)"; fi
+  else fail "the topology was not kept: $(grep topology <<<"$out")"; fi
 
   out=$(REDIS_TOPOLOGY=sentinel scripts/stack.sh redis-up 2>"$tmp/stack.log") || cat "$tmp/stack.log"
   . "$st/ports.env"
@@ -613,6 +616,159 @@ test_stack_topologies() {
   unset SHOP_STATE NGINX_PORT
 }
 
+# stripe_get BASE PATH prints the status of GET PATH at BASE
+# (http://127.0.0.1:PORT) with stripe-mock's test key, or 000 when nothing
+# answers.
+stripe_get() {
+  local port=${1##*:} code=000 fd
+  if { exec {fd}<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null; then
+    printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk_test_123\r\n\r\n' "$2" >&"$fd"
+    read -r -t 5 _ code _ <&"$fd" || code=000
+    exec {fd}>&-
+  fi
+  echo "$code"
+}
+
+# webhook_secret_ok SECRET tells whether SECRET is whsec_ and 32 bytes in
+# standard base64.
+webhook_secret_ok() {
+  [[ $1 =~ ^whsec_[A-Za-z0-9+/]{43}=$ ]] && [ "$(printf '%s' "${1#whsec_}" | base64 -d | wc -c)" -eq 32 ]
+}
+
+# ensure_stripe_mock installs stripe-mock of the scripts' version once,
+# replaces another build, and leaves its own alone. start_stripe runs it on
+# the ports given, its HTTPS on a loopback port of the kernel's choice (not
+# its fixed 12112 on every interface), with the recording proxy in front
+# of it where the tree has one; stop_stripe stops them.
+test_stripe_mock() {
+  local dir=$tmp/tools out bin before port rport base pid
+  out=$(SHOP_TOOLS_DIR=$dir ensure_stripe_mock 2>"$tmp/install.log") || cat "$tmp/install.log"
+  bin=$dir/stripe-mock
+  if [ "$out" = "$bin" ] && [ "$(module_version "$bin")" = "$stripe_mock_version" ] &&
+    grep -qF "installing stripe-mock $stripe_mock_version into $dir" "$tmp/install.log"; then
+    ok "ensure_stripe_mock installs stripe-mock $stripe_mock_version with go install"
+  else fail "ensure_stripe_mock: printed $out, version $(module_version "$bin"), said $(tr '\n' ';' <"$tmp/install.log")"; fi
+  before=$(ls -i "$bin")
+  out=$(SHOP_TOOLS_DIR=$dir ensure_stripe_mock 2>"$tmp/install.log")
+  if [ "$out" = "$bin" ] && [ ! -s "$tmp/install.log" ] && [ "$(ls -i "$bin")" = "$before" ]; then
+    ok "ensure_stripe_mock leaves an installed stripe-mock of its version alone"
+  else fail "ensure_stripe_mock installed again: $(tr '\n' ';' <"$tmp/install.log")"; fi
+  printf '#!/bin/sh\necho another build\n' >"$bin"
+  out=$(SHOP_TOOLS_DIR=$dir ensure_stripe_mock 2>"$tmp/install.log")
+  if [ "$(module_version "$bin")" = "$stripe_mock_version" ] && grep -qF installing "$tmp/install.log"; then
+    ok "ensure_stripe_mock replaces a stripe-mock of another build"
+  else fail "ensure_stripe_mock kept another build: version $(module_version "$bin"), said $(tr '\n' ';' <"$tmp/install.log")"; fi
+
+  port=$(free_port)
+  rport=$(free_port_except " $port ")
+  SHOP_TOOLS_DIR=$dir start_stripe "$tmp/stripe" "$port" "$rport" 2>"$tmp/stripe.log" || cat "$tmp/stripe.log"
+  pid=$(cat "$tmp/stripe/mock/pid")
+  base=$(stripe_api_base "$port" "$rport")
+  if [ "$(stripe_get "http://127.0.0.1:$port" /v1/charges)" = 200 ] && [ "$(stripe_get "$base" /v1/charges)" = 200 ] &&
+    stripe_running "$tmp/stripe" "$port" "$rport" && ! pid_listens "$pid" 12112; then
+    ok "start_stripe runs stripe-mock on the port given, answering Stripe's API at stripe_api_base, and not on the fixed 12112"
+  else fail "start_stripe: stripe-mock answers $(stripe_get "http://127.0.0.1:$port" /v1/charges), $base answers $(stripe_get "$base" /v1/charges), on 12112: $(pid_listens "$pid" 12112 && echo yes || echo no); $(tr '\n' ';' <"$tmp/stripe.log")"; fi
+  if has_stripe_recorder; then
+    if [ "$base" = "http://127.0.0.1:$rport" ] && [ "$(grep -c '/v1/charges' "$tmp/stripe/calls.jsonl" 2>/dev/null)" = 1 ]; then
+      ok "the recording proxy in front of stripe-mock logs the call made through it, once"
+    else fail "the recording proxy: base $base, log: $(cat "$tmp/stripe/calls.jsonl" 2>/dev/null | tr '\n' ';')"; fi
+  elif [ "$base" = "http://127.0.0.1:$port" ]; then
+    ok "without $stripe_recorder_src in the tree, Stripe's API is stripe-mock's own URL"
+  else fail "without a recorder, stripe_api_base is $base; want stripe-mock's http://127.0.0.1:$port"; fi
+  stop_stripe "$tmp/stripe"
+  if wait_closed "$port" && wait_closed "$rport" && ! pid_alive "$pid"; then ok "stop_stripe stops stripe-mock and the recording proxy"
+  else fail "stop_stripe left stripe-mock (pid $pid) or the proxy running"; fi
+}
+
+# fake_shop prints the path of a stand-in for bin/shop, built once: it
+# answers 200 to every request on SHOP_HTTP_ADDR, as a ready replica's
+# /readyz.
+fake_shop() {
+  if [ ! -x "$tmp/fakeshop/fakeshop" ]; then
+    mkdir -p "$tmp/fakeshop"
+    printf 'module fakeshop\n\ngo 1.22\n' >"$tmp/fakeshop/go.mod"
+    cat >"$tmp/fakeshop/main.go" <<'EOF'
+package main
+
+import (
+	"net/http"
+	"os"
+)
+
+func main() {
+	http.ListenAndServe(os.Getenv("SHOP_HTTP_ADDR"), http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+}
+EOF
+    (cd "$tmp/fakeshop" && go build -o fakeshop .) || die "cannot build the stand-in for bin/shop"
+  fi
+  echo "$tmp/fakeshop/fakeshop"
+}
+
+# replica_env I prints the environment of replica I of the stack in
+# $SHOP_STATE, as the process has it.
+replica_env() { tr '\0' '\n' <"/proc/$(cat "$SHOP_STATE/replica$1/pid")/environ"; }
+
+# replica_var I NAME prints NAME's value in replica I's environment.
+replica_var() { replica_env "$1" | sed -n "s/^$2=//p"; }
+
+# scripts/stack.sh makes the payment providers' secrets once and keeps them
+# in the state, a stack from before them included; every replica is given
+# SHOP_PAYMENT_WEBHOOK_SECRET, and replicas given SHOP_PAYMENTS=stripe the
+# Stripe settings, with stripe-mock started for them and answering at
+# SHOP_STRIPE_API_BASE; down stops stripe-mock.
+test_stack_payments() {
+  local st=$tmp/stack-payments fake first i good=1 base mock rec
+  export SHOP_STATE=$st NGINX_PORT=0
+  fake=$(fake_shop)
+  scripts/stack.sh redis-up >/dev/null 2>"$tmp/stack.log" || cat "$tmp/stack.log"
+  . "$st/ports.env"
+  first="$PAYMENT_WEBHOOK_SECRET $STRIPE_WEBHOOK_SECRET"
+  scripts/stack.sh redis-up >/dev/null 2>"$tmp/stack.log" || cat "$tmp/stack.log"
+  . "$st/ports.env"
+  if webhook_secret_ok "$PAYMENT_WEBHOOK_SECRET" && webhook_secret_ok "$STRIPE_WEBHOOK_SECRET" &&
+    [ "$PAYMENT_WEBHOOK_SECRET" != "$STRIPE_WEBHOOK_SECRET" ] && [ "$first" = "$PAYMENT_WEBHOOK_SECRET $STRIPE_WEBHOOK_SECRET" ]; then
+    ok "stack.sh makes whsec_ secrets of 32 random bytes, one per provider, once, and keeps them in ports.env"
+  else fail "stack.sh's secrets: first $first, then $PAYMENT_WEBHOOK_SECRET $STRIPE_WEBHOOK_SECRET"; fi
+
+  grep -v -e _SECRET= -e ^STRIPE_ "$st/ports.env" >"$st/ports.old"
+  mv "$st/ports.old" "$st/ports.env"
+  scripts/stack.sh redis-up >/dev/null 2>"$tmp/stack.log" || cat "$tmp/stack.log"
+  PAYMENT_WEBHOOK_SECRET= STRIPE_MOCK_PORT=
+  . "$st/ports.env"
+  first=$PAYMENT_WEBHOOK_SECRET
+  scripts/stack.sh status >/dev/null
+  . "$st/ports.env"
+  if webhook_secret_ok "$PAYMENT_WEBHOOK_SECRET" && [ "$PAYMENT_WEBHOOK_SECRET" = "$first" ] && [ -n "$STRIPE_MOCK_PORT" ] &&
+    [ -n "$STRIPE_RECORDER_PORT" ] && [ "$STRIPE_MOCK_PORT" != "$STRIPE_RECORDER_PORT" ]; then
+    ok "a stack from before the secrets gets them, and stripe-mock's ports, once"
+  else fail "a stack from before the secrets: secret $PAYMENT_WEBHOOK_SECRET (then $first), stripe-mock ports $STRIPE_MOCK_PORT $STRIPE_RECORDER_PORT"; fi
+
+  scripts/stack.sh replicas 2 SHOP_BINARY="$fake" SHOP_PAYMENTS=stripe >/dev/null 2>"$tmp/stack.log" || cat "$tmp/stack.log"
+  base=$(replica_var 1 SHOP_STRIPE_API_BASE)
+  for i in 1 2; do
+    [ "$(replica_var "$i" SHOP_PAYMENT_WEBHOOK_SECRET)" = "$PAYMENT_WEBHOOK_SECRET" ] &&
+      [ "$(replica_var "$i" SHOP_PAYMENTS)" = stripe ] && [ "$(replica_var "$i" SHOP_STRIPE_API_BASE)" = "$base" ] &&
+      [ "$(replica_var "$i" SHOP_STRIPE_SECRET_KEY)" = sk_test_123 ] &&
+      [ "$(replica_var "$i" SHOP_STRIPE_WEBHOOK_SECRET)" = "$STRIPE_WEBHOOK_SECRET" ] || good=
+  done
+  if [ -n "$good" ] && [ "$base" = "$(stripe_api_base "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT")" ] &&
+    [ "$(stripe_get "$base" /v1/charges)" = 200 ] && serving "$st/stripe/mock" "$STRIPE_MOCK_PORT"; then
+    ok "stack.sh replicas N SHOP_PAYMENTS=stripe starts stripe-mock and gives every replica the secrets and its URL"
+  else fail "replicas with SHOP_PAYMENTS=stripe: $base answers $(stripe_get "$base" /v1/charges); replica 1: $(replica_env 1 | grep -e PAYMENT -e STRIPE | tr '\n' ' ')"; fi
+
+  scripts/stack.sh replicas 1 SHOP_BINARY="$fake" >/dev/null 2>"$tmp/stack.log" || cat "$tmp/stack.log"
+  if [ "$(replica_var 1 SHOP_PAYMENT_WEBHOOK_SECRET)" = "$PAYMENT_WEBHOOK_SECRET" ] && [ -z "$(replica_var 1 SHOP_PAYMENTS)" ] &&
+    ! replica_env 1 | grep -q '^SHOP_STRIPE_'; then
+    ok "replicas without SHOP_PAYMENTS get the webhook secret and no Stripe settings"
+  else fail "replicas without SHOP_PAYMENTS: $(replica_env 1 | grep -e PAYMENT -e STRIPE | tr '\n' ' ')"; fi
+
+  mock=$STRIPE_MOCK_PORT rec=$STRIPE_RECORDER_PORT
+  scripts/stack.sh down >/dev/null 2>&1
+  if [ ! -e "$st" ] && wait_closed "$mock" && wait_closed "$rec"; then ok "stack.sh down stops stripe-mock and its recording proxy"
+  else fail "stack.sh down left stripe-mock (:$mock) or its proxy (:$rec) running, or the state behind"; fi
+  unset SHOP_STATE NGINX_PORT
+}
+
 # scripts/lib_test.sh [TEST...] runs the tests named, or all.
 tests=(
   test_go_version
@@ -631,6 +787,8 @@ tests=(
   test_stop_pidfile
   test_pid_alive_gone
   test_stack_topologies
+  test_stripe_mock
+  test_stack_payments
 )
 [ $# -eq 0 ] || tests=("$@")
 for t in "${tests[@]}"; do "$t"; done

@@ -7,7 +7,10 @@
 # addresses, bin/loadtest -src-n, so that nginx's limits per address meet
 # them as a crowd; 1 where only 127.0.0.1 is local, as on macOS). The
 # catalog is reseeded first (SKUS products, one unit each) unless RESEED=0. MySQL and Redis are those of
-# `make up`'s stack, or SHOP_MYSQL_DSN and SHOP_REDIS_ADDR when set.
+# `make up`'s stack, or SHOP_MYSQL_DSN and SHOP_REDIS_ADDR when set. The
+# buyers' payment events are signed with the replicas' secret: `make up`'s,
+# from its state, or else SHOP_PAYMENT_WEBHOOK_SECRET (the one docker
+# compose was given).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -21,14 +24,18 @@ go build -o bin/shop ./cmd/shop
 go build -o bin/loadtest ./loadtest
 
 shop=(bin/shop)
+secret=${SHOP_PAYMENT_WEBHOOK_SECRET:-}
 if [ -z "${SHOP_MYSQL_DSN:-}" ]; then
   [ -f "${SHOP_STATE:-.state/stack}/ports.env" ] || die "no stack: run make up, or set SHOP_MYSQL_DSN and SHOP_REDIS_ADDR"
   shop=(scripts/stack.sh shop)
+  secret=$(stack_value "${SHOP_STATE:-.state/stack}" PAYMENT_WEBHOOK_SECRET)
 fi
+pay=()
+[ -z "$secret" ] || pay=(-webhook-secret "$secret")
 if [ "${RESEED:-1}" != 0 ]; then
   "${shop[@]}" seed --products "$skus" --stock 1
 fi
 bin/loadtest -scenario sellout -url "$url" -skus "$skus" -buyers "${BUYERS:-4}" -c "${CONCURRENCY:-4000}" \
-  -src-n "${SRC_N:-2048}" -json "$out/result.json" -acks "$out/acks.txt"
+  -src-n "${SRC_N:-2048}" "${pay[@]}" -json "$out/result.json" -acks "$out/acks.txt"
 log "result: $out/result.json, acknowledged orders: $out/acks.txt"
 "${shop[@]}" verify --acks "$out/acks.txt"

@@ -42,6 +42,18 @@
 # The replicas of SHOP_LOCK_MODE=etcd or zookeeper start a private etcd
 # cluster or ZooKeeper ensemble of three on first use, which runs until down.
 #
+# Payments: the replicas take them from the payment provider, signed
+# (SHOP_PAYMENTS). By default as Standard Webhooks events signed with
+# SHOP_PAYMENT_WEBHOOK_SECRET, which up generates once and keeps in the
+# state (ports.env's PAYMENT_WEBHOOK_SECRET, beside ADMIN_TOKEN) and prints.
+# Replicas given SHOP_PAYMENTS=stripe (`SHOP_PAYMENTS=stripe make up`, kept
+# among the replicas' settings, or `replicas N SHOP_PAYMENTS=stripe`) talk
+# to a private stripe-mock (scripts/lib.sh, start_stripe) behind the
+# recording proxy, which logs every call to Stripe's API in
+# $SHOP_STATE/stripe/calls.jsonl; its webhooks are signed with ports.env's
+# STRIPE_WEBHOOK_SECRET. stripe-mock starts on first use and runs until
+# down.
+#
 # Environment: SHOP_STATE (state directory, default .state/stack; up,
 # replicas and redis-up create it, and mark it as theirs with a file
 # .shop-stack: a directory that exists without it is not used, and down
@@ -105,14 +117,6 @@ max_replicas=3
 # is then given up for a new one (claim_port).
 repick=
 
-# alive DIR tells whether the process of DIR/pid runs.
-alive() { [ -f "$1/pid" ] && pid_alive "$(cat "$1/pid")"; }
-
-# serving DIR PORT tells whether the process of DIR/pid runs and listens on
-# PORT: a server of this stack, not another process that took its port, or
-# its pid, meanwhile.
-serving() { alive "$1" && pid_listens "$(cat "$1/pid")" "$2"; }
-
 # http_get PORT PATH prints the status code of GET PATH on 127.0.0.1:PORT,
 # or 000 when nothing answers (no curl needed).
 http_get() {
@@ -138,15 +142,17 @@ wait_ready() {
 load_ports() {
   local p=()
   if [ ! -f "$ports" ]; then
-    mapfile -t p < <(free_ports 25)
+    mapfile -t p < <(free_ports 27)
     MYSQL_PORT=${p[0]} REDIS_PORTS=${p[*]:1:3} REPLICA_PORTS=${p[*]:4:3} CLUSTER_PORTS=${p[*]:7:3}
     SENTINEL_REDIS_PORTS=${p[*]:10:2} SENTINEL_PORTS=${p[*]:12:3} ADMIN_PORTS=${p[*]:16:3}
-    ETCD_PORTS=${p[*]:19:3} ZK_PORTS=${p[*]:22:3}
+    ETCD_PORTS=${p[*]:19:3} ZK_PORTS=${p[*]:22:3} STRIPE_MOCK_PORT=${p[25]} STRIPE_RECORDER_PORT=${p[26]}
     NGINX_PORT=${NGINX_PORT:-8080}
     [ "$NGINX_PORT" != 0 ] || NGINX_PORT=${p[15]}
     ADMIN_TOKEN=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
+    PAYMENT_WEBHOOK_SECRET=$(new_webhook_secret) STRIPE_WEBHOOK_SECRET=$(new_webhook_secret)
   else
-    ADMIN_PORTS= ETCD_PORTS= ZK_PORTS=
+    ADMIN_PORTS= ETCD_PORTS= ZK_PORTS= STRIPE_MOCK_PORT= STRIPE_RECORDER_PORT=
+    PAYMENT_WEBHOOK_SECRET= STRIPE_WEBHOOK_SECRET=
     . "$ports"
   fi
   read -r -a redis_ports <<<"$REDIS_PORTS"
@@ -168,7 +174,20 @@ load_ports() {
     etcd_ports=("${p[@]:0:3}") zk_ports=("${p[@]:3:3}")
     [ ! -f "$ports" ] || save_ports
   fi
+  if [ -z "$PAYMENT_WEBHOOK_SECRET" ]; then
+    # A stack from before signed payments: its secrets and stripe-mock's
+    # ports, kept from now on.
+    PAYMENT_WEBHOOK_SECRET=$(new_webhook_secret) STRIPE_WEBHOOK_SECRET=$(new_webhook_secret)
+    STRIPE_MOCK_PORT=$(free_port_except "$(taken_ports)")
+    STRIPE_RECORDER_PORT=$(free_port_except "$(taken_ports)")
+    [ ! -f "$ports" ] || save_ports
+  fi
   [ -f "$ports" ] || save_ports
+}
+
+# taken_ports prints the stack's saved ports, between spaces (" 1 2 ").
+taken_ports() {
+  echo " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} ${etcd_ports[*]} ${zk_ports[*]} ${STRIPE_MOCK_PORT:-} ${STRIPE_RECORDER_PORT:-} "
 }
 
 # save_ports writes the ports to the state.
@@ -185,6 +204,10 @@ save_ports() {
     echo "ADMIN_PORTS='${admin_ports[*]}'"
     echo "ETCD_PORTS='${etcd_ports[*]}'"
     echo "ZK_PORTS='${zk_ports[*]}'"
+    echo "PAYMENT_WEBHOOK_SECRET=$PAYMENT_WEBHOOK_SECRET"
+    echo "STRIPE_WEBHOOK_SECRET=$STRIPE_WEBHOOK_SECRET"
+    echo "STRIPE_MOCK_PORT=$STRIPE_MOCK_PORT"
+    echo "STRIPE_RECORDER_PORT=$STRIPE_RECORDER_PORT"
   } >"$ports.new"
   mv "$ports.new" "$ports"
 }
@@ -200,13 +223,7 @@ claim_port() {
   holder=$(port_holder "${var[$i]}") || return 0
   [ -n "$repick" ] ||
     die "port ${var[$i]} of $what (saved in $ports) is held by $holder, not by this stack: stop it, or run $0 up, which moves $what to a free port"
-  while :; do
-    port=$(free_port)
-    case " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} ${etcd_ports[*]} ${zk_ports[*]} " in
-      *" $port "*) ;;
-      *) break ;;
-    esac
-  done
+  port=$(free_port_except "$(taken_ports)")
   log "port ${var[$i]} of $what is held by $holder: $what moves to port $port"
   var[i]=$port
   save_ports
@@ -258,7 +275,16 @@ shop_env() {
   echo "SHOP_ETCD_ENDPOINTS=$(addr_list "${etcd_ports[@]}")"
   echo "SHOP_ZK_SERVERS=$(addr_list "${zk_ports[@]}")"
   echo "SHOP_ADMIN_TOKEN=$ADMIN_TOKEN"
+  echo "SHOP_PAYMENT_WEBHOOK_SECRET=$PAYMENT_WEBHOOK_SECRET"
+  if [ "$(payments)" = stripe ]; then
+    echo "SHOP_STRIPE_API_BASE=$(stripe_api_base "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT")"
+    echo "SHOP_STRIPE_SECRET_KEY=$stripe_secret_key"
+    echo "SHOP_STRIPE_WEBHOOK_SECRET=$STRIPE_WEBHOOK_SECRET"
+  fi
 }
+
+# stripe-mock takes any test-mode key (sk_test_…).
+stripe_secret_key=sk_test_123
 
 run_shop() {
   local env=()
@@ -347,9 +373,48 @@ start_topology() {
   esac
 }
 
+# replica_setting NAME prints the value of NAME among the settings the
+# replicas were last given (empty when not among them).
+replica_setting() { sed -n "s/^$1=//p" "$state/replica-settings" 2>/dev/null | tail -1; }
+
 # lock_mode prints the SHOP_LOCK_MODE the replicas were last given (empty:
 # the default, redis).
-lock_mode() { sed -n 's/^SHOP_LOCK_MODE=//p' "$state/replica-settings" 2>/dev/null | tail -1; }
+lock_mode() { replica_setting SHOP_LOCK_MODE; }
+
+# payments prints the replicas' payment provider, SHOP_PAYMENTS: webhook
+# (the default) or stripe.
+payments() {
+  local mode
+  mode=$(replica_setting SHOP_PAYMENTS)
+  echo "${mode:-webhook}"
+}
+
+# set_payments records SHOP_PAYMENTS, when it is set, among the replicas'
+# settings, in place of the one there: `SHOP_PAYMENTS=stripe make up`.
+# The other settings are kept.
+set_payments() {
+  local kept=()
+  case ${SHOP_PAYMENTS:-} in
+    "") return 0 ;;
+    webhook | stripe) ;;
+    *) die "SHOP_PAYMENTS=$SHOP_PAYMENTS: want webhook or stripe" ;;
+  esac
+  [ ! -f "$state/replica-settings" ] || mapfile -t kept < <(grep -v '^SHOP_PAYMENTS=' "$state/replica-settings")
+  printf '%s\n' "${kept[@]}" "SHOP_PAYMENTS=$SHOP_PAYMENTS" | grep -v '^$' >"$state/replica-settings"
+}
+
+# start_payment_servers starts stripe-mock, and the recording proxy in
+# front of it, when the replicas take payments from Stripe, unless they
+# run. Once started they run until down, as the lock servers do.
+start_payment_servers() {
+  local dir=$state/stripe
+  [ "$(payments)" = stripe ] || return 0
+  stripe_running "$dir" "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT" && return 0
+  stop_stripe "$dir"
+  claim_port STRIPE_MOCK_PORT 0 stripe-mock
+  claim_port STRIPE_RECORDER_PORT 0 "stripe-mock's recording proxy"
+  start_stripe "$dir" "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT"
+}
 
 # start_lock_servers starts the etcd cluster or the ZooKeeper ensemble when
 # the replicas' lock mode needs it, unless all of it runs. Once started
@@ -411,10 +476,18 @@ binary_sum() {
   if command -v sha256sum >/dev/null 2>&1; then sha256sum "$bin"; else shasum -a 256 "$bin"; fi | cut -d' ' -f1
 }
 
-# start_replica I starts replica I, without waiting for it, with the
-# settings the replicas were last given (state/replica-settings, one
-# VAR=VALUE a line), and records which binary it runs. SHOP_BINARY among
-# the settings runs another build of shop (the demo's failpoints build).
+# replica_env prints the settings the replicas are started with: those
+# all shop processes share, then those the replicas were last given
+# (state/replica-settings, one VAR=VALUE a line), which win.
+replica_env() {
+  shop_env
+  [ ! -f "$state/replica-settings" ] || cat "$state/replica-settings"
+}
+
+# start_replica I starts replica I, without waiting for it, with
+# replica_env, and records which binary it runs and with which settings.
+# SHOP_BINARY among the settings runs another build of shop (the demo's
+# failpoints build).
 start_replica() {
   local dir=$state/replica$1 env=() settings=() kv bin=bin/shop
   mapfile -t env < <(shop_env)
@@ -426,7 +499,7 @@ start_replica() {
   claim_port admin_ports $(($1 - 1)) "replica $1's admin listener"
   mkdir -p "$dir"
   binary_sum "$bin" >"$dir/binary"
-  shop_env >"$dir/env"
+  replica_env >"$dir/env"
   env "${env[@]}" SHOP_HTTP_ADDR="127.0.0.1:$(replica_port "$1")" SHOP_ADMIN_ADDR="127.0.0.1:$(admin_port "$1")" "${settings[@]}" \
     "$bin" serve </dev/null >>"$dir/shop.log" 2>&1 &
   echo $! >"$dir/pid"
@@ -448,6 +521,7 @@ start_replicas() {
   shift
   printf '%s\n' "$@" | grep -v '^$' >"$state/replica-settings" || true
   start_lock_servers
+  start_payment_servers
   for i in $(seq 1 "$n"); do start_replica "$i"; done
   for i in $(seq 1 "$n"); do wait_replica "$i"; done
   echo "$n" >"$state/replicas"
@@ -555,9 +629,11 @@ up() {
   ensure_deps
   build
   set_topology
+  set_payments
   load_ports
   start_servers
   start_lock_servers
+  start_payment_servers
   local n=${REPLICAS:-$(cat "$state/replicas" 2>/dev/null || echo 3)} i sum started=() stale=()
   sum=$(binary_sum)
   for i in $(seq 1 "$n"); do
@@ -565,7 +641,7 @@ up() {
       start_replica "$i"
       started+=("$i")
     elif [ "$(cat "$state/replica$i/binary" 2>/dev/null)" != "$sum" ] ||
-      [ "$(cat "$state/replica$i/env" 2>/dev/null)" != "$(shop_env)" ]; then
+      [ "$(cat "$state/replica$i/env" 2>/dev/null)" != "$(replica_env)" ]; then
       stale+=("$i")
     fi
   done
@@ -574,16 +650,24 @@ up() {
   [ ${#started[@]} -eq 0 ] || log "started replica(s) ${started[*]}"
   nginx_up "$n"
   # Replicas started from an older bin/shop, or on another Redis topology,
-  # or before a server moved to another port: restarted one at a time.
+  # or before a server moved to another port, or with other settings (a
+  # SHOP_PAYMENTS given now): restarted one at a time.
   [ ${#stale[@]} -eq 0 ] || restart_replicas "${stale[@]}"
-  local admins= metrics=
+  local admins= metrics= pay
   for i in $(seq 1 "$n"); do
     admins+=" http://127.0.0.1:$(admin_port "$i")"
     metrics+=" http://127.0.0.1:$(admin_port "$i")/metrics"
   done
+  pay="POST http://127.0.0.1:$NGINX_PORT/api/v1/payments/events, Standard Webhooks signed with SHOP_PAYMENT_WEBHOOK_SECRET=$PAYMENT_WEBHOOK_SECRET"
+  if [ "$(payments)" = stripe ]; then
+    local calls=
+    ! has_stripe_recorder || calls=", calls recorded in $state/stripe/calls.jsonl"
+    pay="Stripe on stripe-mock ($(stripe_api_base "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT")$calls); its webhooks to POST http://127.0.0.1:$NGINX_PORT/api/v1/payments/stripe signed with SHOP_STRIPE_WEBHOOK_SECRET=$STRIPE_WEBHOOK_SECRET"
+  fi
   cat <<EOF
 shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas, Redis: $(topology))
   try:     curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
+  payments: $pay
   admin:  ${admins}  (each replica's operators' listener: /api/v1/admin/* with Authorization: Bearer $ADMIN_TOKEN)
   metrics:${metrics}
   logs:    $state/replica*/shop.log, $state/nginx/logs/
@@ -610,6 +694,7 @@ down() {
   stop_redis_set "$state/redis-sentinel"
   [ ! -d "$state/etcd" ] || stop_etcd_cluster "$state/etcd"
   [ ! -d "$state/zookeeper" ] || stop_zk_ensemble "$state/zookeeper"
+  stop_stripe "$state/stripe"
   stop_pidfile "$state/mariadb/pid" 30 # InnoDB writes its buffers out
   rm -rf "$state"
   log "stack stopped, $state removed"
@@ -639,6 +724,12 @@ status() {
   topology_status
   echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]} (admin and /metrics on ${admin_ports[*]}), MariaDB $MYSQL_PORT, Redis ${redis_ports[*]}"
   echo "Redis topology: $(topology) ($(redis_env | xargs))"
+  echo "payments: $(payments)"
+  if [ -d "$state/stripe" ]; then
+    if stripe_running "$state/stripe" "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT"; then
+      echo "stripe-mock: running on :$STRIPE_MOCK_PORT, Stripe's API for shop at $(stripe_api_base "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT")"
+    else echo "stripe-mock: stopped"; fi
+  fi
   [ ! -s "$state/replica-settings" ] || echo "replica settings: $(xargs <"$state/replica-settings")"
 }
 

@@ -61,6 +61,17 @@ export SHOP_TEST_REDIS_ADDR="127.0.0.1:$redis_port"
 export SHOP_TEST_MYSQL_AUTOINC2_DSN="root@tcp(127.0.0.1:$autoinc2_port)/?parseTime=true"
 SHOP_TEST_REDIS_SERVER=$(find_bin redis-server)
 export SHOP_TEST_REDIS_SERVER
+# stripe-mock, which the payment tests start on ports of their own (with
+# -https-addr 127.0.0.1:0, or each one's HTTPS takes the fixed port 12112),
+# and the recording proxy that stands in front of it where the tree has it.
+if [ "${1:-}" != bench-lock ]; then
+  SHOP_TEST_STRIPE_MOCK=$(ensure_stripe_mock)
+  export SHOP_TEST_STRIPE_MOCK
+  if has_stripe_recorder; then
+    SHOP_TEST_STRIPE_RECORDER=$(build_stripe_recorder)
+    export SHOP_TEST_STRIPE_RECORDER
+  fi
+fi
 
 if [ "${1:-}" = bench ]; then
   # Not lockbench: its one benchmark is run once, by `make bench-lock`.

@@ -77,7 +77,7 @@ func nginxTime(t *testing.T, v string) time.Duration {
 // replica closes them under nginx's requests.
 func TestNginxTimeoutsFitTheService(t *testing.T) {
 	t.Parallel()
-	if read := nginxDirective(t, "location /", "proxy_read_timeout"); read <= handler.OrderBudget {
+	if read := nginxDirective(t, "server", "proxy_read_timeout"); read <= handler.OrderBudget {
 		t.Errorf("proxy_read_timeout %s; want above the order budget, %s", read, handler.OrderBudget)
 	}
 	if idle := nginxDirective(t, "upstream shop", "keepalive_timeout"); idle >= defaultDrain {
@@ -275,7 +275,7 @@ func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
 	defer release(false)
 
 	buyer := front.using(&http.Client{Timeout: time.Minute})
-	readTimeout := nginxDirective(t, "location /", "proxy_read_timeout")
+	readTimeout := nginxDirective(t, "server", "proxy_read_timeout")
 	type answer struct {
 		user int
 		reply[order]
@@ -465,4 +465,145 @@ func crowdClient(timeout time.Duration) *http.Client {
 		return (&net.Dialer{LocalAddr: local, Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
 	}
 	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: dial, DisableKeepAlives: true}}
+}
+
+// holdingStub is an upstreamStub that holds each payment event until hold
+// of them are in flight at once (or 10 s have passed), and records the
+// most it held at once.
+type holdingStub struct {
+	*upstreamStub
+	hold int
+	mu   sync.Mutex
+	now  int
+	most int
+	full chan struct{}
+	once sync.Once
+}
+
+func (h *holdingStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/api/v1/payments/") {
+		h.mu.Lock()
+		h.now++
+		h.most = max(h.most, h.now)
+		if h.now == h.hold {
+			h.once.Do(func() { close(h.full) })
+		}
+		h.mu.Unlock()
+		select {
+		case <-h.full:
+		case <-time.After(10 * time.Second):
+		}
+		h.mu.Lock()
+		h.now--
+		h.mu.Unlock()
+	}
+	h.upstreamStub.ServeHTTP(w, r)
+}
+
+// paymentEvent sends a payment event of body through front.
+func paymentEvent(front *client, body string) reply[none] {
+	return front.send("POST", "/api/v1/payments/events", body)
+}
+
+// paymentBurst sends n payment events through front from c clients at
+// once, and counts the answers by status (0: a transport error).
+func paymentBurst(front *client, n, c int) map[int]int {
+	statuses := map[int]int{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for range c {
+		wg.Go(func() {
+			for range n / c {
+				a := paymentEvent(front, `{"type":"payment.succeeded"}`)
+				mu.Lock()
+				statuses[a.status]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	return statuses
+}
+
+// The payment provider's events pass nginx's limits per address: a
+// provider sends bursts from a few addresses, right at the end of the pay
+// window. From one address, 100 events in flight at once (limit_conn
+// allows 64) and then 400 at once (limit_req's burst is 200) all reach the
+// replica, and take nothing of the address's share for other routes: its
+// orders are still served. An event's body may be 64 KiB, and no more.
+func TestNginxExemptsPayments(t *testing.T) {
+	t.Parallel()
+	const held = 100
+	up := &holdingStub{upstreamStub: &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}, hold: held, full: make(chan struct{})}
+	srv := httptest.NewServer(up)
+	defer srv.Close()
+	nginx := startNginx(t, strings.TrimPrefix(srv.URL, "http://"))
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: held}}
+	t.Cleanup(hc.CloseIdleConnections)
+	front := nginx.using(hc)
+
+	if statuses := paymentBurst(front, held, held); statuses[http.StatusCreated] != held {
+		t.Errorf("%d payment events in flight at once from one address: %v; want every one passed to the replica", held, statuses)
+	}
+	up.once.Do(func() { close(up.full) }) // the later events are not held
+	up.mu.Lock()
+	most := up.most
+	up.mu.Unlock()
+	if most != held {
+		t.Errorf("the replica held %d payment events at once; want all %d", most, held)
+	}
+	if statuses := paymentBurst(front, 400, 20); statuses[http.StatusCreated] != 400 {
+		t.Errorf("400 payment events at once from one address: %v; want every one passed to the replica", statuses)
+	}
+	if n := up.count("POST /api/v1/payments/events"); n != held+400 {
+		t.Errorf("the replica got %d of the %d payment events", n, held+400)
+	}
+	for _, a := range burst(front, 10) {
+		if a.expect(http.StatusCreated) != nil {
+			t.Errorf("an order after the payment events, from the same address: %v; want 201", a)
+		}
+	}
+
+	if a := paymentEvent(front, strings.Repeat("x", 64<<10)); a.expect(http.StatusCreated) != nil {
+		t.Errorf("a payment event of 64 KiB: %v", a)
+	}
+	if a := paymentEvent(front, strings.Repeat("x", 64<<10+1)); a.status != http.StatusRequestEntityTooLarge || a.code() != "too_large" {
+		t.Errorf("a payment event of 64 KiB and a byte: %v; want 413 too_large", a)
+	}
+}
+
+// A payment event that a replica took and failed on (its connection
+// closed without an answer) goes on to the next replica, POST as it is: a
+// resent event is one payment, and the provider's own retry may come after
+// the pay window. (An order is not resent: deploy/nginx.conf's location /
+// says why.)
+func TestNginxResendsPaymentEvents(t *testing.T) {
+	t.Parallel()
+	var broken atomic.Int32
+	closer := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		broken.Add(1)
+		conn, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			conn.Close()
+		}
+	}))
+	defer closer.Close()
+	good := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
+	srv := httptest.NewServer(good)
+	defer srv.Close()
+	// The closing replica first: nginx's first request goes to it.
+	nginx := startNginx(t, strings.TrimPrefix(closer.URL, "http://"), strings.TrimPrefix(srv.URL, "http://"))
+
+	for i := range 10 {
+		if a := paymentEvent(nginx.client, `{"type":"payment.succeeded"}`); a.expect(http.StatusCreated) != nil {
+			t.Errorf("payment event %d: %v; want it answered by the replica that works", i+1, a)
+		}
+	}
+	if broken.Load() == 0 {
+		t.Fatal("no payment event reached the replica that closes its connections: the test proves nothing")
+	}
+	if n := good.count("POST /api/v1/payments/events"); n != 10 {
+		t.Errorf("the working replica got %d of the 10 payment events", n)
+	}
+	t.Logf("%d payment event(s) resent from the closing replica to the working one", broken.Load())
 }

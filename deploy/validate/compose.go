@@ -19,13 +19,19 @@ import (
 // LoadCompose loads a compose file with compose-go, the loader docker
 // compose uses: validated against the Compose schema (an unknown key is an
 // error), interpolated, normalized and checked for consistency (a
-// depends_on naming no service, say). The environment is empty, so a
-// ${VAR:-default} takes its default whatever the caller's environment.
-func LoadCompose(ctx context.Context, file string) (*types.Project, error) {
+// depends_on naming no service, say). The environment is env alone, so a
+// ${VAR:-default} takes its default whatever the caller's environment,
+// and a required ${VAR:?…} that env does not give is an error, as docker
+// compose refuses to start without it.
+func LoadCompose(ctx context.Context, file string, env map[string]string) (*types.Project, error) {
+	var vars []string
+	for k, v := range env {
+		vars = append(vars, k+"="+v)
+	}
 	opts, err := cli.NewProjectOptions([]string{file},
 		cli.WithName("shop"),
 		cli.WithWorkingDirectory(filepath.Dir(file)),
-		cli.WithEnv(nil),
+		cli.WithEnv(vars),
 		cli.WithInterpolation(true),
 		cli.WithNormalization(true),
 		cli.WithConsistency(true),
@@ -67,7 +73,8 @@ var (
 // CheckCompose checks a compose project of the repository at repo against
 // the service and the native stack: every shop service (built from the
 // repository) has the environment of x-shop-env, made only of settings
-// the service reads; a setup service migrates and then seeds an empty
+// the service reads, the payment provider's secrets among them
+// (checkPayments); a setup service migrates and then seeds an empty
 // catalog only (shop seed --if-empty), and the replicas wait for it; a replica is given time to drain and shut down
 // before it is killed; nginx runs the native stack's template, every
 // variable of it set, with every replica, and only them, as upstreams on
@@ -90,6 +97,7 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 	if err != nil {
 		pr.addf("%s: %v", sharedEnvKey, err)
 	}
+	svc.checkPayments(&pr, sharedEnvKey, shared)
 
 	var replicas, setups []string
 	for _, name := range slices.Sorted(maps.Keys(p.Services)) {

@@ -30,7 +30,8 @@ const (
 )
 
 // secretEnv are the settings that carry credentials: from a Secret only.
-var secretEnv = []string{"SHOP_MYSQL_DSN", "SHOP_ADMIN_TOKEN", "SHOP_JWT_SECRET"}
+var secretEnv = []string{"SHOP_MYSQL_DSN", "SHOP_ADMIN_TOKEN", "SHOP_JWT_SECRET",
+	"SHOP_PAYMENT_WEBHOOK_SECRET", "SHOP_STRIPE_SECRET_KEY", "SHOP_STRIPE_WEBHOOK_SECRET"}
 
 // requiredEnv are the settings whose defaults are loopback addresses, which
 // mean nothing in a pod.
@@ -48,9 +49,10 @@ func (p problems) err() error { return errors.Join(p...) }
 // pods, the grace period covers the preStop sleep, the drain and the
 // shutdown, every SHOP_* setting is one the service reads and credentials
 // come from a Secret whose name, like the ConfigMap's, carries the hash of
-// its content, the pods run unprivileged, and the setup Job migrates and
-// then seeds an empty catalog only, with the replicas' image. It returns
-// every problem found, each naming its object.
+// its content, the payment provider's secrets are there (checkPayments),
+// the pods run unprivileged, and the setup Job migrates and then seeds an
+// empty catalog only, with the replicas' image. It returns every problem
+// found, each naming its object.
 func CheckK8s(m *Manifests, svc Service) error {
 	var p problems
 	if len(m.Deployments) != 1 {
@@ -88,6 +90,7 @@ func CheckK8s(m *Manifests, svc Service) error {
 	}
 	checkPodSecurity(&p, where, pod.Spec)
 	checkGoMemLimit(&p, where, c, env)
+	svc.checkPayments(&p, where, env)
 
 	m.checkGeneratedNames(&p)
 	m.checkServices(&p, pod.Labels, c, port)

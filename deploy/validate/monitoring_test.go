@@ -56,7 +56,7 @@ var monitoringFiles = []string{
 // checks its Prometheus and Grafana, and the rest of it.
 func checkMonitoring(t *testing.T, repo string, m validate.Metrics) error {
 	t.Helper()
-	p, err := validate.LoadCompose(context.Background(), filepath.Join(repo, "docker-compose.yml"))
+	p, err := validate.LoadCompose(context.Background(), filepath.Join(repo, "docker-compose.yml"), composeEnv)
 	if err != nil {
 		return err
 	}

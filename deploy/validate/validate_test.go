@@ -1,7 +1,9 @@
 package validate_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
@@ -131,9 +133,34 @@ func TestReadService(t *testing.T) {
 	t.Logf("%d settings; SHOP_HTTP_ADDR default %q, drain %s, shutdown %s", len(svc.Env), svc.Defaults["SHOP_HTTP_ADDR"], svc.Drain, svc.Shutdown)
 }
 
+// testSecret is a payment provider's signing secret as shop takes it:
+// whsec_ and 32 bytes in standard base64.
+var testSecret = "whsec_" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x5a}, 32))
+
+// fillSecret fills secret.env's empty placeholder of the payment secret in.
+var fillSecret = edit{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", "SHOP_PAYMENT_WEBHOOK_SECRET=" + testSecret + "\n"}
+
+// emptySecret is what the validation says of an empty payment secret.
+const emptySecret = "SHOP_PAYMENT_WEBHOOK_SECRET is empty: with a pay window (SHOP_PAY_WINDOW 15m0s), shop serve refuses to start"
+
+// checkK8sCopy renders a copy of deploy/k8s with edits and checks it.
+func checkK8sCopy(t *testing.T, svc validate.Service, edits ...edit) error {
+	t.Helper()
+	dir := brokenCopy(t, filepath.Join(repoDir, "deploy/k8s"), k8sFiles(t), edits)
+	m, err := validate.Render(dir)
+	if err != nil {
+		return err
+	}
+	return validate.CheckK8s(m, svc)
+}
+
 // TestK8s renders deploy/k8s and checks it: every object decodes strictly
-// into its API type and the manifests run the service as it expects.
+// into its API type and the manifests run the service as it expects, once
+// the payment provider's secret is filled in. As shipped, with that
+// secret's placeholder empty, they are refused for it, and for nothing
+// else; without a pay window no secret is needed.
 func TestK8s(t *testing.T) {
+	svc := service(t)
 	m, err := validate.Render(filepath.Join(repoDir, "deploy/k8s"))
 	if err != nil {
 		t.Fatal(err)
@@ -147,8 +174,17 @@ func TestK8s(t *testing.T) {
 			t.Errorf("%d %s objects; want 1", n, kind)
 		}
 	}
-	if err := validate.CheckK8s(m, service(t)); err != nil {
-		t.Fatal(err)
+	err = validate.CheckK8s(m, svc)
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) || len(joined.Unwrap()) != 1 || !strings.Contains(err.Error(), emptySecret) {
+		t.Fatalf("deploy/k8s as shipped:\n%v\nwant its empty payment secret refused, and nothing else", err)
+	}
+	t.Logf("as shipped, refused: %v", err)
+	if err := checkK8sCopy(t, svc, fillSecret); err != nil {
+		t.Fatalf("deploy/k8s with the payment secret filled in:\n%v", err)
+	}
+	if err := checkK8sCopy(t, svc, edit{"config.env", "SHOP_PAYMENTS=webhook\n", "SHOP_PAYMENTS=webhook\nSHOP_PAY_WINDOW=0\n"}); err != nil {
+		t.Fatalf("deploy/k8s without a pay window, with no payment secret:\n%v", err)
 	}
 }
 
@@ -163,7 +199,6 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		seedArgs = `args: ["seed", "--if-empty", "--products", "5000", "--stock", "1"]`
 	)
 	svc := service(t)
-	files := k8sFiles(t)
 	cases := []brokenCase{
 		{"kustomization typo", []edit{{"kustomization.yaml", "\nimages:\n", "\nimage:\n"}}, `invalid Kustomization: json: unknown field "image"`},
 		{"unknown field", []edit{{dep, "  replicas: 3\n", "  replicas: 3\n  replica: 3\n"}}, `unknown field "replica"`},
@@ -224,15 +259,23 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		{"admin on the loopback", []edit{{conf, "SHOP_ADMIN_ADDR=:9091", "SHOP_ADMIN_ADDR=127.0.0.1:9091"}}, "is on the loopback, out of Prometheus's reach"},
 		{"admin left at its default", []edit{{conf, "SHOP_ADMIN_ADDR=:9091\n", ""}}, "the operators' listener, which serves /metrics"},
 		{"admin on the public port", []edit{{conf, "SHOP_ADMIN_ADDR=:9091", "SHOP_ADMIN_ADDR=:8080"}}, "SHOP_ADMIN_ADDR and SHOP_HTTP_ADDR share port 8080"},
+		{"payment secret left empty", nil, emptySecret},
+		{"payment secret in the ConfigMap", []edit{
+			{conf, "SHOP_PAYMENTS=webhook\n", "SHOP_PAYMENTS=webhook\nSHOP_PAYMENT_WEBHOOK_SECRET=" + testSecret + "\n"},
+			{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", ""},
+		}, "SHOP_PAYMENT_WEBHOOK_SECRET comes from ConfigMap"},
+		{"payment secret without whsec_", []edit{{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", "SHOP_PAYMENT_WEBHOOK_SECRET=" + strings.TrimPrefix(testSecret, "whsec_") + "\n"}},
+			"SHOP_PAYMENT_WEBHOOK_SECRET: secret 1 does not begin with whsec_"},
+		{"payment secret not base64", []edit{{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", "SHOP_PAYMENT_WEBHOOK_SECRET=whsec_not-base64!\n"}},
+			"SHOP_PAYMENT_WEBHOOK_SECRET: secret 1 is not whsec_ and standard base64"},
+		{"payment secret too short", []edit{{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", "SHOP_PAYMENT_WEBHOOK_SECRET=" + testSecret + ",whsec_" + base64.StdEncoding.EncodeToString(make([]byte, 16)) + "\n"}},
+			"SHOP_PAYMENT_WEBHOOK_SECRET: secret 2 decodes to 16 bytes; shop wants at least 24"},
+		{"unknown payment provider", []edit{fillSecret, {conf, "SHOP_PAYMENTS=webhook", "SHOP_PAYMENTS=paypal"}}, `SHOP_PAYMENTS="paypal": shop takes payments from webhook (Standard Webhooks) or stripe`},
+		{"stripe without its keys", []edit{fillSecret, {conf, "SHOP_PAYMENTS=webhook", "SHOP_PAYMENTS=stripe"}}, "SHOP_STRIPE_SECRET_KEY is empty: with SHOP_PAYMENTS=stripe"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := brokenCopy(t, filepath.Join(repoDir, "deploy/k8s"), files, tc.edits)
-			m, err := validate.Render(dir)
-			if err == nil {
-				err = validate.CheckK8s(m, svc)
-			}
-			wantRejected(t, err, tc.want)
+			wantRejected(t, checkK8sCopy(t, svc, tc.edits...), tc.want)
 		})
 	}
 }
@@ -255,16 +298,43 @@ func TestK8sRejectsUnknownKind(t *testing.T) {
 // composeFiles are the files a compose check reads.
 var composeFiles = []string{"docker-compose.yml", "deploy/nginx.conf"}
 
+// composeEnv is the environment docker compose is run in: the payment
+// provider's secret, which docker-compose.yml requires.
+var composeEnv = map[string]string{"SHOP_PAYMENT_WEBHOOK_SECRET": testSecret}
+
 // TestCompose loads docker-compose.yml as docker compose does and checks
 // it against the service and the native stack.
 func TestCompose(t *testing.T) {
-	p, err := validate.LoadCompose(context.Background(), filepath.Join(repo(t), "docker-compose.yml"))
+	p, err := validate.LoadCompose(context.Background(), filepath.Join(repo(t), "docker-compose.yml"), composeEnv)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if err := validate.CheckCompose(p, repo(t), service(t)); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// docker-compose.yml requires the payment provider's secret: without it,
+// docker compose refuses to start the stack, and the validation refuses
+// one that shop would refuse. A copy that makes the secret optional is
+// refused when it is not given, for shop serve would not start.
+func TestComposeNeedsPaymentSecret(t *testing.T) {
+	file := filepath.Join(repo(t), "docker-compose.yml")
+	_, err := validate.LoadCompose(context.Background(), file, nil)
+	wantRejected(t, err, "required variable SHOP_PAYMENT_WEBHOOK_SECRET is missing a value")
+	p, err := validate.LoadCompose(context.Background(), file, map[string]string{"SHOP_PAYMENT_WEBHOOK_SECRET": "whsec_c2hvcnQ="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRejected(t, validate.CheckCompose(p, repo(t), service(t)), "x-shop-env: SHOP_PAYMENT_WEBHOOK_SECRET: secret 1 decodes to 5 bytes")
+
+	dir := brokenCopy(t, repo(t), composeFiles, []edit{{"docker-compose.yml",
+		`"${SHOP_PAYMENT_WEBHOOK_SECRET:?the payment provider's signing secret, whsec_ and base64 of at least 24 bytes: see the top of docker-compose.yml}"`,
+		`"${SHOP_PAYMENT_WEBHOOK_SECRET:-}"`}})
+	if p, err = validate.LoadCompose(context.Background(), filepath.Join(dir, "docker-compose.yml"), nil); err != nil {
+		t.Fatal(err)
+	}
+	wantRejected(t, validate.CheckCompose(p, dir, service(t)), "x-shop-env: "+emptySecret)
 }
 
 // TestComposeRejectsBrokenCopies breaks a copy of docker-compose.yml (and
@@ -300,11 +370,12 @@ func TestComposeRejectsBrokenCopies(t *testing.T) {
 			"service shop3: healthcheck"},
 		{"nginx's health check on another port", []edit{{dc, `"http://127.0.0.1:8080/readyz"]`, `"http://127.0.0.1:8081/readyz"]`}}, "the healthcheck asks port 8081; nginx listens on 8080"},
 		{"replicas do not wait for the setup", []edit{{dc, "      condition: service_completed_successfully\n", "      condition: service_started\n"}}, "service shop1: does not wait for the setup"},
+		{"unknown payment provider", []edit{{dc, "  SHOP_PAYMENTS: webhook\n", "  SHOP_PAYMENTS: paypal\n"}}, `x-shop-env: SHOP_PAYMENTS="paypal"`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := brokenCopy(t, repo(t), composeFiles, tc.edits)
-			p, err := validate.LoadCompose(context.Background(), filepath.Join(dir, "docker-compose.yml"))
+			p, err := validate.LoadCompose(context.Background(), filepath.Join(dir, "docker-compose.yml"), composeEnv)
 			if err == nil {
 				err = validate.CheckCompose(p, dir, svc)
 			}
