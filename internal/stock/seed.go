@@ -20,6 +20,9 @@ import (
 // seedBatch is how many products one INSERT carries.
 const seedBatch = 1000
 
+// unsettledNamed is how many unsettled refunds a refused seed names.
+const unsettledNamed = 10
+
 // seedLockWait bounds how long a seed waits for another seed of the same
 // database to end (the seed lock, seedLockName).
 const seedLockWait = 2 * time.Minute
@@ -181,7 +184,15 @@ func resetCatalog(tx *gorm.DB, n, stock int, o SeedOptions) error {
 	deletes := []string{sqlDeleteOrders, sqlDeleteCounters, sqlDeleteProducts, sqlRaiseEpoch}
 	if unsettled > 0 {
 		if !o.DiscardRefunds {
-			return fmt.Errorf("%w: %d refunds are not settled", ErrRefundsUnsettled, unsettled)
+			var named []string
+			if _, err := read(tx, &named, sqlNameUnsettled, unsettledNamed); err != nil {
+				return err
+			}
+			more := ""
+			if unsettled > int64(len(named)) {
+				more = ", …"
+			}
+			return fmt.Errorf("%w: %d refunds are not settled (%s%s)", ErrRefundsUnsettled, unsettled, strings.Join(named, ", "), more)
 		}
 		deletes = append([]string{sqlDiscardPayments, sqlDeleteUnsettled}, deletes...)
 	}

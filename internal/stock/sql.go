@@ -169,6 +169,7 @@ const (
 	sqlCheckoutKey    = "SELECT checkout_key FROM orders WHERE id = ?"
 	// sqlCountUnsettled counts the refunds a seed must not delete.
 	sqlCountUnsettled = "SELECT COUNT(*) FROM refunds WHERE state <> 'refunded'"
+	sqlNameUnsettled  = "SELECT CONCAT(refund_id, ' ', state, ' ', reason, ' order ', order_id) FROM refunds WHERE state <> 'refunded' ORDER BY refund_id LIMIT ?"
 )
 
 // The buyers' order counters of the user limit (userlimit.go). FORCE
