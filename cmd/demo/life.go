@@ -56,11 +56,11 @@ func lifeRows(o options) []row {
 		"(the shopSweepStall failpoint), its replica is killed there (SIGKILL) and MariaDB restarted: the transaction "+
 		"rolls back whole, another replica returns the units, and buyers and payers retry through it")
 	kill.Retry, kill.Stall = true, o.stall
-	jwt := life(lifeJWT, "the same sale with SHOP_AUTH=jwt: each buyer and payer is the sub of an HS256 token")
+	jwt := life(lifeJWT, "the same sale with SHOP_AUTH=jwt: each buyer is the sub of an HS256 token; payments are the provider's signed events")
 	jwt.Auth, jwt.JWTSecret = "jwt", o.jwtSecret
 	return []row{
-		life(lifeAsIs, "reservations that must be paid: half the winners pay, some pay late and are owed back, "+
-			"the rest lapse; their units return once and a second wave of new buyers buys and pays them"),
+		life(lifeAsIs, "reservations that must be paid, by the provider's signed payment events: half are paid, some late "+
+			"and owed back (refunds in MySQL), the rest lapse; their units return once and a second wave of new buyers buys and pays them"),
 		kill,
 		jwt,
 	}
