@@ -112,6 +112,7 @@ func (m *moneyDB) refundStates(t *testing.T) map[string]string {
 // refused before goes through; a refund settled before keeps its
 // reference, and a second pass has nothing to do.
 func TestSettleRefunds(t *testing.T) {
+	t.Parallel() // each on a database of its own
 	m := newMoneyDB(t)
 	ctx := context.Background()
 	expired := m.order(t, 1, "expired", 1500)
@@ -159,6 +160,7 @@ func TestSettleRefunds(t *testing.T) {
 // A row's refunds are those received since it began, each described if it
 // is not owed as a late payment is: order_expired, of what its order owes.
 func TestRowRefunds(t *testing.T) {
+	t.Parallel() // each on a database of its own
 	m := newMoneyDB(t)
 	ctx := context.Background()
 	before := m.order(t, 1, "expired", 1500)
