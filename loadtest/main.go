@@ -45,16 +45,36 @@
 // R/c), so that a sale lasts long enough for a fault to land mid-sale.
 //
 // The order lifecycle: a 201 whose status is "reserved" must be paid by
-// its pay_by. With -pay-frac F, the winners of a share F of the orders
-// (picked by order id, see payShare) pay at once, with payment_id
-// pay-<order_id>; with -late-frac L, another share L pays -late-by after
-// pay_by, too late on purpose: the service must refuse each such payment
-// (409 order_expired) and owe it back. Payers retry 429, 502, 503, 504 and
-// transport errors with the same payment_id, within -retries and
-// -retry-for. -payments writes one line per payment; the JSON result
-// counts them by their last answer. Once every order is placed and every
-// payment in time made, the load test says so on stderr ("loadtest: orders
-// done"), then waits for the late payments.
+// its pay_by, and the payers play the payment provider (pay.go): a payment
+// is the provider's signed event that money arrived, never a buyer's word.
+// With -pay-frac F, a share F of the orders (picked by order id, see
+// payShare) is paid at once: a payment.succeeded event, signed by Standard
+// Webhooks with -webhook-secret (the service's
+// SHOP_PAYMENT_WEBHOOK_SECRET, read from the environment when the flag is
+// empty), POSTed to /api/v1/payments/events with the payment id
+// pay-<order_id> and the amount_cents and currency of the order's 201.
+// With -late-frac L, another share L is paid -late-by after pay_by, too
+// late on purpose: the service must answer 200 "owed" and owe it back
+// (order_expired). Payments that are wrong on purpose: -dup-frac D (D of
+// the orders, among those paid in time, paid a second time under another
+// payment id: duplicate_payment), -mismatch-frac M (another share M paid
+// at once one unit short: amount_mismatch, the order stays reserved) and
+// -unknown-orders N (N payments for orders that do not exist, ids from
+// 2^62: unknown_order). Payments need a secret: without one, these flags
+// are an error (exit 2, as every bad flag is). Payers deliver a payment
+// again after a 429, 502, 503, 504 or a transport error, with the same
+// body and message id (msg_<payment_id>) and a fresh timestamp and
+// signature, within -retries and -retry-for. With -stripe they play
+// Stripe: each payment of an order's own follows its checkout (POST
+// /api/v1/orders/{id}/checkout, as its buyer) and is a
+// payment_intent.succeeded event for the checkout's PaymentIntent, signed
+// with the Stripe endpoint's secret (-webhook-secret, or
+// SHOP_STRIPE_WEBHOOK_SECRET) and POSTed to /api/v1/payments/stripe.
+// -payments writes one line per payment; the JSON result counts them by
+// kind and last answer (paid: 200 applied; refused: 200 owed, to be paid
+// back). Once every order is placed and every payment but the late ones
+// made, the load test says so on stderr ("loadtest: orders done"), then
+// waits for the late payments.
 //
 // With -until K, a buyer answered 409 sold_out buys again after a backoff
 // (100 ms doubling up to 1 s, jittered), each purchase attempt under a key
@@ -102,11 +122,23 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
-	if err != nil {
+	var usage usageError
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+	case errors.As(err, &usage):
+		fmt.Fprintln(os.Stderr, "loadtest:", err)
+		os.Exit(2)
+	case err != nil:
 		fmt.Fprintln(os.Stderr, "loadtest:", err)
 		os.Exit(1)
 	}
 }
+
+// usageError is a bad flag, or flags that do not go together: exit 2, as
+// the flag package's own errors are.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
 
 type options struct {
 	scenario    string
@@ -132,10 +164,16 @@ type options struct {
 	// same buyers sent again, never replays an earlier run's key.
 	run string
 
-	payFrac      float64
-	lateFrac     float64
-	lateBy       time.Duration
-	paymentsPath string
+	payFrac       float64
+	lateFrac      float64
+	dupFrac       float64
+	mismatchFrac  float64
+	unknownOrders int
+	lateBy        time.Duration
+	paymentsPath  string
+	// provider signs the payments (-webhook-secret, -stripe); nil when
+	// the run makes none.
+	provider provider
 	// flood, when above zero, is -for: how long a flood lasts.
 	flood    time.Duration
 	until    int
@@ -223,6 +261,7 @@ type Result struct {
 
 func parse(args []string) (options, error) {
 	var o options
+	var stripeFlow bool
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
 	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku, read, hotread, absent, absent-stock, healthz or malformed")
 	urls := fs.String("url", "http://127.0.0.1:8080", "base URL(s), comma-separated")
@@ -244,10 +283,16 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.srcFrom, "src-from", 0, "-src-n: the first source address, counted from 127.1.1.1 (0)")
 	fs.DurationVar(&o.flood, "for", 0, "flood: send the scenario's requests (not sellout or hotsku) from -c clients for this long; 0: -n requests through hey")
 	fs.IntVar(&o.srcN, "src-n", 1, "spread the requests over this many loopback source addresses (127.1.b.c), request i from address i mod src-n; 1: the system's choice")
-	fs.Float64Var(&o.payFrac, "pay-frac", 0, "the share of the reserved orders whose winner pays at once (picked by order id)")
-	fs.Float64Var(&o.lateFrac, "late-frac", 0, "the share of the reserved orders whose winner pays -late-by after its pay_by: too late, owed back")
+	fs.Float64Var(&o.payFrac, "pay-frac", 0, "the share of the reserved orders paid at once, by a signed payment event (picked by order id)")
+	fs.Float64Var(&o.lateFrac, "late-frac", 0, "another share of the reserved orders paid -late-by after their pay_by: too late, owed back (order_expired)")
 	fs.DurationVar(&o.lateBy, "late-by", time.Second, "how long after its order's pay_by a late payment is made")
-	fs.StringVar(&o.paymentsPath, "payments", "", "write the payments to this file, one \"order_id user_id payment_id in_time|late last_answer\" line each")
+	fs.Float64Var(&o.dupFrac, "dup-frac", 0, "the share of the reserved orders (among those -pay-frac pays) paid a second time under another payment id: owed back, duplicate_payment")
+	fs.Float64Var(&o.mismatchFrac, "mismatch-frac", 0, "another share of the reserved orders paid at once one unit short: owed back, amount_mismatch; the order stays reserved")
+	fs.IntVar(&o.unknownOrders, "unknown-orders", 0, "this many payments for orders that do not exist: owed back, unknown_order")
+	webhookSecret := fs.String("webhook-secret", "", "the payment provider's secret the payments are signed with; empty: $"+envWebhookSecret+
+		" (with -stripe: $"+envStripeSecret+")")
+	fs.BoolVar(&stripeFlow, "stripe", false, "pay as Stripe: each order's checkout, then a signed payment_intent.succeeded for its PaymentIntent (-webhook-secret is the Stripe endpoint's whsec_)")
+	fs.StringVar(&o.paymentsPath, "payments", "", "write the payments to this file, one \"order_id user_id payment_id kind last_answer\" line each")
 	fs.IntVar(&o.until, "until", 0, "buyers answered 409 sold_out buy again, after a backoff, until the run has won this many orders (0: never)")
 	fs.DurationVar(&o.untilFor, "until-for", 2*time.Minute, "-until: no purchase attempt starts later than this after the run began")
 	jwtSecret := fs.String("jwt-secret", "", "send each buyer's order with a JWT (HS256, sub = its user id) signed with this secret: shop's SHOP_JWT_SECRET")
@@ -298,11 +343,11 @@ func parse(args []string) (options, error) {
 	if o.srcN < 1 || o.srcFrom < 0 || o.srcFrom+o.srcN > maxSources {
 		return o, fmt.Errorf("-src-n must be positive, -src-from not negative, and their sum at most %d", maxSources)
 	}
-	if o.payFrac < 0 || o.lateFrac < 0 || o.payFrac+o.lateFrac > 1 {
-		return o, errors.New("-pay-frac and -late-frac must not be negative, nor add up to more than 1")
-	}
 	if o.lateBy < 0 || o.until < 0 || o.untilFor <= 0 {
 		return o, errors.New("-late-by and -until must not be negative, -until-for must be positive")
+	}
+	if err := o.payments(*webhookSecret, stripeFlow); err != nil {
+		return o, err
 	}
 	o.run = strconv.FormatUint(uint64(rand.Uint32()), 36)
 	if o.flood > 0 {
@@ -314,6 +359,61 @@ func parse(args []string) (options, error) {
 		o.concurrency--
 	}
 	return o, nil
+}
+
+// The settings -webhook-secret falls back to: the service's own names for
+// the secrets.
+const (
+	envWebhookSecret = "SHOP_PAYMENT_WEBHOOK_SECRET"
+	envStripeSecret  = "SHOP_STRIPE_WEBHOOK_SECRET"
+)
+
+// payments checks the payment flags and, when they make payments, sets
+// o.provider: Standard Webhooks signed with secret, or Stripe with
+// stripeFlow. An empty secret is read from the environment, under the
+// name the service reads it by.
+func (o *options) payments(secret string, stripeFlow bool) error {
+	if o.payFrac < 0 || o.lateFrac < 0 || o.mismatchFrac < 0 || o.dupFrac < 0 || o.unknownOrders < 0 {
+		return errors.New("-pay-frac, -late-frac, -mismatch-frac, -dup-frac and -unknown-orders must not be negative")
+	}
+	if o.payFrac+o.lateFrac+o.mismatchFrac > 1 {
+		return errors.New("-pay-frac, -late-frac and -mismatch-frac must not add up to more than 1")
+	}
+	if o.dupFrac > o.payFrac {
+		return errors.New("-dup-frac must not be above -pay-frac: a second payment is made for an order paid in time")
+	}
+	if !o.plan().pays() {
+		return nil
+	}
+	env := envWebhookSecret
+	if stripeFlow {
+		env = envStripeSecret
+	}
+	if secret == "" {
+		secret = os.Getenv(env)
+	}
+	if secret == "" {
+		return fmt.Errorf("payments are signed events: -pay-frac, -late-frac, -mismatch-frac and -unknown-orders need "+
+			"-webhook-secret (or %s), the secret the service checks them with", env)
+	}
+	var err error
+	if stripeFlow {
+		o.provider, err = newStripeProvider(secret)
+	} else {
+		o.provider, err = newStandardProvider(secret)
+	}
+	if err != nil {
+		// The error names the service's setting; the secret is this
+		// flag's, or that setting's when the flag is empty.
+		return fmt.Errorf("-webhook-secret: %w", err)
+	}
+	return nil
+}
+
+// plan is the payment plan the flags ask for.
+func (o options) plan() payPlan {
+	return payPlan{frac: o.payFrac, lateFrac: o.lateFrac, dupFrac: o.dupFrac, mismatchFrac: o.mismatchFrac,
+		unknownOrders: o.unknownOrders, lateBy: o.lateBy}
 }
 
 // requests returns hey's RequestFunc for the scenario: request i (in the
@@ -396,7 +496,7 @@ Error distribution:{{ range $err, $num := .ErrorDist }}
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parse(args)
 	if err != nil {
-		return err
+		return usageError{err}
 	}
 	if o.flood > 0 {
 		return flood(ctx, o, stdout, stderr)
@@ -419,11 +519,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		tp.close(0)
 		return fmt.Errorf("%w: lower -c", err)
 	}
-	if o.payFrac > 0 || o.lateFrac > 0 {
+	if o.provider != nil {
 		// Payers retry whether or not buyers do: a payment is delivered
 		// until it is answered.
 		payPolicy := retryPolicy{attempts: o.retries, budget: o.retryFor, timeout: o.timeout}
-		tp.payer = newPayer(ctx, payPlan{frac: o.payFrac, lateFrac: o.lateFrac, lateBy: o.lateBy}, payPolicy)
+		tp.payer = newPayer(ctx, o.plan(), o.provider, o.run, payPolicy)
+		for i := range o.unknownOrders {
+			tp.payer.schedule(tp.payer.unknownPayment(i, o.urls[i%len(o.urls)], tp.sources.of(i)))
+		}
 	}
 	if o.until > 0 {
 		tp.until, tp.untilEnd = int64(o.until), time.Now().Add(o.untilFor)
@@ -480,9 +583,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	tl.fill(&res)
 	if tp.payer != nil {
 		res.Payments = &pays
-		fmt.Fprintf(stdout, "payments in time: %d sent, %d paid, %d refused (owed back), %d unanswered; late: %d sent, %d paid, %d refused, %d unanswered; redeliveries %d\n",
-			pays.InTime.Sent, pays.InTime.Paid, pays.InTime.Refused, pays.InTime.Unanswered,
-			pays.Late.Sent, pays.Late.Paid, pays.Late.Refused, pays.Late.Unanswered, pays.Retries)
+		fmt.Fprintln(stdout, pays.summary())
 	}
 	if o.until > 0 {
 		fmt.Fprintf(stdout, "bought %d of %d wanted; purchase attempts after a sold_out: %d\n", res.Acks, o.until, res.Rebuys)

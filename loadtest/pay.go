@@ -16,17 +16,39 @@ import (
 	"time"
 )
 
-// Payments. With -pay-frac or -late-frac, a winner whose 201 says its order
-// is "reserved" may pay it: POST /api/v1/orders/{id}/pay with its user id
-// and the payment id pay-<order_id>, the buyer's Authorization header sent
-// again. Which winners pay, and when, depends on the order id alone
+// Payments. The payers play the payment provider: a payment is the
+// provider's signed event that money arrived (provider.go), never a
+// buyer's word. With -pay-frac or -late-frac, a winner whose 201 says its
+// order is "reserved" may have it paid: a payment.succeeded event, signed
+// with -webhook-secret by Standard Webhooks, POSTed to
+// <base>/api/v1/payments/events, naming the order, the payment id
+// pay-<order_id>, and the amount_cents and currency of the order's 201.
+// Which orders are paid, and how, depends on the order id alone
 // (payShare), so a run pays the same orders whoever wins which id.
 //
-// A payer retries 429, 502, 503, 504 and transport errors with the same
-// payment_id, as a payment provider delivers a payment again, Retry-After
-// honoured, within -retries attempts and -retry-for (whether or not the
-// buyers retry): a payment whose answer was lost is the same payment when
-// it comes again, never a second one.
+// A payer delivers a payment again after a 429, 502, 503, 504 or a
+// transport error, as a provider does, Retry-After honoured, within
+// -retries attempts and -retry-for (whether or not the buyers retry).
+// Every delivery carries the same body and message id (msg_<payment_id>),
+// so that a payment whose answer was lost is the same payment when it
+// comes again, never a second one; each is stamped with the time it is
+// sent and signed anew, as the service refuses a timestamp more than five
+// minutes old.
+//
+// The service answers 200 once the payment is recorded, and says what it
+// did: "applied" (the order is paid) or "owed" (a refund owed, with its
+// reason). Payments that must be owed back are sent on purpose: late ones
+// (-late-frac), a second payment of an order paid in time (-dup-frac),
+// one unit less than the order owes (-mismatch-frac), and payments for
+// orders that do not exist (-unknown-orders).
+//
+// With -stripe the payers play Stripe instead: each payment of an order's
+// own is made on its checkout, POST /api/v1/orders/{id}/checkout with the
+// buyer's user id and Authorization, at once (a late one too: the buyer
+// checked out in time, the money came late), and is a
+// payment_intent.succeeded event for the checkout's PaymentIntent, signed
+// with the endpoint's secret and POSTed to <base>/api/v1/payments/stripe.
+// The payment id is the PaymentIntent's.
 
 // golden is 1/φ. The fractional parts of id×golden for consecutive ids
 // spread evenly over [0, 1) (a Weyl sequence), so any run of order ids pays
@@ -39,90 +61,162 @@ func payShare(id int64) float64 {
 	return f
 }
 
-// payPlan says which winners pay: those whose payShare is below frac pay at
-// once; those below frac+lateFrac pay lateBy after their order's pay_by,
-// too late on purpose, so that the service must refuse the payment and owe
-// it back.
-type payPlan struct {
-	frac     float64
-	lateFrac float64
-	lateBy   time.Duration
-}
-
-// The times a payment is made.
+// The kinds of payment the payers make.
 const (
-	inTime = "in_time"
-	late   = "late"
+	inTime    = "in_time"   // what the order owes, at once
+	late      = "late"      // what the order owes, -late-by after its pay_by: too late, owed back
+	duplicate = "duplicate" // a second payment, under another id, of an order paid in time: owed back
+	mismatch  = "mismatch"  // one unit less than the order owes, at once: owed back, the order stays reserved
+	unknown   = "unknown"   // for an order that does not exist: owed back
 )
 
-// when says when the winner of order id pays: inTime, late, or "" (never).
-func (p payPlan) when(id int64) string {
+// kinds lists them, in the order the summary names them.
+var kinds = []string{inTime, late, duplicate, mismatch, unknown}
+
+// payPlan says which orders are paid, and how: those whose payShare is
+// below frac at once; those in the next lateFrac lateBy after their
+// pay_by; those in the next mismatchFrac at once, one unit short. Of those
+// paid at once, the ones whose payShare is below dupFrac (at most frac)
+// are paid a second time, under another payment id, once the first is
+// applied. unknownOrders payments are made for orders that do not exist.
+type payPlan struct {
+	frac          float64
+	lateFrac      float64
+	dupFrac       float64
+	mismatchFrac  float64
+	unknownOrders int
+	lateBy        time.Duration
+}
+
+// pays says whether the plan makes any payment.
+func (p payPlan) pays() bool {
+	return p.frac > 0 || p.lateFrac > 0 || p.mismatchFrac > 0 || p.unknownOrders > 0
+}
+
+// kind says how order id is paid: inTime, late, mismatch, or "" (never).
+func (p payPlan) kind(id int64) string {
 	switch s := payShare(id); {
 	case s < p.frac:
 		return inTime
 	case s < p.frac+p.lateFrac:
 		return late
+	case s < p.frac+p.lateFrac+p.mismatchFrac:
+		return mismatch
 	}
 	return ""
+}
+
+// paidTwice says whether order id, paid in time, is paid a second time.
+func (p payPlan) paidTwice(id int64) bool { return payShare(id) < p.dupFrac }
+
+// unknownOrder is the first id of the orders that do not exist: far above
+// any order a sale places.
+const unknownOrder = int64(1) << 62
+
+// The amount and currency of a payment for an order that does not exist,
+// which owes nothing.
+const (
+	unknownAmount   = 100
+	unknownCurrency = "USD"
+)
+
+// paid is what a payment of kind says was received for an order that
+// owes owed: owed, but one unit less for a mismatch (one more for an
+// order that owes a single unit, as a payment of nothing is malformed).
+func paid(kind string, owed int64) int64 {
+	switch {
+	case kind != mismatch:
+		return owed
+	case owed > 1:
+		return owed - 1
+	}
+	return owed + 1
 }
 
 // payment is one payment a payer makes.
 type payment struct {
 	base  string // the service URL the order was placed at
 	order int64
-	user  int64
-	id    string // payment_id
-	when  string // inTime or late
-	payBy time.Time
-	auth  string // the buyer's Authorization header, if it sent one
-	// rt sends the payment from its buyer's source address, as the same
-	// customer would pay.
+	user  int64  // the buyer; 0 for an order that does not exist
+	id    string // payment_id; with -stripe, set by the checkout for the kinds made on one
+	kind  string
+	// amount and currency are what the payment says was received: the
+	// order's own, from its 201, but for a mismatch.
+	amount   int64
+	currency string
+	payBy    time.Time
+	auth     string // the buyer's Authorization header, if it sent one: a checkout is the buyer's
+	// rt sends the payment from its buyer's source address.
 	rt http.RoundTripper
 }
 
-// paymentID is the payment id of order id: derived from the order, so that
-// every delivery of one payment carries the same id.
-func paymentID(order int64) string { return "pay-" + strconv.FormatInt(order, 10) }
-
-// payer makes the payments, at most payConns at a time.
+// payer makes the payments, at most payConns requests at a time.
 type payer struct {
-	plan   payPlan
-	policy retryPolicy
+	plan     payPlan
+	provider provider
+	run      string // the run's id: the payments for orders that do not exist are its own
+	policy   retryPolicy
+	// clock stamps each delivery; time.Now but in tests.
+	clock func() time.Time
 	// life is the run's context: an interrupt ends the payers' waits.
 	life  context.Context
 	slots chan struct{}
 
+	// inTime counts the payments made at once, late those made after
+	// their pay_by.
 	inTime, late sync.WaitGroup
 	retries      atomic.Int64
 
-	mu       sync.Mutex
-	statuses map[string]int            // every attempt's answer (answerKey)
-	tallies  map[string]*PayTally      // inTime, late → their payments' last answers
-	lines    []string                  // the payments file
-	finals   map[string]map[string]int // inTime, late → last answer → payments
+	mu        sync.Mutex
+	statuses  map[string]int            // every event delivery's answer (answerKey)
+	checkouts map[string]int            // every checkout attempt's answer
+	tallies   map[string]*PayTally      // kind → its payments' last answers
+	lines     []string                  // the payments file
+	finals    map[string]map[string]int // kind → last answer → payments
 }
 
-// payConns caps the payments in flight.
+// payConns caps the payers' requests in flight.
 const payConns = 64
 
-func newPayer(life context.Context, plan payPlan, policy retryPolicy) *payer {
-	return &payer{plan: plan, policy: policy, life: life, slots: make(chan struct{}, payConns),
-		statuses: map[string]int{}, tallies: map[string]*PayTally{inTime: {}, late: {}},
-		finals: map[string]map[string]int{inTime: {}, late: {}}}
+func newPayer(life context.Context, plan payPlan, pr provider, run string, policy retryPolicy) *payer {
+	p := &payer{plan: plan, provider: pr, run: run, policy: policy, clock: time.Now, life: life,
+		slots: make(chan struct{}, payConns), statuses: map[string]int{}, checkouts: map[string]int{},
+		tallies: map[string]*PayTally{}, finals: map[string]map[string]int{}}
+	for _, k := range kinds {
+		p.tallies[k], p.finals[k] = &PayTally{}, map[string]int{}
+	}
+	return p
 }
 
-// schedule makes payment pm in the background: at once, or lateBy after
-// its order's pay_by (by this machine's clock; pay_by is MySQL's, on the
-// same machine in the demo).
+// unknownPayment is the i-th (from 0) payment for an order that does not
+// exist, sent to base through rt.
+func (p *payer) unknownPayment(i int, base string, rt http.RoundTripper) payment {
+	order := unknownOrder + int64(i)
+	return payment{base: base, order: order, id: p.provider.paymentID(unknown, order, p.run), kind: unknown,
+		amount: unknownAmount, currency: unknownCurrency, rt: rt}
+}
+
+// schedule makes payment pm in the background: its checkout first, if it
+// has one; then the payment at once, or lateBy after its order's pay_by
+// (by this machine's clock; pay_by is MySQL's, on the same machine in the
+// demo); then, for an order the plan pays twice, the second payment.
 func (p *payer) schedule(pm payment) {
 	wg := &p.inTime
-	if pm.when == late {
+	if pm.kind == late {
 		wg = &p.late
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		if pm.when == late {
+		if p.provider.checkout(pm.kind) {
+			var a answer
+			p.withSlot(func() { a = p.checkout(p.life, &pm) })
+			if pm.id == "" {
+				p.final(pm, a, "checkout ")
+				return
+			}
+		}
+		if pm.kind == late {
 			at := time.Now()
 			if !pm.payBy.IsZero() {
 				at = pm.payBy
@@ -132,94 +226,167 @@ func (p *payer) schedule(pm payment) {
 			case <-time.After(time.Until(at.Add(p.plan.lateBy))):
 			}
 		}
-		select {
-		case <-p.life.Done():
-		case p.slots <- struct{}{}:
-			defer func() { <-p.slots }()
+		a := p.pay(pm)
+		if pm.kind != inTime || !p.plan.paidTwice(pm.order) || outcome(a) != "applied" {
+			return
 		}
-		p.pay(p.life, pm)
+		pm.kind, pm.id = duplicate, p.provider.paymentID(duplicate, pm.order, p.run)
+		p.pay(pm)
 	}()
 }
 
-// pay delivers pm until it is answered (not 429, 502, 503, 504 or a transport
-// error) or the policy's bound is reached, with the same payment id each
-// time, and records its last answer.
-func (p *payer) pay(ctx context.Context, pm payment) {
-	body := fmt.Sprintf(`{"user_id":%d,"payment_id":%q}`, pm.user, pm.id)
-	start := time.Now()
+// withSlot runs f once a place among the payers' requests is free (or the
+// run is interrupted).
+func (p *payer) withSlot(f func()) {
+	select {
+	case <-p.life.Done():
+	case p.slots <- struct{}{}:
+		defer func() { <-p.slots }()
+	}
+	f()
+}
+
+// pay delivers pm's event and records its last answer, which it returns.
+func (p *payer) pay(pm payment) answer {
 	var a answer
+	body, err := p.provider.event(pm)
+	if err != nil {
+		a = answer{err: err}
+	} else {
+		p.withSlot(func() {
+			a = p.deliver(p.life, pm.rt, p.statuses, func(ctx context.Context) (*http.Request, error) {
+				req, err := http.NewRequestWithContext(ctx, "POST", pm.base+p.provider.path(), bytes.NewReader(body))
+				if err != nil {
+					return nil, err
+				}
+				req.Header.Set("Content-Type", "application/json")
+				return req, p.provider.sign(req.Header, pm, body, p.clock())
+			})
+		})
+	}
+	p.final(pm, a, "")
+	return a
+}
+
+// checkout asks for the checkout of pm's order, as its buyer, and sets
+// pm.id to its PaymentIntent if it is answered 200 with one; it returns
+// the last answer.
+func (p *payer) checkout(ctx context.Context, pm *payment) answer {
+	body := fmt.Sprintf(`{"user_id":%d}`, pm.user)
+	a := p.deliver(ctx, pm.rt, p.checkouts, func(ctx context.Context) (*http.Request, error) {
+		url := fmt.Sprintf("%s/api/v1/orders/%d/checkout", pm.base, pm.order)
+		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if pm.auth != "" {
+			req.Header.Set("Authorization", pm.auth)
+		}
+		return req, nil
+	})
+	if a.err == nil && a.status == http.StatusOK {
+		var co struct {
+			PaymentIntent string `json:"payment_intent"`
+		}
+		if json.Unmarshal(a.body, &co) == nil {
+			pm.id = co.PaymentIntent
+		}
+	}
+	return a
+}
+
+// deliver sends the request that build makes, built anew for each
+// delivery, until it is answered (not 429, 502, 503, 504 or a transport
+// error) or the policy's bound is reached, counts every answer in counts,
+// and returns the last.
+func (p *payer) deliver(ctx context.Context, rt http.RoundTripper, counts map[string]int,
+	build func(context.Context) (*http.Request, error)) answer {
+	start := time.Now()
 	for n := 1; ; n++ {
-		a = p.send(ctx, pm, body)
+		a := p.send(ctx, rt, build)
 		p.mu.Lock()
-		p.statuses[answerKey(a)]++
+		counts[answerKey(a)]++
 		p.mu.Unlock()
 		if !retryable(a) || n >= p.policy.attempts || ctx.Err() != nil {
-			break
+			return a
 		}
 		wait := p.policy.delay(n, a.header.Get("Retry-After"))
 		if time.Since(start)+wait > p.policy.budget {
-			break
+			return a
 		}
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):
 		}
 		if ctx.Err() != nil {
-			break
+			return a
 		}
 		p.retries.Add(1)
 	}
-	p.final(pm, a)
 }
 
-// send makes one delivery of pm, within the policy's timeout.
-func (p *payer) send(ctx context.Context, pm payment, body string) answer {
+// send makes one delivery, within the policy's timeout.
+func (p *payer) send(ctx context.Context, rt http.RoundTripper, build func(context.Context) (*http.Request, error)) answer {
 	ctx, cancel := context.WithTimeout(ctx, p.policy.timeout)
 	defer cancel()
-	url := fmt.Sprintf("%s/api/v1/orders/%d/pay", pm.base, pm.order)
-	req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+	req, err := build(ctx)
 	if err != nil {
 		return answer{err: err}
 	}
 	req.GetBody = nil // every delivery is the payer's, and counted
-	req.Header.Set("Content-Type", "application/json")
-	if pm.auth != "" {
-		req.Header.Set("Authorization", pm.auth)
-	}
-	return roundTrip(pm.rt, req)
+	return roundTrip(rt, req)
 }
 
-// final records a payment's last answer.
-func (p *payer) final(pm payment, a answer) {
-	key := answerKey(a)
+// final records a payment's last answer, its key prefixed with prefix
+// ("checkout " for a payment that ended at its checkout).
+func (p *payer) final(pm payment, a answer, prefix string) {
+	key := prefix + answerKey(a)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	t := p.tallies[pm.when]
+	t := p.tallies[pm.kind]
 	t.Sent++
 	switch {
-	case a.err == nil && a.status == http.StatusOK:
-		t.Paid++
-	case refused(a):
-		t.Refused++
 	case retryable(a):
 		t.Unanswered++
+	case prefix != "":
+	case outcome(a) == "applied":
+		t.Paid++
+	case outcome(a) == "owed":
+		t.Refused++
 	}
-	p.finals[pm.when][key]++
-	p.lines = append(p.lines, fmt.Sprintf("%d %d %s %s %s", pm.order, pm.user, pm.id, pm.when, key))
+	p.finals[pm.kind][key]++
+	id := pm.id
+	if id == "" {
+		id = "-"
+	}
+	p.lines = append(p.lines, fmt.Sprintf("%d %d %s %s %s", pm.order, pm.user, id, pm.kind, key))
 }
 
-// refused tells whether a payment's answer says it came too late, so that
-// the service owes it back: 409 order_expired or order_cancelled.
-func refused(a answer) bool {
-	if a.err != nil || a.status != http.StatusConflict {
-		return false
-	}
-	code := errorCode(a.body)
-	return code == "order_expired" || code == "order_cancelled"
+// eventAnswer is what the service answers a provider's event with.
+type eventAnswer struct {
+	Result string `json:"result"` // applied, owed or conflict for a payment
+	Reason string `json:"reason"` // why a payment is owed back
 }
+
+// readEvent reads a 200's answer to an event; the zero value if it is not
+// one.
+func readEvent(a answer) eventAnswer {
+	var e eventAnswer
+	if a.err != nil || a.status != http.StatusOK || json.Unmarshal(a.body, &e) != nil {
+		return eventAnswer{}
+	}
+	return e
+}
+
+// outcome is the result a 200 says of a payment: "applied", "owed",
+// "conflict"; "" for any other answer.
+func outcome(a answer) string { return readEvent(a).Result }
 
 // answerKey names an answer for the counts: its status, with the error
-// code of a 4xx ("409 order_expired"), or "error" for a transport error.
+// code of a 4xx ("409 order_expired"), the result and reason of a 200 to
+// an event ("200 applied", "200 owed order_expired"), or "error" for a
+// transport error.
 func answerKey(a answer) string {
 	if a.err != nil {
 		return "error"
@@ -228,6 +395,9 @@ func answerKey(a answer) string {
 		if code := errorCode(a.body); code != "" {
 			return fmt.Sprintf("%d %s", a.status, code)
 		}
+	}
+	if e := readEvent(a); e.Result != "" {
+		return strings.TrimSpace(fmt.Sprintf("%d %s %s", a.status, e.Result, e.Reason))
 	}
 	return strconv.Itoa(a.status)
 }
@@ -246,24 +416,58 @@ func errorCode(body []byte) string {
 	return e.Error.Code
 }
 
-// PayTally counts the payments made at one time (in time, or late) by
-// their last answer.
+// PayTally counts the payments of one kind by their last answer.
 type PayTally struct {
-	Sent       int            `json:"sent"`
-	Paid       int            `json:"paid"`       // 200
-	Refused    int            `json:"refused"`    // 409 order_expired or order_cancelled: owed back
-	Unanswered int            `json:"unanswered"` // still 5xx or a transport error at the end
+	Sent       int            `json:"sent"`       // made, or ended at their checkout
+	Paid       int            `json:"paid"`       // 200 applied: the order is paid
+	Refused    int            `json:"refused"`    // 200 owed: recorded as a refund owed, to be paid back
+	Unanswered int            `json:"unanswered"` // still 429, 5xx or a transport error at the end (the checkout's, with -stripe)
 	Final      map[string]int `json:"final"`      // last answer → payments
+}
+
+func (t PayTally) String() string {
+	return fmt.Sprintf("%d sent, %d paid, %d owed back, %d unanswered", t.Sent, t.Paid, t.Refused, t.Unanswered)
 }
 
 // PayResult is what -json says of the payments.
 type PayResult struct {
-	Frac     float64        `json:"pay_frac"`
-	LateFrac float64        `json:"late_frac"`
-	InTime   PayTally       `json:"in_time"`
-	Late     PayTally       `json:"late"`
-	Retries  int            `json:"retries"`  // deliveries after a payment's first
-	Statuses map[string]int `json:"statuses"` // every delivery's answer
+	Provider      string         `json:"provider"` // webhook or stripe
+	Frac          float64        `json:"pay_frac"`
+	LateFrac      float64        `json:"late_frac"`
+	DupFrac       float64        `json:"dup_frac"`
+	MismatchFrac  float64        `json:"mismatch_frac"`
+	UnknownOrders int            `json:"unknown_orders"`
+	InTime        PayTally       `json:"in_time"`
+	Late          PayTally       `json:"late"`
+	Duplicate     PayTally       `json:"duplicate"`
+	Mismatch      PayTally       `json:"mismatch"`
+	Unknown       PayTally       `json:"unknown"`
+	Retries       int            `json:"retries"`             // deliveries after a payment's or a checkout's first
+	Statuses      map[string]int `json:"statuses"`            // every event delivery's answer
+	Checkouts     map[string]int `json:"checkouts,omitempty"` // every checkout attempt's answer (-stripe)
+}
+
+// tally returns the tally of kind.
+func (r *PayResult) tally(kind string) *PayTally {
+	return map[string]*PayTally{inTime: &r.InTime, late: &r.Late, duplicate: &r.Duplicate, mismatch: &r.Mismatch,
+		unknown: &r.Unknown}[kind]
+}
+
+// summary is the payments' line of the load test's summary: in time and
+// late, and the kinds sent on purpose when their flags asked for them.
+func (r PayResult) summary() string {
+	parts := []string{"payments in time: " + r.InTime.String(), "late: " + r.Late.String()}
+	for _, k := range []struct {
+		name string
+		on   bool
+		t    PayTally
+	}{{"second payments", r.DupFrac > 0, r.Duplicate}, {"wrong amounts", r.MismatchFrac > 0, r.Mismatch},
+		{"unknown orders", r.UnknownOrders > 0, r.Unknown}} {
+		if k.on {
+			parts = append(parts, k.name+": "+k.t.String())
+		}
+	}
+	return strings.Join(parts, "; ") + fmt.Sprintf("; redeliveries %d", r.Retries)
 }
 
 // result returns the payments' counts, and the payments file's lines in
@@ -271,8 +475,16 @@ type PayResult struct {
 func (p *payer) result() (PayResult, []string) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	r := PayResult{Frac: p.plan.frac, LateFrac: p.plan.lateFrac, InTime: *p.tallies[inTime], Late: *p.tallies[late],
-		Retries: int(p.retries.Load()), Statuses: maps.Clone(p.statuses)}
-	r.InTime.Final, r.Late.Final = maps.Clone(p.finals[inTime]), maps.Clone(p.finals[late])
+	r := PayResult{Provider: p.provider.name(), Frac: p.plan.frac, LateFrac: p.plan.lateFrac, DupFrac: p.plan.dupFrac,
+		MismatchFrac: p.plan.mismatchFrac, UnknownOrders: p.plan.unknownOrders, Retries: int(p.retries.Load()),
+		Statuses: maps.Clone(p.statuses)}
+	if len(p.checkouts) > 0 {
+		r.Checkouts = maps.Clone(p.checkouts)
+	}
+	for _, k := range kinds {
+		t := r.tally(k)
+		*t = *p.tallies[k]
+		t.Final = maps.Clone(p.finals[k])
+	}
 	return r, slices.Clone(p.lines)
 }

@@ -130,6 +130,9 @@ func runLoad(t *testing.T, url string, args ...string) (Result, []string) {
 	if !strings.Contains(out.String(), fmt.Sprintf("buyers: %d, answered %d, unanswered %d; retries %d", r.Buyers, r.Answered, r.Unanswered, r.Retries)) {
 		t.Errorf("summary lacks the buyers line:\n%s", out.String())
 	}
+	if r.Payments != nil && !strings.Contains(out.String(), r.Payments.summary()+"\n") {
+		t.Errorf("summary lacks the payments line %q:\n%s", r.Payments.summary(), out.String())
+	}
 	data, err = os.ReadFile(acks)
 	if err != nil {
 		t.Fatal(err)

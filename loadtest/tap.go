@@ -53,8 +53,8 @@ type tap struct {
 	acked    map[string]bool // the buyers (Idempotency-Keys) in acks
 	reserved int             // acks whose order was reserved, awaiting payment
 
-	// payer pays the winners' reservations (-pay-frac, -late-frac); nil:
-	// nobody pays.
+	// payer pays the winners' reservations (-pay-frac, -late-frac,
+	// -mismatch-frac, -dup-frac); nil: nobody pays.
 	payer *payer
 	// until, when above zero, makes a buyer answered 409 sold_out buy
 	// again, after a backoff, until the run has won until orders or
@@ -274,18 +274,23 @@ func (t *tap) buyAgain(a answer, wait time.Duration) bool {
 
 // schedulePayment has the payer pay the reservation won, if the payment
 // plan picks it, at the service the order went to, through the buyer's
-// transport rt (from its source address) and with its Authorization.
+// transport rt (from its source address), with the amount and currency
+// its 201 gave, and with its Authorization for a checkout.
 func (t *tap) schedulePayment(rt http.RoundTripper, r *http.Request, won *created) {
 	if t.payer == nil || won.Status != "reserved" {
 		return
 	}
-	when := t.payer.plan.when(won.OrderID)
-	if when == "" {
+	kind := t.payer.plan.kind(won.OrderID)
+	if kind == "" {
 		return
 	}
 	payBy, _ := time.Parse(time.RFC3339Nano, won.PayBy)
-	t.payer.schedule(payment{base: r.URL.Scheme + "://" + r.URL.Host, order: won.OrderID, user: won.UserID,
-		id: paymentID(won.OrderID), when: when, payBy: payBy, auth: r.Header.Get("Authorization"), rt: rt})
+	pm := payment{base: r.URL.Scheme + "://" + r.URL.Host, order: won.OrderID, user: won.UserID, kind: kind,
+		amount: paid(kind, won.AmountCents), currency: won.Currency, payBy: payBy, auth: r.Header.Get("Authorization"), rt: rt}
+	if !t.payer.provider.checkout(kind) {
+		pm.id = t.payer.provider.paymentID(kind, won.OrderID, t.payer.run)
+	}
+	t.payer.schedule(pm)
 }
 
 // send makes one attempt at the request with body through rt, under
@@ -347,6 +352,9 @@ type created struct {
 	UserID  int64  `json:"user_id"`
 	Status  string `json:"status"` // reserved, or paid when the service has no payment step
 	PayBy   string `json:"pay_by"` // RFC 3339, MySQL's clock; empty without a payment step
+	// AmountCents and Currency are what the order owes.
+	AmountCents int64  `json:"amount_cents"`
+	Currency    string `json:"currency"`
 }
 
 // record counts one attempt's answer; a 201 becomes an ack, once per buyer

@@ -23,14 +23,19 @@ import (
 
 // The lifecycle rows: a sale does not end at the order. One SKU with
 // -life-units units and -life-buyers buyers; every order is a reservation
-// that must be paid within -pay-window (SHOP_PAY_WINDOW). A share of the
-// winners (-pay-frac) pays at once, another (-late-frac) pays a second after
-// its pay_by, too late on purpose, and the rest never pay. Once the first
-// wave's orders and payments in time are done, a second wave of new buyers
-// (-resale-buyers, bin/loadtest -first-user -until K) waits for the units the
-// lapsed reservations give back, buys exactly those K, and pays every one.
-// The sale must end with every unit paid, every lapsed unit returned once
-// and resold, every late payment owed back, and `shop verify` correct.
+// that must be paid within -pay-window (SHOP_PAY_WINDOW). Payments are the
+// payment provider's signed events (bin/loadtest -webhook-secret, with the
+// stack's SHOP_PAYMENT_WEBHOOK_SECRET), carrying what each order owes. A
+// share of the orders (-pay-frac) is paid at once, another (-late-frac) a
+// second after its pay_by, too late on purpose, and the rest never. Once
+// the first wave's orders and payments in time are done, a second wave of
+// new buyers (-resale-buyers, bin/loadtest -first-user -until K) waits for
+// the units the lapsed reservations give back, buys exactly those K, and
+// pays every one. The sale must end with every unit paid, every lapsed
+// unit returned once and resold, every late payment a refund owed in
+// MySQL (order_expired, of what its order owes) and no other refund, and
+// `shop verify` correct. The refunds are settled before the next seed
+// (refunds.go).
 
 // The lifecycle rows' variants.
 const (
@@ -51,11 +56,11 @@ func lifeRows(o options) []row {
 		"(the shopSweepStall failpoint), its replica is killed there (SIGKILL) and MariaDB restarted: the transaction "+
 		"rolls back whole, another replica returns the units, and buyers and payers retry through it")
 	kill.Retry, kill.Stall = true, o.stall
-	jwt := life(lifeJWT, "the same sale with SHOP_AUTH=jwt: each buyer and payer is the sub of an HS256 token")
+	jwt := life(lifeJWT, "the same sale with SHOP_AUTH=jwt: each buyer is the sub of an HS256 token; payments are the provider's signed events")
 	jwt.Auth, jwt.JWTSecret = "jwt", o.jwtSecret
 	return []row{
-		life(lifeAsIs, "reservations that must be paid: half the winners pay, some pay late and are owed back, "+
-			"the rest lapse; their units return once and a second wave of new buyers buys and pays them"),
+		life(lifeAsIs, "reservations that must be paid, by the provider's signed payment events: half are paid, some late "+
+			"and owed back (refunds in MySQL), the rest lapse; their units return once and a second wave of new buyers buys and pays them"),
 		kill,
 		jwt,
 	}
@@ -117,8 +122,11 @@ type lifeResult struct {
 	Wave2   loadResult
 	Orders  map[string]int64 // the SKU's orders by status
 	Back    map[string]int64 // by status, the orders whose unit was returned (returned_at set)
-	Refunds []string         // "order_id payment_id" owed back, from MySQL
-	Refused []string         // "order_id payment_id" refused as late, as the payers were told
+	Refunds []string         // "order_id payment_id" of the refunds the row's payments made, from MySQL
+	// WrongRefunds describes the row's refunds that are not owed as
+	// order_expired, of what their order owes, from MySQL.
+	WrongRefunds []string
+	Late         []string // "order_id payment_id" of the payments made late, from the payments files
 	// ReturnLag spreads returned_at − pay_by over the lapsed orders;
 	// ResaleLag pairs the k-th lapsed order by pay_by with the second
 	// wave's k-th order by created_at and spreads created_at − pay_by.
@@ -150,11 +158,15 @@ func (r result) lifeProblems() []string {
 	if r.Verify.Stock != 0 {
 		p = append(p, fmt.Sprintf("%d units left unsold", r.Verify.Stock))
 	}
-	if !slices.Equal(l.Refunds, l.Refused) {
-		p = append(p, fmt.Sprintf("%d refunds owed, %d payments refused as late", len(l.Refunds), len(l.Refused)))
+	if !slices.Equal(l.Refunds, l.Late) {
+		p = append(p, fmt.Sprintf("%d refunds owed in MySQL, %d payments made late", len(l.Refunds), len(l.Late)))
+	}
+	if len(l.WrongRefunds) > 0 {
+		p = append(p, fmt.Sprintf("%d refunds not owed as order_expired of what their order owes (first: %s)",
+			len(l.WrongRefunds), l.WrongRefunds[0]))
 	}
 	if pays := l.Wave1.Payments; pays != nil && pays.Late.Refused != pays.Late.Sent {
-		p = append(p, fmt.Sprintf("%d of %d late payments refused", pays.Late.Refused, pays.Late.Sent))
+		p = append(p, fmt.Sprintf("%d of %d late payments answered owed", pays.Late.Refused, pays.Late.Sent))
 	}
 	if n := l.Wave1.Payments.unanswered() + l.Wave2.Payments.unanswered(); n > 0 {
 		p = append(p, fmt.Sprintf("%d payments unanswered", n))
@@ -177,9 +189,9 @@ type payResult struct {
 
 type payTally struct {
 	Sent       int `json:"sent"`
-	Paid       int `json:"paid"`
-	Refused    int `json:"refused"`
-	Unanswered int `json:"unanswered"`
+	Paid       int `json:"paid"`       // answered 200 applied
+	Refused    int `json:"refused"`    // answered 200 owed: a refund owed
+	Unanswered int `json:"unanswered"` // still 429, 5xx or a transport error at the end
 }
 
 func (p *payResult) unanswered() int {
@@ -292,7 +304,7 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	if _, err := commandEnv(ctx, topologyEnv(r), stderr, o.stack, replicaArgs(o, r)...); err != nil {
 		return res, err
 	}
-	if _, err := command(ctx, stderr, o.stack, "shop", "seed", "--products", "1", "--stock", strconv.Itoa(o.lifeUnits)); err != nil {
+	if err := seed(ctx, o, 1, o.lifeUnits, stderr); err != nil {
 		return res, err
 	}
 	db, err := openStackDB(o.state)
@@ -300,16 +312,16 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 		return res, err
 	}
 	defer db.Close()
+	// The row's refunds are those received from now on, by MySQL's clock:
+	// a seed keeps the settled refunds of the rows before.
+	var since time.Time
+	if err := db.QueryRowContext(ctx, "SELECT NOW(6)").Scan(&since); err != nil {
+		return res, fmt.Errorf("MySQL's clock: %w", err)
+	}
 	logs := replicaLogSizes(o.state, r.Replicas)
 
 	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
-	common := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers), "-src-n", strconv.Itoa(o.srcN)}
-	if r.Retry {
-		common = append(common, "-retry")
-	}
-	if r.Auth == "jwt" {
-		common = append(common, "-jwt-secret", r.JWTSecret)
-	}
+	common := waveArgs(o, url, r)
 	start := time.Now()
 	w1, err := startWave(ctx, o, base+".wave1", append(slices.Clone(common), "-n", strconv.Itoa(o.lifeBuyers),
 		"-pay-frac", strconv.FormatFloat(o.payFrac, 'f', -1, 64), "-late-frac", strconv.FormatFloat(o.lateFrac, 'f', -1, 64),
@@ -370,14 +382,30 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	if err := concatFiles(acks, waves...); err != nil {
 		return res, err
 	}
-	if l.Refused, err = refusedPayments(base+".wave1.payments", base+".wave2.payments"); err != nil {
+	if l.Late, err = latePayments(base+".wave1.payments", base+".wave2.payments"); err != nil {
 		return res, err
 	}
-	if err := lifeFigures(ctx, db, o.lifeBuyers, l); err != nil {
+	if err := lifeFigures(ctx, db, o.lifeBuyers, since, l); err != nil {
 		return res, err
 	}
 	res.Verify, err = verifySale(ctx, o.stack, acks, base+".verify.json", stderr)
 	return res, err
+}
+
+// waveArgs are bin/loadtest's arguments common to both waves of row r,
+// through url: the buyers of SKU 1, retrying if the row says so, with a
+// token if it authenticates them, and paying by events signed with the
+// provider's secret.
+func waveArgs(o options, url string, r row) []string {
+	args := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers), "-src-n", strconv.Itoa(o.srcN),
+		"-webhook-secret", o.webhookSecret}
+	if r.Retry {
+		args = append(args, "-retry")
+	}
+	if r.Auth == "jwt" {
+		args = append(args, "-jwt-secret", r.JWTSecret)
+	}
+	return args
 }
 
 // openStackDB opens the stack's MariaDB, database shop.
@@ -459,11 +487,11 @@ func killInSweep(ctx context.Context, o options, l *lifeResult, offsets []int64,
 	return nil
 }
 
-// refusedPayments reads the payments files ("order_id user_id payment_id
-// when last_answer") and returns the payments refused as late, sorted, as
-// "order_id payment_id".
-func refusedPayments(files ...string) ([]string, error) {
-	var refused []string
+// latePayments reads the payments files ("order_id user_id payment_id kind
+// last_answer") and returns the payments made late, whatever they were
+// answered, sorted, as "order_id payment_id".
+func latePayments(files ...string) ([]string, error) {
+	var made []string
 	for _, f := range files {
 		data, err := os.ReadFile(f)
 		if errors.Is(err, os.ErrNotExist) {
@@ -473,21 +501,21 @@ func refusedPayments(files ...string) ([]string, error) {
 			return nil, err
 		}
 		for _, line := range strings.Split(strings.TrimSpace(string(data)), "\n") {
-			fs := strings.Fields(line)
-			if len(fs) >= 6 && fs[4] == "409" && (fs[5] == "order_expired" || fs[5] == "order_cancelled") {
-				refused = append(refused, fs[0]+" "+fs[2])
+			if fs := strings.Fields(line); len(fs) >= 4 && fs[3] == "late" {
+				made = append(made, fs[0]+" "+fs[2])
 			}
 		}
 	}
-	slices.Sort(refused)
-	return refused, nil
+	slices.Sort(made)
+	return made, nil
 }
 
-// lifeFigures reads SKU 1's orders and refunds from MySQL into l: the
-// counts by status, the returned units, the refunds owed, and the delays
-// from pay_by to the return and to the resale (the second wave's buyers are
-// the users after firstWave).
-func lifeFigures(ctx context.Context, db *sql.DB, firstWave int, l *lifeResult) error {
+// lifeFigures reads SKU 1's orders and the refunds received since (the
+// row's) from MySQL into l: the counts by status, the returned units, the
+// refunds and those not owed as a late payment is, and the delays from
+// pay_by to the return and to the resale (the second wave's buyers are the
+// users after firstWave).
+func lifeFigures(ctx context.Context, db *sql.DB, firstWave int, since time.Time, l *lifeResult) error {
 	l.Orders, l.Back = map[string]int64{}, map[string]int64{}
 	rows, err := db.QueryContext(ctx, "SELECT status, COUNT(*), COUNT(returned_at) FROM orders WHERE sku_id = 1 GROUP BY status")
 	if err != nil {
@@ -543,26 +571,47 @@ func lifeFigures(ctx context.Context, db *sql.DB, firstWave int, l *lifeResult) 
 		return fmt.Errorf("second wave's orders: %w", err)
 	}
 	l.ReturnLag, l.ResaleLag = lagOf(returns), lagOf(resales)
+	return rowRefunds(ctx, db, since, l)
+}
 
-	l.Refunds = nil
-	rows, err = db.QueryContext(ctx, "SELECT order_id, payment_id FROM refunds WHERE sku_id = 1")
+// rowRefunds reads the refunds received since into l: each as "order_id
+// payment_id", and those that are not owed as a late payment must be
+// (reason order_expired, of exactly what the order owes) described.
+func rowRefunds(ctx context.Context, db *sql.DB, since time.Time, l *lifeResult) error {
+	l.Refunds, l.WrongRefunds = nil, nil
+	rows, err := db.QueryContext(ctx, `SELECT r.order_id, r.payment_id, r.reason, r.amount_cents, r.currency, o.amount_cents, o.currency
+		FROM refunds r LEFT JOIN orders o ON o.id = r.order_id WHERE r.received_at >= ? ORDER BY r.order_id, r.payment_id`, since)
 	if err != nil {
 		return fmt.Errorf("refunds: %w", err)
 	}
 	for rows.Next() {
 		var order int64
-		var payment string
-		if err := rows.Scan(&order, &payment); err != nil {
+		var payment, reason string
+		var amount, owed sql.NullInt64
+		var currency, owedIn sql.NullString
+		if err := rows.Scan(&order, &payment, &reason, &amount, &currency, &owed, &owedIn); err != nil {
 			rows.Close()
 			return err
 		}
 		l.Refunds = append(l.Refunds, fmt.Sprintf("%d %s", order, payment))
+		if reason != "order_expired" || !amount.Valid || !owed.Valid || amount != owed || !currency.Valid || currency != owedIn {
+			l.WrongRefunds = append(l.WrongRefunds, fmt.Sprintf("order %d, payment %s: %s, %s %s for an order of %s %s",
+				order, payment, reason, nullInt(amount), currency.String, nullInt(owed), owedIn.String))
+		}
 	}
 	if err := closeRows(rows); err != nil {
 		return fmt.Errorf("refunds: %w", err)
 	}
 	slices.Sort(l.Refunds)
 	return nil
+}
+
+// nullInt renders a nullable integer: NULL, or its value.
+func nullInt(n sql.NullInt64) string {
+	if !n.Valid {
+		return "NULL"
+	}
+	return strconv.FormatInt(n.Int64, 10)
 }
 
 func closeRows(rows *sql.Rows) error {

@@ -101,6 +101,14 @@ type options struct {
 	lateFrac     float64       // the share who pay a second after their pay_by
 	stall        time.Duration // how long the sweep-kill row's failpoint stops a sweep before its COMMIT
 	jwtSecret    string        // SHOP_JWT_SECRET of the jwt row, drawn anew by each run
+
+	// webhookSecret is the payment provider's secret, the stack's
+	// SHOP_PAYMENT_WEBHOOK_SECRET (from the environment): the lifecycle
+	// rows' payments and the refunds' settlements are signed with it.
+	webhookSecret string
+	// replica is a replica's public URL, where the refunds the rows left
+	// are settled before each seed (set by run, from the stack's ports).
+	replica string
 }
 
 func parse(args []string) (options, error) {
@@ -147,6 +155,7 @@ func parse(args []string) (options, error) {
 		return o, err
 	}
 	o.jwtSecret = newJWTSecret()
+	o.webhookSecret = os.Getenv(envWebhookSecret)
 	switch {
 	case o.life && (o.lifeUnits <= 0 || o.lifeBuyers <= o.lifeUnits || o.resaleBuyers <= 0 || o.lifeWorkers <= 0):
 		return o, errors.New("-life-units, -resale-buyers and -life-c must be positive, and -life-buyers above -life-units")
@@ -183,8 +192,17 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	replicaPorts, err := stackPorts(o.state, ports, "REPLICA_PORTS", 1)
+	if err != nil {
+		return err
+	}
+	o.replica = "http://127.0.0.1:" + replicaPorts[0]
 
 	rows := experiment(o)
+	if o.webhookSecret == "" && slices.ContainsFunc(rows, func(r row) bool { return r.Life != "" }) {
+		return fmt.Errorf("%s is not set: the lifecycle rows' payments are events signed with the stack's secret "+
+			"(scripts/demo.sh passes it; or run with -life=false)", envWebhookSecret)
+	}
 	var results []result
 	for i, r := range rows {
 		if len(o.rows) > 0 && !slices.Contains(o.rows, i+1) {
@@ -249,7 +267,7 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 	if r.Hot {
 		products, units = 1, o.hotUnits
 	}
-	if _, err := command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products), "--stock", strconv.Itoa(units)); err != nil {
+	if err := seed(ctx, o, products, units, stderr); err != nil {
 		return res, err
 	}
 
@@ -299,6 +317,26 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 
 	res.Verify, err = verifySale(ctx, o.stack, acks, base+".verify.json", stderr)
 	return res, err
+}
+
+// seed settles the refunds the rows before left (a seed refuses while one
+// is unsettled), then reseeds the catalog: products products with units
+// units each, and no orders.
+func seed(ctx context.Context, o options, products, units int, stderr io.Writer) error {
+	db, err := openStackDB(o.state)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	n, err := settleRefunds(ctx, db, o.webhookSecret, o.replica)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		fmt.Fprintf(stderr, "demo: %d refunds settled (signed refund.succeeded, provider_refund_id re_demo_<refund_id>)\n", n)
+	}
+	_, err = command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products), "--stock", strconv.Itoa(units))
+	return err
 }
 
 // replicaArgs are the stack script's arguments that restart the replicas

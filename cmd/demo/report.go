@@ -628,7 +628,7 @@ func mdTable(results []result, life bool, cols []string, cells func(result, int)
 
 // lifeColumns are the lifecycle table's headings; lifeCells gives a row's
 // values.
-var lifeColumns = []string{"#", "row", "buyers", "winners", "paid in time", "paid late (refused)", "expired",
+var lifeColumns = []string{"#", "row", "buyers", "winners", "paid in time", "paid late (owed back)", "expired",
 	"units returned", "resold to wave 2", "paid", "refunds owed", "pay_by → returned p50 / max", "pay_by → resold p50 / max",
 	"retries (buy / pay)", "verify", "outcome"}
 
@@ -689,11 +689,14 @@ func writeReport(o options, results []result, cores int) error {
 	b.WriteString(markdownTable(results))
 	if life := mdTable(results, true, lifeColumns, result.lifeCells); life != "" {
 		fmt.Fprintf(&b, "\n### The order lifecycle\n\nOne product with %d units and %d buyers, each a different user (%d at once), "+
-			"every order a reservation to be paid within SHOP_PAY_WINDOW=%s. The winners of %.0f%% of the orders pay at once, "+
-			"those of another %.0f%% a second after their pay_by (too late on purpose: each must be refused and owed back), "+
-			"the rest never pay. Once the first wave's orders and payments in time are done, %d new buyers wait for the "+
-			"returned units (retrying sold_out with a backoff of up to 1 s), buy exactly as many as were not paid, and pay "+
-			"them all. \"pay_by → returned\" spreads each lapsed order's returned_at − pay_by; \"pay_by → resold\" pairs "+
+			"every order a reservation to be paid within SHOP_PAY_WINDOW=%s. Payments are the payment provider's events, "+
+			"signed (Standard Webhooks) and carrying what the order owes: %.0f%% of the orders are paid at once, "+
+			"another %.0f%% a second after their pay_by (too late on purpose: each must be answered owed, and be a refund "+
+			"owed in MySQL, order_expired, of what its order owes; no other refund may appear), the rest never. Once the first wave's "+
+			"orders and payments in time are done, %d new buyers wait for the returned units (retrying sold_out with a "+
+			"backoff of up to 1 s), buy exactly as many as were not paid, and pay them all. Before each seed the demo "+
+			"settles the refunds the rows left, with a signed refund.succeeded each, as `shop seed` refuses while any is "+
+			"unsettled. \"pay_by → returned\" spreads each lapsed order's returned_at − pay_by; \"pay_by → resold\" pairs "+
 			"the k-th lapsed order by pay_by with the second wave's k-th order by created_at and spreads created_at − pay_by "+
 			"(MySQL's clock and the replicas', one machine). Nothing in the tests asserts a time.\n\n",
 			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)

@@ -383,8 +383,8 @@ func TestParseRows(t *testing.T) {
 }
 
 // fakeLife returns a lifecycle row's result: 1000 units, 500 paid in time,
-// 100 paid late and refused, 400 lapsing unpaid, all 500 resold and paid;
-// change, if given, alters its figures first.
+// 100 paid late and owed back (each a refund in MySQL), 400 lapsing unpaid,
+// all 500 resold and paid; change, if given, alters its figures first.
 func fakeLife(r row, change func(*result)) result {
 	res := fake(r, 1500, 0)
 	pays1 := &payResult{InTime: payTally{Sent: 500, Paid: 500}, Late: payTally{Sent: 100, Refused: 100}, Retries: 3}
@@ -396,10 +396,10 @@ func fakeLife(r row, change func(*result)) result {
 		ReturnLag: lag{N: 500, P50: 300 * time.Millisecond, Max: 900 * time.Millisecond},
 		ResaleLag: lag{N: 500, P50: 1200 * time.Millisecond, Max: 1800 * time.Millisecond}}
 	for i := range 100 {
-		l.Refused = append(l.Refused, fmt.Sprintf("%d pay-%d", i, i))
+		l.Late = append(l.Late, fmt.Sprintf("%d pay-%d", i, i))
 	}
-	slices.Sort(l.Refused)
-	l.Refunds = slices.Clone(l.Refused)
+	slices.Sort(l.Late)
+	l.Refunds = slices.Clone(l.Late)
 	if r.Life == lifeSweepKill {
 		l.Killed, l.Fault = true, "replica 2 killed in its sweep at 21s, MariaDB restarted, replica back at 28s"
 	}
@@ -466,9 +466,15 @@ func TestLifeOutcome(t *testing.T) {
 		{"resold short", fakeLife(as, func(r *result) { r.Life.Wave2.Acks = 499 }),
 			"FAILED: 500 units lapsed, 500 to resell, the second wave bought 499"},
 		{"a late payment not owed back", fakeLife(as, func(r *result) { r.Life.Refunds = r.Life.Refunds[1:] }),
-			"FAILED: 99 refunds owed, 100 payments refused as late"},
+			"FAILED: 99 refunds owed in MySQL, 100 payments made late"},
+		{"a refund of a payment not late", fakeLife(as, func(r *result) { r.Life.Refunds[99] = "99 pay-100" }),
+			"FAILED: 100 refunds owed in MySQL, 100 payments made late"},
+		{"a late payment owed for another reason", fakeLife(as, func(r *result) {
+			r.Life.WrongRefunds = []string{"order 7, payment pay-7: amount_mismatch, 1006 USD for an order of 1007 USD"}
+		}), "FAILED: 1 refunds not owed as order_expired of what their order owes (first: order 7, payment pay-7: " +
+			"amount_mismatch, 1006 USD for an order of 1007 USD)"},
 		{"a late payment paid", fakeLife(as, func(r *result) { r.Life.Wave1.Payments.Late.Refused = 99 }),
-			"FAILED: 99 of 100 late payments refused"},
+			"FAILED: 99 of 100 late payments answered owed"},
 		{"a payment unanswered", fakeLife(as, func(r *result) { r.Life.Wave2.Payments.InTime.Unanswered = 2 }),
 			"FAILED: 2 payments unanswered"},
 		{"a retrying buyer unanswered", fakeLife(kill, func(r *result) { r.Life.Wave2.Unanswered = 1 }),
