@@ -257,6 +257,8 @@ func sellEachUnitOnce(t *testing.T, topo testenv.Topology, lockVars map[string]s
 			"SHOP_STOCK_UPDATE": "naive",
 			"SHOP_REDIS_PREFIX": prefix,
 			"SHOP_LOCK_WAIT":    "10s",
+
+			"SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 		}
 		maps.Copy(m, topo.Env())
 		maps.Copy(m, lockVars)

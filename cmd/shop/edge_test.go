@@ -124,7 +124,7 @@ func TestRateLimitFailsOpenWithoutRedis(t *testing.T) {
 	db := testenv.MySQL(t)
 	srv := testenv.StartRedis(t)
 	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": srv.Addr, "SHOP_LOCK_MODE": "local",
-		"SHOP_RATE_USER": "1", "SHOP_RATE_USER_BURST": "1"}
+		"SHOP_RATE_USER": "1", "SHOP_RATE_USER_BURST": "1", "SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret}
 	if code, out := shopWith(vars, "seed", "--products", "10", "--stock", "1"); code != 0 {
 		t.Fatal(out)
 	}

@@ -57,7 +57,7 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 		t.Parallel()
 		r := testenv.StartRedis(t)
 		r.Kill()
-		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr}, "redis")
+		failing := wantNeverReady(t, map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": r.Addr, "SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret}, "redis")
 		r.Restart()
 		waitFor(t, 15*time.Second, "nothing failing once Redis started", failingOnly(failing))
 	})
@@ -72,6 +72,8 @@ func TestReadinessWaitsForAFirstAnswer(t *testing.T) {
 		wantNeverReady(t, map[string]string{
 			"SHOP_MYSQL_DSN":  fmt.Sprintf("root@tcp(%s)/shop?parseTime=true", closed),
 			"SHOP_REDIS_ADDR": testenv.RedisAddr(t),
+
+			"SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 		}, "mysql")
 	})
 }

@@ -86,7 +86,8 @@ func TestSeedIfEmptyTwiceAtOnceSeedsOnce(t *testing.T) {
 		hold.Rollback()
 		t.Fatal(err)
 	}
-	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t)}
+	vars := map[string]string{"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t),
+		"SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret}
 	type result struct {
 		code int
 		out  string

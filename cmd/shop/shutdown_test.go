@@ -70,7 +70,7 @@ func TestStopAnswersRequestOnIdleConnection(t *testing.T) {
 	}
 	r := startReplica(t, map[string]string{
 		"SHOP_MYSQL_DSN": db.DSN, "SHOP_REDIS_ADDR": testenv.RedisAddr(t), "SHOP_REDIS_PREFIX": redisPrefix(t),
-		"SHOP_DRAIN": drain.String(),
+		"SHOP_DRAIN": drain.String(), "SHOP_PAYMENT_WEBHOOK_SECRET": testWebhookSecret,
 	})
 	addr := r.addr()
 	idle := func() (net.Conn, *bufio.Reader) {
