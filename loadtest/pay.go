@@ -173,6 +173,9 @@ type payer struct {
 	tallies   map[string]*PayTally      // kind → its payments' last answers
 	lines     []string                  // the payments file
 	finals    map[string]map[string]int // kind → last answer → payments
+	// events are every event delivery's latency, sent in [first, last].
+	events      []time.Duration
+	first, last time.Time
 }
 
 // payConns caps the payers' requests in flight.
@@ -254,7 +257,7 @@ func (p *payer) pay(pm payment) answer {
 		a = answer{err: err}
 	} else {
 		p.withSlot(func() {
-			a = p.deliver(p.life, pm.rt, p.statuses, func(ctx context.Context) (*http.Request, error) {
+			a = p.deliver(p.life, pm.rt, p.statuses, p.timed, func(ctx context.Context) (*http.Request, error) {
 				req, err := http.NewRequestWithContext(ctx, "POST", pm.base+p.provider.path(), bytes.NewReader(body))
 				if err != nil {
 					return nil, err
@@ -273,7 +276,7 @@ func (p *payer) pay(pm payment) answer {
 // the last answer.
 func (p *payer) checkout(ctx context.Context, pm *payment) answer {
 	body := fmt.Sprintf(`{"user_id":%d}`, pm.user)
-	a := p.deliver(ctx, pm.rt, p.checkouts, func(ctx context.Context) (*http.Request, error) {
+	a := p.deliver(ctx, pm.rt, p.checkouts, nil, func(ctx context.Context) (*http.Request, error) {
 		url := fmt.Sprintf("%s/api/v1/orders/%d/checkout", pm.base, pm.order)
 		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
 		if err != nil {
@@ -296,15 +299,33 @@ func (p *payer) checkout(ctx context.Context, pm *payment) answer {
 	return a
 }
 
+// timed records one event delivery, sent at start and answered (or not)
+// after took.
+func (p *payer) timed(start time.Time, took time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.events = append(p.events, took)
+	if p.first.IsZero() || start.Before(p.first) {
+		p.first = start
+	}
+	if end := start.Add(took); end.After(p.last) {
+		p.last = end
+	}
+}
+
 // deliver sends the request that build makes, built anew for each
 // delivery, until it is answered (not 429, 502, 503, 504 or a transport
 // error) or the policy's bound is reached, counts every answer in counts,
-// and returns the last.
+// times each delivery with observe (when set), and returns the last.
 func (p *payer) deliver(ctx context.Context, rt http.RoundTripper, counts map[string]int,
-	build func(context.Context) (*http.Request, error)) answer {
+	observe func(start time.Time, took time.Duration), build func(context.Context) (*http.Request, error)) answer {
 	start := time.Now()
 	for n := 1; ; n++ {
+		sent := time.Now()
 		a := p.send(ctx, rt, build)
+		if observe != nil {
+			observe(sent, time.Since(sent))
+		}
 		p.mu.Lock()
 		counts[answerKey(a)]++
 		p.mu.Unlock()
@@ -445,6 +466,35 @@ type PayResult struct {
 	Retries       int            `json:"retries"`             // deliveries after a payment's or a checkout's first
 	Statuses      map[string]int `json:"statuses"`            // every event delivery's answer
 	Checkouts     map[string]int `json:"checkouts,omitempty"` // every checkout attempt's answer (-stripe)
+	// Events is the event deliveries' timing: their rate over the time
+	// they were sent in, and their latency.
+	Events EventTiming `json:"events"`
+}
+
+// EventTiming is how fast the service took the provider's events.
+type EventTiming struct {
+	Deliveries int     `json:"deliveries"`
+	PerSecond  float64 `json:"per_second"` // deliveries / (last answer - first sent)
+	P50Ms      float64 `json:"p50_ms"`
+	P99Ms      float64 `json:"p99_ms"`
+	MaxMs      float64 `json:"max_ms"`
+}
+
+// timing is the timing of deliveries sent in [first, last].
+func timing(deliveries []time.Duration, first, last time.Time) EventTiming {
+	if len(deliveries) == 0 {
+		return EventTiming{}
+	}
+	d := slices.Clone(deliveries)
+	slices.Sort(d)
+	ms := func(q float64) float64 {
+		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Microseconds()) / 1000
+	}
+	t := EventTiming{Deliveries: len(d), P50Ms: ms(0.5), P99Ms: ms(0.99), MaxMs: float64(d[len(d)-1].Microseconds()) / 1000}
+	if span := last.Sub(first); span > 0 {
+		t.PerSecond = float64(len(d)) / span.Seconds()
+	}
+	return t
 }
 
 // tally returns the tally of kind.
@@ -467,7 +517,8 @@ func (r PayResult) summary() string {
 			parts = append(parts, k.name+": "+k.t.String())
 		}
 	}
-	return strings.Join(parts, "; ") + fmt.Sprintf("; redeliveries %d", r.Retries)
+	return strings.Join(parts, "; ") + fmt.Sprintf("; redeliveries %d; events %d at %.0f/s, p50 %.1f ms, p99 %.1f ms",
+		r.Retries, r.Events.Deliveries, r.Events.PerSecond, r.Events.P50Ms, r.Events.P99Ms)
 }
 
 // result returns the payments' counts, and the payments file's lines in
@@ -477,7 +528,7 @@ func (p *payer) result() (PayResult, []string) {
 	defer p.mu.Unlock()
 	r := PayResult{Provider: p.provider.name(), Frac: p.plan.frac, LateFrac: p.plan.lateFrac, DupFrac: p.plan.dupFrac,
 		MismatchFrac: p.plan.mismatchFrac, UnknownOrders: p.plan.unknownOrders, Retries: int(p.retries.Load()),
-		Statuses: maps.Clone(p.statuses)}
+		Statuses: maps.Clone(p.statuses), Events: timing(p.events, p.first, p.last)}
 	if len(p.checkouts) > 0 {
 		r.Checkouts = maps.Clone(p.checkouts)
 	}
