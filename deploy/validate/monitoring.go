@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"text/template"
 	"time"
 
 	"github.com/compose-spec/compose-go/v2/types"
@@ -25,6 +26,10 @@ const (
 	// reads it unless --config.file says otherwise.
 	prometheusConfig     = "deploy/prometheus/prometheus.yml"
 	prometheusConfigPath = "/etc/prometheus/prometheus.yml"
+	// prometheusRules holds the alerting rules, relative to the
+	// repository; prometheus.yml's rule_files names where the Prometheus
+	// service mounts it.
+	prometheusRules = "deploy/prometheus/alerts.yml"
 	// prometheusPort is the port Prometheus listens on (the image's
 	// default; --web.listen-address is not set).
 	prometheusPort = 9090
@@ -69,6 +74,11 @@ var dashboardMetrics = []string{
 	"shop_ready", "shop_dependency_up",
 }
 
+// alertMetrics are the series the alerting rules must watch: the refunds
+// by state, whose failed ones nothing retries and an operator must pay
+// back by hand (docs/payments.md).
+var alertMetrics = []string{"shop_refunds_total"}
+
 // panelTypes are the Grafana core panels a dashboard may use.
 var panelTypes = []string{"timeseries", "stat", "gauge", "bargauge", "table", "text"}
 
@@ -76,7 +86,10 @@ var panelTypes = []string{"timeseries", "stat", "gauge", "bargauge", "table", "t
 // service mounts deploy/prometheus/prometheus.yml where Prometheus reads
 // it, the configuration decodes strictly and scrapes exactly the shop
 // replicas, on the port of their operators' listener (SHOP_ADMIN_ADDR),
-// which they do not publish, every 5s; a service mounts
+// which they do not publish, every 5s; its rule files are mounted from
+// the repository, deploy/prometheus/alerts.yml among them, decode strictly,
+// and their alerts' queries are checked as the dashboards' are, and
+// together watch what alertMetrics lists; a service mounts
 // Grafana's provisioning, whose Prometheus data source reaches that
 // service, and whose dashboard provider reads a mount of
 // deploy/grafana/dashboards; each dashboard there decodes strictly, its
@@ -107,7 +120,7 @@ func CheckMonitoring(p *types.Project, repo string, svc Service, metrics Metrics
 	if !ok {
 		return pr.err()
 	}
-	checkPrometheus(&pr, p.Services[prom], repo, targets)
+	checkPrometheus(&pr, p.Services[prom], repo, targets, metrics)
 	graf, ok := mountingService(&pr, p, filepath.Join(repo, grafanaProvisioning))
 	if !ok {
 		return pr.err()
@@ -163,6 +176,7 @@ func checkLoopback(pr *problems, s types.ServiceConfig, port int) {
 // anything else is refused, a misspelt key included.
 type promConfig struct {
 	Global        promGlobal     `json:"global"`
+	RuleFiles     []string       `json:"rule_files,omitempty"`
 	ScrapeConfigs []scrapeConfig `json:"scrape_configs"`
 }
 
@@ -216,8 +230,9 @@ func readYAML(path string, v any) error {
 
 // checkPrometheus checks the Prometheus service s and its configuration:
 // it scrapes /metrics of exactly targets (the replicas' operators'
-// listeners), every scrapeInterval.
-func checkPrometheus(pr *problems, s types.ServiceConfig, repo string, targets []string) {
+// listeners), every scrapeInterval, and loads rules that checkRules
+// accepts.
+func checkPrometheus(pr *problems, s types.ServiceConfig, repo string, targets []string, metrics Metrics) {
 	where := "service " + s.Name
 	checkLoopback(pr, s, prometheusPort)
 	v, _ := bindMount(s, filepath.Join(repo, prometheusConfig))
@@ -262,6 +277,167 @@ func checkPrometheus(pr *problems, s types.ServiceConfig, repo string, targets [
 	if !slices.Equal(scraped, targets) {
 		pr.addf("%s: scrapes %v; want every shop replica once, on the port of its operators' listener (SHOP_ADMIN_ADDR): %v", prometheusConfig, scraped, targets)
 	}
+	checkRules(pr, s, repo, want, c.RuleFiles, metrics)
+}
+
+// promRules is a Prometheus rules file, as far as the stack uses one:
+// groups of alerting rules. Anything else is refused, a recording rule or
+// a misspelt key included.
+type promRules struct {
+	Groups []ruleGroup `json:"groups"`
+}
+
+type ruleGroup struct {
+	Name     string      `json:"name"`
+	Interval string      `json:"interval,omitempty"`
+	Rules    []alertRule `json:"rules"`
+}
+
+type alertRule struct {
+	Alert         string            `json:"alert"`
+	Expr          string            `json:"expr"`
+	For           string            `json:"for,omitempty"`
+	KeepFiringFor string            `json:"keep_firing_for,omitempty"`
+	Labels        map[string]string `json:"labels,omitempty"`
+	Annotations   map[string]string `json:"annotations,omitempty"`
+}
+
+// checkRules checks the rule files of the configuration at configPath in
+// the Prometheus service s: each names a file, not a pattern, that s
+// mounts read-only from the repository, and prometheusRules is among them;
+// each decodes strictly and its alerts pass checkAlert; together they
+// watch what alertMetrics lists.
+func checkRules(pr *problems, s types.ServiceConfig, repo, configPath string, files []string, metrics Metrics) {
+	alerts, watched := map[string]bool{}, map[string]bool{}
+	loaded := false
+	for _, f := range files {
+		where := fmt.Sprintf("%s: rule_files %s", prometheusConfig, f)
+		if strings.ContainsAny(f, "*?[") {
+			pr.addf("%s: a pattern; name each rules file, so that each is checked", where)
+			continue
+		}
+		// Prometheus reads a relative path from its configuration's
+		// directory.
+		target := f
+		if !filepath.IsAbs(target) {
+			target = filepath.Join(filepath.Dir(configPath), target)
+		}
+		i := slices.IndexFunc(s.Volumes, func(v types.ServiceVolumeConfig) bool {
+			return v.Type == types.VolumeTypeBind && filepath.Clean(v.Target) == filepath.Clean(target)
+		})
+		if i < 0 {
+			pr.addf("%s: service %s mounts no file of the repository at %s", where, s.Name, target)
+			continue
+		}
+		v := s.Volumes[i]
+		rel, err := filepath.Rel(repo, v.Source)
+		if err != nil || !filepath.IsLocal(rel) {
+			pr.addf("%s: service %s mounts %s there, which is not in the repository", where, s.Name, v.Source)
+			continue
+		}
+		if !v.ReadOnly {
+			pr.addf("%s: service %s mounts %s there read-write; want it read-only", where, s.Name, filepath.ToSlash(rel))
+		}
+		loaded = loaded || filepath.ToSlash(rel) == prometheusRules
+		checkRulesFile(pr, v.Source, filepath.ToSlash(rel), metrics, alerts, watched)
+	}
+	if !loaded {
+		pr.addf("%s: rule_files does not load %s, the alerts, from where service %s mounts it", prometheusConfig, prometheusRules, s.Name)
+	}
+	for _, m := range alertMetrics {
+		if !watched[m] {
+			pr.addf("%s: no alert watches %s", prometheusRules, m)
+		}
+	}
+}
+
+// checkRulesFile checks the rules file at path, named name: strictly
+// decoded, groups of their own names, each with rules, every one an alert
+// that checkAlert accepts. It adds the alerts' names to alerts and the
+// series their queries name to watched.
+func checkRulesFile(pr *problems, path, name string, metrics Metrics, alerts, watched map[string]bool) {
+	var c promRules
+	if err := readYAML(path, &c); err != nil {
+		pr.addf("%v", err)
+		return
+	}
+	if len(c.Groups) == 0 {
+		pr.addf("%s: no rule group", name)
+	}
+	groups := map[string]bool{}
+	for _, g := range c.Groups {
+		where := fmt.Sprintf("%s: group %q", name, g.Name)
+		if g.Name == "" || groups[g.Name] {
+			pr.addf("%s: a group needs a name of its own", where)
+		}
+		groups[g.Name] = true
+		if _, err := duration(g.Interval, 0); err != nil {
+			pr.addf("%s: interval: %v", where, err)
+		}
+		if len(g.Rules) == 0 {
+			pr.addf("%s: no rule", where)
+		}
+		for _, r := range g.Rules {
+			checkAlert(pr, where, r, metrics, alerts, watched)
+		}
+	}
+}
+
+// checkAlert checks one alerting rule: a name of its own, a query that
+// checkQuery accepts, durations that parse, a summary, and label and
+// annotation templates that parse as Prometheus parses them.
+func checkAlert(pr *problems, group string, r alertRule, metrics Metrics, alerts, watched map[string]bool) {
+	where := fmt.Sprintf("%s: alert %q", group, r.Alert)
+	if r.Alert == "" || alerts[r.Alert] {
+		pr.addf("%s: an alert needs a name of its own", where)
+	}
+	alerts[r.Alert] = true
+	checkQuery(pr, where, r.Expr, metrics, watched)
+	if _, err := duration(r.For, 0); err != nil {
+		pr.addf("%s: for: %v", where, err)
+	}
+	if _, err := duration(r.KeepFiringFor, 0); err != nil {
+		pr.addf("%s: keep_firing_for: %v", where, err)
+	}
+	if r.Annotations["summary"] == "" {
+		pr.addf("%s: no summary annotation: an alert says what happened", where)
+	}
+	for _, kind := range []struct {
+		name string
+		m    map[string]string
+	}{{"label", r.Labels}, {"annotation", r.Annotations}} {
+		for _, k := range slices.Sorted(maps.Keys(kind.m)) {
+			if err := parseAlertTemplate(kind.m[k]); err != nil {
+				pr.addf("%s: %s %s: %v", where, kind.name, k, err)
+			}
+		}
+	}
+}
+
+// alertTemplateDefs are the variables Prometheus defines before each label
+// and annotation template of an alert (rulefmt's testTemplateParsing).
+const alertTemplateDefs = "{{$labels := .Labels}}{{$externalLabels := .ExternalLabels}}{{$externalURL := .ExternalURL}}{{$value := .Value}}"
+
+// alertTemplateFuncs are the functions an alert's templates may call, from
+// Prometheus's template package; parsing a template needs their names
+// only.
+var alertTemplateFuncs = []string{
+	"query", "first", "label", "value", "strvalue", "args", "reReplaceAll", "safeHtml", "match", "title",
+	"toUpper", "toLower", "graphLink", "tableLink", "sortByLabel", "stripPort", "stripDomain", "humanize",
+	"humanize1024", "humanizeDuration", "humanizePercentage", "humanizeTimestamp", "toTime", "toDuration",
+	"now", "pathPrefix", "externalURL", "parseDuration", "urlQueryEscape",
+}
+
+// parseAlertTemplate parses text as Prometheus parses an alert's label or
+// annotation when it loads the rules, which it refuses on an error: an
+// unknown variable or function, a broken action.
+func parseAlertTemplate(text string) error {
+	funcs := template.FuncMap{}
+	for _, name := range alertTemplateFuncs {
+		funcs[name] = func(...any) any { return nil }
+	}
+	_, err := template.New("alert").Funcs(funcs).Parse(alertTemplateDefs + text)
+	return err
 }
 
 // grafanaDatasources is a data source provisioning file.

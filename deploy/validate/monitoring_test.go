@@ -47,6 +47,7 @@ var monitoringFiles = []string{
 	"docker-compose.yml",
 	"deploy/nginx.conf",
 	"deploy/prometheus/prometheus.yml",
+	"deploy/prometheus/alerts.yml",
 	"deploy/grafana/provisioning/datasources/prometheus.yml",
 	"deploy/grafana/provisioning/dashboards/shop.yml",
 	"deploy/grafana/dashboards/shop.json",
@@ -81,6 +82,7 @@ func TestMonitoringRejectsBrokenCopies(t *testing.T) {
 	const (
 		dc   = "docker-compose.yml"
 		prom = "deploy/prometheus/prometheus.yml"
+		rule = "deploy/prometheus/alerts.yml"
 		ds   = "deploy/grafana/provisioning/datasources/prometheus.yml"
 		prov = "deploy/grafana/provisioning/dashboards/shop.yml"
 		dash = "deploy/grafana/dashboards/shop.json"
@@ -111,6 +113,23 @@ func TestMonitoringRejectsBrokenCopies(t *testing.T) {
 		{"operators' listener on the loopback", []edit{{dc, `SHOP_ADMIN_ADDR: ":9091"`, `SHOP_ADMIN_ADDR: "127.0.0.1:9091"`}}, "service shop1: SHOP_ADMIN_ADDR=\"127.0.0.1:9091\""},
 		{"operators' listener left at its default", []edit{{dc, `  SHOP_ADMIN_ADDR: ":9091"` + "\n", ""}}, "the operators' listener, which serves /metrics,"},
 		{"operators' listener published", []edit{{dc, "  shop3: *shop\n", "  shop3:\n    <<: *shop\n    ports: [\"127.0.0.1:9091:9091\"]\n"}}, "service shop3: publishes port 9091, the operators' listener"},
+		{"rules not loaded", []edit{{prom, "rule_files:\n  - /etc/prometheus/alerts.yml\n", ""}}, "rule_files does not load deploy/prometheus/alerts.yml"},
+		{"rules loaded from elsewhere", []edit{{prom, "  - /etc/prometheus/alerts.yml\n", "  - /etc/prometheus/rules.yml\n"}}, "service prometheus mounts no file of the repository at /etc/prometheus/rules.yml"},
+		{"rules by a pattern", []edit{{prom, "  - /etc/prometheus/alerts.yml\n", "  - /etc/prometheus/*.yml\n"}}, "a pattern; name each rules file"},
+		{"rules relative, not mounted there", []edit{{prom, "  - /etc/prometheus/alerts.yml\n", "  - rules/alerts.yml\n"}}, "mounts no file of the repository at /etc/prometheus/rules/alerts.yml"},
+		{"rules not mounted", []edit{{dc, "      - ./deploy/prometheus/alerts.yml:/etc/prometheus/alerts.yml:ro\n", ""}}, "mounts no file of the repository at /etc/prometheus/alerts.yml"},
+		{"rules mounted read-write", []edit{{dc, ":/etc/prometheus/alerts.yml:ro", ":/etc/prometheus/alerts.yml"}}, "mounts deploy/prometheus/alerts.yml there read-write; want it read-only"},
+		{"rules typo", []edit{{rule, "    rules:\n", "    rule:\n"}}, `unknown field "rule"`},
+		{"recording rule", []edit{{rule, "      - alert: ShopRefundFailed\n", "      - record: shop:refunds_failed\n"}}, `unknown field "record"`},
+		{"group without a name", []edit{{rule, "  - name: shop-money\n", "  - name: \"\"\n"}}, `group "": a group needs a name of its own`},
+		{"alert query does not parse", []edit{{rule, `increase(shop_refunds_total{state="failed"}[15m]) > 0`, `increase(shop_refunds_total{state="failed"}[15m] > 0`}}, `alert "ShopRefundFailed": "increase(`},
+		{"alert on a metric shop does not export", []edit{{rule, `increase(shop_refunds_total{state="failed"}`, `increase(shop_refund_total{state="failed"}`}}, "shop_refund_total is not a metric shop exports"},
+		{"alert range too short", []edit{{rule, `{state="failed"}[15m]`, `{state="failed"}[10s]`}}, `alert "ShopRefundFailed": range [10s] spans fewer than 4 scrapes of 5s`},
+		{"failed refunds not alerted", []edit{{rule, `increase(shop_refunds_total{state="failed"}[15m]) > 0`, `increase(shop_orders_busy_total[15m]) > 100`}}, "deploy/prometheus/alerts.yml: no alert watches shop_refunds_total"},
+		{"alert for not a duration", []edit{{rule, "        labels:\n", "        for: soon\n        labels:\n"}}, `alert "ShopRefundFailed": for: `},
+		{"alert without summary", []edit{{rule, "          summary:", "          title:"}}, "no summary annotation"},
+		{"alert template typo", []edit{{rule, "{{ $labels.instance }}", "{{ $label.instance }}"}}, `annotation summary: template: alert:1: undefined variable "$label"`},
+		{"alert template unknown function", []edit{{rule, "{{ $labels.instance }}", "{{ $labels.instance | humanise }}"}}, `function "humanise" not defined`},
 		{"metrics path", []edit{{prom, "metrics_path: /metrics", "metrics_path: /api/v1/metrics"}}, "metrics_path /api/v1/metrics"},
 		{"provisioning elsewhere", []edit{{dc, ":/etc/grafana/provisioning:ro", ":/etc/grafana/prov:ro"}}, "Grafana reads /etc/grafana/provisioning"},
 		{"datasource typo", []edit{{ds, "    isDefault: true\n", "    default: true\n"}}, `unknown field "default"`},
