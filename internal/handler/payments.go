@@ -110,7 +110,7 @@ func applyEvent(ctx context.Context, provider string, ev payments.Event, pay Pay
 		}
 		r, err := pay.Settle(ctx, st)
 		switch {
-		case errors.Is(err, stock.ErrRefundNotFound), errors.Is(err, stock.ErrInvalid):
+		case errors.Is(err, stock.ErrRefundNotFound):
 			// Not a refund of ours: a provider retrying it would never
 			// get another answer.
 			log.WarnContext(ctx, "refund event for no refund of ours", "provider", provider, "event_id", ev.ID,

@@ -79,7 +79,7 @@ var (
 	paymentIDRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 	currencyRE  = regexp.MustCompile(`^[A-Z]{3}$`)
 	providerRE  = regexp.MustCompile(`^[a-z]{1,16}$`)
-	eventIDRE   = regexp.MustCompile(`^[\x21-\x7e]{1,255}$`)
+	eventIDRE   = regexp.MustCompile(`^[\x20-\x7e]{1,255}$`)
 )
 
 // CheckPaymentID returns an ErrInvalid error unless id is 1–64 characters

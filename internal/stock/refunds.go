@@ -65,7 +65,7 @@ const MaxRefundPage = 1000
 
 var (
 	refundIDRE         = regexp.MustCompile(`^[0-9A-HJKMNP-TV-Z]{26}$`)
-	providerRefundIDRE = regexp.MustCompile(`^[\x21-\x7e]{1,255}$`)
+	providerRefundIDRE = regexp.MustCompile(`^[\x20-\x7e]{1,255}$`)
 )
 
 // CheckRefundID returns an ErrInvalid error unless id is a refund id (a
