@@ -154,7 +154,7 @@ func TestSecondSignalExitsAtOnce(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "serve")
 	cmd.Env = append(os.Environ(), asShopEnv+"=1",
 		"SHOP_MYSQL_DSN="+db.DSN, "SHOP_REDIS_ADDR="+testenv.RedisAddr(t), "SHOP_REDIS_PREFIX="+redisPrefix(t),
-		"SHOP_HTTP_ADDR=127.0.0.1:0", "SHOP_DRAIN=60s")
+		"SHOP_HTTP_ADDR=127.0.0.1:0", "SHOP_DRAIN=60s", "SHOP_PAYMENT_WEBHOOK_SECRET="+testWebhookSecret)
 	cmd.Stderr = log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
