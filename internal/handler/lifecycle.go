@@ -20,7 +20,9 @@ type Lifecycle interface {
 	Cancel(ctx context.Context, user, id int64) (stock.Order, error)
 }
 
-type cancelRequest struct {
+// buyerRequest is the body of a buyer's action on one of its orders
+// (cancel, checkout): the buyer, when SHOP_AUTH does not name it.
+type buyerRequest struct {
 	UserID *int64 `json:"user_id"`
 }
 
@@ -79,61 +81,47 @@ func handleGetOrder(orders Lifecycle) gin.HandlerFunc {
 	}
 }
 
-// actionRequest is the body of a buyer's action on an order.
-type actionRequest interface {
-	// claimed is the user_id the body names, nil when it names none.
-	claimed() *int64
-	// check refuses a body without a field the action needs.
-	check() error
-}
-
-func (r *cancelRequest) claimed() *int64 { return r.UserID }
-func (r *cancelRequest) check() error    { return nil }
-
 // handleCancel cancels a reservation; its unit goes back to the sale.
 func handleCancel(orders Lifecycle, m *metrics) gin.HandlerFunc {
-	return orderAction(m.cancellations, "cancelled", func(ctx context.Context, user, id int64, _ *cancelRequest) (stock.Order, error) {
-		return orders.Cancel(ctx, user, id)
+	return orderAction(m.cancellations, "cancelled", func(ctx context.Context, user, id int64) (orderResponse, error) {
+		o, err := orders.Cancel(ctx, user, id)
+		return newOrderResponse(o), err
 	})
 }
 
 // orderAction is the handler of a buyer's action on one of its orders: it
-// reads the order's id and a body R, finds the buyer, runs act within
-// lifecycleTimeout, counts its outcome in results (done when it succeeded),
-// and answers 200 with the order act returned.
-func orderAction[R any, P interface {
-	*R
-	actionRequest
-}](results *prometheus.CounterVec, done string, act func(ctx context.Context, user, id int64, req P) (stock.Order, error)) gin.HandlerFunc {
+// reads the order's id and the body (buyerRequest), finds the buyer, runs
+// act within lifecycleTimeout, counts its outcome in results (done when it
+// succeeded; nil results count nothing), and answers 200 with what act
+// returned.
+func orderAction[T any](results *prometheus.CounterVec, done string, act func(ctx context.Context, user, id int64) (T, error)) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id, err := pathID(c)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		req := P(new(R))
-		if err := decode(c, req); err != nil {
+		var req buyerRequest
+		if err := decode(c, &req); err != nil {
 			writeError(c, err)
 			return
 		}
-		if err := req.check(); err != nil {
-			writeError(c, err)
-			return
-		}
-		user, err := buyer(c, req.claimed())
+		user, err := buyer(c, req.UserID)
 		if err != nil {
 			writeError(c, err)
 			return
 		}
 		ctx, cancel := context.WithTimeout(c.Request.Context(), lifecycleTimeout)
 		defer cancel()
-		o, err := act(ctx, user, id, req)
-		results.WithLabelValues(outcome(err, done)).Inc()
+		res, err := act(ctx, user, id)
+		if results != nil {
+			results.WithLabelValues(outcome(err, done)).Inc()
+		}
 		if err != nil {
 			writeError(c, err)
 			return
 		}
-		c.JSON(http.StatusOK, newOrderResponse(o))
+		c.JSON(http.StatusOK, res)
 	}
 }
 

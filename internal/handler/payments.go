@@ -39,13 +39,6 @@ type eventResponse struct {
 	Again bool `json:"again,omitempty"`
 }
 
-type checkoutRequest struct {
-	UserID *int64 `json:"user_id"`
-}
-
-func (r *checkoutRequest) claimed() *int64 { return r.UserID }
-func (r *checkoutRequest) check() error    { return nil }
-
 type checkoutResponse struct {
 	OrderID       int64  `json:"order_id"`
 	PaymentIntent string `json:"payment_intent"`
@@ -131,30 +124,9 @@ func applyEvent(ctx context.Context, provider string, ev payments.Event, pay Pay
 // handleCheckout answers the checkout of a buyer's reservation: the
 // provider's PaymentIntent, the same one every time.
 func handleCheckout(checkouts Checkouts) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		id, err := pathID(c)
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		var req checkoutRequest
-		if err := decode(c, &req); err != nil {
-			writeError(c, err)
-			return
-		}
-		user, err := buyer(c, req.claimed())
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		ctx, cancel := context.WithTimeout(c.Request.Context(), lifecycleTimeout)
-		defer cancel()
+	return orderAction(nil, "", func(ctx context.Context, user, id int64) (checkoutResponse, error) {
 		co, err := checkouts.Checkout(ctx, user, id)
-		if err != nil {
-			writeError(c, err)
-			return
-		}
-		c.JSON(http.StatusOK, checkoutResponse{OrderID: co.OrderID, PaymentIntent: co.PaymentIntent,
-			ClientSecret: co.ClientSecret, AmountCents: co.AmountCents, Currency: co.Currency})
-	}
+		return checkoutResponse{OrderID: co.OrderID, PaymentIntent: co.PaymentIntent, ClientSecret: co.ClientSecret,
+			AmountCents: co.AmountCents, Currency: co.Currency}, err
+	})
 }
