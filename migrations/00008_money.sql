@@ -15,6 +15,14 @@
 --                    the Stripe PaymentIntent of a checkout, stored once
 --                    (payment_intent IS NULL), and the Idempotency-Key its
 --                    creation was sent with.
+-- catalog_epoch.seeded_at
+--                    when the last seed reset the catalog, by MySQL's
+--                    clock. A seed deletes the orders and keeps the
+--                    payments ledger and the settled refunds: what they
+--                    say of orders from before it is history, which shop
+--                    verify does not hold to the orders now.
+ALTER TABLE catalog_epoch ADD COLUMN seeded_at DATETIME(6) NULL;
+
 ALTER TABLE products
     ADD COLUMN currency CHAR(3) CHARACTER SET ascii NULL AFTER price_cents;
 UPDATE products SET currency = 'USD';
@@ -120,3 +128,4 @@ ALTER TABLE orders
     DROP COLUMN currency,
     DROP COLUMN amount_cents;
 ALTER TABLE products DROP COLUMN currency;
+ALTER TABLE catalog_epoch DROP COLUMN seeded_at;

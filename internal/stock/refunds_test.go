@@ -130,8 +130,33 @@ func TestSeedKeepsMoney(t *testing.T) {
 	if _, err := svc.Settle(ctx, stock.Settlement{RefundID: ids[0], ProviderRefundID: "re_0"}); err != nil {
 		t.Fatal(err)
 	}
+	// A paid order, and a cancelled one paid all the same and refunded:
+	// the seed deletes both orders, and keeps their payments and the
+	// settled refund, which shop verify then does not hold to the orders
+	// of the new catalog.
+	paidOrder, err := svc.PlaceOrder(ctx, 1, 50, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := pay(ctx, svc, paidOrder, "p-paid"); err != nil || r.Outcome != stock.OutcomeApplied {
+		t.Fatal(r, err)
+	}
+	cancelled, err := svc.PlaceOrder(ctx, 2, 50, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Cancel(ctx, 50, cancelled.ID); err != nil {
+		t.Fatal(err)
+	}
+	late, err := pay(ctx, svc, cancelled, "p-late")
+	if err != nil || late.Outcome != stock.OutcomeOwed {
+		t.Fatal(late, err)
+	}
+	if _, err := svc.Settle(ctx, stock.Settlement{RefundID: late.RefundID, ProviderRefundID: "re_late"}); err != nil {
+		t.Fatal(err)
+	}
 	catalog := stock.NewCatalog(db.Gorm)
-	err := catalog.SeedWith(ctx, 2, 1, stock.SeedOptions{})
+	err = catalog.SeedWith(ctx, 2, 1, stock.SeedOptions{})
 	if !errors.Is(err, stock.ErrRefundsUnsettled) || !strings.Contains(err.Error(), "2 refunds") {
 		t.Fatalf("seed with 2 unsettled: %v, want ErrRefundsUnsettled naming 2", err)
 	}
@@ -145,8 +170,8 @@ func TestSeedKeepsMoney(t *testing.T) {
 	if err := db.Gorm.Raw("SELECT (SELECT COUNT(*) FROM refunds) AS refunds, (SELECT COUNT(*) FROM payments) AS payments").Scan(&counts).Error; err != nil {
 		t.Fatal(err)
 	}
-	if counts.Refunds != 1 || counts.Payments != 1 {
-		t.Errorf("after the seed: %d refunds, %d payments; want the settled one and its payment", counts.Refunds, counts.Payments)
+	if counts.Refunds != 2 || counts.Payments != 3 {
+		t.Errorf("after the seed: %d refunds, %d payments; want the 2 settled and the 3 payments of the settled and the paid", counts.Refunds, counts.Payments)
 	}
 	p, err := catalog.Product(ctx, 1)
 	if err != nil || p.PriceCents != 2500 || p.Currency != "EUR" {

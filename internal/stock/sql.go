@@ -211,7 +211,8 @@ const (
 	sqlDiscardPayments = "DELETE p FROM payments p JOIN refunds r ON r.provider = p.provider AND r.payment_id = p.payment_id WHERE r.state <> 'refunded'"
 	sqlDeleteCounters  = "DELETE FROM user_orders"
 	sqlDeleteProducts  = "DELETE FROM products"
-	sqlRaiseEpoch      = "INSERT INTO catalog_epoch (id, epoch) VALUES (1, 1) ON DUPLICATE KEY UPDATE epoch = epoch + 1"
+	sqlRaiseEpoch      = "INSERT INTO catalog_epoch (id, epoch, seeded_at) VALUES (1, 1, UTC_TIMESTAMP(6)) " +
+		"ON DUPLICATE KEY UPDATE epoch = epoch + 1, seeded_at = UTC_TIMESTAMP(6)"
 	sqlInsertProduct   = "INSERT INTO products (id, name, price_cents, currency, initial_stock, stock, fence, sale_starts_at, sale_ends_at) VALUES "
 	sqlProductRow      = "(?, ?, ?, ?, ?, ?, 0, ?, ?)"
 	sqlProductRowCount = 8 // the arguments of sqlProductRow

@@ -45,6 +45,10 @@ const (
 	// it has no index. A WHERE clause follows, to be extended with AND.
 	paidOutsideLedger = `orders o LEFT JOIN payments a ON a.order_id = o.id AND a.payment_id = o.payment_id AND a.outcome = 'applied'
 		WHERE o.status = 'paid' AND o.payment_id IS NOT NULL AND a.payment_id IS NULL`
+	// sinceSeed is when the last seed reset the catalog: the ledger and
+	// the settled refunds keep payments of orders it deleted, which are
+	// not held to the orders of now.
+	sinceSeed = "(SELECT COALESCE(MAX(seeded_at), '1000-01-01') FROM catalog_epoch)"
 	// refundAndLedger is every refund r with its payment p in the ledger,
 	// when it has a provider and the ledger has the payment.
 	refundAndLedger = `refunds r LEFT JOIN payments p ON p.provider = r.provider AND p.payment_id = r.payment_id`
@@ -116,7 +120,9 @@ func (o offenders) check(db *gorm.DB) (Check, error) {
 //   - every refund with a provider returns the amount and currency its
 //     payment received;
 //   - every refunded refund has the provider's reference and settled_at;
-//   - the ledger agrees with orders and refunds: a payment applied is
+//   - the ledger agrees with orders and refunds (payments and refunds
+//     received before the last seed are of orders it deleted, and are not
+//     held to the orders of now): a payment applied is
 //     carried by its order; one owed has its refund, for the same order;
 //     a conflict's payment id is on another order; every refund with a
 //     provider is of a payment the ledger holds as owed (or applied, the
@@ -127,7 +133,7 @@ var moneyChecks = []offenders{
 	{
 		checkRefundOrder,
 		`SELECT r.order_id, r.payment_id, ` + refundOrderFacts + ` line
-			FROM refunds r LEFT JOIN orders o ON o.id = r.order_id WHERE ` + refundOrderMismatch,
+			FROM refunds r LEFT JOIN orders o ON o.id = r.order_id WHERE r.received_at >= ` + sinceSeed + ` AND ` + refundOrderMismatch,
 		"order_id, payment_id",
 	},
 	{
@@ -182,14 +188,14 @@ var moneyChecks = []offenders{
 		`SELECT 1 kind, p.order_id, p.payment_id k, CONCAT('payment ', p.payment_id, ' (', p.provider, ') applied to order ',
 				p.order_id, ', which ', IF(o.id IS NULL, 'does not exist', CONCAT('carries ', COALESCE(o.payment_id, 'no payment id')))) line
 			FROM payments p LEFT JOIN orders o ON o.id = p.order_id
-			WHERE p.outcome = 'applied' AND NOT (o.payment_id <=> p.payment_id)
+			WHERE p.outcome = 'applied' AND NOT (o.payment_id <=> p.payment_id) AND p.received_at >= ` + sinceSeed + `
 		UNION ALL SELECT 2, p.order_id, p.payment_id, CONCAT('payment ', p.payment_id, ' (', p.provider, ') owed back for order ',
 				p.order_id, IF(r.refund_id IS NULL, ', and no refund returns it', CONCAT(', but its refund ', r.refund_id, ' is for order ', r.order_id)))
 			FROM payments p LEFT JOIN refunds r ON r.provider = p.provider AND r.payment_id = p.payment_id
 			WHERE p.outcome = 'owed' AND NOT (r.order_id <=> p.order_id)
 		UNION ALL SELECT 3, p.order_id, p.payment_id, CONCAT('payment ', p.payment_id, ' (', p.provider, ') for order ',
 				p.order_id, ' is a conflict, but no other order carries it')
-			FROM payments p WHERE p.outcome = 'conflict'
+			FROM payments p WHERE p.outcome = 'conflict' AND p.received_at >= ` + sinceSeed + `
 				AND NOT EXISTS (SELECT 1 FROM orders c WHERE c.payment_id = p.payment_id AND c.id <> p.order_id)
 		UNION ALL SELECT 4, r.order_id, r.refund_id, CONCAT('refund ', r.refund_id, ' of payment ', r.payment_id, ' (', r.provider, '): ',
 				IF(p.outcome IS NULL, 'the ledger does not have the payment', CONCAT('the ledger holds it as ', p.outcome)))

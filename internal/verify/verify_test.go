@@ -170,6 +170,8 @@ func lifecycle(t *testing.T) *testenv.DB {
 		t.Fatal(err)
 	}
 	for _, q := range []string{
+		// The catalog was seeded before the day of these rows.
+		"UPDATE catalog_epoch SET seeded_at = '2025-01-01 09:00:00'",
 		"UPDATE products SET stock = stock - 2 WHERE id = 1",
 		"UPDATE products SET stock = stock - 1 WHERE id IN (2, 3)",
 		`INSERT INTO orders (id, sku_id, user_id, created_at, status, pay_by, paid_at, payment_id, returned_at) VALUES
