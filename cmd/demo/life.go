@@ -435,9 +435,9 @@ func replicaLogSizes(state string, n int) []int64 {
 	return sizes
 }
 
-// stalledReplica returns the replica (from 1) whose shop.log, past its
-// offset, has the failpoint's line, or 0.
-func stalledReplica(state string, offsets []int64) int {
+// replicaLine returns the first replica (from 1) whose shop.log, past its
+// offset, has a line containing want, and that line; 0 and "" if none has.
+func replicaLine(state string, offsets []int64, want string) (int, string) {
 	for i, off := range offsets {
 		f, err := os.Open(filepath.Join(state, fmt.Sprintf("replica%d", i+1), "shop.log"))
 		if err != nil {
@@ -445,46 +445,87 @@ func stalledReplica(state string, offsets []int64) int {
 		}
 		data, err := io.ReadAll(io.NewSectionReader(f, off, 1<<40))
 		f.Close()
-		if err == nil && bytes.Contains(data, []byte(stallLine)) {
-			return i + 1
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, want) {
+				return i + 1, line
+			}
 		}
 	}
-	return 0
+	return 0, ""
+}
+
+// awaitLine waits until a replica's shop.log, past its offset, has a line
+// containing want (a failpoint's), and returns that replica (from 1) and
+// the line; 0 and "" when ctx ends first.
+func awaitLine(ctx context.Context, state string, offsets []int64, want string) (int, string) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, ""
+		case <-tick.C:
+		}
+		if i, line := replicaLine(state, offsets, want); i > 0 {
+			return i, line
+		}
+	}
+}
+
+// failpointKill is a fault a lifecycle row stages at a failpoint: the
+// first replica that stops there is killed (SIGKILL), the stack mended,
+// and the replica started again.
+type failpointKill struct {
+	line string // what the failpoint prints on the replica's standard error
+	none string // the row's fault when no replica stops there
+	// where says where the replica was killed, from the failpoint's line.
+	where func(line string) string
+	// mend are the stack script's commands run between the kill and the
+	// replica's start, and mended says what they did.
+	mend   [][]string
+	mended string
+}
+
+// killAtFailpoint waits for a replica to stop at f's failpoint, kills
+// that replica, mends the stack and starts the replica again, says in l
+// what it did and when (from start), and returns the failpoint's line. It
+// returns "" when ctx ends first: the row then says the failpoint never
+// fired. The stack's commands run to their end even if ctx ends first:
+// the stack must be whole for the verify and the next row.
+func killAtFailpoint(ctx context.Context, o options, l *lifeResult, offsets []int64, start time.Time, f failpointKill,
+	stderr io.Writer) (string, error) {
+	i, line := awaitLine(ctx, o.state, offsets, f.line)
+	if i == 0 {
+		l.Fault = f.none
+		return "", nil
+	}
+	at := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
+	stopped, where, replica := at(), f.where(line), strconv.Itoa(i)
+	steps := append(append([][]string{{"kill-replica", replica}}, f.mend...), []string{"start-replica", replica})
+	for k, step := range steps {
+		if _, err := command(context.WithoutCancel(ctx), stderr, o.stack, step...); err != nil {
+			return line, fmt.Errorf("%s: %w", strings.Join(step, " "), err)
+		}
+		if k == 0 {
+			l.Killed = true
+			fmt.Fprintf(stderr, "demo: replica %d killed %s (stopped at %s)\n", i, where, stopped)
+		}
+	}
+	l.Fault = fmt.Sprintf("replica %d killed %s at %s%s, replica back at %s", i, where, stopped, f.mended, at())
+	return line, nil
 }
 
 // killInSweep waits for a replica's sweep to stop at the shopSweepStall
 // failpoint (its transaction open, its writes made, its COMMIT not sent),
 // kills that replica (SIGKILL), restarts MariaDB and starts the replica
-// again, and says in l what it did and when (from start). It returns nil
-// when ctx ends first: the row then says the failpoint never fired.
+// again (killAtFailpoint).
 func killInSweep(ctx context.Context, o options, l *lifeResult, offsets []int64, start time.Time, stderr io.Writer) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	i := 0
-	for i == 0 {
-		select {
-		case <-ctx.Done():
-			l.Fault = "no sweep stopped at the failpoint"
-			return nil
-		case <-tick.C:
-		}
-		i = stalledReplica(o.state, offsets)
-	}
-	at := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
-	stalled := at()
-	// The fault runs to its end even if the waves end first: the stack
-	// must be whole for the verify and the next row.
-	for _, step := range [][]string{{"kill-replica", strconv.Itoa(i)}, {"restart-mariadb"}, {"start-replica", strconv.Itoa(i)}} {
-		if _, err := command(context.WithoutCancel(ctx), stderr, o.stack, step...); err != nil {
-			return fmt.Errorf("%s: %w", strings.Join(step, " "), err)
-		}
-		if step[0] == "kill-replica" {
-			l.Killed = true
-			fmt.Fprintf(stderr, "demo: replica %d killed in its sweep's transaction (stopped at %s)\n", i, stalled)
-		}
-	}
-	l.Fault = fmt.Sprintf("replica %d killed in its sweep at %s, MariaDB restarted, replica back at %s", i, stalled, at())
-	return nil
+	_, err := killAtFailpoint(ctx, o, l, offsets, start, failpointKill{line: stallLine, none: "no sweep stopped at the failpoint",
+		where: func(string) string { return "in its sweep" }, mend: [][]string{{"restart-mariadb"}}, mended: ", MariaDB restarted"}, stderr)
+	return err
 }
 
 // latePayments reads the payments files ("order_id user_id payment_id kind
