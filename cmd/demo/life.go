@@ -304,7 +304,7 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	if _, err := commandEnv(ctx, topologyEnv(r), stderr, o.stack, replicaArgs(o, r)...); err != nil {
 		return res, err
 	}
-	if err := seed(ctx, o, 1, o.lifeUnits, stderr); err != nil {
+	if err := seed(ctx, o, false, 1, o.lifeUnits, stderr); err != nil {
 		return res, err
 	}
 	db, err := openStackDB(o.state)

@@ -106,6 +106,10 @@ type options struct {
 	// SHOP_PAYMENT_WEBHOOK_SECRET (from the environment): the lifecycle
 	// rows' payments and the refunds' settlements are signed with it.
 	webhookSecret string
+	// stripeSecret is the Stripe endpoint's signing secret, the stack's
+	// SHOP_STRIPE_WEBHOOK_SECRET (from the environment): the Stripe rows'
+	// payments and their seeds' settlements are signed with it.
+	stripeSecret string
 	// replica is a replica's public URL, where the refunds the rows left
 	// are settled before each seed (set by run, from the stack's ports).
 	replica string
@@ -156,6 +160,7 @@ func parse(args []string) (options, error) {
 	}
 	o.jwtSecret = newJWTSecret()
 	o.webhookSecret = os.Getenv(envWebhookSecret)
+	o.stripeSecret = os.Getenv(envStripeSecret)
 	switch {
 	case o.life && (o.lifeUnits <= 0 || o.lifeBuyers <= o.lifeUnits || o.resaleBuyers <= 0 || o.lifeWorkers <= 0):
 		return o, errors.New("-life-units, -resale-buyers and -life-c must be positive, and -life-buyers above -life-units")
@@ -267,7 +272,7 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 	if r.Hot {
 		products, units = 1, o.hotUnits
 	}
-	if err := seed(ctx, o, products, units, stderr); err != nil {
+	if err := seed(ctx, o, false, products, units, stderr); err != nil {
 		return res, err
 	}
 
@@ -320,20 +325,25 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 }
 
 // seed settles the refunds the rows before left (a seed refuses while one
-// is unsettled), then reseeds the catalog: products products with units
-// units each, and no orders.
-func seed(ctx context.Context, o options, products, units int, stderr io.Writer) error {
+// is unsettled) as the provider of the replicas' mode, stripe or not, then
+// reseeds the catalog: products products with units units each, and no
+// orders.
+func seed(ctx context.Context, o options, stripe bool, products, units int, stderr io.Writer) error {
 	db, err := openStackDB(o.state)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	n, err := settleRefunds(ctx, db, o.webhookSecret, o.replica)
+	n, err := settleRefunds(ctx, db, o.replica, stripe, o.webhookSecret, o.stripeSecret)
 	if err != nil {
 		return err
 	}
 	if n > 0 {
-		fmt.Fprintf(stderr, "demo: %d refunds settled (signed refund.succeeded, provider_refund_id re_demo_<refund_id>)\n", n)
+		event := "refund.succeeded"
+		if stripe {
+			event = "Stripe's refund.updated"
+		}
+		fmt.Fprintf(stderr, "demo: %d refunds settled (signed %s, provider_refund_id re_demo_<refund_id>)\n", n, event)
 	}
 	_, err = command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products), "--stock", strconv.Itoa(units))
 	return err
