@@ -101,6 +101,7 @@ type options struct {
 	lateFrac     float64       // the share who pay a second after their pay_by
 	stall        time.Duration // how long the sweep-kill row's failpoint stops a sweep before its COMMIT
 	jwtSecret    string        // SHOP_JWT_SECRET of the jwt row, drawn anew by each run
+	stripe       bool          // run the Stripe rows (lifecycle rows on stripe-mock)
 
 	// webhookSecret is the payment provider's secret, the stack's
 	// SHOP_PAYMENT_WEBHOOK_SECRET (from the environment): the lifecycle
@@ -155,6 +156,8 @@ func parse(args []string) (options, error) {
 	fs.Float64Var(&o.payFrac, "pay-frac", 0.5, "lifecycle rows: the share of the first wave's winners who pay at once")
 	fs.Float64Var(&o.lateFrac, "late-frac", 0.1, "lifecycle rows: the share of the first wave's winners who pay a second after their pay_by, and must be owed back")
 	fs.DurationVar(&o.stall, "stall", 5*time.Second, "lifecycle rows: how long the sweep-kill row's failpoint stops a sweep before its COMMIT")
+	fs.BoolVar(&o.stripe, "stripe", true, "with the lifecycle rows, run the Stripe rows: the lifecycle sale paid through Stripe on stripe-mock, "+
+		"its late payments refunded through the Refund API, and again with a refunder's replica killed between its call and its record")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -208,6 +211,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s is not set: the lifecycle rows' payments are events signed with the stack's secret "+
 			"(scripts/demo.sh passes it; or run with -life=false)", envWebhookSecret)
 	}
+	if o.stripeSecret == "" && slices.ContainsFunc(rows, row.stripe) {
+		return fmt.Errorf("%s is not set: the Stripe rows' payments are Stripe events signed with the stack's secret "+
+			"(scripts/demo.sh passes it; or run with -stripe=false)", envStripeSecret)
+	}
 	var results []result
 	for i, r := range rows {
 		if len(o.rows) > 0 && !slices.Contains(o.rows, i+1) {
@@ -226,9 +233,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cores := runtime.NumCPU()
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, table(results))
-	if life := lifeTable(results); life != "" {
-		fmt.Fprintln(stdout)
-		fmt.Fprint(stdout, life)
+	for _, t := range []string{lifeTable(results), stripeTable(results)} {
+		if t != "" {
+			fmt.Fprintln(stdout)
+			fmt.Fprint(stdout, t)
+		}
 	}
 	fmt.Fprintf(stdout, "\n%d products × %d buyers through nginx (%s), %d at once; %d CPU cores.\n",
 		o.skus, o.buyers, url, min(o.workers, o.skus*o.buyers), cores)
@@ -239,6 +248,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.life {
 		fmt.Fprintf(stdout, "Lifecycle: one product with %d units, %d buyers (%d at once), SHOP_PAY_WINDOW=%s; %.0f%% of the winners pay, %.0f%% pay late; then %d new buyers wait for the returned units.\n",
 			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)
+	}
+	if o.life && o.stripe {
+		fmt.Fprintf(stdout, "Stripe rows: the lifecycle sale with SHOP_PAYMENTS=stripe on stripe-mock; the Refund API calls and keys "+
+			"from the recording proxy's log; every refund owed must be refunded within %s of the sale's end (%s with the refunder killed).\n",
+			refundsWithin(row{}), refundsWithin(row{RefundStall: refundStall}))
 	}
 	if err := writeReport(o, results, cores); err != nil {
 		return err
@@ -358,6 +372,9 @@ func replicaArgs(o options, r row) []string {
 	}
 	if r.Stall > 0 {
 		args = append(args, stallFor(r.Stall)...)
+	}
+	if r.RefundStall > 0 {
+		args = append(args, refundStallFor(r.RefundStall)...)
 	}
 	return args
 }

@@ -157,21 +157,13 @@ func settleRefunds(ctx context.Context, db *sql.DB, base string, stripe bool, we
 // unsettledRefunds returns the ids of the refunds a seed would refuse to
 // delete: those not refunded.
 func unsettledRefunds(ctx context.Context, db *sql.DB) ([]string, error) {
-	rows, err := db.QueryContext(ctx, "SELECT refund_id FROM refunds WHERE state <> 'refunded' ORDER BY refund_id")
+	refunds, err := queryRefunds(ctx, db, "state <> 'refunded'")
 	if err != nil {
 		return nil, fmt.Errorf("unsettled refunds: %w", err)
 	}
-	var ids []string
-	for rows.Next() {
-		var id string
-		if err := rows.Scan(&id); err != nil {
-			rows.Close()
-			return nil, err
-		}
-		ids = append(ids, id)
-	}
-	if err := closeRows(rows); err != nil {
-		return nil, fmt.Errorf("unsettled refunds: %w", err)
+	ids := make([]string, len(refunds))
+	for i, r := range refunds {
+		ids[i] = r.RefundID
 	}
 	return ids, nil
 }

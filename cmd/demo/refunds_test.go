@@ -242,31 +242,42 @@ func TestLatePayments(t *testing.T) {
 	}
 }
 
-// The waves pay with the stack's secret.
+// The waves pay with the stack's secret; in the Stripe rows as Stripe,
+// with the Stripe endpoint's.
 func TestWaveArgs(t *testing.T) {
 	o, err := parse([]string{"-src-n", "16"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.webhookSecret = testWebhookSecret
-	for _, r := range lifeRows(o) {
+	o.webhookSecret, o.stripeSecret = testWebhookSecret, testStripeSecret
+	for _, r := range append(lifeRows(o), stripeRows(o)...) {
 		args := strings.Join(waveArgs(o, "http://x", r), " ")
-		if !strings.Contains(args, "-webhook-secret "+testWebhookSecret) || !strings.Contains(args, "-src-n 16") ||
+		secret := testWebhookSecret
+		if r.stripe() {
+			secret = testStripeSecret
+		}
+		if !strings.Contains(args, "-webhook-secret "+secret) || !strings.Contains(args, "-src-n 16") ||
+			strings.Contains(args, " -stripe") != r.stripe() ||
 			strings.Contains(args, "-jwt-secret "+o.jwtSecret) != (r.Life == lifeJWT) || strings.Contains(args, "-retry") != r.Retry {
 			t.Errorf("%s: bin/loadtest %s", r.label(), args)
 		}
 	}
 }
 
-// Without the provider's secret the lifecycle rows cannot pay: the demo
-// says so before it runs a row.
-func TestLifeRowsNeedTheSecret(t *testing.T) {
-	t.Setenv(envWebhookSecret, "")
-	state := t.TempDir()
-	os.WriteFile(filepath.Join(state, "ports.env"), []byte("NGINX_PORT=1\nADMIN_PORTS='2 3 4'\nREPLICA_PORTS='5 6 7'\n"), 0o644)
-	var stderr strings.Builder
-	err := run(context.Background(), []string{"-state", state, "-out", t.TempDir(), "-stack", "/nonexistent"}, io.Discard, &stderr)
-	if err == nil || !strings.Contains(err.Error(), envWebhookSecret) || strings.Contains(stderr.String(), "== row") {
-		t.Errorf("run: %v, stderr %q; want an error naming %s before any row", err, stderr.String(), envWebhookSecret)
+// Without the provider's secret the lifecycle rows cannot pay, nor the
+// Stripe rows without the Stripe endpoint's: the demo says so before it
+// runs a row.
+func TestLifeRowsNeedTheSecrets(t *testing.T) {
+	for _, missing := range []string{envWebhookSecret, envStripeSecret} {
+		t.Setenv(envWebhookSecret, testWebhookSecret)
+		t.Setenv(envStripeSecret, testStripeSecret)
+		t.Setenv(missing, "")
+		state := t.TempDir()
+		os.WriteFile(filepath.Join(state, "ports.env"), []byte("NGINX_PORT=1\nADMIN_PORTS='2 3 4'\nREPLICA_PORTS='5 6 7'\n"), 0o644)
+		var stderr strings.Builder
+		err := run(context.Background(), []string{"-state", state, "-out", t.TempDir(), "-stack", "/nonexistent"}, io.Discard, &stderr)
+		if err == nil || !strings.Contains(err.Error(), missing) || strings.Contains(stderr.String(), "== row") {
+			t.Errorf("run without %s: %v, stderr %q; want an error naming it before any row", missing, err, stderr.String())
+		}
 	}
 }
