@@ -39,19 +39,19 @@ import (
 
 // The lifecycle rows' variants.
 const (
-	lifeAsIs      = "as-is"
-	lifeSweepKill = "sweep-kill" // a replica killed inside its sweep's transaction, MariaDB restarted
-	lifeJWT       = "jwt"        // SHOP_AUTH=jwt
+	lifeAsIs       = "as-is"
+	lifeSweepKill  = "sweep-kill"  // a replica killed inside its sweep's transaction, MariaDB restarted
+	lifeJWT        = "jwt"         // SHOP_AUTH=jwt
+	lifeStripe     = "stripe"      // SHOP_PAYMENTS=stripe on stripe-mock: late payments refunded through the Refund API
+	lifeRefundKill = "refund-kill" // the same, a replica killed between a Refund API call and its record
 )
 
 // lifeRows are the lifecycle rows: as is, a replica killed in the middle of
 // its sweep with MariaDB restarted after it (buyers and payers retrying),
-// and with the buyers' identity from a JWT.
+// and with the buyers' identity from a JWT. The Stripe rows (stripeRows)
+// are lifecycle rows too.
 func lifeRows(o options) []row {
-	life := func(v, shows string) row {
-		return row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Life: v, PayWindow: o.payWindow,
-			MustHold: true, WantSold: int64(o.lifeUnits), Shows: shows}
-	}
+	life := func(v, shows string) row { return lifeRow(o, v, shows) }
 	kill := life(lifeSweepKill, "the same sale; the first sweep to return the lapsed units is stopped before its COMMIT "+
 		"(the shopSweepStall failpoint), its replica is killed there (SIGKILL) and MariaDB restarted: the transaction "+
 		"rolls back whole, another replica returns the units, and buyers and payers retry through it")
@@ -64,6 +64,30 @@ func lifeRows(o options) []row {
 		kill,
 		jwt,
 	}
+}
+
+// lifeRow is a lifecycle row of variant v, on the service's defaults with
+// the lifecycle's pay window, that must sell every unit.
+func lifeRow(o options, v, shows string) row {
+	return row{Lock: "redis", Update: "guarded", Fencing: true, Replicas: 3, Life: v, PayWindow: o.payWindow,
+		MustHold: true, WantSold: int64(o.lifeUnits), Shows: shows}
+}
+
+// stripeRows are the Stripe rows (stripe.go): the lifecycle sale paid
+// through Stripe on stripe-mock, its late payments refunded by the
+// replicas' refunders through the Refund API, and again with a replica
+// killed between a Refund API call and its record (buyers and payers
+// retrying).
+func stripeRows(o options) []row {
+	stripe := lifeRow(o, lifeStripe, "the same sale with SHOP_PAYMENTS=stripe on stripe-mock: each payment is a checkout (a PaymentIntent) "+
+		"and Stripe's signed payment_intent.succeeded; the late ones are owed back and the replicas' refunders pay them back "+
+		"through the Refund API, each refund under one Idempotency-Key, its refund_id")
+	stripe.Payments = payStripe
+	refundKill := lifeRow(o, lifeRefundKill, "the Stripe sale; the first refund called for is stopped between the Refund API call "+
+		"and its record (the shopRefundKill failpoint), its replica is killed there (SIGKILL) and started again: once the "+
+		"claim's lease runs out a refunder calls again under the same Idempotency-Key, and the refund is refunded once")
+	refundKill.Payments, refundKill.RefundStall, refundKill.Retry = payStripe, refundStall, true
+	return []row{stripe, refundKill}
 }
 
 // newJWTSecret returns a random HS256 secret for the jwt row: 32 bytes, hex.
@@ -134,6 +158,9 @@ type lifeResult struct {
 	ResaleLag lag
 	Fault     string // what was done to the fleet, and when
 	Killed    bool   // the failpoint fired and its replica was killed
+	// Stripe is a Stripe row's refunds and calls of Stripe's API
+	// (stripe.go); nil in the other rows.
+	Stripe *stripeResult
 }
 
 // lapsed counts the orders whose unit went back to the sale.
@@ -176,6 +203,15 @@ func (r result) lifeProblems() []string {
 	}
 	if r.Row.Life == lifeSweepKill && !l.Killed {
 		p = append(p, "no sweep reached the failpoint")
+	}
+	if r.Row.Life == lifeRefundKill && !l.Killed {
+		p = append(p, "no refund reached the failpoint")
+	}
+	switch {
+	case l.Stripe != nil:
+		p = append(p, l.Stripe.problems(r.Row.Life == lifeRefundKill)...)
+	case r.Row.stripe():
+		p = append(p, "no figures of Stripe's API")
 	}
 	return p
 }
@@ -304,7 +340,7 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	if _, err := commandEnv(ctx, topologyEnv(r), stderr, o.stack, replicaArgs(o, r)...); err != nil {
 		return res, err
 	}
-	if err := seed(ctx, o, 1, o.lifeUnits, stderr); err != nil {
+	if err := seed(ctx, o, r.stripe(), 1, o.lifeUnits, stderr); err != nil {
 		return res, err
 	}
 	db, err := openStackDB(o.state)
@@ -319,6 +355,11 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 		return res, fmt.Errorf("MySQL's clock: %w", err)
 	}
 	logs := replicaLogSizes(o.state, r.Replicas)
+	if r.stripe() {
+		// The row's calls of Stripe's API are those the recording proxy
+		// logs from now on (its clock and this process's are one).
+		l.Stripe = &stripeResult{From: time.Now()}
+	}
 
 	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
 	common := waveArgs(o, url, r)
@@ -329,14 +370,17 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	if err != nil {
 		return res, err
 	}
-	// The fault waits for the first sweep that returns units, whenever
-	// it comes, beside both waves.
+	// The fault waits for the first sweep that returns units, or the
+	// first refund called for, whenever it comes, beside both waves.
 	faultCtx, stopFault := context.WithCancel(ctx)
 	defer stopFault()
 	faultDone := make(chan error, 1)
-	if r.Life == lifeSweepKill {
+	switch r.Life {
+	case lifeSweepKill:
 		go func() { faultDone <- killInSweep(faultCtx, o, l, logs, start, stderr) }()
-	} else {
+	case lifeRefundKill:
+		go func() { faultDone <- killInRefund(faultCtx, o, l, logs, start, stderr) }()
+	default:
 		faultDone <- nil
 	}
 
@@ -367,12 +411,28 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 			return res, err
 		}
 	}
-	stopFault() // no sweep stopped by now: the row says so
+	// A sweep that has not stopped by now will not: the row says so. The
+	// first refund is called for within a refunder's interval of the
+	// first late payment, long before the waves end; it is given as long
+	// as the refunds are all the same.
+	if r.Life == lifeRefundKill {
+		defer time.AfterFunc(refundsWithin(r), stopFault).Stop()
+	} else {
+		stopFault()
+	}
 	if err := <-faultDone; err != nil {
 		return res, err
 	}
 	if res.Busy, err = busyCauses(ctx, adminPorts); err != nil {
 		return res, err
+	}
+	if r.stripe() {
+		if err := stripeFigures(ctx, o, db, since, refundsWithin(r), l.Stripe, stderr); err != nil {
+			return res, err
+		}
+		if err := l.Stripe.writeRefunds(base + ".refunds"); err != nil {
+			return res, err
+		}
 	}
 
 	acks, waves := base+".acks", []string{base + ".wave1.acks"}
@@ -395,10 +455,18 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 // waveArgs are bin/loadtest's arguments common to both waves of row r,
 // through url: the buyers of SKU 1, retrying if the row says so, with a
 // token if it authenticates them, and paying by events signed with the
-// provider's secret.
+// provider's secret; in the Stripe rows, each payment a checkout and
+// Stripe's event, signed with the Stripe endpoint's secret.
 func waveArgs(o options, url string, r row) []string {
+	secret := o.webhookSecret
+	if r.stripe() {
+		secret = o.stripeSecret
+	}
 	args := []string{"-scenario", "hotsku", "-url", url, "-sku", "1", "-c", strconv.Itoa(o.lifeWorkers), "-src-n", strconv.Itoa(o.srcN),
-		"-webhook-secret", o.webhookSecret}
+		"-webhook-secret", secret}
+	if r.stripe() {
+		args = append(args, "-stripe")
+	}
 	if r.Retry {
 		args = append(args, "-retry")
 	}
@@ -435,9 +503,9 @@ func replicaLogSizes(state string, n int) []int64 {
 	return sizes
 }
 
-// stalledReplica returns the replica (from 1) whose shop.log, past its
-// offset, has the failpoint's line, or 0.
-func stalledReplica(state string, offsets []int64) int {
+// replicaLine returns the first replica (from 1) whose shop.log, past its
+// offset, has a line containing want, and that line; 0 and "" if none has.
+func replicaLine(state string, offsets []int64, want string) (int, string) {
 	for i, off := range offsets {
 		f, err := os.Open(filepath.Join(state, fmt.Sprintf("replica%d", i+1), "shop.log"))
 		if err != nil {
@@ -445,46 +513,87 @@ func stalledReplica(state string, offsets []int64) int {
 		}
 		data, err := io.ReadAll(io.NewSectionReader(f, off, 1<<40))
 		f.Close()
-		if err == nil && bytes.Contains(data, []byte(stallLine)) {
-			return i + 1
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if strings.Contains(line, want) {
+				return i + 1, line
+			}
 		}
 	}
-	return 0
+	return 0, ""
+}
+
+// awaitLine waits until a replica's shop.log, past its offset, has a line
+// containing want (a failpoint's), and returns that replica (from 1) and
+// the line; 0 and "" when ctx ends first.
+func awaitLine(ctx context.Context, state string, offsets []int64, want string) (int, string) {
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return 0, ""
+		case <-tick.C:
+		}
+		if i, line := replicaLine(state, offsets, want); i > 0 {
+			return i, line
+		}
+	}
+}
+
+// failpointKill is a fault a lifecycle row stages at a failpoint: the
+// first replica that stops there is killed (SIGKILL), the stack mended,
+// and the replica started again.
+type failpointKill struct {
+	line string // what the failpoint prints on the replica's standard error
+	none string // the row's fault when no replica stops there
+	// where says where the replica was killed, from the failpoint's line.
+	where func(line string) string
+	// mend are the stack script's commands run between the kill and the
+	// replica's start, and mended says what they did.
+	mend   [][]string
+	mended string
+}
+
+// killAtFailpoint waits for a replica to stop at f's failpoint, kills
+// that replica, mends the stack and starts the replica again, says in l
+// what it did and when (from start), and returns the failpoint's line. It
+// returns "" when ctx ends first: the row then says the failpoint never
+// fired. The stack's commands run to their end even if ctx ends first:
+// the stack must be whole for the verify and the next row.
+func killAtFailpoint(ctx context.Context, o options, l *lifeResult, offsets []int64, start time.Time, f failpointKill,
+	stderr io.Writer) (string, error) {
+	i, line := awaitLine(ctx, o.state, offsets, f.line)
+	if i == 0 {
+		l.Fault = f.none
+		return "", nil
+	}
+	at := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
+	stopped, where, replica := at(), f.where(line), strconv.Itoa(i)
+	steps := append(append([][]string{{"kill-replica", replica}}, f.mend...), []string{"start-replica", replica})
+	for k, step := range steps {
+		if _, err := command(context.WithoutCancel(ctx), stderr, o.stack, step...); err != nil {
+			return line, fmt.Errorf("%s: %w", strings.Join(step, " "), err)
+		}
+		if k == 0 {
+			l.Killed = true
+			fmt.Fprintf(stderr, "demo: replica %d killed %s (stopped at %s)\n", i, where, stopped)
+		}
+	}
+	l.Fault = fmt.Sprintf("replica %d killed %s at %s%s, replica back at %s", i, where, stopped, f.mended, at())
+	return line, nil
 }
 
 // killInSweep waits for a replica's sweep to stop at the shopSweepStall
 // failpoint (its transaction open, its writes made, its COMMIT not sent),
 // kills that replica (SIGKILL), restarts MariaDB and starts the replica
-// again, and says in l what it did and when (from start). It returns nil
-// when ctx ends first: the row then says the failpoint never fired.
+// again (killAtFailpoint).
 func killInSweep(ctx context.Context, o options, l *lifeResult, offsets []int64, start time.Time, stderr io.Writer) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	i := 0
-	for i == 0 {
-		select {
-		case <-ctx.Done():
-			l.Fault = "no sweep stopped at the failpoint"
-			return nil
-		case <-tick.C:
-		}
-		i = stalledReplica(o.state, offsets)
-	}
-	at := func() string { return time.Since(start).Round(100 * time.Millisecond).String() }
-	stalled := at()
-	// The fault runs to its end even if the waves end first: the stack
-	// must be whole for the verify and the next row.
-	for _, step := range [][]string{{"kill-replica", strconv.Itoa(i)}, {"restart-mariadb"}, {"start-replica", strconv.Itoa(i)}} {
-		if _, err := command(context.WithoutCancel(ctx), stderr, o.stack, step...); err != nil {
-			return fmt.Errorf("%s: %w", strings.Join(step, " "), err)
-		}
-		if step[0] == "kill-replica" {
-			l.Killed = true
-			fmt.Fprintf(stderr, "demo: replica %d killed in its sweep's transaction (stopped at %s)\n", i, stalled)
-		}
-	}
-	l.Fault = fmt.Sprintf("replica %d killed in its sweep at %s, MariaDB restarted, replica back at %s", i, stalled, at())
-	return nil
+	_, err := killAtFailpoint(ctx, o, l, offsets, start, failpointKill{line: stallLine, none: "no sweep stopped at the failpoint",
+		where: func(string) string { return "in its sweep" }, mend: [][]string{{"restart-mariadb"}}, mended: ", MariaDB restarted"}, stderr)
+	return err
 }
 
 // latePayments reads the payments files ("order_id user_id payment_id kind

@@ -101,11 +101,16 @@ type options struct {
 	lateFrac     float64       // the share who pay a second after their pay_by
 	stall        time.Duration // how long the sweep-kill row's failpoint stops a sweep before its COMMIT
 	jwtSecret    string        // SHOP_JWT_SECRET of the jwt row, drawn anew by each run
+	stripe       bool          // run the Stripe rows (lifecycle rows on stripe-mock)
 
 	// webhookSecret is the payment provider's secret, the stack's
 	// SHOP_PAYMENT_WEBHOOK_SECRET (from the environment): the lifecycle
 	// rows' payments and the refunds' settlements are signed with it.
 	webhookSecret string
+	// stripeSecret is the Stripe endpoint's signing secret, the stack's
+	// SHOP_STRIPE_WEBHOOK_SECRET (from the environment): the Stripe rows'
+	// payments and their seeds' settlements are signed with it.
+	stripeSecret string
 	// replica is a replica's public URL, where the refunds the rows left
 	// are settled before each seed (set by run, from the stack's ports).
 	replica string
@@ -151,11 +156,14 @@ func parse(args []string) (options, error) {
 	fs.Float64Var(&o.payFrac, "pay-frac", 0.5, "lifecycle rows: the share of the first wave's winners who pay at once")
 	fs.Float64Var(&o.lateFrac, "late-frac", 0.1, "lifecycle rows: the share of the first wave's winners who pay a second after their pay_by, and must be owed back")
 	fs.DurationVar(&o.stall, "stall", 5*time.Second, "lifecycle rows: how long the sweep-kill row's failpoint stops a sweep before its COMMIT")
+	fs.BoolVar(&o.stripe, "stripe", true, "with the lifecycle rows, run the Stripe rows: the lifecycle sale paid through Stripe on stripe-mock, "+
+		"its late payments refunded through the Refund API, and again with a refunder's replica killed between its call and its record")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	o.jwtSecret = newJWTSecret()
 	o.webhookSecret = os.Getenv(envWebhookSecret)
+	o.stripeSecret = os.Getenv(envStripeSecret)
 	switch {
 	case o.life && (o.lifeUnits <= 0 || o.lifeBuyers <= o.lifeUnits || o.resaleBuyers <= 0 || o.lifeWorkers <= 0):
 		return o, errors.New("-life-units, -resale-buyers and -life-c must be positive, and -life-buyers above -life-units")
@@ -203,6 +211,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s is not set: the lifecycle rows' payments are events signed with the stack's secret "+
 			"(scripts/demo.sh passes it; or run with -life=false)", envWebhookSecret)
 	}
+	if o.stripeSecret == "" && slices.ContainsFunc(rows, row.stripe) {
+		return fmt.Errorf("%s is not set: the Stripe rows' payments are Stripe events signed with the stack's secret "+
+			"(scripts/demo.sh passes it; or run with -stripe=false)", envStripeSecret)
+	}
 	var results []result
 	for i, r := range rows {
 		if len(o.rows) > 0 && !slices.Contains(o.rows, i+1) {
@@ -221,9 +233,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cores := runtime.NumCPU()
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, table(results))
-	if life := lifeTable(results); life != "" {
-		fmt.Fprintln(stdout)
-		fmt.Fprint(stdout, life)
+	for _, t := range []string{lifeTable(results), stripeTable(results)} {
+		if t != "" {
+			fmt.Fprintln(stdout)
+			fmt.Fprint(stdout, t)
+		}
 	}
 	fmt.Fprintf(stdout, "\n%d products × %d buyers through nginx (%s), %d at once; %d CPU cores.\n",
 		o.skus, o.buyers, url, min(o.workers, o.skus*o.buyers), cores)
@@ -234,6 +248,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.life {
 		fmt.Fprintf(stdout, "Lifecycle: one product with %d units, %d buyers (%d at once), SHOP_PAY_WINDOW=%s; %.0f%% of the winners pay, %.0f%% pay late; then %d new buyers wait for the returned units.\n",
 			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)
+	}
+	if o.life && o.stripe {
+		fmt.Fprintf(stdout, "Stripe rows: the lifecycle sale with SHOP_PAYMENTS=stripe on stripe-mock; the Refund API calls and keys "+
+			"from the recording proxy's log; every refund owed must be refunded within %s of the sale's end (%s with the refunder killed).\n",
+			refundsWithin(row{}), refundsWithin(row{RefundStall: refundStall}))
 	}
 	if err := writeReport(o, results, cores); err != nil {
 		return err
@@ -267,7 +286,7 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 	if r.Hot {
 		products, units = 1, o.hotUnits
 	}
-	if err := seed(ctx, o, products, units, stderr); err != nil {
+	if err := seed(ctx, o, false, products, units, stderr); err != nil {
 		return res, err
 	}
 
@@ -320,20 +339,25 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 }
 
 // seed settles the refunds the rows before left (a seed refuses while one
-// is unsettled), then reseeds the catalog: products products with units
-// units each, and no orders.
-func seed(ctx context.Context, o options, products, units int, stderr io.Writer) error {
+// is unsettled) as the provider of the replicas' mode, stripe or not, then
+// reseeds the catalog: products products with units units each, and no
+// orders.
+func seed(ctx context.Context, o options, stripe bool, products, units int, stderr io.Writer) error {
 	db, err := openStackDB(o.state)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	n, err := settleRefunds(ctx, db, o.webhookSecret, o.replica)
+	n, err := settleRefunds(ctx, db, o.replica, stripe, o.webhookSecret, o.stripeSecret)
 	if err != nil {
 		return err
 	}
 	if n > 0 {
-		fmt.Fprintf(stderr, "demo: %d refunds settled (signed refund.succeeded, provider_refund_id re_demo_<refund_id>)\n", n)
+		event := "refund.succeeded"
+		if stripe {
+			event = "Stripe's refund.updated"
+		}
+		fmt.Fprintf(stderr, "demo: %d refunds settled (signed %s, provider_refund_id re_demo_<refund_id>)\n", n, event)
 	}
 	_, err = command(ctx, stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products), "--stock", strconv.Itoa(units))
 	return err
@@ -348,6 +372,9 @@ func replicaArgs(o options, r row) []string {
 	}
 	if r.Stall > 0 {
 		args = append(args, stallFor(r.Stall)...)
+	}
+	if r.RefundStall > 0 {
+		args = append(args, refundStallFor(r.RefundStall)...)
 	}
 	return args
 }

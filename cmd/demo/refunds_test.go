@@ -26,11 +26,13 @@ import (
 const (
 	testWebhookSecret  = "whsec_MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
 	otherWebhookSecret = "whsec_ZmVkY2JhOTg3NjU0MzIxMGZlZGNiYTk4NzY1NDMyMTA="
+	testStripeSecret   = "whsec_dGhlIGRlbW8ncyBTdHJpcGUgdGVzdHMnIHNlY3JldA=="
 )
 
 // moneyDB is a migrated database on the test MariaDB, with the service's
 // payments and a replica's public routes over it: a payment event route
-// checked with testWebhookSecret.
+// checked with testWebhookSecret, or in stripe mode with
+// testStripeSecret.
 type moneyDB struct {
 	db      *sql.DB
 	svc     *stock.Service
@@ -38,14 +40,20 @@ type moneyDB struct {
 	replica string // the replica's URL
 }
 
-func newMoneyDB(t *testing.T) *moneyDB {
+func newMoneyDB(t *testing.T, stripe bool) *moneyDB {
 	t.Helper()
-	tdb := testenv.MySQL(t)
-	sqlDB, err := tdb.Gorm.DB()
+	var v payments.Verifier
+	var err error
+	if stripe {
+		v, err = payments.NewStripe(testStripeSecret)
+	} else {
+		v, err = payments.NewStandard(testWebhookSecret)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := payments.NewStandard(testWebhookSecret)
+	tdb := testenv.MySQL(t)
+	sqlDB, err := tdb.Gorm.DB()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,53 +115,74 @@ func (m *moneyDB) refundStates(t *testing.T) map[string]string {
 	return states
 }
 
-// The demo settles every refund left unsettled with a signed
-// refund.succeeded event that the service accepts, so that the seed that
-// refused before goes through; a refund settled before keeps its
-// reference, and a second pass has nothing to do.
+// The demo settles every refund left unsettled with a signed event of the
+// replicas' provider that the service accepts — Standard Webhooks'
+// refund.succeeded, or in stripe mode Stripe's refund.updated — so that
+// the seed that refused before goes through; a refund settled before keeps
+// its reference, and a second pass has nothing to do. Without the
+// provider's secret, with another, or as the other provider (whose route
+// the replica does not serve), nothing is settled.
 func TestSettleRefunds(t *testing.T) {
-	t.Parallel() // each on a database of its own
-	m := newMoneyDB(t)
-	ctx := context.Background()
-	expired := m.order(t, 1, "expired", 1500)
-	owed := []string{m.pay(t, expired, "pay-late", 1500).RefundID}
-	for i := range 3 {
-		owed = append(owed, m.pay(t, int64(1)<<62+int64(i), fmt.Sprintf("pay-unknown-%d", i), 100).RefundID)
-	}
-	settled := m.pay(t, int64(1)<<62+9, "pay-settled", 100).RefundID
-	if _, err := m.svc.Settle(ctx, stock.Settlement{Provider: payments.ProviderWebhook, RefundID: settled, ProviderRefundID: "re_before"}); err != nil {
-		t.Fatal(err)
-	}
-	if err := m.catalog.SeedWith(ctx, 1, 10, stock.SeedOptions{}); !errors.Is(err, stock.ErrRefundsUnsettled) {
-		t.Fatalf("seed with %d refunds unsettled: %v; want it refused", len(owed), err)
-	}
-
-	// Without the secret, or with another, nothing is settled.
-	if n, err := settleRefunds(ctx, m.db, "", m.replica); n != 0 || err == nil || !strings.Contains(err.Error(), envWebhookSecret) {
-		t.Errorf("no secret: %d settled, %v; want an error naming %s", n, err, envWebhookSecret)
-	}
-	if n, err := settleRefunds(ctx, m.db, otherWebhookSecret, m.replica); n != 0 || err == nil || !strings.Contains(err.Error(), "401") {
-		t.Errorf("another secret: %d settled, %v; want the replica's 401", n, err)
-	}
-
-	n, err := settleRefunds(ctx, m.db, testWebhookSecret+","+otherWebhookSecret, m.replica)
-	if err != nil || n != len(owed) {
-		t.Fatalf("settled %d, %v; want %d", n, err, len(owed))
-	}
-	states := m.refundStates(t)
-	for _, id := range owed {
-		if want := "refunded " + demoRefundRef(id); states[id] != want {
-			t.Errorf("refund %s: %q, want %q", id, states[id], want)
+	for _, stripe := range []bool{false, true} {
+		secret, env, other := testWebhookSecret+","+otherWebhookSecret, envWebhookSecret, [2]string{otherWebhookSecret, ""}
+		if stripe {
+			secret, env, other = testStripeSecret, envStripeSecret, [2]string{"", otherWebhookSecret}
 		}
-	}
-	if states[settled] != "refunded re_before" || len(states) != len(owed)+1 {
-		t.Errorf("refunds %v; want the one settled before kept as it was", states)
-	}
-	if n, err := settleRefunds(ctx, m.db, testWebhookSecret, m.replica); n != 0 || err != nil {
-		t.Errorf("a second pass settled %d, %v; want nothing to do", n, err)
-	}
-	if err := m.catalog.SeedWith(ctx, 1, 10, stock.SeedOptions{}); err != nil {
-		t.Errorf("seed once every refund is settled: %v", err)
+		t.Run(map[bool]string{false: "webhook", true: "stripe"}[stripe], func(t *testing.T) {
+			t.Parallel() // each on a database of its own
+			m := newMoneyDB(t, stripe)
+			ctx := context.Background()
+			settle := func(webhookSecret, stripeSecret string) (int, error) {
+				return settleRefunds(ctx, m.db, m.replica, stripe, webhookSecret, stripeSecret)
+			}
+			expired := m.order(t, 1, "expired", 1500)
+			owed := []string{m.pay(t, expired, "pay-late", 1500).RefundID}
+			for i := range 3 {
+				owed = append(owed, m.pay(t, int64(1)<<62+int64(i), fmt.Sprintf("pay-unknown-%d", i), 100).RefundID)
+			}
+			settled := m.pay(t, int64(1)<<62+9, "pay-settled", 100).RefundID
+			if _, err := m.svc.Settle(ctx, stock.Settlement{Provider: payments.ProviderWebhook, RefundID: settled, ProviderRefundID: "re_before"}); err != nil {
+				t.Fatal(err)
+			}
+			if err := m.catalog.SeedWith(ctx, 1, 10, stock.SeedOptions{}); !errors.Is(err, stock.ErrRefundsUnsettled) {
+				t.Fatalf("seed with %d refunds unsettled: %v; want it refused", len(owed), err)
+			}
+
+			if n, err := settle("", ""); n != 0 || err == nil || !strings.Contains(err.Error(), env) {
+				t.Errorf("no secret: %d settled, %v; want an error naming %s", n, err, env)
+			}
+			if n, err := settle(other[0], other[1]); n != 0 || err == nil || !strings.Contains(err.Error(), "401") {
+				t.Errorf("another secret: %d settled, %v; want the replica's 401", n, err)
+			}
+			n, err := settleRefunds(ctx, m.db, m.replica, !stripe, testWebhookSecret, testStripeSecret)
+			if n != 0 || err == nil || !strings.Contains(err.Error(), "404") {
+				t.Errorf("the other provider: %d settled, %v; want the replica's 404", n, err)
+			}
+
+			if stripe {
+				n, err = settle("", secret)
+			} else {
+				n, err = settle(secret, "")
+			}
+			if err != nil || n != len(owed) {
+				t.Fatalf("settled %d, %v; want %d", n, err, len(owed))
+			}
+			states := m.refundStates(t)
+			for _, id := range owed {
+				if want := "refunded " + demoRefundRef(id); states[id] != want {
+					t.Errorf("refund %s: %q, want %q", id, states[id], want)
+				}
+			}
+			if states[settled] != "refunded re_before" || len(states) != len(owed)+1 {
+				t.Errorf("refunds %v; want the one settled before kept as it was", states)
+			}
+			if n, err := settle("", ""); n != 0 || err != nil {
+				t.Errorf("a second pass settled %d, %v; want nothing to do", n, err)
+			}
+			if err := m.catalog.SeedWith(ctx, 1, 10, stock.SeedOptions{}); err != nil {
+				t.Errorf("seed once every refund is settled: %v", err)
+			}
+		})
 	}
 }
 
@@ -161,7 +190,7 @@ func TestSettleRefunds(t *testing.T) {
 // is not owed as a late payment is: order_expired, of what its order owes.
 func TestRowRefunds(t *testing.T) {
 	t.Parallel() // each on a database of its own
-	m := newMoneyDB(t)
+	m := newMoneyDB(t, false)
 	ctx := context.Background()
 	before := m.order(t, 1, "expired", 1500)
 	m.pay(t, before, "pay-before", 1500) // a row before's
@@ -213,31 +242,42 @@ func TestLatePayments(t *testing.T) {
 	}
 }
 
-// The waves pay with the stack's secret.
+// The waves pay with the stack's secret; in the Stripe rows as Stripe,
+// with the Stripe endpoint's.
 func TestWaveArgs(t *testing.T) {
 	o, err := parse([]string{"-src-n", "16"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	o.webhookSecret = testWebhookSecret
-	for _, r := range lifeRows(o) {
+	o.webhookSecret, o.stripeSecret = testWebhookSecret, testStripeSecret
+	for _, r := range append(lifeRows(o), stripeRows(o)...) {
 		args := strings.Join(waveArgs(o, "http://x", r), " ")
-		if !strings.Contains(args, "-webhook-secret "+testWebhookSecret) || !strings.Contains(args, "-src-n 16") ||
+		secret := testWebhookSecret
+		if r.stripe() {
+			secret = testStripeSecret
+		}
+		if !strings.Contains(args, "-webhook-secret "+secret) || !strings.Contains(args, "-src-n 16") ||
+			strings.Contains(args, " -stripe") != r.stripe() ||
 			strings.Contains(args, "-jwt-secret "+o.jwtSecret) != (r.Life == lifeJWT) || strings.Contains(args, "-retry") != r.Retry {
 			t.Errorf("%s: bin/loadtest %s", r.label(), args)
 		}
 	}
 }
 
-// Without the provider's secret the lifecycle rows cannot pay: the demo
-// says so before it runs a row.
-func TestLifeRowsNeedTheSecret(t *testing.T) {
-	t.Setenv(envWebhookSecret, "")
-	state := t.TempDir()
-	os.WriteFile(filepath.Join(state, "ports.env"), []byte("NGINX_PORT=1\nADMIN_PORTS='2 3 4'\nREPLICA_PORTS='5 6 7'\n"), 0o644)
-	var stderr strings.Builder
-	err := run(context.Background(), []string{"-state", state, "-out", t.TempDir(), "-stack", "/nonexistent"}, io.Discard, &stderr)
-	if err == nil || !strings.Contains(err.Error(), envWebhookSecret) || strings.Contains(stderr.String(), "== row") {
-		t.Errorf("run: %v, stderr %q; want an error naming %s before any row", err, stderr.String(), envWebhookSecret)
+// Without the provider's secret the lifecycle rows cannot pay, nor the
+// Stripe rows without the Stripe endpoint's: the demo says so before it
+// runs a row.
+func TestLifeRowsNeedTheSecrets(t *testing.T) {
+	for _, missing := range []string{envWebhookSecret, envStripeSecret} {
+		t.Setenv(envWebhookSecret, testWebhookSecret)
+		t.Setenv(envStripeSecret, testStripeSecret)
+		t.Setenv(missing, "")
+		state := t.TempDir()
+		os.WriteFile(filepath.Join(state, "ports.env"), []byte("NGINX_PORT=1\nADMIN_PORTS='2 3 4'\nREPLICA_PORTS='5 6 7'\n"), 0o644)
+		var stderr strings.Builder
+		err := run(context.Background(), []string{"-state", state, "-out", t.TempDir(), "-stack", "/nonexistent"}, io.Discard, &stderr)
+		if err == nil || !strings.Contains(err.Error(), missing) || strings.Contains(stderr.String(), "== row") {
+			t.Errorf("run without %s: %v, stderr %q; want an error naming it before any row", missing, err, stderr.String())
+		}
 	}
 }

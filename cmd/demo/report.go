@@ -9,6 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	"shop/internal/stripepay"
 )
 
 // row is one line of the experiment: a way of running the fleet.
@@ -36,12 +38,19 @@ type row struct {
 	Shows    string
 
 	// Life is the lifecycle rows' variant (lifeAsIs, lifeSweepKill,
-	// lifeJWT; see life.go); empty for the other rows.
+	// lifeJWT, lifeStripe, lifeRefundKill; see life.go); empty for the
+	// other rows.
 	Life      string
 	PayWindow time.Duration // SHOP_PAY_WINDOW
 	Stall     time.Duration // the shopSweepStall failpoint's stop; zero: no failpoint
 	Auth      string        // SHOP_AUTH; empty leaves the default
 	JWTSecret string        // SHOP_JWT_SECRET with Auth jwt
+	// Payments is SHOP_PAYMENTS (the Stripe rows' "stripe"); empty leaves
+	// the default, webhook.
+	Payments string
+	// RefundStall is the shopRefundKill failpoint's stop, between a Refund
+	// API call and its record; zero: no failpoint.
+	RefundStall time.Duration
 }
 
 // The fault rows' faults: scripts/stack.sh commands.
@@ -67,7 +76,11 @@ const topologySentinel = "sentinel"
 // coalescing of orders; then (unless -faults=false) the service's default
 // under faults, with buyers who retry; then (unless -life=false) the order
 // lifecycle: reservations paid or lapsing, their units returned and resold;
-// then (unless -families=false) the source articles' other lock families.
+// then (unless -families=false) the source articles' other lock families;
+// then (unless -life=false or -stripe=false) the lifecycle sale paid
+// through Stripe, its refunds paid back through the Refund API, and again
+// with a refunder killed between its call and its record. The Stripe rows
+// come last so that the rows before keep their numbers.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -100,6 +113,9 @@ func experiment(o options) []row {
 	}
 	if o.families {
 		rows = append(rows, familyRows(o)...)
+	}
+	if o.life && o.stripe {
+		rows = append(rows, stripeRows(o)...)
 	}
 	return rows
 }
@@ -263,8 +279,21 @@ func (r row) label() string {
 	if r.Auth != "" {
 		s += ", SHOP_AUTH=" + r.Auth
 	}
+	if r.stripe() {
+		s += ", SHOP_PAYMENTS=stripe on stripe-mock"
+	}
+	if r.RefundStall > 0 {
+		s += ", a replica killed between a Refund API call and its record, buyers and payers retry"
+	}
 	return s
 }
+
+// stripe reports whether the row's replicas take payments from Stripe
+// (the Stripe rows, on stripe-mock).
+func (r row) stripe() bool { return r.Payments == payStripe }
+
+// payStripe is SHOP_PAYMENTS of the Stripe rows.
+const payStripe = "stripe"
 
 // topology is the row's REDIS_TOPOLOGY for scripts/stack.sh: every row
 // names its own, as the stack keeps the last one it was given.
@@ -355,6 +384,9 @@ func (r row) env() []string {
 	}
 	if r.Auth == "jwt" {
 		env = append(env, "SHOP_JWT_SECRET="+r.JWTSecret)
+	}
+	if r.Payments != "" {
+		env = append(env, "SHOP_PAYMENTS="+r.Payments)
 	}
 	return env
 }
@@ -573,23 +605,35 @@ func (r result) number(i int) int {
 // table renders the results of the rows other than the lifecycle rows for
 // a terminal.
 func table(results []result) string {
-	return terminalTable(results, false, columns, result.cells)
+	return terminalTable(results, notLife, columns, result.cells)
 }
 
 // lifeTable renders the lifecycle rows' results for a terminal, or "" when
 // there are none.
 func lifeTable(results []result) string {
-	return terminalTable(results, true, lifeColumns, result.lifeCells)
+	return terminalTable(results, isLife, lifeColumns, result.lifeCells)
 }
 
-// terminalTable renders the results of the lifecycle rows (life) or of the
-// others with the columns and cells given; "" when there are none.
-func terminalTable(results []result, life bool, cols []string, cells func(result, int) []string) string {
+// stripeTable renders the Stripe rows' refunds and calls of Stripe's API
+// for a terminal, or "" when there are none.
+func stripeTable(results []result) string {
+	return terminalTable(results, isStripe, stripeColumns, result.stripeCells)
+}
+
+// Which rows a table shows: the lifecycle rows, the others, the Stripe
+// rows (lifecycle rows too).
+func isLife(r result) bool   { return r.Row.Life != "" }
+func notLife(r result) bool  { return r.Row.Life == "" }
+func isStripe(r result) bool { return r.Row.stripe() }
+
+// terminalTable renders the results of the rows that keep says with the
+// columns and cells given; "" when there are none.
+func terminalTable(results []result, keep func(result) bool, cols []string, cells func(result, int) []string) string {
 	var b strings.Builder
 	w := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
 	n := 0
 	for i, r := range results {
-		if (r.Row.Life != "") != life {
+		if !keep(r) {
 			continue
 		}
 		if n == 0 {
@@ -605,16 +649,16 @@ func terminalTable(results []result, life bool, cols []string, cells func(result
 // markdownTable renders the results of the rows other than the lifecycle
 // rows as a Markdown table.
 func markdownTable(results []result) string {
-	return mdTable(results, false, columns, result.cells)
+	return mdTable(results, notLife, columns, result.cells)
 }
 
-// mdTable renders the results of the lifecycle rows (life) or of the
-// others as a Markdown table; "" when there are none.
-func mdTable(results []result, life bool, cols []string, cells func(result, int) []string) string {
+// mdTable renders the results of the rows that keep says as a Markdown
+// table; "" when there are none.
+func mdTable(results []result, keep func(result) bool, cols []string, cells func(result, int) []string) string {
 	var b strings.Builder
 	n := 0
 	for i, r := range results {
-		if (r.Row.Life != "") != life {
+		if !keep(r) {
 			continue
 		}
 		if n == 0 {
@@ -644,8 +688,8 @@ func (r result) lifeCells(n int) []string {
 	if w2 == nil {
 		w2 = &payResult{}
 	}
-	name := map[string]string{lifeAsIs: "as is", lifeSweepKill: "sweep killed", lifeJWT: "SHOP_AUTH=jwt"}[r.Row.Life]
-	if r.Row.Life == lifeSweepKill && l.Fault != "" {
+	name := r.Row.lifeName()
+	if (r.Row.Life == lifeSweepKill || r.Row.Life == lifeRefundKill) && l.Fault != "" {
 		name += ": " + l.Fault
 	}
 	return []string{strconv.Itoa(n), name, fmt.Sprintf("%d + %d", l.Wave1.Buyers, l.Wave2.Buyers), strconv.Itoa(l.Wave1.Acks),
@@ -653,6 +697,37 @@ func (r result) lifeCells(n int) []string {
 		strconv.FormatInt(l.Back["expired"]+l.Back["cancelled"], 10), fmt.Sprintf("%d of %d", l.Wave2.Acks, l.Resold),
 		strconv.FormatInt(l.Orders["paid"], 10), strconv.Itoa(len(l.Refunds)), l.ReturnLag.String(), l.ResaleLag.String(),
 		fmt.Sprintf("%d / %d", l.Wave1.Retries+l.Wave2.Retries, w1.Retries+w2.Retries), r.verdict(), r.outcome()}
+}
+
+// lifeName names a lifecycle row in the lifecycle and Stripe tables.
+func (r row) lifeName() string {
+	return map[string]string{lifeAsIs: "as is", lifeSweepKill: "sweep killed", lifeJWT: "SHOP_AUTH=jwt",
+		lifeStripe: "Stripe", lifeRefundKill: "Stripe, refunder killed"}[r.Life]
+}
+
+// stripeColumns are the Stripe table's headings; stripeCells gives a
+// row's values.
+var stripeColumns = []string{"#", "row", "refunds owed", "refunded", "Refund API calls", "calls per refund (max)",
+	"distinct keys per refund", "in flight when killed", "PaymentIntents created (keys) / orders with one",
+	"cancelled / lapsed with one", "all refunded after the sale", "outcome"}
+
+func (r result) stripeCells(n int) []string {
+	s := &stripeResult{}
+	if r.Life != nil && r.Life.Stripe != nil {
+		s = r.Life.Stripe
+	}
+	calls := 0
+	for _, c := range s.Refunds {
+		calls += c.Calls
+	}
+	after := s.Waited.Round(100 * time.Millisecond).String()
+	if s.refunded() < len(s.Refunds) {
+		after = "not within " + s.Bound.String()
+	}
+	return []string{strconv.Itoa(n), r.Row.lifeName(), strconv.Itoa(len(s.Refunds)), strconv.Itoa(s.refunded()),
+		strconv.Itoa(calls + s.Unnamed), strconv.Itoa(s.maxCalls()), s.keysPerRefund(), s.inFlight(),
+		fmt.Sprintf("%d (%d) / %d", s.Created, s.CreateKeys, s.CheckedOut), fmt.Sprintf("%d / %d", s.Cancelled, s.Lapsed),
+		after, r.outcome()}
 }
 
 // disruption says what was done to the fleet during the load.
@@ -687,7 +762,7 @@ func writeReport(o options, results []result, cores int) error {
 	}
 	b.WriteString("![oversold units and orders per second per row](report.png)\n\n")
 	b.WriteString(markdownTable(results))
-	if life := mdTable(results, true, lifeColumns, result.lifeCells); life != "" {
+	if life := mdTable(results, isLife, lifeColumns, result.lifeCells); life != "" {
 		fmt.Fprintf(&b, "\n### The order lifecycle\n\nOne product with %d units and %d buyers, each a different user (%d at once), "+
 			"every order a reservation to be paid within SHOP_PAY_WINDOW=%s. Payments are the payment provider's events, "+
 			"signed (Standard Webhooks) and carrying what the order owes: %.0f%% of the orders are paid at once, "+
@@ -701,6 +776,21 @@ func writeReport(o options, results []result, cores int) error {
 			"(MySQL's clock and the replicas', one machine). Nothing in the tests asserts a time.\n\n",
 			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)
 		b.WriteString(life)
+	}
+	if money := mdTable(results, isStripe, stripeColumns, result.stripeCells); money != "" {
+		fmt.Fprintf(&b, "\n### Refunds through Stripe's API\n\nThe Stripe rows run the same sale with SHOP_PAYMENTS=stripe "+
+			"on stripe-mock, behind the recording proxy that logs every call of Stripe's API: each payment is the buyer's "+
+			"checkout, a PaymentIntent, and then Stripe's payment_intent.succeeded, signed with the endpoint's secret. The late "+
+			"ones are owed back, and the replicas' refunders pay them back through the Refund API, each call with "+
+			"Idempotency-Key: the refund's refund_id. Once the sale is over the row waits until MySQL has every refund its "+
+			"payments made refunded, then counts, from the proxy's log, the Refund API calls per refund and their distinct "+
+			"keys: every refund must end refunded, called for under exactly one key, its refund_id. In the refund-kill row "+
+			"the first replica whose refunder stops at the shopRefundKill failpoint, after its call and before its record, "+
+			"is killed there (SIGKILL) and started again; the refund it had in flight is called for again under the same key "+
+			"once its claim's lease (%s) runs out. PaymentIntents are counted against the orders MySQL has with one (one "+
+			"key each), and their cancellations against the lapsed orders that had one (a cancellation is tried once, "+
+			"after the order's end commits, and only logged if it fails).\n\n", stripepay.DefaultLease)
+		b.WriteString(money)
 	}
 	b.WriteString("\n## Rows\n\n")
 	for i, r := range results {

@@ -106,9 +106,10 @@ func TestReport(t *testing.T) {
 	hot := slices.IndexFunc(rows, func(r row) bool { return r.Hot })
 	faults := slices.IndexFunc(rows, func(r row) bool { return r.Fault != "" })
 	life := slices.IndexFunc(rows, func(r row) bool { return r.Life != "" })
-	if hot != 9 || faults != 12 || life != 18 || len(rows) != 21 {
-		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d, the first lifecycle row at %d; "+
-			"want 9 sell-out rows, 3 hot ones, 6 fault rows, 3 lifecycle rows", len(rows), hot, faults, life)
+	stripe := slices.IndexFunc(rows, row.stripe)
+	if hot != 9 || faults != 12 || life != 18 || stripe != 21 || len(rows) != 23 {
+		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d, the first lifecycle row at %d, the first Stripe row at %d; "+
+			"want 9 sell-out rows, 3 hot ones, 6 fault rows, 5 lifecycle rows, the last 2 of them Stripe rows", len(rows), hot, faults, life, stripe)
 	}
 	var results []result
 	for i, r := range rows {
@@ -137,19 +138,35 @@ func TestReport(t *testing.T) {
 	}
 
 	tbl := table(results)
-	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)-3+1 {
-		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)-3+1, tbl)
+	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)-5+1 {
+		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)-5+1, tbl)
 	}
 	lt := lifeTable(results)
-	if lines := strings.Split(strings.TrimSpace(lt), "\n"); len(lines) != 4 {
-		t.Fatalf("lifecycle table has %d lines, want 4:\n%s", len(lines), lt)
+	if lines := strings.Split(strings.TrimSpace(lt), "\n"); len(lines) != 6 {
+		t.Fatalf("lifecycle table has %d lines, want 6:\n%s", len(lines), lt)
 	}
 	for _, want := range []string{"19  as is", "20  sweep killed: replica 2 killed in its sweep at 21s", "21  SHOP_AUTH=jwt",
+		"22  Stripe  ", "23  Stripe, refunder killed: replica 3 killed between the Refund API call for refund " + fakeRefundID(7),
 		"2000 + 1500  1000     500           100 (100)", "500      500             500 of 500        1000  100 ",
 		"1.2s / 1.8s", "correct  holds, as it must"} {
 		if !strings.Contains(lt, want) {
 			t.Errorf("lifecycle table lacks %q:\n%s", want, lt)
 		}
+	}
+	st := stripeTable(results)
+	if lines := strings.Split(strings.TrimSpace(st), "\n"); len(lines) != 3 {
+		t.Fatalf("Stripe table has %d lines, want 3:\n%s", len(lines), st)
+	}
+	for _, want := range []string{"22  Stripe                   100           100       100               1                       1, = refund_id            -  ",
+		"23  Stripe, refunder killed  100           100       101               2                       1, = refund_id            " +
+			fakeRefundID(7) + ": 2 calls, 1 key",
+		"600 (600) / 600", "100 / 100", "3.5s", "holds, as it must"} {
+		if !strings.Contains(st, want) {
+			t.Errorf("Stripe table lacks %q:\n%s", want, st)
+		}
+	}
+	if stripeTable(results[:21]) != "" {
+		t.Error("a Stripe table without Stripe rows")
 	}
 	for _, want := range []string{"redis    guarded", "holder stopped 2s > TTL 500ms", "3 / 1", "oversold, as expected", "oversold, as it must",
 		"holds, as it must", "replica 2 killed at 2s", "rolling restart at 2s", "Redis restarted empty at 2s", "MariaDB restarted at 2s",
@@ -169,8 +186,16 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(md), "\n| "); n != len(rows)+2 {
-		t.Errorf("report.md has %d table lines, want %d (two tables):\n%s", n, len(rows)+2, md)
+	if n := strings.Count(string(md), "\n| "); n != len(rows)+2+3 {
+		t.Errorf("report.md has %d table lines, want %d (three tables, the Stripe rows in two):\n%s", n, len(rows)+2+3, md)
+	}
+	if !strings.Contains(string(md), "### Refunds through Stripe's API") || !strings.Contains(string(md), "lease (1m0s)") {
+		t.Errorf("report.md lacks the Stripe table's description:\n%s", md)
+	}
+	if !strings.Contains(string(md), "22. **lifecycle, redis/guarded ×3, fencing on, SHOP_PAY_WINDOW=20s, SHOP_PAYMENTS=stripe on stripe-mock**") ||
+		!strings.Contains(string(md), "23. **lifecycle, redis/guarded ×3, fencing on, SHOP_PAY_WINDOW=20s, SHOP_PAYMENTS=stripe on stripe-mock, "+
+			"a replica killed between a Refund API call and its record, buyers and payers retry**") {
+		t.Errorf("report.md lacks the Stripe rows' labels:\n%s", md)
 	}
 	if !strings.Contains(string(md), "19. **lifecycle, redis/guarded ×3, fencing on, SHOP_PAY_WINDOW=20s**") ||
 		!strings.Contains(string(md), "One product with 1000 units and 2000 buyers") {
@@ -326,11 +351,11 @@ func TestFamilyRows(t *testing.T) {
 	}
 	rows := experiment(o)
 	first := slices.IndexFunc(rows, func(r row) bool { return r.Lock == "mysql" })
-	if first != 21 || len(rows) != 31 {
-		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them", len(rows), first)
+	if first != 21 || len(rows) != 33 || !rows[31].stripe() || !rows[32].stripe() {
+		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them, and the 2 Stripe rows last", len(rows), first)
 	}
 	var got []string
-	for _, r := range rows[first:] {
+	for _, r := range rows[first : first+10] {
 		got = append(got, r.slug())
 		if !r.tokens() || r.fencing() == "-" || r.Replicas != 3 {
 			t.Errorf("%s: a family row on three replicas with tokens", r.label())
@@ -353,7 +378,7 @@ func TestFamilyRows(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("family rows %q, want %q", got, want)
 	}
-	for _, r := range rows[first:] {
+	for _, r := range rows[first : first+10] {
 		if r.Fault != "" && !r.Retry {
 			t.Errorf("%s: its buyers must retry", r.label())
 		}
@@ -403,12 +428,39 @@ func fakeLife(r row, change func(*result)) result {
 	if r.Life == lifeSweepKill {
 		l.Killed, l.Fault = true, "replica 2 killed in its sweep at 21s, MariaDB restarted, replica back at 28s"
 	}
+	if r.stripe() {
+		l.Stripe = fakeStripe(r)
+	}
+	if r.Life == lifeRefundKill {
+		l.Killed, l.Fault = true, "replica 3 killed between the Refund API call for refund "+fakeRefundID(7)+" and its record at 23s, replica back at 25s"
+	}
 	res.Life, res.Load = l, l.Wave1
 	res.Verify.Stock = 0
 	if change != nil {
 		change(&res)
 	}
 	return res
+}
+
+// fakeRefundID is the i-th refund id of fakeStripe.
+func fakeRefundID(i int) string { return fmt.Sprintf("01JDEMO%019d", i) }
+
+// fakeStripe returns a Stripe row's figures: 100 refunds, each refunded,
+// called for once under its refund_id (the one in flight when the
+// refund-kill row killed its replica, twice), 600 PaymentIntents for 600
+// orders, the 100 that lapsed cancelled.
+func fakeStripe(r row) *stripeResult {
+	s := &stripeResult{Waited: 3500 * time.Millisecond, Bound: refundsWithin(r), Created: 600, CreateKeys: 600, CheckedOut: 600,
+		Cancelled: 100, Lapsed: 100}
+	for i := range 100 {
+		id := fakeRefundID(i)
+		s.Refunds = append(s.Refunds, refundCalls{RefundID: id, State: "refunded", Calls: 1, Keys: []string{id}})
+	}
+	if r.Life == lifeRefundKill {
+		s.Killed = fakeRefundID(7)
+		s.Refunds[7].Calls = 2
+	}
+	return s
 }
 
 func TestLifeRows(t *testing.T) {
@@ -422,7 +474,8 @@ func TestLifeRows(t *testing.T) {
 			life = append(life, r)
 		}
 	}
-	if len(life) != 3 || life[0].Life != lifeAsIs || life[1].Life != lifeSweepKill || life[2].Life != lifeJWT {
+	if len(life) != 5 || life[0].Life != lifeAsIs || life[1].Life != lifeSweepKill || life[2].Life != lifeJWT ||
+		life[3].Life != lifeStripe || life[4].Life != lifeRefundKill {
 		t.Fatalf("lifecycle rows %v", life)
 	}
 	for _, r := range life {
@@ -431,8 +484,16 @@ func TestLifeRows(t *testing.T) {
 			t.Errorf("%s: replicas %q", r.label(), args)
 		}
 		stall := slices.Contains(args, "GOFAIL_FAILPOINTS=shopSweepStall=1*return(4000)") && slices.Contains(args, "SHOP_BINARY="+failpointBinary)
-		if stall != (r.Life == lifeSweepKill) || r.Retry != (r.Life == lifeSweepKill) {
-			t.Errorf("%s: the sweep's failpoint %v, buyers retry %v", r.label(), stall, r.Retry)
+		refund := slices.Contains(args, "GOFAIL_FAILPOINTS=shopRefundKill=1*return(30000)") && slices.Contains(args, "SHOP_BINARY="+failpointBinary)
+		if stall != (r.Life == lifeSweepKill) || refund != (r.Life == lifeRefundKill) ||
+			r.Retry != (r.Life == lifeSweepKill || r.Life == lifeRefundKill) {
+			t.Errorf("%s: the sweep's failpoint %v, the refund's %v, buyers retry %v", r.label(), stall, refund, r.Retry)
+		}
+		stripe := r.Life == lifeStripe || r.Life == lifeRefundKill
+		if slices.Contains(args, "SHOP_PAYMENTS=stripe") != stripe || r.stripe() != stripe || slices.ContainsFunc(args, func(a string) bool {
+			return strings.HasPrefix(a, "SHOP_PAYMENTS=") && a != "SHOP_PAYMENTS=stripe"
+		}) {
+			t.Errorf("%s: replicas %q; want SHOP_PAYMENTS=stripe in the Stripe rows only", r.label(), args)
 		}
 		jwt := slices.Contains(args, "SHOP_AUTH=jwt") && slices.Contains(args, "SHOP_JWT_SECRET="+o.jwtSecret) && len(o.jwtSecret) >= 32
 		if jwt != (r.Life == lifeJWT) {
@@ -441,6 +502,10 @@ func TestLifeRows(t *testing.T) {
 	}
 	if o, _ := parse([]string{"-life=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Life != "" }) {
 		t.Error("-life=false kept the lifecycle rows")
+	}
+	if o, _ := parse([]string{"-stripe=false"}); slices.ContainsFunc(experiment(o), row.stripe) ||
+		len(slices.DeleteFunc(experiment(o), func(r row) bool { return r.Life == "" })) != 3 {
+		t.Error("-stripe=false kept the Stripe rows, or dropped others")
 	}
 	for _, bad := range [][]string{{"-life-units", "0"}, {"-life-buyers", "1000"}, {"-pay-frac", "0.6", "-late-frac", "0.4"},
 		{"-pay-window", "500ms"}} {
