@@ -197,7 +197,7 @@ func (s *Service) received(tx *gorm.DB, p Payment) (Receipt, error) {
 		return Receipt{}, errors.Join(err, fmt.Errorf("%w: payment %s: in the ledger, then not", ErrBusy, p.PaymentID))
 	}
 	if led.OrderID != p.OrderID || led.AmountCents != p.AmountCents || led.Currency != p.Currency {
-		s.log.Warn("payment delivered again with other details: the first delivery stands",
+		s.log.WarnContext(tx.Statement.Context, "payment delivered again with other details: the first delivery stands",
 			"provider", p.Provider, "payment_id", p.PaymentID, "order_id", led.OrderID, "event_order_id", p.OrderID)
 	}
 	r := Receipt{Outcome: led.Outcome, Again: true}
@@ -218,7 +218,7 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 	switch {
 	case mysqldb.Duplicate(err):
 		// The payment id pays another order: from before the ledger.
-		return s.conflict(p, 0), nil
+		return s.conflict(tx, p, 0), nil
 	case err != nil:
 		return Receipt{}, err
 	case n == 1:
@@ -232,7 +232,7 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 		return Receipt{}, err
 	}
 	if !ok {
-		s.log.Warn("payment for an order that does not exist: owed back",
+		s.log.WarnContext(tx.Statement.Context, "payment for an order that does not exist: owed back",
 			"provider", p.Provider, "payment_id", p.PaymentID, "order_id", p.OrderID)
 		return s.owe(tx, p, nil, RefundUnknownOrder)
 	}
@@ -244,7 +244,7 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 	if ok, err := read(tx, &other, sqlOrderOfPayment, p.PaymentID); err != nil {
 		return Receipt{}, err
 	} else if ok {
-		return s.conflict(p, other), nil
+		return s.conflict(tx, p, other), nil
 	}
 	switch {
 	case f.Status == StatusPaid:
@@ -263,8 +263,8 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 
 // conflict is the answer to a payment whose id already pays another order
 // (other, when known): nothing is done but the ledger's row.
-func (s *Service) conflict(p Payment, other int64) Receipt {
-	s.log.Error("payment id already applied to another order: recorded as a conflict, nothing done",
+func (s *Service) conflict(tx *gorm.DB, p Payment, other int64) Receipt {
+	s.log.ErrorContext(tx.Statement.Context, "payment id already applied to another order: recorded as a conflict, nothing done",
 		"provider", p.Provider, "payment_id", p.PaymentID, "order_id", p.OrderID, "other_order_id", other)
 	return Receipt{Outcome: OutcomeConflict}
 }
