@@ -15,7 +15,9 @@ import (
 )
 
 // Service places orders, and runs everything else that writes a SKU's
-// stock under its lock: payments, cancellations, the sweep, restocks.
+// stock under its lock (cancellations, the sweep, restocks), and the
+// payments and refunds that change orders without a lock (payments.go,
+// refunds.go).
 type Service struct {
 	db     *gorm.DB
 	reads  *gorm.DB
@@ -51,7 +53,7 @@ type Deps struct {
 	// Default: DB.
 	Reads *gorm.DB
 	// Public, when set, reads the orders a buyer's request names (its
-	// status, the order a payment or a cancellation is for) before anything
+	// status, the order a cancellation or a checkout is for) before anything
 	// else is done for it: a flood of requests for orders that are not
 	// there then costs a gated read of a pool of its own (Catalog.Public),
 	// not a slot of the order path or a connection of Reads. Default: a

@@ -58,8 +58,8 @@ type Order struct {
 	// PayBy is when a reservation expires unless paid, by MySQL's clock;
 	// nil for an order paid when placed.
 	PayBy *time.Time `gorm:"column:pay_by"`
-	// PaidAt and PaymentID say when and by which payment /pay paid the
-	// order; nil for an order paid when placed.
+	// PaidAt and PaymentID say when and by which payment the provider
+	// reported the order was paid; nil for an order paid when placed.
 	PaidAt    *time.Time `gorm:"column:paid_at"`
 	PaymentID *string    `gorm:"column:payment_id"`
 	// ReturnedAt is when the order's unit went back to the sale: set on

@@ -157,7 +157,7 @@ const (
 // would be short of units.
 //
 //	order 1: sku 1, user 10, reserved
-//	order 2: sku 1, user 11, paid through /pay before the ledger (payment pay-2)
+//	order 2: sku 1, user 11, paid by a buyer's word before the ledger (payment pay-2)
 //	order 3: sku 2, user 10, paid when placed (no payment id)
 //	order 4: sku 2, user 11, cancelled; its late payment pay-4 is owed back
 //	order 5: sku 3, user 10, expired; its late payment pay-5 is owed back
