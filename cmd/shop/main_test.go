@@ -307,8 +307,10 @@ func TestVerifyDetectsEachViolation(t *testing.T) {
 		}},
 		{check: "every refund owed is of its order, for a reason the order bears out", sql: []string{
 			"UPDATE products SET stock = 0 WHERE id = 2",
-			"INSERT INTO orders (id, sku_id, user_id, status, pay_by) VALUES (50, 2, 7, 'reserved', NOW(6))",
-			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('01JAAAAAAAAAAAAAAAAAAAAAAA', 50, 'p1', 7, 2, 'order_expired', NOW(6) - INTERVAL 1 MINUTE)",
+			// Owed back as expired, yet it came before pay_by (and after
+			// the seed, so it is held to the orders of now).
+			"INSERT INTO orders (id, sku_id, user_id, status, pay_by) VALUES (50, 2, 7, 'reserved', UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)",
+			"INSERT INTO refunds (refund_id, order_id, payment_id, user_id, sku_id, reason, received_at) VALUES ('01JAAAAAAAAAAAAAAAAAAAAAAA', 50, 'p1', 7, 2, 'order_expired', UTC_TIMESTAMP(6))",
 		}},
 		{check: "no payment both paid an order and is owed back", sql: []string{
 			"UPDATE products SET stock = 0 WHERE id = 2",

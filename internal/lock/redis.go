@@ -401,31 +401,38 @@ func releaseLost(ctx context.Context, release func(context.Context) (int64, erro
 	return n, err
 }
 
-// retryTries bounds the tries of a script that retryLost retries.
-const retryTries = 3
+// retryTries bounds the tries of a script that retryLost retries after a
+// lost reply; movedTries those after an answer that the key's slot moved.
+const (
+	retryTries = 3
+	movedTries = 6
+)
 
 // movedPause is how long retryLost lets a client that was told its key's
 // slot has moved (MOVED, READONLY…) learn where it went before trying
-// again: the answer itself has the client reload the slots, at once.
+// again, times the tries so far: the answer has the client reload the
+// slots in the background, which a loaded machine may take a few hundred
+// milliseconds to finish (50 ms to 250 ms between tries, 750 ms in all).
 const movedPause = 50 * time.Millisecond
 
 // retryLost runs script — one whose second run, after a first that
 // succeeded, changes nothing: a release, a raise — until it gets Redis's
-// answer: again while its reply was lost on the way (see replyLost), and,
-// after a pause, while the answer says that the key's slot is moving to
-// another node and the script did not run (see slotMoving); at most
-// retryTries times in all and while ctx lasts. It reports whether a try's
-// reply was lost, after which the answer may be the answer to a script
-// that had already run.
+// answer: again while its reply was lost on the way (see replyLost), at
+// most retryTries times, and, after a pause, while the answer says that
+// the key's slot is moving to another node and the script did not run
+// (see slotMoving), at most movedTries times; and while ctx lasts. It
+// reports whether a try's reply was lost, after which the answer may be
+// the answer to a script that had already run.
 func retryLost(ctx context.Context, script func(context.Context) (int64, error)) (n int64, lost bool, err error) {
-	for try := 1; ; try++ {
+	for try, moved := 1, 0; ; try++ {
 		n, err = script(ctx)
 		switch {
-		case try == retryTries:
-		case replyLost(ctx, err):
+		case try >= retryTries+movedTries:
+		case try-moved < retryTries && replyLost(ctx, err):
 			lost = true
 			continue
-		case slotMoving(err) && sleep(ctx, time.Duration(try)*movedPause):
+		case moved < movedTries-1 && slotMoving(err) && sleep(ctx, time.Duration(moved+1)*movedPause):
+			moved++
 			continue
 		}
 		return n, lost, err
