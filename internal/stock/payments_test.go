@@ -43,6 +43,7 @@ func refundOf(t *testing.T, db *testenv.DB, id string) stock.Refund {
 // Each row of the table in payments.go: what a payment does to its order,
 // to the ledger and to the refunds, delivered once and then again.
 func TestPaymentOutcomes(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		svc, db, _ := open(options{})
@@ -118,6 +119,7 @@ func TestPaymentOutcomes(t *testing.T) {
 // nothing else done. Reported for its own order, it is that order's
 // payment.
 func TestPaymentConflict(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	pools(t, func(t *testing.T, open func(options) (*stock.Service, *testenv.DB, *lock.Redis)) {
 		svc, db, _ := open(options{})
@@ -150,6 +152,7 @@ func TestPaymentConflict(t *testing.T) {
 // The same payment delivered to three replicas at once is one payment: one
 // applies it, the others find it in the ledger.
 func TestPaymentDeliveredToThreeReplicas(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	for _, pool := range []string{"orders pool", "repeatable read, snapshot isolation"} {
 		svc, db, l, orders := openPool(t, pool, options{})
@@ -196,6 +199,7 @@ func TestPaymentDeliveredToThreeReplicas(t *testing.T) {
 // the order's locks in one order: no deadlock), the unit is back exactly
 // when the cancellation won, and a payment that lost is owed back.
 func TestPaymentRacesCancellation(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc, db, _ := openOrdersPool(t)
 	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 100); err != nil {
@@ -247,6 +251,7 @@ func openOrdersPool(t *testing.T) (*stock.Service, *testenv.DB, *lock.Redis) {
 
 // Bad payments are refused and change nothing.
 func TestPaymentInvalid(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc, db, _ := openOrdersPool(t)
 	good := stock.Payment{Provider: "webhook", PaymentID: "p-1", OrderID: 1, AmountCents: 100, Currency: "USD", EventID: "msg_1"}

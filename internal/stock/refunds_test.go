@@ -30,6 +30,7 @@ func oweRefunds(t *testing.T, svc *stock.Service, provider string, n int) []stri
 // Refunds are listed a page at a time, by refund id, in a state or in
 // every state.
 func TestRefundPages(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc, db, _ := openOrdersPool(t)
 	ids := oweRefunds(t, svc, "webhook", 5)
@@ -67,6 +68,7 @@ func deref(s *string) string {
 // refused; a refund is found by its id or by its payment; a failure is
 // kept.
 func TestSettle(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc, _, _ := openOrdersPool(t)
 	ids := oweRefunds(t, svc, "stripe", 3)
@@ -96,6 +98,7 @@ func TestSettle(t *testing.T) {
 // A refunder claims owed refunds for a lease: another claims none of them
 // until the lease runs out, then the same ones again.
 func TestClaimRefunds(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc, _, _ := openOrdersPool(t)
 	ids := oweRefunds(t, svc, "stripe", 3)
@@ -124,6 +127,7 @@ func TestClaimRefunds(t *testing.T) {
 // nothing; with DiscardRefunds it deletes them and their payments; settled
 // refunds and the ledger stay.
 func TestSeedKeepsMoney(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	svc, db, _ := openOrdersPool(t)
 	ids := oweRefunds(t, svc, "webhook", 3)

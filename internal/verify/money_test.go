@@ -156,6 +156,7 @@ func TestVerifyLedgerHolds(t *testing.T) {
 // check to fail. The cases that want no failing check are what the checks
 // must let pass.
 func TestVerifyLedgerViolations(t *testing.T) {
+	t.Parallel()
 	one := func(name string, examples ...string) []verify.Check {
 		return []verify.Check{{Name: name, Violations: int64(len(examples)), Examples: examples}}
 	}
@@ -271,6 +272,7 @@ func TestVerifyLedgerViolations(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			expectFailing(t, saleAfter(t, ledger(t), tt.sql), tt.want)
 		})
 	}

@@ -266,6 +266,7 @@ func expectLines(t *testing.T, r verify.Report, lines ...string) {
 // verify checks, with direct SQL, and expects that check to fail with
 // exactly those offenders, and no other check to fail.
 func TestVerifyLifecycleViolations(t *testing.T) {
+	t.Parallel()
 	tests := []struct {
 		name     string
 		sql      []string // run on one connection, in order
@@ -338,6 +339,7 @@ func TestVerifyLifecycleViolations(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
 			r := saleAfter(t, lifecycle(t), tt.sql)
 			expectFailing(t, r, []verify.Check{{Name: tt.check, Violations: int64(len(tt.examples)), Examples: tt.examples}})
 		})
