@@ -149,7 +149,7 @@ func (r *Refunder) Once(ctx context.Context) (int, error) {
 func (r *Refunder) pay(ctx context.Context, c Claim, leaseEnds time.Time) error {
 	log := r.logger().With("refund_id", c.RefundID, "payment_id", c.PaymentID, "attempts", c.Attempts)
 	if left := time.Until(leaseEnds); left <= r.Client.Timeout()+recordTimeout {
-		log.Warn("refund claim left to run out: its lease is too short for a call", "lease_left", left)
+		log.WarnContext(ctx, "refund claim left to run out: its lease is too short for a call", "lease_left", left)
 		r.outcome("left")
 		return nil
 	}
@@ -170,13 +170,13 @@ func (r *Refunder) pay(ctx context.Context, c Claim, leaseEnds time.Time) error 
 	switch {
 	case err == nil && (s.Status == "failed" || s.Status == "canceled"):
 		msg := fmt.Sprintf("stripe refund %s is %s", s.ProviderRefundID, s.Status)
-		log.Error("refund failed", "provider_refund_id", s.ProviderRefundID, "status", s.Status)
+		log.ErrorContext(ctx, "refund failed", "provider_refund_id", s.ProviderRefundID, "status", s.Status)
 		return r.fail(rctx, c, msg)
 	case err == nil:
 		if err := r.Store.Record(rctx, c.RefundID, s.ProviderRefundID, s.Status); err != nil {
 			return fmt.Errorf("refunder: record refund %s as %s (%s): %w", c.RefundID, s.ProviderRefundID, s.Status, err)
 		}
-		log.Info("refund recorded", "provider_refund_id", s.ProviderRefundID, "status", s.Status, "listed", s.Listed,
+		log.InfoContext(ctx, "refund recorded", "provider_refund_id", s.ProviderRefundID, "status", s.Status, "listed", s.Listed,
 			"amount_cents", c.AmountCents, "currency", c.Currency)
 		r.outcome("recorded")
 		return nil
@@ -185,11 +185,11 @@ func (r *Refunder) pay(ctx context.Context, c Claim, leaseEnds time.Time) error 
 		f(KindOf(err))
 	}
 	if !Retryable(err) {
-		log.Error("refund failed", "err", err)
+		log.ErrorContext(ctx, "refund failed", "err", err)
 		return r.fail(rctx, c, err.Error())
 	}
 	after := r.backoff(c.Attempts)
-	log.Warn("refund call failed; it is tried again", "err", err, "after", after)
+	log.WarnContext(ctx, "refund call failed; it is tried again", "err", err, "after", after)
 	if err := r.Store.Retry(rctx, c.RefundID, err.Error(), after); err != nil {
 		return fmt.Errorf("refunder: retry refund %s: %w", c.RefundID, err)
 	}
@@ -223,7 +223,7 @@ func (r *Refunder) Run(ctx context.Context, interval time.Duration) {
 		}
 		n, err := r.Once(ctx)
 		if err != nil && ctx.Err() == nil {
-			r.logger().Error("refunder", "err", err)
+			r.logger().ErrorContext(ctx, "refunder", "err", err)
 		}
 		wait := interval/2 + rand.N(interval+1)
 		if err == nil && n == r.batch() {
