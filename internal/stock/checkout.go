@@ -93,7 +93,8 @@ func storedCheckout(o Order) (Checkout, bool) {
 }
 
 // checkoutKey returns o's idempotency key towards the provider, storing a
-// new one first if it has none.
+// new one first if it has none: a ULID, random as a refund id is, made by
+// NewRefundID.
 func (s *Service) checkoutKey(ctx context.Context, o Order) (string, error) {
 	if o.CheckoutKey != nil {
 		return *o.CheckoutKey, nil
