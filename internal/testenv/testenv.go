@@ -7,11 +7,9 @@ import (
 	"context"
 	"crypto/rand"
 	"database/sql"
-	"net"
 	"os"
 	"os/exec"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -216,17 +214,6 @@ func StartRedis(tb testing.TB, args ...string) *RedisProc {
 	tb.Cleanup(p.Kill)
 	p.Restart()
 	return p
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort(tb testing.TB) string {
-	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer ln.Close()
-	return strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
 }
 
 // Restart starts the server again after Kill: empty, as a Redis without

@@ -89,7 +89,32 @@ func StartZooKeeper(tb testing.TB, opts ...Option) *ZooKeeperEnsemble {
 		tb.Fatalf("ZooKeeper (%s=%s): %v", ZooKeeperHomeEnv, home, err)
 	}
 	e := &ZooKeeperEnsemble{tb: tb, java: java, cp: cp}
+	tb.Cleanup(e.killAll)
 	root := dataDir(tb, opts)
+	// A server that cannot start (a port taken by some other process in
+	// the moment before it binds, a JVM that dies) is the machine's fault,
+	// not the test's: a new ensemble, on new ports, is tried twice more.
+	for attempt := 1; ; attempt++ {
+		e.configure(tb, filepath.Join(root, fmt.Sprint("try", attempt)))
+		err := e.firstStart()
+		if err == nil {
+			break
+		}
+		e.killAll()
+		if attempt == 3 {
+			tb.Fatal(err)
+		}
+		tb.Logf("ZooKeeper ensemble, try %d: %v; trying again on new ports", attempt, err)
+	}
+	e.Leader(tb)
+	return e
+}
+
+// configure writes the configuration of three servers under root, on new
+// free ports.
+func (e *ZooKeeperEnsemble) configure(tb testing.TB, root string) {
+	tb.Helper()
+	e.servers = nil
 	var quorum []string
 	for i := range 3 {
 		s := &zkServer{dir: filepath.Join(root, fmt.Sprint(i+1)), client: "127.0.0.1:" + freePort(tb)}
@@ -126,9 +151,38 @@ func StartZooKeeper(tb testing.TB, opts ...Option) *ZooKeeperEnsemble {
 		write("zoo.cfg", strings.Join(cfg, "\n")+"\n")
 		write("data/myid", fmt.Sprintln(i+1))
 	}
-	tb.Cleanup(e.killAll)
-	e.StartAll()
-	return e
+}
+
+// firstStart starts the three servers and waits until each serves; it
+// returns an error, with the end of its log, if one exits first.
+func (e *ZooKeeperEnsemble) firstStart() error {
+	e.tb.Helper()
+	for i := range e.servers {
+		e.start(i)
+	}
+	for i, s := range e.servers {
+		var exited bool
+		e.waitUntil(e.tb, fmt.Sprintf("ZooKeeper server %d (%s) serves", i+1, s.client), func() bool {
+			exited = !s.running()
+			m := mode(s.client)
+			return exited || m == "leader" || m == "follower"
+		})
+		if exited {
+			return fmt.Errorf("ZooKeeper server %d exited as it started; the end of %s:\n%s",
+				i+1, filepath.Join(s.dir, "zookeeper.log"), logTail(filepath.Join(s.dir, "zookeeper.log"), 10))
+		}
+	}
+	return nil
+}
+
+// logTail returns the last n lines of the file at path, or why it cannot.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	return strings.Join(lines[max(len(lines)-n, 0):], "\n")
 }
 
 // Servers returns the client addresses (host:port) of the three servers.
