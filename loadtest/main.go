@@ -11,6 +11,12 @@
 //	hotread  n GET of product sku (breakdown: run it as the key expires)
 //	absent   n GET over ids skus+1..skus+distinct, which do not exist (penetration)
 //	absent-stock  the same ids' GET /api/v1/products/{id}/stock
+//	stock    n GET /api/v1/products/{sku}/stock of the SKU sku, which exists
+//	order-guess   n GET /api/v1/orders/{id}?user_id=N of order ids drawn
+//	              from 1..distinct and user ids from 1..2^31, as someone
+//	              reading other buyers' orders would guess them; with
+//	              -jwt-secret, with the token of user first-user, which
+//	              owns none of them, and user_id its own
 //	healthz  n GET /healthz
 //	malformed     n POST /api/v1/orders that are refused 400: in turn a body
 //	              that is not JSON, and sku_id 0 (user firstUser+i)
@@ -168,6 +174,7 @@ type options struct {
 	lateFrac      float64
 	dupFrac       float64
 	mismatchFrac  float64
+	cancelFrac    float64
 	unknownOrders int
 	lateBy        time.Duration
 	paymentsPath  string
@@ -253,6 +260,8 @@ type Result struct {
 	// payments.
 	Reserved int        `json:"reserved"`
 	Payments *PayResult `json:"payments,omitempty"`
+	// Cancels, with -cancel-frac, what became of the buyers' cancels.
+	Cancels *CancelResult `json:"cancels,omitempty"`
 	// Until is -until; Rebuys counts the purchase attempts made after a
 	// sold_out.
 	Until  int `json:"until,omitempty"`
@@ -263,7 +272,7 @@ func parse(args []string) (options, error) {
 	var o options
 	var stripeFlow bool
 	fs := flag.NewFlagSet("loadtest", flag.ContinueOnError)
-	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku, read, hotread, absent, absent-stock, healthz or malformed")
+	fs.StringVar(&o.scenario, "scenario", "sellout", "sellout, hotsku, read, hotread, absent, absent-stock, stock, order-guess, healthz or malformed")
 	urls := fs.String("url", "http://127.0.0.1:8080", "base URL(s), comma-separated")
 	fs.IntVar(&o.skus, "skus", 5000, "sellout/read: SKUs 1..skus")
 	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per SKU")
@@ -288,6 +297,7 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.lateBy, "late-by", time.Second, "how long after its order's pay_by a late payment is made")
 	fs.Float64Var(&o.dupFrac, "dup-frac", 0, "the share of the reserved orders (among those -pay-frac pays) paid a second time under another payment id: owed back, duplicate_payment")
 	fs.Float64Var(&o.mismatchFrac, "mismatch-frac", 0, "another share of the reserved orders paid at once one unit short: owed back, amount_mismatch; the order stays reserved")
+	fs.Float64Var(&o.cancelFrac, "cancel-frac", 0, "another share of the reserved orders cancelled at once by their buyer (POST /api/v1/orders/{id}/cancel)")
 	fs.IntVar(&o.unknownOrders, "unknown-orders", 0, "this many payments for orders that do not exist: owed back, unknown_order")
 	webhookSecret := fs.String("webhook-secret", "", "the payment provider's secret the payments are signed with; empty: $"+envWebhookSecret+
 		" (with -stripe: $"+envStripeSecret+")")
@@ -318,12 +328,12 @@ func parse(args []string) (options, error) {
 	switch o.scenario {
 	case "sellout":
 		o.n = o.skus * o.buyers
-	case "hotsku", "read", "hotread", "absent", "absent-stock", "healthz", "malformed":
+	case "hotsku", "read", "hotread", "absent", "absent-stock", "stock", "order-guess", "healthz", "malformed":
 		if o.n <= 0 {
 			o.n = 1000
 		}
 	default:
-		return o, fmt.Errorf("-scenario %q: want sellout, hotsku, read, hotread, absent, absent-stock, healthz or malformed", o.scenario)
+		return o, fmt.Errorf("-scenario %q: want sellout, hotsku, read, hotread, absent, absent-stock, stock, order-guess, healthz or malformed", o.scenario)
 	}
 	if o.flood < 0 || o.flood > 0 && (o.scenario == "sellout" || o.scenario == "hotsku") {
 		return o, errors.New("-for must not be negative, and floods no order scenario: buyers are counted by hey")
@@ -373,11 +383,11 @@ const (
 // stripeFlow. An empty secret is read from the environment, under the
 // name the service reads it by.
 func (o *options) payments(secret string, stripeFlow bool) error {
-	if o.payFrac < 0 || o.lateFrac < 0 || o.mismatchFrac < 0 || o.dupFrac < 0 || o.unknownOrders < 0 {
-		return errors.New("-pay-frac, -late-frac, -mismatch-frac, -dup-frac and -unknown-orders must not be negative")
+	if o.payFrac < 0 || o.lateFrac < 0 || o.mismatchFrac < 0 || o.dupFrac < 0 || o.cancelFrac < 0 || o.unknownOrders < 0 {
+		return errors.New("-pay-frac, -late-frac, -mismatch-frac, -dup-frac, -cancel-frac and -unknown-orders must not be negative")
 	}
-	if o.payFrac+o.lateFrac+o.mismatchFrac > 1 {
-		return errors.New("-pay-frac, -late-frac and -mismatch-frac must not add up to more than 1")
+	if o.payFrac+o.lateFrac+o.mismatchFrac+o.cancelFrac > 1 {
+		return errors.New("-pay-frac, -late-frac, -mismatch-frac and -cancel-frac must not add up to more than 1")
 	}
 	if o.dupFrac > o.payFrac {
 		return errors.New("-dup-frac must not be above -pay-frac: a second payment is made for an order paid in time")
@@ -413,7 +423,7 @@ func (o *options) payments(secret string, stripeFlow bool) error {
 // plan is the payment plan the flags ask for.
 func (o options) plan() payPlan {
 	return payPlan{frac: o.payFrac, lateFrac: o.lateFrac, dupFrac: o.dupFrac, mismatchFrac: o.mismatchFrac,
-		unknownOrders: o.unknownOrders, lateBy: o.lateBy}
+		cancelFrac: o.cancelFrac, unknownOrders: o.unknownOrders, lateBy: o.lateBy}
 }
 
 // requests returns hey's RequestFunc for the scenario: request i (in the
@@ -432,8 +442,11 @@ func requests(o options) func() *http.Request {
 		case "absent":
 			return getProduct(base, o.skus+1+i%o.distinct)
 		case "absent-stock":
-			req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/products/%d/stock", base, o.skus+1+i%o.distinct), nil)
-			return req
+			return getStock(base, o.skus+1+i%o.distinct)
+		case "stock":
+			return getStock(base, o.sku)
+		case "order-guess":
+			return guessOrder(o, base, i)
 		case "healthz":
 			req, _ := http.NewRequest("GET", base+"/healthz", nil)
 			return req
@@ -461,6 +474,28 @@ func requests(o options) func() *http.Request {
 		}
 		return req
 	}
+}
+
+func getStock(base string, id int) *http.Request {
+	req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/products/%d/stock", base, id), nil)
+	return req
+}
+
+// guessOrder is order-guess's request i: the order id and user id are
+// drawn from i (a different pair for each i, the same for the same i), as
+// a guesser would, not in turn; with tokens, the guesser's own token and
+// user id, which own none of the orders.
+func guessOrder(o options, base string, i int) *http.Request {
+	r := rand.New(rand.NewPCG(uint64(i), 0x9e3779b97f4a7c15))
+	id, user := 1+r.IntN(o.distinct), 1+r.IntN(1<<31-1)
+	if o.tokens != nil {
+		user = o.firstUser
+	}
+	req, _ := http.NewRequest("GET", fmt.Sprintf("%s/api/v1/orders/%d?user_id=%d", base, id, user), nil)
+	if o.tokens != nil {
+		req.Header.Set("Authorization", "Bearer "+o.tokens.of(user))
+	}
+	return req
 }
 
 func getProduct(base string, id int) *http.Request {
@@ -519,9 +554,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		tp.close(0)
 		return fmt.Errorf("%w: lower -c", err)
 	}
-	if o.provider != nil {
-		// Payers retry whether or not buyers do: a payment is delivered
-		// until it is answered.
+	if o.provider != nil || o.cancelFrac > 0 {
+		// Payers retry whether or not buyers do: a payment (or a cancel)
+		// is delivered until it is answered.
 		payPolicy := retryPolicy{attempts: o.retries, budget: o.retryFor, timeout: o.timeout}
 		tp.payer = newPayer(ctx, o.plan(), o.provider, o.run, payPolicy)
 		for i := range o.unknownOrders {
@@ -563,6 +598,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	var payLines []string
 	if tp.payer != nil {
 		tp.payer.inTime.Wait()
+	}
+	if o.provider != nil {
 		pays, _ = tp.payer.result()
 	}
 	// The demo starts its next wave on this line: every order of this one
@@ -573,6 +610,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			fmt.Fprintf(stderr, "loadtest: waiting for the late payments (%s after their pay_by)\n", o.lateBy)
 		}
 		tp.payer.late.Wait()
+	}
+	if o.provider != nil {
 		pays, payLines = tp.payer.result()
 	}
 
@@ -581,9 +620,14 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	printSummary(report.String(), stdout, &res)
 	tl := tp.snapshot()
 	tl.fill(&res)
-	if tp.payer != nil {
+	if o.provider != nil {
 		res.Payments = &pays
 		fmt.Fprintln(stdout, pays.summary())
+	}
+	if o.cancelFrac > 0 {
+		cancels := tp.payer.cancelResult()
+		res.Cancels = &cancels
+		fmt.Fprintln(stdout, cancels)
 	}
 	if o.until > 0 {
 		fmt.Fprintf(stdout, "bought %d of %d wanted; purchase attempts after a sold_out: %d\n", res.Acks, o.until, res.Rebuys)

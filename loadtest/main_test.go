@@ -191,3 +191,40 @@ func TestFloodKeepsItsClients(t *testing.T) {
 		t.Errorf("-for 1s -c 300: %d clients; want 300", o.concurrency)
 	}
 }
+
+// The floods of routes that exist: an existing SKU's stock, and orders
+// guessed by id and user, each request its own guess; with a token, the
+// guesser's own user id, whose token it sends.
+func TestFloodsOfExistingRoutes(t *testing.T) {
+	o, err := parse([]string{"-scenario", "stock", "-sku", "7", "-for", "1s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if req := requests(o)(); req.Method != "GET" || req.URL.Path != "/api/v1/products/7/stock" {
+		t.Errorf("stock: %s %s, want GET /api/v1/products/7/stock", req.Method, req.URL.Path)
+	}
+	for _, args := range [][]string{nil, {"-jwt-secret", testSecret}} {
+		o, err := parse(append([]string{"-scenario", "order-guess", "-distinct", "50", "-first-user", "9", "-for", "1s"}, args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		next := requests(o)
+		seen := map[string]bool{}
+		for range 20 {
+			req := next()
+			var id, user int
+			if _, err := fmt.Sscanf(req.URL.Path+" "+req.URL.Query().Get("user_id"), "/api/v1/orders/%d %d", &id, &user); err != nil ||
+				req.Method != "GET" || id < 1 || id > 50 || user < 1 {
+				t.Fatalf("order-guess %v: %s %s (%v); want GET /api/v1/orders/{1..50}?user_id=N", args, req.Method, req.URL, err)
+			}
+			seen[req.URL.String()] = true
+			auth := req.Header.Get("Authorization")
+			if (o.tokens != nil) != (auth != "") || o.tokens != nil && (user != 9 || auth != "Bearer "+o.tokens.of(9)) {
+				t.Errorf("order-guess %v: user_id %d, Authorization %q; want the guesser's own with a token, none without", args, user, auth)
+			}
+		}
+		if len(seen) < 10 {
+			t.Errorf("order-guess %v: %d different requests of 20; want guesses, not one order asked again", args, len(seen))
+		}
+	}
+}

@@ -68,6 +68,8 @@ const (
 	duplicate = "duplicate" // a second payment, under another id, of an order paid in time: owed back
 	mismatch  = "mismatch"  // one unit less than the order owes, at once: owed back, the order stays reserved
 	unknown   = "unknown"   // for an order that does not exist: owed back
+	// cancelled is no payment: the buyer cancels its reservation at once.
+	cancelled = "cancelled"
 )
 
 // kinds lists them, in the order the summary names them.
@@ -75,7 +77,8 @@ var kinds = []string{inTime, late, duplicate, mismatch, unknown}
 
 // payPlan says which orders are paid, and how: those whose payShare is
 // below frac at once; those in the next lateFrac lateBy after their
-// pay_by; those in the next mismatchFrac at once, one unit short. Of those
+// pay_by; those in the next mismatchFrac at once, one unit short; those in
+// the next cancelFrac are not paid but cancelled by their buyer. Of those
 // paid at once, the ones whose payShare is below dupFrac (at most frac)
 // are paid a second time, under another payment id, once the first is
 // applied. unknownOrders payments are made for orders that do not exist.
@@ -84,6 +87,7 @@ type payPlan struct {
 	lateFrac      float64
 	dupFrac       float64
 	mismatchFrac  float64
+	cancelFrac    float64
 	unknownOrders int
 	lateBy        time.Duration
 }
@@ -93,7 +97,8 @@ func (p payPlan) pays() bool {
 	return p.frac > 0 || p.lateFrac > 0 || p.mismatchFrac > 0 || p.unknownOrders > 0
 }
 
-// kind says how order id is paid: inTime, late, mismatch, or "" (never).
+// kind says how order id is paid: inTime, late, mismatch, cancelled (not
+// paid, but cancelled), or "" (never).
 func (p payPlan) kind(id int64) string {
 	switch s := payShare(id); {
 	case s < p.frac:
@@ -102,6 +107,8 @@ func (p payPlan) kind(id int64) string {
 		return late
 	case s < p.frac+p.lateFrac+p.mismatchFrac:
 		return mismatch
+	case s < p.frac+p.lateFrac+p.mismatchFrac+p.cancelFrac:
+		return cancelled
 	}
 	return ""
 }
@@ -173,9 +180,30 @@ type payer struct {
 	tallies   map[string]*PayTally      // kind → its payments' last answers
 	lines     []string                  // the payments file
 	finals    map[string]map[string]int // kind → last answer → payments
-	// events are every event delivery's latency, sent in [first, last].
-	events      []time.Duration
+	// events are every event delivery's timing, cancels every cancel
+	// attempt's.
+	events, cancels timings
+	// cancelStatuses counts every cancel attempt's answer, cancelFinals
+	// each cancel's last one.
+	cancelStatuses, cancelFinals map[string]int
+}
+
+// timings are the latencies of requests sent in [first, last].
+type timings struct {
+	took        []time.Duration
 	first, last time.Time
+}
+
+// add records one request, sent at start and answered (or not) after
+// took.
+func (t *timings) add(start time.Time, took time.Duration) {
+	t.took = append(t.took, took)
+	if t.first.IsZero() || start.Before(t.first) {
+		t.first = start
+	}
+	if end := start.Add(took); end.After(t.last) {
+		t.last = end
+	}
 }
 
 // payConns caps the payers' requests in flight.
@@ -184,7 +212,8 @@ const payConns = 64
 func newPayer(life context.Context, plan payPlan, pr provider, run string, policy retryPolicy) *payer {
 	p := &payer{plan: plan, provider: pr, run: run, policy: policy, clock: time.Now, life: life,
 		slots: make(chan struct{}, payConns), statuses: map[string]int{}, checkouts: map[string]int{},
-		tallies: map[string]*PayTally{}, finals: map[string]map[string]int{}}
+		tallies: map[string]*PayTally{}, finals: map[string]map[string]int{},
+		cancelStatuses: map[string]int{}, cancelFinals: map[string]int{}}
 	for _, k := range kinds {
 		p.tallies[k], p.finals[k] = &PayTally{}, map[string]int{}
 	}
@@ -211,6 +240,10 @@ func (p *payer) schedule(pm payment) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
+		if pm.kind == cancelled {
+			p.cancel(pm)
+			return
+		}
 		if p.provider.checkout(pm.kind) {
 			var a answer
 			p.withSlot(func() { a = p.checkout(p.life, &pm) })
@@ -304,13 +337,40 @@ func (p *payer) checkout(ctx context.Context, pm *payment) answer {
 func (p *payer) timed(start time.Time, took time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.events = append(p.events, took)
-	if p.first.IsZero() || start.Before(p.first) {
-		p.first = start
-	}
-	if end := start.Add(took); end.After(p.last) {
-		p.last = end
-	}
+	p.events.add(start, took)
+}
+
+// cancelTimed records one cancel attempt, as timed an event delivery.
+func (p *payer) cancelTimed(start time.Time, took time.Duration) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cancels.add(start, took)
+}
+
+// cancel cancels pm's order as its buyer, POST
+// /api/v1/orders/{id}/cancel with its user id and Authorization, sent
+// again after a 429, 502, 503, 504 or a transport error as a payment is,
+// and records its last answer.
+func (p *payer) cancel(pm payment) {
+	body := fmt.Sprintf(`{"user_id":%d}`, pm.user)
+	var a answer
+	p.withSlot(func() {
+		a = p.deliver(p.life, pm.rt, p.cancelStatuses, p.cancelTimed, func(ctx context.Context) (*http.Request, error) {
+			url := fmt.Sprintf("%s/api/v1/orders/%d/cancel", pm.base, pm.order)
+			req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+			if err != nil {
+				return nil, err
+			}
+			req.Header.Set("Content-Type", "application/json")
+			if pm.auth != "" {
+				req.Header.Set("Authorization", pm.auth)
+			}
+			return req, nil
+		})
+	})
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cancelFinals[answerKey(a)]++
 }
 
 // deliver sends the request that build makes, built anew for each
@@ -471,30 +531,72 @@ type PayResult struct {
 	Events EventTiming `json:"events"`
 }
 
-// EventTiming is how fast the service took the provider's events.
+// CancelResult is what -json says of the buyers' cancels (-cancel-frac).
+type CancelResult struct {
+	Frac       float64        `json:"cancel_frac"`
+	Sent       int            `json:"sent"`
+	Cancelled  int            `json:"cancelled"`  // last answer 200: the order is cancelled, its unit back on sale
+	Refused    int            `json:"refused"`    // last answer another 4xx but 429 (409 order_paid, order_expired; 404)
+	Unanswered int            `json:"unanswered"` // still 429, 5xx or a transport error at the end
+	Statuses   map[string]int `json:"statuses"`   // every attempt's answer
+	Final      map[string]int `json:"final"`      // last answer → cancels
+	// Attempts is the attempts' timing, as Events is the payments'.
+	Attempts EventTiming `json:"attempts"`
+}
+
+func (r CancelResult) String() string {
+	return fmt.Sprintf("cancels: %d sent, %d cancelled, %d refused, %d unanswered; attempts %d at %.0f/s, p50 %.1f ms, p99 %.1f ms",
+		r.Sent, r.Cancelled, r.Refused, r.Unanswered, r.Attempts.Deliveries, r.Attempts.PerSecond, r.Attempts.P50Ms, r.Attempts.P99Ms)
+}
+
+// cancelResult returns the cancels' counts.
+func (p *payer) cancelResult() CancelResult {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := CancelResult{Frac: p.plan.cancelFrac, Statuses: maps.Clone(p.cancelStatuses), Final: maps.Clone(p.cancelFinals),
+		Attempts: p.cancels.timing()}
+	for key, n := range p.cancelFinals {
+		r.Sent += n
+		code, _ := strconv.Atoi(strings.Fields(key + " 0")[0]) // "error" is 0
+		switch {
+		case code == http.StatusOK:
+			r.Cancelled += n
+		case code == 0 || retryableStatus(code):
+			r.Unanswered += n
+		default:
+			r.Refused += n
+		}
+	}
+	return r
+}
+
+// EventTiming is how fast the service took the provider's events (or the
+// buyers' cancels).
 type EventTiming struct {
 	Deliveries int     `json:"deliveries"`
-	PerSecond  float64 `json:"per_second"` // deliveries / (last answer - first sent)
+	Seconds    float64 `json:"seconds"`    // from the first sent to the last answer
+	PerSecond  float64 `json:"per_second"` // deliveries / seconds
 	P50Ms      float64 `json:"p50_ms"`
 	P99Ms      float64 `json:"p99_ms"`
 	MaxMs      float64 `json:"max_ms"`
 }
 
-// timing is the timing of deliveries sent in [first, last].
-func timing(deliveries []time.Duration, first, last time.Time) EventTiming {
-	if len(deliveries) == 0 {
+// timing is the timing of the requests.
+func (t timings) timing() EventTiming {
+	if len(t.took) == 0 {
 		return EventTiming{}
 	}
-	d := slices.Clone(deliveries)
+	d := slices.Clone(t.took)
 	slices.Sort(d)
 	ms := func(q float64) float64 {
 		return float64(d[min(len(d)-1, int(q*float64(len(d))))].Microseconds()) / 1000
 	}
-	t := EventTiming{Deliveries: len(d), P50Ms: ms(0.5), P99Ms: ms(0.99), MaxMs: float64(d[len(d)-1].Microseconds()) / 1000}
-	if span := last.Sub(first); span > 0 {
-		t.PerSecond = float64(len(d)) / span.Seconds()
+	e := EventTiming{Deliveries: len(d), P50Ms: ms(0.5), P99Ms: ms(0.99), MaxMs: float64(d[len(d)-1].Microseconds()) / 1000}
+	if span := t.last.Sub(t.first); span > 0 {
+		e.Seconds = span.Seconds()
+		e.PerSecond = float64(len(d)) / e.Seconds
 	}
-	return t
+	return e
 }
 
 // tally returns the tally of kind.
@@ -528,7 +630,7 @@ func (p *payer) result() (PayResult, []string) {
 	defer p.mu.Unlock()
 	r := PayResult{Provider: p.provider.name(), Frac: p.plan.frac, LateFrac: p.plan.lateFrac, DupFrac: p.plan.dupFrac,
 		MismatchFrac: p.plan.mismatchFrac, UnknownOrders: p.plan.unknownOrders, Retries: int(p.retries.Load()),
-		Statuses: maps.Clone(p.statuses), Events: timing(p.events, p.first, p.last)}
+		Statuses: maps.Clone(p.statuses), Events: p.events.timing()}
 	if len(p.checkouts) > 0 {
 		r.Checkouts = maps.Clone(p.checkouts)
 	}

@@ -66,6 +66,7 @@ type lifeShop struct {
 	ledger     map[string]*eventReply    // payment id → what it did
 	received   map[string]payments.Event // payment id → its event
 	checkouts  map[int64][]time.Time     // order → its checkouts' times
+	cancels    map[int64]int             // order → its cancels' attempts
 	bad        []string                  // requests the service would refuse, and should not have had
 	lapseAfter int                       // above zero: the sold_out users that make the reservations lapse
 	soldOutTo  map[int64]bool            // users told sold_out since lapseWhenSoldOutTo
@@ -101,7 +102,8 @@ func newLifeShop(units int, window time.Duration) *lifeShop {
 	}
 	return &lifeShop{window: window, verifier: v, stock: units, orders: map[int64]*lifeOrder{}, keys: map[string]int64{},
 		active: map[int64]int64{}, keysSent: map[string]int{}, auths: map[int64]string{}, deliveries: map[string][]delivery{},
-		ledger: map[string]*eventReply{}, received: map[string]payments.Event{}, checkouts: map[int64][]time.Time{}}
+		ledger: map[string]*eventReply{}, received: map[string]payments.Event{}, checkouts: map[int64][]time.Time{},
+		cancels: map[int64]int{}}
 }
 
 // newStripeShop is newLifeShop with Stripe's checkout and events.
@@ -188,6 +190,8 @@ func (s *lifeShop) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.event(w, r, body)
 	case strings.HasSuffix(path, "/checkout") && s.stripeFlow:
 		s.checkout(w, r, body)
+	case strings.HasSuffix(path, "/cancel") && r.Method == "POST":
+		s.cancel(w, r, body)
 	default:
 		s.bad = append(s.bad, r.Method+" "+path)
 		s.fail(w, http.StatusNotFound, "not_found")
@@ -260,6 +264,40 @@ func (s *lifeShop) checkout(w http.ResponseWriter, r *http.Request, body []byte)
 	}
 	s.reply(w, http.StatusOK, map[string]any{"order_id": id, "payment_intent": paymentIntent(id), "client_secret": "x",
 		"amount_cents": owes(id), "currency": "EUR"})
+}
+
+// cancel is POST /api/v1/orders/{id}/cancel, by the order's buyer (the
+// Authorization its order was placed with): a reserved order is cancelled
+// and its unit returns to the sale; a cancelled one is answered again; a
+// paid one is 409 order_paid. With failPay, each cancel's first attempt is
+// a 503 (Retry-After: 0, nothing done).
+func (s *lifeShop) cancel(w http.ResponseWriter, r *http.Request, body []byte) {
+	var req struct {
+		User int64 `json:"user_id"`
+	}
+	json.Unmarshal(body, &req)
+	id, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(r.URL.Path, "/api/v1/orders/"), "/cancel"), 10, 64)
+	o := s.orders[id]
+	if o == nil || o.user != req.User || r.Header.Get("Authorization") != s.auths[o.user] {
+		s.bad = append(s.bad, fmt.Sprintf("cancel of order %d by user %d", id, req.User))
+		s.fail(w, http.StatusNotFound, "not_found")
+		return
+	}
+	s.cancels[id]++
+	switch {
+	case s.failPay && s.cancels[id] == 1:
+		w.Header().Set("Retry-After", "0")
+		s.fail(w, http.StatusServiceUnavailable, "busy")
+		return
+	case o.status == "reserved":
+		o.status = "cancelled"
+		delete(s.active, o.user)
+		s.stock++
+	case o.status != "cancelled":
+		s.fail(w, http.StatusConflict, "order_"+o.status)
+		return
+	}
+	s.order(w, http.StatusOK, o)
 }
 
 // event is the provider's route: the signature first, as the service
@@ -866,5 +904,59 @@ func TestMismatchAmount(t *testing.T) {
 		if got := paid(tt.kind, tt.owed); got != tt.want {
 			t.Errorf("paid(%s, %d) = %d, want %d", tt.kind, tt.owed, got, tt.want)
 		}
+	}
+}
+
+// The winners the plan picks for a cancel have their reservation
+// cancelled by their buyer, with its user id and token, sent again after a
+// 503; the ones it picks for payment are paid, and no order is both.
+func TestCancels(t *testing.T) {
+	plan := payPlan{frac: 0.5, cancelFrac: 0.3}
+	shop := newLifeShop(10, time.Minute)
+	shop.failPay = true
+	srv := httptest.NewServer(shop)
+	defer srv.Close()
+	r, acks, _ := runPay(t, srv.URL, "-scenario", "hotsku", "-n", "10", "-c", "10", "-jwt-secret", testSecret,
+		"-pay-frac", "0.5", "-cancel-frac", "0.3", "-webhook-secret", testWebhookSecret)
+	if len(acks) != 10 || r.Payments == nil || r.Cancels == nil {
+		t.Fatalf("acks %v, payments %v, cancels %v; want 10 orders, payments and cancels", acks, r.Payments, r.Cancels)
+	}
+	_, n := wantPayments(t, acks, plan, func(string, int64) string { return "" })
+	if n[inTime] == 0 || n[cancelled] == 0 {
+		t.Fatalf("orders 1..10 give %v; the test wants payments and cancels", n)
+	}
+	c := r.Cancels
+	if c.Sent != n[cancelled] || c.Cancelled != n[cancelled] || c.Refused+c.Unanswered != 0 ||
+		c.Statuses["503"] != n[cancelled] || c.Statuses["200"] != n[cancelled] || c.Attempts.Deliveries != 2*n[cancelled] ||
+		c.Attempts.Seconds <= 0 {
+		t.Errorf("cancels %+v; want %d cancelled, each on its second attempt", c, n[cancelled])
+	}
+	if r.Payments.InTime.Paid != n[inTime] {
+		t.Errorf("payments %+v; want %d paid", r.Payments.InTime, n[inTime])
+	}
+	shop.mu.Lock()
+	defer shop.mu.Unlock()
+	if len(shop.bad) > 0 {
+		t.Errorf("requests the shop refuses: %q", shop.bad)
+	}
+	for id, o := range shop.orders {
+		want := map[string]string{inTime: "paid", cancelled: "cancelled", "": "reserved"}[plan.kind(id)]
+		if o.status != want {
+			t.Errorf("order %d (%q): %s, want %s", id, plan.kind(id), o.status, want)
+		}
+	}
+	if shop.stock != n[cancelled] {
+		t.Errorf("stock %d after the cancels; want the %d units back", shop.stock, n[cancelled])
+	}
+}
+
+// Cancels need no payment secret: a run may cancel without paying.
+func TestCancelsWithoutPayments(t *testing.T) {
+	shop := newLifeShop(4, time.Minute)
+	srv := httptest.NewServer(shop)
+	defer srv.Close()
+	r, _, _ := runPay(t, srv.URL, "-scenario", "hotsku", "-n", "4", "-c", "4", "-cancel-frac", "1")
+	if r.Payments != nil || r.Cancels == nil || r.Cancels.Cancelled != 4 {
+		t.Errorf("payments %v, cancels %+v; want no payments and 4 cancels", r.Payments, r.Cancels)
 	}
 }

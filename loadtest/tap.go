@@ -287,7 +287,7 @@ func (t *tap) schedulePayment(rt http.RoundTripper, r *http.Request, won *create
 	payBy, _ := time.Parse(time.RFC3339Nano, won.PayBy)
 	pm := payment{base: r.URL.Scheme + "://" + r.URL.Host, order: won.OrderID, user: won.UserID, kind: kind,
 		amount: paid(kind, won.AmountCents), currency: won.Currency, payBy: payBy, auth: r.Header.Get("Authorization"), rt: rt}
-	if !t.payer.provider.checkout(kind) {
+	if kind != cancelled && !t.payer.provider.checkout(kind) {
 		pm.id = t.payer.provider.paymentID(kind, won.OrderID, t.payer.run)
 	}
 	t.payer.schedule(pm)
