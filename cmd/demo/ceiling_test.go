@@ -245,3 +245,39 @@ func TestEdgeReportCeilingFirst(t *testing.T) {
 		at = i
 	}
 }
+
+// The lifecycle table sets each flood's rates of placing, paying and
+// cancelling beside the same round's under the /healthz flood, and the
+// notes hold each to the goal.
+func TestEdgeLifeTable(t *testing.T) {
+	sale := func(row edgeRow, placed, paid, cancelled int, busy int) edgeRun {
+		return edgeRun{Round: 1, Row: row, Verify: verifyReport{OK: true}, Buyers: loadResult{Seconds: 10,
+			Statuses: map[string]int{"201": placed},
+			Payments: &payResult{InTime: payTally{Paid: paid}, Events: eventTiming{Seconds: 10},
+				Statuses: map[string]int{"200 applied": paid}},
+			Cancels: &cancelResult{Cancelled: cancelled, Attempts: eventTiming{Seconds: 10},
+				Statuses: map[string]int{"200": cancelled, "503": busy, "429 rate_limited": 1}}}}
+	}
+	rows := edgeRows()
+	runs := []edgeRun{sale(rows[0], 5000, 2500, 1500, 0), sale(rows[1], 4000, 2000, 1000, 0), sale(rows[2], 4000, 2000, 500, 7)}
+	if rows[1].Name != edgeHealthz || rows[2].Flood != "stock" {
+		t.Fatalf("rows %v; the test wants /healthz's flood second and the stock's third", rows)
+	}
+	tbl := edgeLifeTable(runs)
+	for _, want := range []string{
+		"| alone | 500 | – | 250 | – | 150 | – | 0 · 0 · 0 | 1 · 0 · 0 |",
+		"| flood GET /healthz | 400 | – | 200 | – | 100 | – | 0 · 0 · 0 | 1 · 0 · 0 |",
+		"| flood GET existing stock | 400 | 1.00× | 200 | 1.00× | 50 | 0.50× | 0 · 0 · 0 | 1 · 7 · 0 |",
+	} {
+		if !strings.Contains(tbl, want+"\n") {
+			t.Errorf("table lacks %q:\n%s", want, tbl)
+		}
+	}
+	notes := edgeNotes(runs)
+	for _, want := range []string{"buyers paying keep ≥ 0.90× of their rate under the /healthz flood), flood GET existing stock: 1.00×, met",
+		"buyers cancelling keep ≥ 0.90× of their rate under the /healthz flood), flood GET existing stock: 0.50×, NOT met"} {
+		if !strings.Contains(notes, want) {
+			t.Errorf("notes lack %q:\n%s", want, notes)
+		}
+	}
+}

@@ -22,12 +22,23 @@ import (
 // product with edgeOptions.units units and more buyers than units, a crowd
 // from many addresses. It runs alone, and while other clients flood one
 // route: /healthz, which costs the service nothing and so measures what
-// the flood costs the machine (the flooder's CPU and nginx's); an absent
-// product's stock; an absent product; and malformed orders. The flood's
+// the flood costs the machine (the flooder's CPU and nginx's); the stock
+// of the product on sale, which exists; orders guessed by id, anonymously
+// with a user id of the guess's own, as anyone may under the stack's
+// SHOP_AUTH=none; an absent product's stock; an absent product; and
+// malformed orders. The flood's
 // clients come from addresses of their own, many of them, as a botnet
 // would, so that nginx's per-address limits let it through and the
 // service's own bounds are what is measured. A last row is a bot farm:
 // many user ids from one address, which nginx's limits are for.
+//
+// The buyers of each sale run the whole lifecycle: half the reservations
+// are paid at once by the payment provider's signed events (bin/loadtest
+// -webhook-secret, with the stack's SHOP_PAYMENT_WEBHOOK_SECRET), and
+// three in ten cancelled by their buyer. Their rates of placing, paying
+// and cancelling under each flood are set beside those under the /healthz
+// flood of the same round (edgeLifeTable): a public read must not starve the
+// look-ups that payments and cancels make.
 //
 // Rows alternate within a round (alone, each flood, the bot farm, then
 // again), so that a drift of the machine over the run touches every row
@@ -133,6 +144,8 @@ func edgeRows() []edgeRow {
 	return []edgeRow{
 		{Name: edgeAlone},
 		{Name: edgeHealthz, Flood: "healthz", Expect: "200"},
+		{Name: "flood GET existing stock", Flood: "stock", Expect: "200"},
+		{Name: "flood GET /orders/{random}", Flood: "order-guess", Expect: "404"},
 		{Name: "flood GET absent stock", Flood: "absent-stock", Expect: "404"},
 		{Name: "flood GET absent product", Flood: "absent", Expect: "404"},
 		{Name: "flood POST malformed order", Flood: "malformed", Expect: "400"},
@@ -151,6 +164,14 @@ func (o edgeOptions) rows() []edgeRow {
 
 // buyersServed are the answers a buyer expects: an order, or sold out.
 var buyersServed = []string{"201", "409"}
+
+// The sale's lifecycle: the shares of the reservations paid at once and
+// cancelled by their buyers (bin/loadtest -pay-frac, -cancel-frac); the
+// rest wait for their pay_by, which no row reaches.
+const (
+	edgePayFrac    = "0.5"
+	edgeCancelFrac = "0.3"
+)
 
 // edgeRun is one row in one round.
 type edgeRun struct {
@@ -184,6 +205,26 @@ func (r edgeRun) buyersRate() float64 { return served(r.Buyers, buyersServed...)
 
 // floodRate is the flood's expected answers per second.
 func (r edgeRun) floodRate() float64 { return served(r.Flood, r.Row.Expect) }
+
+// payRate is the payments applied per second, over the time from the
+// first payment sent to the last one answered.
+func (r edgeRun) payRate() float64 {
+	p := r.Buyers.Payments
+	if p == nil || p.Events.Seconds <= 0 {
+		return 0
+	}
+	return float64(p.InTime.Paid) / p.Events.Seconds
+}
+
+// cancelRate is the orders cancelled per second, over the time from the
+// first cancel sent to the last one answered.
+func (r edgeRun) cancelRate() float64 {
+	c := r.Buyers.Cancels
+	if c == nil || c.Attempts.Seconds <= 0 {
+		return 0
+	}
+	return float64(c.Cancelled) / c.Attempts.Seconds
+}
 
 func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error {
 	o, err := parseEdge(argv[2:])
@@ -253,13 +294,14 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 	cpuTbl := cpuTable(ceil)
 	goals := ceilingGoals(ceil) + stalenessLine(stale)
 	tbl := edgeTable(runs)
+	life := edgeLifeTable(runs)
 	bots := botTable(o, runs)
 	notes := edgeNotes(runs)
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, ceilTbl, "\n", goals, "\n", cpuTbl, "\n")
-	fmt.Fprint(stdout, tbl, "\n", bots, notes)
+	fmt.Fprint(stdout, tbl, "\n", life, "\n", bots, notes)
 	fmt.Fprintf(stdout, "\n%d CPU cores (runtime.NumCPU). Command: %s\n", cores, command)
-	if err := writeEdgeReport(o, ceilingReport(o, ceilTbl, goals, cpuTbl), tbl, bots, notes, cores, command); err != nil {
+	if err := writeEdgeReport(o, ceilingReport(o, ceilTbl, goals, cpuTbl), tbl+"\n"+life, bots, notes, cores, command); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "report: %s\n", filepath.Join(o.out, "report.md"))
@@ -311,7 +353,8 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 			return r, err
 		}
 		defer log.Close()
-		// Absent ids: above the one product, a thousand of them in turn.
+		// Absent ids: above the one product, a thousand of them in turn;
+		// the guessed orders' ids are drawn from as many.
 		flood = exec.CommandContext(ctx, o.loadtest, "-scenario", row.Flood, "-url", url, "-for", o.floodFor.String(),
 			"-c", strconv.Itoa(o.flooders), "-src-n", strconv.Itoa(o.floodSrcN), "-src-from", strconv.Itoa(o.srcN),
 			"-skus", "1", "-distinct", "1000", "-first-user", strconv.Itoa(o.buyers+o.bots+1), "-json", base+".flood.json")
@@ -330,7 +373,8 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 	if row.Bot {
 		args = append(args, "-n", strconv.Itoa(o.bots), "-first-user", strconv.Itoa(o.buyers+1))
 	} else {
-		args = append(args, "-n", strconv.Itoa(o.buyers), "-src-n", strconv.Itoa(o.srcN))
+		args = append(args, "-n", strconv.Itoa(o.buyers), "-src-n", strconv.Itoa(o.srcN),
+			"-pay-frac", edgePayFrac, "-cancel-frac", edgeCancelFrac, "-webhook-secret", os.Getenv(envWebhookSecret))
 	}
 	var loadErr error
 	r.CPU, loadErr = measureCPU(o.state, func() (time.Duration, error) {
@@ -463,17 +507,25 @@ func limitCounts(runs []edgeRun, of func(edgeRun) loadResult, expected ...string
 var edgeColumns = []string{"row", "flood served/s", "flood 429 · 503 · other", "buyers served/s", "× alone",
 	"× under /healthz flood", "buyers p99", "buyers 429 · 503 · other", "verify"}
 
-// edgeTable renders the sale rows as one Markdown table of medians.
-func edgeTable(runs []edgeRun) string {
+// saleTable renders the sale rows (not the bot farm's) that runs has as
+// one Markdown table under columns, each row's cells as cells gives them
+// from the row and its rounds.
+func saleTable(runs []edgeRun, columns []string, cells func(row edgeRow, rr []edgeRun) []string) string {
 	var b strings.Builder
 	line := func(cells ...string) { fmt.Fprintf(&b, "| %s |\n", strings.Join(cells, " | ")) }
-	line(edgeColumns...)
-	fmt.Fprintf(&b, "|%s\n", strings.Repeat("---|", len(edgeColumns)))
+	line(columns...)
+	fmt.Fprintf(&b, "|%s\n", strings.Repeat("---|", len(columns)))
 	for _, row := range edgeRows() {
-		rr := rowRuns(runs, row.Name)
-		if row.Bot || len(rr) == 0 {
-			continue
+		if rr := rowRuns(runs, row.Name); !row.Bot && len(rr) > 0 {
+			line(cells(row, rr)...)
 		}
+	}
+	return b.String()
+}
+
+// edgeTable renders the sale rows as one Markdown table of medians.
+func edgeTable(runs []edgeRun) string {
+	return saleTable(runs, edgeColumns, func(row edgeRow, rr []edgeRun) []string {
 		flood, floodLimits := "–", "–"
 		if row.Flood != "" {
 			flood = fmt.Sprintf("%.0f (%s)", medianOf(rr, edgeRun.floodRate), row.Expect)
@@ -485,11 +537,73 @@ func edgeTable(runs []edgeRun) string {
 		if row.Flood != "" {
 			vsHealthz = ratioCell(runs, rr, edgeHealthz, edgeRun.buyersRate)
 		}
-		line(row.Name, flood, floodLimits, fmt.Sprintf("%.0f", rate), vsAlone, vsHealthz,
+		return []string{row.Name, flood, floodLimits, fmt.Sprintf("%.0f", rate), vsAlone, vsHealthz,
 			ms(medianOf(rr, func(r edgeRun) float64 { return r.Buyers.P99Ms })),
-			limitCounts(rr, func(r edgeRun) loadResult { return r.Buyers }, buyersServed...), allVerified(rr))
+			limitCounts(rr, func(r edgeRun) loadResult { return r.Buyers }, buyersServed...), allVerified(rr)}
+	})
+}
+
+// edgeLifeColumns are the edge's lifecycle table's headings.
+var edgeLifeColumns = []string{"row", "placed/s", "× under /healthz flood", "paid/s", "× under /healthz flood", "cancelled/s",
+	"× under /healthz flood", "payments 429 · 503 · other", "cancels 429 · 503 · other"}
+
+// edgeLifeTable renders the buyers' lifecycle in the sale rows: their rates of
+// placing (201 and 409), paying and cancelling, each beside its ratio to
+// the same round's under the /healthz flood, as one Markdown table of
+// medians.
+func edgeLifeTable(runs []edgeRun) string {
+	return saleTable(runs, edgeLifeColumns, func(row edgeRow, rr []edgeRun) []string {
+		cells := []string{row.Name}
+		for _, rate := range lifeRates {
+			x := "–"
+			if row.Flood != "" && row.Name != edgeHealthz {
+				x = fmt.Sprintf("%.2f×", ratioTo(runs, rr, edgeHealthz, rate.of))
+			}
+			cells = append(cells, fmt.Sprintf("%.0f", medianOf(rr, rate.of)), x)
+		}
+		pays := lifeLimits(rr, func(r edgeRun) map[string]int {
+			if r.Buyers.Payments == nil {
+				return nil
+			}
+			return r.Buyers.Payments.Statuses
+		}, "200")
+		cancels := lifeLimits(rr, func(r edgeRun) map[string]int {
+			if r.Buyers.Cancels == nil {
+				return nil
+			}
+			return r.Buyers.Cancels.Statuses
+		}, "200")
+		return append(cells, pays, cancels)
+	})
+}
+
+// lifeRates are the buyers' rates that edgeLifeTable and edgeNotes hold to
+// the goal.
+var lifeRates = []struct {
+	name string
+	of   func(edgeRun) float64
+}{{"placing", edgeRun.buyersRate}, {"paying", edgeRun.payRate}, {"cancelling", edgeRun.cancelRate}}
+
+// lifeLimits sums the 429s and 503s over runs among every attempt's
+// answer that of gives (keyed as bin/loadtest keys them: "503",
+// "429 rate_limited", "200 applied", "error"), and the answers whose
+// status is neither those nor expected.
+func lifeLimits(runs []edgeRun, of func(edgeRun) map[string]int, expected string) string {
+	var tooMany, busy, other int
+	for _, r := range runs {
+		for key, n := range of(r) {
+			switch status, _, _ := strings.Cut(key, " "); status {
+			case "429":
+				tooMany += n
+			case "503":
+				busy += n
+			case expected:
+			default:
+				other += n
+			}
+		}
 	}
-	return b.String()
+	return fmt.Sprintf("%d · %d · %d", tooMany, busy, other)
 }
 
 // botTable renders the bot farm's row: how many of its requests got an
@@ -537,12 +651,15 @@ func edgeNotes(runs []edgeRun) string {
 		if len(rr) == 0 {
 			continue
 		}
-		x := ratioTo(runs, rr, edgeHealthz, edgeRun.buyersRate)
-		verdict := "met"
-		if x < 0.9 {
-			verdict = "NOT met"
+		for _, rate := range lifeRates {
+			x := ratioTo(runs, rr, edgeHealthz, rate.of)
+			verdict := "met"
+			if x < 0.9 {
+				verdict = "NOT met"
+			}
+			fmt.Fprintf(&b, "goal (buyers %s keep ≥ 0.90× of their rate under the /healthz flood), %s: %.2f×, %s\n",
+				rate.name, row.Name, x, verdict)
 		}
-		fmt.Fprintf(&b, "goal (buyers keep ≥ 0.90× of their rate under the /healthz flood), %s: %.2f×, %s\n", row.Name, x, verdict)
 	}
 	for _, r := range runs {
 		if r.Outlasted {
@@ -572,6 +689,12 @@ func writeEdgeReport(o edgeOptions, ceiling, tbl, bots, notes string, cores int,
 	b.WriteString(notes)
 	b.WriteString(`
 - **flood served/s**: the flood's answers with the status it expects (in brackets) per second of the flood.
+- **placed/s, paid/s, cancelled/s**: the buyers' lifecycle. Of the reservations, ` + edgePayFrac + ` are paid at once by the
+  payment provider's signed events and ` + edgeCancelFrac + ` cancelled by their buyer (` + "`bin/loadtest -pay-frac -cancel-frac -webhook-secret`" + `);
+  placed/s is buyers served/s, paid/s the payments applied per second from the first sent to the last answered,
+  cancelled/s the same of the cancels (200). **× under /healthz flood** is the median of each round's ratio.
+- **payments, cancels 429 · 503 · other**: every attempt's answer of that kind over the rounds (payments and cancels
+  are sent again after a 429 or 503, as a provider and a buyer would).
 - **buyers served/s**: the buyers' 201 and 409 (sold out) per second of the sale; **× alone** and **× under /healthz
   flood** divide it by the same round's sale alone and under the ` + "`/healthz`" + ` flood, the absolute medians beside.
   The ` + "`/healthz`" + ` flood costs the service nothing: what it takes from the buyers is the machine's share the flood

@@ -218,9 +218,25 @@ func (r result) lifeProblems() []string {
 
 // payResult is what bin/loadtest -json says of the payments.
 type payResult struct {
-	InTime  payTally `json:"in_time"`
-	Late    payTally `json:"late"`
-	Retries int      `json:"retries"`
+	InTime   payTally       `json:"in_time"`
+	Late     payTally       `json:"late"`
+	Retries  int            `json:"retries"`
+	Statuses map[string]int `json:"statuses"` // every event delivery's answer
+	Events   eventTiming    `json:"events"`
+}
+
+// eventTiming is the span over which bin/loadtest sent its payments (or
+// cancels), from the first sent to the last answered.
+type eventTiming struct {
+	Seconds float64 `json:"seconds"`
+}
+
+// cancelResult is what bin/loadtest says of the buyers' cancels.
+type cancelResult struct {
+	Sent      int            `json:"sent"`
+	Cancelled int            `json:"cancelled"` // last answer 200
+	Statuses  map[string]int `json:"statuses"`  // every attempt's answer
+	Attempts  eventTiming    `json:"attempts"`
 }
 
 type payTally struct {

@@ -418,10 +418,11 @@ type loadResult struct {
 	Retries       int            `json:"retries"`
 	FinalStatuses map[string]int `json:"final_statuses"`
 
-	Reserved int        `json:"reserved"` // acks whose order was reserved
-	Payments *payResult `json:"payments"` // the payers' counts, in the lifecycle rows
-	Until    int        `json:"until"`    // the units a second wave set out to buy
-	Rebuys   int        `json:"rebuys"`   // purchase attempts after a sold_out
+	Reserved int           `json:"reserved"` // acks whose order was reserved
+	Payments *payResult    `json:"payments"` // the payers' counts, in the lifecycle rows and the edge's sales
+	Cancels  *cancelResult `json:"cancels"`  // the buyers' cancels, in the edge's sales
+	Until    int           `json:"until"`    // the units a second wave set out to buy
+	Rebuys   int           `json:"rebuys"`   // purchase attempts after a sold_out
 }
 
 // verifyReport is what `shop verify --json` prints.
