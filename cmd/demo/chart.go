@@ -7,6 +7,7 @@ import (
 	"image/draw"
 	"image/png"
 	"io"
+	"strings"
 
 	"golang.org/x/image/font"
 	"golang.org/x/image/font/gofont/goregular"
@@ -24,7 +25,19 @@ const (
 	barHeight   = 18
 	headerSpace = 56
 	footerSpace = 16
+	// A row's label starts at labelX and must end labelGap before the
+	// oversold column (labelWidth), or it runs over that column's bars and
+	// figures; a longer label wraps onto lines lineHeight apart, and its
+	// row grows by lineHeight for each line after the first.
+	labelX     = 52
+	labelGap   = 12
+	lineHeight = 16
+	// fontSize is the chart's text size, in points at 72 DPI (pixels).
+	fontSize = 13
 )
+
+// labelRoom is the width a label's line may take.
+const labelRoom = labelWidth - labelGap - labelX
 
 var (
 	ink       = color.RGBA{0x22, 0x22, 0x22, 0xff}
@@ -35,15 +48,69 @@ var (
 	okC       = color.RGBA{0x2c, 0xa0, 0x2c, 0xff}
 )
 
+// chartRow is where a result's row goes: its band from top, height high,
+// and its label's lines.
+type chartRow struct {
+	top, height int
+	lines       []string
+}
+
+// chartLayout places the results' rows one under the other below the
+// header, each as tall as its label's lines need, and returns them and the
+// chart's height.
+func chartLayout(face font.Face, results []result) ([]chartRow, int) {
+	rows := make([]chartRow, len(results))
+	top := headerSpace
+	for i, r := range results {
+		lines := labelLines(face, fmt.Sprintf("%d. %s", r.number(i), r.Row.label()))
+		rows[i] = chartRow{top: top, height: rowHeight + (len(lines)-1)*lineHeight, lines: lines}
+		top += rows[i].height
+	}
+	return rows, top + footerSpace
+}
+
+// labelLines breaks label into lines of at most labelRoom pixels in face:
+// after its commas where it can (each part of a label is a setting or a
+// fault, and reads whole), else between words. A single word wider than
+// the room, which no label has, stays on a line of its own.
+func labelLines(face font.Face, label string) []string {
+	fits := func(s string) bool { return font.MeasureString(face, s).Ceil() <= labelRoom }
+	var lines []string
+	line := ""
+	add := func(part, sep string) {
+		switch {
+		case line == "":
+			line = part
+		case fits(line + sep + part):
+			line += sep + part
+		default:
+			lines = append(lines, line)
+			line = part
+		}
+	}
+	for _, part := range strings.SplitAfter(label, ", ") {
+		part = strings.TrimSuffix(part, " ")
+		if fits(part) {
+			add(part, " ")
+			continue
+		}
+		for _, word := range strings.Fields(part) {
+			add(word, " ")
+		}
+	}
+	return append(lines, line)
+}
+
 // drawChart draws two bar panels, one row per result: oversold units and
-// orders per second, each on its own scale.
+// orders per second, each on its own scale. Long labels wrap within the
+// label column (labelLines), so that none runs over the bars.
 func drawChart(w io.Writer, results []result) error {
-	face, err := newFace(13)
+	face, err := newFace(fontSize)
 	if err != nil {
 		return err
 	}
 	defer face.Close()
-	height := headerSpace + rowHeight*len(results) + footerSpace
+	layout, height := chartLayout(face, results)
 	img := image.NewRGBA(image.Rect(0, 0, chartWidth, height))
 	draw.Draw(img, img.Bounds(), image.White, image.Point{}, draw.Src)
 
@@ -59,8 +126,8 @@ func drawChart(w io.Writer, results []result) error {
 	text(img, face, rateX, headerSpace-10, ordersC, "orders/s")
 
 	for i, r := range results {
-		top := headerSpace + i*rowHeight
-		mid := top + rowHeight/2
+		top := layout[i].top
+		mid := top + layout[i].height/2
 		fill(img, image.Rect(12, top, chartWidth-12, top+1), rule)
 		mark, markC := "ok", okC
 		switch {
@@ -69,8 +136,12 @@ func drawChart(w io.Writer, results []result) error {
 		case !r.Verify.OK:
 			mark, markC = "race", oversoldC
 		}
-		text(img, face, 12, mid+5, markC, mark)
-		text(img, face, 52, mid+5, ink, fmt.Sprintf("%d. %s", r.number(i), r.Row.label()))
+		// The lines are centred on the row's middle, as the bars are.
+		first := mid + 5 - (len(layout[i].lines)-1)*lineHeight/2
+		text(img, face, 12, first, markC, mark)
+		for k, line := range layout[i].lines {
+			text(img, face, labelX, first+k*lineHeight, ink, line)
+		}
 
 		bar(img, face, oversoldX, mid, float64(r.Verify.Oversold), maxOversold, oversoldC, fmt.Sprint(r.Verify.Oversold))
 		bar(img, face, rateX, mid, r.ordersPerSecond(), maxRate, ordersC, fmt.Sprintf("%.0f", r.ordersPerSecond()))

@@ -209,8 +209,13 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if h := img.Bounds().Dy(); h != headerSpace+rowHeight*len(rows)+footerSpace {
-		t.Errorf("chart is %d px high, want one band per row", h)
+	face, err := newFace(fontSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer face.Close()
+	if _, want := chartLayout(face, results); img.Bounds().Dy() != want {
+		t.Errorf("chart is %d px high, want %d: one band per row", img.Bounds().Dy(), want)
 	}
 	if !strings.Contains(string(md), "17. **redis/guarded ×3, fencing on, Redis master failed over, buyers retry, Redis via sentinel**") ||
 		!strings.Contains(string(md), "18. **redis/guarded ×3, fencing on, Redis master killed, buyers retry, Redis via sentinel**") {
