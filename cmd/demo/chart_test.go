@@ -13,16 +13,7 @@ import (
 // whose bars and figures ("a stale write refused", an oversold unit) it
 // would cover; and the lines keep the label whole.
 func TestChartLabelsClearTheBars(t *testing.T) {
-	o, err := parse(nil) // every row: the faults, the lock families, the lifecycle and Stripe
-	if err != nil {
-		t.Fatal(err)
-	}
-	face, err := newFace(fontSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer face.Close()
-	rows := experiment(o)
+	rows, face := demoRows(t), chartFace(t)
 	if len(rows) < 31 {
 		t.Fatalf("%d rows; the test wants the demo's every row", len(rows))
 	}
@@ -44,17 +35,9 @@ func TestChartLabelsClearTheBars(t *testing.T) {
 // The rows lie one under the other, each label's lines within its own
 // band, however many lines it has.
 func TestChartLayoutKeepsLinesInTheirRow(t *testing.T) {
-	o, err := parse(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	face, err := newFace(fontSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer face.Close()
+	face := chartFace(t)
 	var results []result
-	for _, r := range experiment(o) {
+	for _, r := range demoRows(t) {
 		results = append(results, result{Row: r})
 	}
 	layout, height := chartLayout(face, results)
@@ -77,4 +60,26 @@ func TestChartLayoutKeepsLinesInTheirRow(t *testing.T) {
 	if height != top+footerSpace || wrapped == 0 {
 		t.Errorf("height %d, want %d; %d rows wrapped, want some", height, top+footerSpace, wrapped)
 	}
+}
+
+// chartFace is the chart's font, closed when the test ends.
+func chartFace(t *testing.T) font.Face {
+	t.Helper()
+	face, err := newFace(fontSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { face.Close() })
+	return face
+}
+
+// demoRows are every row of the demo: the faults, the lock families, the
+// lifecycle and Stripe's.
+func demoRows(t *testing.T) []row {
+	t.Helper()
+	o, err := parse(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return experiment(o)
 }

@@ -209,12 +209,7 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	face, err := newFace(fontSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer face.Close()
-	if _, want := chartLayout(face, results); img.Bounds().Dy() != want {
+	if _, want := chartLayout(chartFace(t), results); img.Bounds().Dy() != want {
 		t.Errorf("chart is %d px high, want %d: one band per row", img.Bounds().Dy(), want)
 	}
 	if !strings.Contains(string(md), "17. **redis/guarded ×3, fencing on, Redis master failed over, buyers retry, Redis via sentinel**") ||
