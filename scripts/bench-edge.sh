@@ -15,7 +15,27 @@
 #
 # Environment: SHOP_STATE (default .state/bench-edge), BENCH_OUT (default
 # out/bench-edge).
+#
+# Before the stack's run, slow clients (loadtest/slowbench): nginx from
+# deploy/nginx.conf in front of a stand-in replica, the buyers' rate alone
+# and while one address holds 2000 idle, 200 header-trickling and 50
+# body-trickling connections, and their ratio (goal: at least 0.9×),
+# written to $BENCH_OUT/slow-clients.md. BENCH_SLOW_CLIENTS=0 skips it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# slow_clients runs loadtest/slowbench and keeps its table.
+slow_clients() {
+  . scripts/lib.sh
+  ensure_go
+  local out=${BENCH_OUT:-out/bench-edge} nginx
+  nginx=$(find_bin nginx) || die "nginx not found: make test or make demo installs it"
+  mkdir -p "$out"
+  go build -o bin/slowbench ./loadtest/slowbench
+  log "slow clients: the buyers' rate through nginx alone and while one address holds slow connections"
+  bin/slowbench -nginx "$nginx" | tee "$out/slow-clients.md"
+}
+[ "${BENCH_SLOW_CLIENTS:-1}" = 0 ] || slow_clients
+
 SHOP_STATE=${SHOP_STATE:-.state/bench-edge} DEMO_OUT=${BENCH_OUT:-out/bench-edge} \
   DEMO_MODE=-edge exec scripts/demo.sh "$@"

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -24,6 +26,7 @@ import (
 
 	"shop/internal/handler"
 	"shop/internal/testenv"
+	"shop/loadtest/slowclient"
 )
 
 const nginxConf = "../../deploy/nginx.conf"
@@ -32,6 +35,14 @@ const nginxConf = "../../deploy/nginx.conf"
 // deploy/nginx.conf, inside the block that opens with block (or anywhere
 // when block is empty), as a duration.
 func nginxDirective(t *testing.T, block, name string) time.Duration {
+	t.Helper()
+	return nginxTime(t, nginxValue(t, block, name))
+}
+
+// nginxValue returns the value of the first directive name of one value
+// in deploy/nginx.conf, inside the block that opens with block (or
+// anywhere when block is empty).
+func nginxValue(t *testing.T, block, name string) string {
 	t.Helper()
 	f, err := os.Open(nginxConf)
 	if err != nil {
@@ -47,7 +58,7 @@ func nginxDirective(t *testing.T, block, name string) time.Duration {
 		case block != "" && strings.HasPrefix(strings.TrimSpace(line), block+" "):
 			inside, depth = true, 0
 		case inside && len(fields) == 2 && fields[0] == name:
-			return nginxTime(t, fields[1])
+			return fields[1]
 		}
 		depth += strings.Count(line, "{") - strings.Count(line, "}")
 		if block != "" && inside && depth <= 0 && strings.Contains(line, "}") {
@@ -55,7 +66,7 @@ func nginxDirective(t *testing.T, block, name string) time.Duration {
 		}
 	}
 	t.Fatalf("%s: no %s in %q", nginxConf, name, block)
-	return 0
+	return ""
 }
 
 // nginxTime reads an nginx time: a number of seconds, or with a unit.
@@ -336,21 +347,37 @@ func wantNotFound(t *testing.T, front *client, paths ...string) {
 // upstreamStub stands in for the replicas behind nginx: it answers every
 // request (201 for an order, 200 otherwise) and records what reached it.
 type upstreamStub struct {
-	mu    sync.Mutex
-	paths map[string]int
-	xff   map[string]int // X-Forwarded-For values seen
+	mu     sync.Mutex
+	paths  map[string]int
+	xff    map[string]int // X-Forwarded-For values seen
+	realIP map[string]int // X-Real-IP values seen
+}
+
+func newUpstreamStub() *upstreamStub {
+	return &upstreamStub{paths: map[string]int{}, xff: map[string]int{}, realIP: map[string]int{}}
 }
 
 func (u *upstreamStub) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	u.mu.Lock()
 	u.paths[r.Method+" "+r.URL.Path]++
 	u.xff[r.Header.Get("X-Forwarded-For")]++
+	u.realIP[r.Header.Get("X-Real-IP")]++
 	u.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	if r.Method == "POST" {
 		w.WriteHeader(http.StatusCreated)
 	}
 	io.WriteString(w, "{}\n")
+}
+
+// nginxOverStub starts an upstreamStub and nginx in front of it, both
+// stopped when the test ends.
+func nginxOverStub(t *testing.T) (*upstreamStub, *frontNginx) {
+	t.Helper()
+	up := newUpstreamStub()
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	return up, startNginx(t, strings.TrimPrefix(srv.URL, "http://"))
 }
 
 func (u *upstreamStub) count(path string) int {
@@ -373,21 +400,19 @@ func burst(front *client, n int) []reply[order] {
 // edgeOrder sends an order through front with X-Forwarded-For set to an
 // address the client made up.
 func edgeOrder(front *client) reply[order] {
-	return front.order(1, 1, withHeader("X-Forwarded-For", "203.0.113.9"))
+	return front.order(1, 1, withHeader("X-Forwarded-For", "203.0.113.9"), withHeader("X-Real-IP", "203.0.113.9"))
 }
 
 // nginx's limits per client address never refuse an honest buyer, 5 orders
 // a second in bursts of 10, and refuse one address that sends 200 orders
 // as fast as it can: 429 rate_limited with Retry-After and nginx's request
 // id, in the API's error shape, without reaching a replica. The replica is
-// told the client's own address, whatever X-Forwarded-For the client sent,
-// and nothing of the admin API reaches it.
+// told the client's own address, in X-Forwarded-For and in X-Real-IP,
+// whatever the client sent in them, and nothing of the admin API reaches
+// it.
 func TestNginxLimitsPerAddress(t *testing.T) {
 	t.Parallel()
-	up := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
-	srv := httptest.NewServer(up)
-	defer srv.Close()
-	nginx := startNginx(t, strings.TrimPrefix(srv.URL, "http://"))
+	up, nginx := nginxOverStub(t)
 	hc := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}
 	// Before nginx's stop (cleanups run last first): nginx stopping
 	// gracefully waits for the connections its clients keep.
@@ -442,6 +467,9 @@ func TestNginxLimitsPerAddress(t *testing.T) {
 	up.mu.Lock()
 	if len(up.xff) != 1 || up.xff["127.0.0.1"] == 0 {
 		t.Errorf("X-Forwarded-For at the replica: %v; want the client's address alone, 127.0.0.1", up.xff)
+	}
+	if len(up.realIP) != 1 || up.realIP["127.0.0.1"] == 0 {
+		t.Errorf("X-Real-IP at the replica: %v; want the client's address alone, 127.0.0.1", up.realIP)
 	}
 	up.mu.Unlock()
 	time.Sleep(time.Second) // a little of the orders' rate back
@@ -508,13 +536,19 @@ func paymentEvent(front *client, body string) reply[none] {
 // paymentBurst sends n payment events through front from c clients at
 // once, and counts the answers by status (0: a transport error).
 func paymentBurst(front *client, n, c int) map[int]int {
+	return countBurst(n, c, func() reply[none] { return paymentEvent(front, `{"type":"payment.succeeded"}`) })
+}
+
+// countBurst calls send n times from c goroutines at once and counts the
+// answers by status (0: a transport error).
+func countBurst(n, c int, send func() reply[none]) map[int]int {
 	statuses := map[int]int{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for range c {
 		wg.Go(func() {
 			for range n / c {
-				a := paymentEvent(front, `{"type":"payment.succeeded"}`)
+				a := send()
 				mu.Lock()
 				statuses[a.status]++
 				mu.Unlock()
@@ -534,7 +568,7 @@ func paymentBurst(front *client, n, c int) map[int]int {
 func TestNginxExemptsPayments(t *testing.T) {
 	t.Parallel()
 	const held = 100
-	up := &holdingStub{upstreamStub: &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}, hold: held, full: make(chan struct{})}
+	up := &holdingStub{upstreamStub: newUpstreamStub(), hold: held, full: make(chan struct{})}
 	srv := httptest.NewServer(up)
 	defer srv.Close()
 	nginx := startNginx(t, strings.TrimPrefix(srv.URL, "http://"))
@@ -588,7 +622,7 @@ func TestNginxResendsPaymentEvents(t *testing.T) {
 		}
 	}))
 	defer closer.Close()
-	good := &upstreamStub{paths: map[string]int{}, xff: map[string]int{}}
+	good := newUpstreamStub()
 	srv := httptest.NewServer(good)
 	defer srv.Close()
 	// The closing replica first: nginx's first request goes to it.
@@ -606,4 +640,258 @@ func TestNginxResendsPaymentEvents(t *testing.T) {
 		t.Errorf("the working replica got %d of the 10 payment events", n)
 	}
 	t.Logf("%d payment event(s) resent from the closing replica to the working one", broken.Load())
+}
+
+// fromAddr is a client whose connections leave from the loopback address
+// ip (all of 127.0.0.0/8 is local on Linux): one client address, as
+// nginx's limits see it.
+func fromAddr(ip net.IP, conns int) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}, Timeout: 5 * time.Second}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, MaxIdleConnsPerHost: conns}}
+}
+
+// nginxInt returns the number that the first group of the regular
+// expression re matches in deploy/nginx.conf.
+func nginxInt(t *testing.T, re string) int {
+	t.Helper()
+	b, err := os.ReadFile(nginxConf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(re).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("%s: nothing matches %s", nginxConf, re)
+	}
+	n, err := strconv.Atoi(string(m[1]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// nginxSize reads an nginx size of deploy/nginx.conf (64k, 4096, 1m) in
+// bytes.
+func nginxSize(t *testing.T, block, name string) int {
+	t.Helper()
+	v := nginxValue(t, block, name)
+	unit := 1
+	switch {
+	case strings.HasSuffix(v, "k"):
+		unit, v = 1<<10, strings.TrimSuffix(v, "k")
+	case strings.HasSuffix(v, "m"):
+		unit, v = 1<<20, strings.TrimSuffix(v, "m")
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		t.Fatalf("%s: %s %q: not a size", nginxConf, name, v)
+	}
+	return n * unit
+}
+
+// nginx outlasts slow clients. From one address, 2000 connections that
+// send nothing, 200 that trickle their header a byte at a time and 50
+// that send a payment event's header and then a byte or two of its body
+// (the payment provider's route, which no limit per address counts) are
+// held open at once, while buyers from other addresses are all answered.
+// nginx then closes every one of them within its timeouts: the idle and
+// header-trickling ones within client_header_timeout of their start,
+// however often they send, the others within client_body_timeout of their
+// last byte, both with a reset (reset_timedout_connection), and no
+// trickled event reaches a replica. The buyers' rate under such a hold is
+// make bench-edge's (loadtest/slowbench), not a test's.
+func TestNginxOutlastsSlowClients(t *testing.T) {
+	t.Parallel()
+	const idle, header, body = 2000, 200, 50
+	headerTimeout := nginxDirective(t, "http", "client_header_timeout")
+	bodyTimeout := nginxDirective(t, "http", "client_body_timeout")
+	if headerTimeout > 5*time.Second || bodyTimeout > 5*time.Second {
+		t.Errorf("client_header_timeout %s, client_body_timeout %s; want at most 5s each", headerTimeout, bodyTimeout)
+	}
+	if keepalive := nginxDirective(t, "http", "keepalive_timeout"); keepalive > 15*time.Second {
+		t.Errorf("keepalive_timeout %s; want at most 15s", keepalive)
+	}
+	if v := nginxValue(t, "http", "reset_timedout_connection"); v != "on" {
+		t.Errorf("reset_timedout_connection %s; want on", v)
+	}
+	conns, files := nginxSize(t, "events", "worker_connections"), nginxSize(t, "", "worker_rlimit_nofile")
+	if conns < 16384 || files < 2*conns {
+		t.Errorf("worker_connections %d, worker_rlimit_nofile %d; want at least 16384, and files for two of each (client and replica)", conns, files)
+	}
+	var lim syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim); err != nil {
+		t.Fatal(err)
+	}
+	if need := uint64(idle + header + body + 1024); lim.Cur < need || lim.Max < need {
+		t.Skipf("open files limited to %d (hard %d); holding %d connections here and in nginx needs %d: raise ulimit -n", lim.Cur, lim.Max, idle+header+body, need)
+	}
+
+	up, nginx := nginxOverStub(t)
+	crowd := crowdClient(10 * time.Second)
+	t.Cleanup(crowd.CloseIdleConnections)
+	buyer := nginx.using(crowd)
+	waitReady(t, buyer)
+
+	began := time.Now()
+	hold, err := slowclient.Start(t.Context(), slowclient.Config{
+		Addr: "127.0.0.1:" + nginx.port, From: net.IPv4(127, 0, 0, 1),
+		Idle: idle, Header: header, Body: body,
+		Every: 500 * time.Millisecond, BodyBytes: 2, BodyPath: "/api/v1/payments/events", BodyLength: 60 << 10,
+		// Until the buyers are answered, one closed is opened again: the
+		// hold stays whole however long opening it took.
+		Reopen: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hold.Stop()
+	heldAfter := time.Since(began)
+
+	// Buyers, each request from an address of its own, while the hold is
+	// at its height.
+	statuses := countBurst(100, 10, func() reply[none] { return buyer.send("GET", "/api/v1/products/1", "") })
+	held := hold.Open()
+	hold.StopReopening()
+	t.Logf("%d connections held after %s; 100 buyers answered by %s", idle+header+body, heldAfter.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	if statuses[http.StatusOK] != 100 {
+		t.Errorf("buyers from other addresses while %d connections were held: %v; want all 100 answered 200", held, statuses)
+	}
+	if held < (idle+header+body)*9/10 {
+		t.Errorf("only %d of the %d connections were held once the buyers were answered: they were not answered during the hold", held, idle+header+body)
+	}
+
+	const slack = 3 * time.Second // the client noticing, on a busy machine
+	waitFor(t, max(headerTimeout, time.Second+bodyTimeout)+2*slack, "nginx closing every held connection", func() error {
+		if n := hold.Open(); n > 0 {
+			return fmt.Errorf("%d idle, %d header, %d body connections still open", hold.OpenOf(slowclient.Idle), hold.OpenOf(slowclient.Header), hold.OpenOf(slowclient.Body))
+		}
+		return nil
+	})
+	late, answered, orderly := map[slowclient.Kind]int{}, 0, 0
+	var slowest [3]time.Duration
+	for _, c := range hold.Closures() {
+		took := c.Closed.Sub(c.Opened)
+		limit := headerTimeout
+		if c.Kind == slowclient.Body {
+			took, limit = c.Closed.Sub(c.LastSent), bodyTimeout
+		}
+		slowest[c.Kind] = max(slowest[c.Kind], took)
+		if took > limit+slack {
+			late[c.Kind]++
+		}
+		if c.Answered {
+			answered++
+		}
+		if c.Kind != slowclient.Idle && !c.Reset {
+			orderly++
+		}
+	}
+	if len(late) > 0 || answered > 0 || orderly > 0 {
+		t.Errorf("closed later than their timeout and %s: %v; answered: %d; trickled ones closed without a reset: %d", slack, late, answered, orderly)
+	}
+	if n := up.count("POST /api/v1/payments/events"); n != 0 {
+		t.Errorf("%d trickled payment events reached the replica", n)
+	}
+	t.Logf("buyers %v while %d held; closed by nginx at the latest after: idle %s, header %s from their start; body %s after its last byte",
+		statuses, held, slowest[slowclient.Idle].Round(time.Millisecond), slowest[slowclient.Header].Round(time.Millisecond), slowest[slowclient.Body].Round(time.Millisecond))
+}
+
+// The reads a replica answers from MySQL for anyone, a product's stock and
+// an order, are limited per address at nginx: a burst of 100 from one
+// address is mostly refused 429 rate_limited in the API's error shape,
+// while another address is served, and a cached product page, which is
+// not such a read, is served to a burst as large.
+func TestNginxLimitsReadsPerAddress(t *testing.T) {
+	t.Parallel()
+	_, nginx := nginxOverStub(t)
+	burst, rate := nginxInt(t, `limit_req zone=reads burst=(\d+)`), nginxInt(t, `zone=reads:\w+ rate=(\d+)r/s`)
+	const n, c = 200, 50
+	for i, path := range []string{"/api/v1/products/7/stock", "/api/v1/orders/42?user_id=3"} {
+		flooder := fromAddr(net.IPv4(127, 0, 5, byte(2*i+1)), c)
+		other := fromAddr(net.IPv4(127, 0, 5, byte(2*i+2)), 1)
+		t.Cleanup(flooder.CloseIdleConnections)
+		t.Cleanup(other.CloseIdleConnections)
+		start := time.Now()
+		statuses := getBurst(t, nginx.using(flooder), path, n, c)
+		// What the limit lets through in the time the burst took (a
+		// loaded machine takes longer, and the limit lets more through).
+		allowed := burst + 1 + int(float64(rate)*time.Since(start).Seconds()+1)
+		if statuses[http.StatusTooManyRequests] == 0 || statuses[http.StatusOK] > allowed || statuses[http.StatusOK]+statuses[http.StatusTooManyRequests] != n {
+			t.Errorf("GET %s, %d at once from one address over %s: %v; want at most %d served, the others refused 429 rate_limited",
+				path, n, time.Since(start).Round(time.Millisecond), statuses, allowed)
+		}
+		if a := nginx.using(other).send("GET", path, ""); a.expect(http.StatusOK) != nil {
+			t.Errorf("GET %s from another address meanwhile: %v; want it served", path, a)
+		}
+		t.Logf("GET %s, %d at once from one address: %v", path, n, statuses)
+	}
+	pages := fromAddr(net.IPv4(127, 0, 5, 9), c)
+	t.Cleanup(pages.CloseIdleConnections)
+	if statuses := getBurst(t, nginx.using(pages), "/api/v1/products/7", n, c); statuses[http.StatusOK] != n {
+		t.Errorf("GET /api/v1/products/7, %d at once from one address: %v; want all served (a cached page is not limited as a read)", n, statuses)
+	}
+}
+
+// getBurst sends n GETs of path through front from c goroutines at once
+// and counts the answers by status; every 429 must be nginx's, in the
+// API's error shape.
+func getBurst(t *testing.T, front *client, path string, n, c int) map[int]int {
+	t.Helper()
+	return countBurst(n, c, func() reply[none] {
+		a := front.send("GET", path, "")
+		if a.status == http.StatusTooManyRequests && (a.code() != "rate_limited" || a.header.Get("Retry-After") != "1" || a.header.Get("Content-Type") != "application/json") {
+			t.Errorf("GET %s: 429 with code %q, Retry-After %q, Content-Type %q; want rate_limited, 1, application/json",
+				path, a.code(), a.header.Get("Retry-After"), a.header.Get("Content-Type"))
+		}
+		return a
+	})
+}
+
+// Requests nginx refuses itself, before a replica sees them, are answered
+// in the API's error shape, not with nginx's HTML page: 400
+// invalid_argument for two Authorization headers, two Host headers or a
+// header beyond nginx's buffers, and 413 too_large for a body above the 4
+// KiB a replica accepts (one of 4 KiB passes).
+func TestNginxAnswersItsRefusalsInJSON(t *testing.T) {
+	t.Parallel()
+	up, nginx := nginxOverStub(t)
+	order := func(n int) string {
+		return fmt.Sprintf("POST /api/v1/orders HTTP/1.1\r\nHost: shop\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", n, strings.Repeat(" ", n))
+	}
+	cases := []struct {
+		name, request string
+		status        int
+		code          string
+	}{
+		{"two Authorization headers", "GET /api/v1/orders/1 HTTP/1.1\r\nHost: shop\r\nAuthorization: Bearer a\r\nAuthorization: Bearer b\r\n\r\n", 400, "invalid_argument"},
+		{"two Host headers", "GET /api/v1/orders/1 HTTP/1.1\r\nHost: shop\r\nHost: other\r\n\r\n", 400, "invalid_argument"},
+		{"a header beyond nginx's buffers", "GET /api/v1/orders/1 HTTP/1.1\r\nHost: shop\r\nX-Big: " + strings.Repeat("a", 64<<10) + "\r\n\r\n", 400, "invalid_argument"},
+		{"a body above 4 KiB", order(4<<10 + 1), 413, "too_large"},
+		{"a body of 4 KiB", order(4 << 10), 201, ""},
+	}
+	for _, tc := range cases {
+		c, err := net.Dial("tcp", "127.0.0.1:"+nginx.port)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(c, tc.request); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		c.Close()
+		var e struct {
+			Error struct{ Code, Message string } `json:"error"`
+		}
+		shape := json.Unmarshal(b, &e) == nil && e.Error.Code == tc.code && e.Error.Message != ""
+		if resp.StatusCode != tc.status || (tc.code != "" && (!shape || resp.Header.Get("Content-Type") != "application/json" || len(resp.Header.Get("X-Request-ID")) != 32)) {
+			t.Errorf("%s: %d %s %q; want %d %s in the API's error shape, with nginx's X-Request-ID", tc.name, resp.StatusCode, resp.Header.Get("Content-Type"), b, tc.status, tc.code)
+		}
+	}
+	if n := up.count("POST /api/v1/orders"); n != 1 {
+		t.Errorf("%d orders reached the replica; want the one of 4 KiB", n)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -98,6 +99,7 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 		pr.addf("%s: %v", sharedEnvKey, err)
 	}
 	svc.checkPayments(&pr, sharedEnvKey, shared)
+	checkAuth(&pr, sharedEnvKey, shared)
 
 	var replicas, setups []string
 	for _, name := range slices.Sorted(maps.Keys(p.Services)) {
@@ -139,7 +141,11 @@ func CheckCompose(p *types.Project, repo string, svc Service) error {
 			pr.addf("service %s: does not wait for the setup (%s) to complete successfully", r, strings.Join(setups, ", "))
 		}
 	}
-	checkNginx(&pr, p, repo, replicas, port)
+	nginxIP := checkNginx(&pr, p, repo, replicas, port)
+	if nginxIP == nil {
+		pr.addf("nginx has no fixed address on the replicas' network (networks: NAME: ipv4_address) for SHOP_TRUSTED_PROXIES to name")
+	}
+	checkTrustedProxies(&pr, sharedEnvKey, shared, nginxIP)
 	return pr.err()
 }
 
@@ -186,8 +192,9 @@ func sharedEnv(p *types.Project) (map[string]string, error) {
 
 // checkNginx checks the nginx service: the native stack's template, every
 // variable of it set, the replicas as upstreams on port, and its listen
-// port published.
-func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, port int) {
+// port published. It returns nginx's fixed address on a network of the
+// replicas, or nil.
+func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, port int) net.IP {
 	template := filepath.Join(repo, nginxTemplate)
 	for _, name := range slices.Sorted(maps.Keys(p.Services)) {
 		s := p.Services[name]
@@ -210,7 +217,7 @@ func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, 
 		text, err := readText(template)
 		if err != nil {
 			pr.addf("%s: %v", where, err)
-			return
+			return nil
 		}
 		for _, name := range templateVars(text) {
 			if env[name] == "" {
@@ -231,9 +238,28 @@ func checkNginx(pr *problems, p *types.Project, repo string, replicas []string, 
 				}
 			}
 		}
-		return
+		return fixedAddress(p, s, replicas)
 	}
 	pr.addf("no service mounts %s as an nginx template", nginxTemplate)
+	return nil
+}
+
+// fixedAddress returns s's fixed IPv4 address on a network that every
+// replica is on, or nil.
+func fixedAddress(p *types.Project, s types.ServiceConfig, replicas []string) net.IP {
+	for name, cfg := range s.Networks {
+		if cfg == nil || cfg.Ipv4Address == "" {
+			continue
+		}
+		if slices.ContainsFunc(replicas, func(r string) bool {
+			_, ok := p.Services[r].Networks[name]
+			return !ok
+		}) {
+			continue
+		}
+		return net.ParseIP(cfg.Ipv4Address)
+	}
+	return nil
 }
 
 // checkReplicaHealth checks a replica's health check: the image's (none

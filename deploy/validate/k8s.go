@@ -7,6 +7,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
@@ -27,6 +28,7 @@ type Manifests struct {
 	Deployments []appsv1.Deployment
 	PDBs        []policyv1.PodDisruptionBudget
 	Jobs        []batchv1.Job
+	Policies    []networkingv1.NetworkPolicy
 }
 
 // Render builds the kustomization in dir as `kubectl apply -k` would and
@@ -71,6 +73,8 @@ func (m *Manifests) add(apiVersion, kind string, doc []byte) error {
 		return decodeInto(doc, &m.PDBs)
 	case "batch/v1 Job":
 		return decodeInto(doc, &m.Jobs)
+	case "networking.k8s.io/v1 NetworkPolicy":
+		return decodeInto(doc, &m.Policies)
 	}
 	return fmt.Errorf("%w: %s %s", ErrUnknownKind, apiVersion, kind)
 }

@@ -50,7 +50,10 @@ func (p problems) err() error { return errors.Join(p...) }
 // shutdown, every SHOP_* setting is one the service reads and credentials
 // come from a Secret whose name, like the ConfigMap's, carries the hash of
 // its content, the payment provider's secrets are there (checkPayments),
-// the pods run unprivileged, and the setup Job migrates and then seeds an
+// buyers are authenticated (checkAuth), the proxies in front are trusted
+// (checkTrustedProxies), the operators' port is reachable from the
+// monitoring namespace alone (checkPolicies), the pods run unprivileged,
+// and the setup Job migrates and then seeds an
 // empty catalog only, with the replicas' image. It returns every problem
 // found, each naming its object.
 func CheckK8s(m *Manifests, svc Service) error {
@@ -80,6 +83,7 @@ func CheckK8s(m *Manifests, svc Service) error {
 		p.addf("%s: %v", where, err)
 	} else {
 		checkAdminPort(&p, where, pod, c, admin, port)
+		m.checkPolicies(&p, d.Namespace, pod.Labels, c, admin, port)
 	}
 	checkProbe(&p, where+": readinessProbe", c.ReadinessProbe, c, "/readyz", port)
 	checkProbe(&p, where+": livenessProbe", c.LivenessProbe, c, "/healthz", port)
@@ -91,6 +95,8 @@ func CheckK8s(m *Manifests, svc Service) error {
 	checkPodSecurity(&p, where, pod.Spec)
 	checkGoMemLimit(&p, where, c, env)
 	svc.checkPayments(&p, where, env)
+	checkAuth(&p, where, env)
+	checkTrustedProxies(&p, where, env, nil)
 
 	m.checkGeneratedNames(&p)
 	m.checkServices(&p, pod.Labels, c, port)

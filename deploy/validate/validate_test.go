@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -137,8 +138,18 @@ func TestReadService(t *testing.T) {
 // whsec_ and 32 bytes in standard base64.
 var testSecret = "whsec_" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x5a}, 32))
 
+// testJWTSecret is a buyers' token secret as shop takes it: 32 bytes.
+var testJWTSecret = base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x6b}, 32))
+
 // fillSecret fills secret.env's empty placeholder of the payment secret in.
 var fillSecret = edit{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", "SHOP_PAYMENT_WEBHOOK_SECRET=" + testSecret + "\n"}
+
+// fillJWTSecret fills secret.env's empty placeholder of the buyers' token
+// secret in.
+var fillJWTSecret = edit{"secret.env", "SHOP_JWT_SECRET=\n", "SHOP_JWT_SECRET=" + testJWTSecret + "\n"}
+
+// emptyJWTSecret is what the validation says of an empty token secret.
+const emptyJWTSecret = "SHOP_JWT_SECRET is empty (and no SHOP_JWT_PUBLIC_KEYS): with SHOP_AUTH=jwt, shop serve refuses to start"
 
 // emptySecret is what the validation says of an empty payment secret.
 const emptySecret = "SHOP_PAYMENT_WEBHOOK_SECRET is empty: with a pay window (SHOP_PAY_WINDOW 15m0s), shop serve refuses to start"
@@ -156,9 +167,10 @@ func checkK8sCopy(t *testing.T, svc validate.Service, edits ...edit) error {
 
 // TestK8s renders deploy/k8s and checks it: every object decodes strictly
 // into its API type and the manifests run the service as it expects, once
-// the payment provider's secret is filled in. As shipped, with that
-// secret's placeholder empty, they are refused for it, and for nothing
-// else; without a pay window no secret is needed.
+// the payment provider's secret and the buyers' token secret are filled
+// in. As shipped, with those secrets' placeholders empty, they are refused
+// for them, and for nothing else; without a pay window no payment secret
+// is needed.
 func TestK8s(t *testing.T) {
 	svc := service(t)
 	m, err := validate.Render(filepath.Join(repoDir, "deploy/k8s"))
@@ -168,6 +180,7 @@ func TestK8s(t *testing.T) {
 	counts := map[string]int{
 		"Namespace": len(m.Namespaces), "ConfigMap": len(m.ConfigMaps), "Secret": len(m.Secrets),
 		"Service": len(m.Services), "Deployment": len(m.Deployments), "PodDisruptionBudget": len(m.PDBs), "Job": len(m.Jobs),
+		"NetworkPolicy": len(m.Policies),
 	}
 	for kind, n := range counts {
 		if n != 1 {
@@ -176,14 +189,14 @@ func TestK8s(t *testing.T) {
 	}
 	err = validate.CheckK8s(m, svc)
 	var joined interface{ Unwrap() []error }
-	if !errors.As(err, &joined) || len(joined.Unwrap()) != 1 || !strings.Contains(err.Error(), emptySecret) {
-		t.Fatalf("deploy/k8s as shipped:\n%v\nwant its empty payment secret refused, and nothing else", err)
+	if !errors.As(err, &joined) || len(joined.Unwrap()) != 2 || !strings.Contains(err.Error(), emptySecret) || !strings.Contains(err.Error(), emptyJWTSecret) {
+		t.Fatalf("deploy/k8s as shipped:\n%v\nwant its empty payment and token secrets refused, and nothing else", err)
 	}
 	t.Logf("as shipped, refused: %v", err)
-	if err := checkK8sCopy(t, svc, fillSecret); err != nil {
-		t.Fatalf("deploy/k8s with the payment secret filled in:\n%v", err)
+	if err := checkK8sCopy(t, svc, fillSecret, fillJWTSecret); err != nil {
+		t.Fatalf("deploy/k8s with the secrets filled in:\n%v", err)
 	}
-	if err := checkK8sCopy(t, svc, edit{"config.env", "SHOP_PAYMENTS=webhook\n", "SHOP_PAYMENTS=webhook\nSHOP_PAY_WINDOW=0\n"}); err != nil {
+	if err := checkK8sCopy(t, svc, fillJWTSecret, edit{"config.env", "SHOP_PAYMENTS=webhook\n", "SHOP_PAYMENTS=webhook\nSHOP_PAY_WINDOW=0\n"}); err != nil {
 		t.Fatalf("deploy/k8s without a pay window, with no payment secret:\n%v", err)
 	}
 }
@@ -197,6 +210,7 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		conf     = "config.env"
 		job      = "job-setup.yaml"
 		seedArgs = `args: ["seed", "--if-empty", "--products", "5000", "--stock", "1"]`
+		netpol   = "networkpolicy.yaml"
 	)
 	svc := service(t)
 	cases := []brokenCase{
@@ -259,7 +273,7 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 		{"admin on the loopback", []edit{{conf, "SHOP_ADMIN_ADDR=:9091", "SHOP_ADMIN_ADDR=127.0.0.1:9091"}}, "is on the loopback, out of Prometheus's reach"},
 		{"admin left at its default", []edit{{conf, "SHOP_ADMIN_ADDR=:9091\n", ""}}, "the operators' listener, which serves /metrics"},
 		{"admin on the public port", []edit{{conf, "SHOP_ADMIN_ADDR=:9091", "SHOP_ADMIN_ADDR=:8080"}}, "SHOP_ADMIN_ADDR and SHOP_HTTP_ADDR share port 8080"},
-		{"payment secret left empty", nil, emptySecret},
+		{"payment secret left empty", []edit{fillJWTSecret}, emptySecret},
 		{"payment secret in the ConfigMap", []edit{
 			{conf, "SHOP_PAYMENTS=webhook\n", "SHOP_PAYMENTS=webhook\nSHOP_PAYMENT_WEBHOOK_SECRET=" + testSecret + "\n"},
 			{"secret.env", "SHOP_PAYMENT_WEBHOOK_SECRET=\n", ""},
@@ -272,6 +286,30 @@ func TestK8sRejectsBrokenCopies(t *testing.T) {
 			"SHOP_PAYMENT_WEBHOOK_SECRET: secret 2 decodes to 16 bytes; shop wants at least 24"},
 		{"unknown payment provider", []edit{fillSecret, {conf, "SHOP_PAYMENTS=webhook", "SHOP_PAYMENTS=paypal"}}, `SHOP_PAYMENTS="paypal": shop takes payments from webhook (Standard Webhooks) or stripe`},
 		{"stripe without its keys", []edit{fillSecret, {conf, "SHOP_PAYMENTS=webhook", "SHOP_PAYMENTS=stripe"}}, "SHOP_STRIPE_SECRET_KEY is empty: with SHOP_PAYMENTS=stripe"},
+		{"buyers not authenticated", []edit{fillSecret, {conf, "SHOP_AUTH=jwt\n", "SHOP_AUTH=none\n"}}, `SHOP_AUTH="none": a shipped deployment authenticates its buyers`},
+		{"auth left at its default", []edit{fillSecret, fillJWTSecret, {conf, "SHOP_AUTH=jwt\n", ""}}, `SHOP_AUTH="": a shipped deployment authenticates its buyers`},
+		{"token secret left empty", []edit{fillSecret}, emptyJWTSecret},
+		{"token secret too short", []edit{fillSecret, {"secret.env", "SHOP_JWT_SECRET=\n", "SHOP_JWT_SECRET=short-secret-of-24-bytes\n"}}, "SHOP_JWT_SECRET has 24 bytes; shop wants at least 32"},
+		{"token secret and keys", []edit{fillSecret, fillJWTSecret, {conf, "SHOP_AUTH=jwt\n", "SHOP_AUTH=jwt\nSHOP_JWT_PUBLIC_KEYS=/keys/jwt.pem\n"}}, "SHOP_JWT_SECRET and SHOP_JWT_PUBLIC_KEYS are both set"},
+		{"token secret in the ConfigMap", []edit{fillSecret, {conf, "SHOP_AUTH=jwt\n", "SHOP_AUTH=jwt\nSHOP_JWT_SECRET=" + testJWTSecret + "\n"}, {"secret.env", "SHOP_JWT_SECRET=\n", ""}},
+			"SHOP_JWT_SECRET comes from ConfigMap"},
+		{"no audience", []edit{fillSecret, fillJWTSecret, {conf, "SHOP_JWT_AUDIENCE=shop\n", ""}}, "SHOP_JWT_AUDIENCE is not set"},
+		{"no issuer", []edit{fillSecret, fillJWTSecret, {conf, "SHOP_JWT_ISSUER=https://auth.example.com/\n", ""}}, "SHOP_JWT_ISSUER is not set"},
+		{"trusted proxies left at loopback", []edit{fillSecret, fillJWTSecret, {conf, "SHOP_TRUSTED_PROXIES=10.244.0.0/16\n", ""}}, `SHOP_TRUSTED_PROXIES is "": set it to the proxies in front`},
+		{"trusted proxies loopback", []edit{fillSecret, fillJWTSecret, {conf, "SHOP_TRUSTED_PROXIES=10.244.0.0/16", "SHOP_TRUSTED_PROXIES=127.0.0.0/8,::1"}}, "trusts loopback alone"},
+		{"no network policy", []edit{fillSecret, fillJWTSecret, {"kustomization.yaml", "  - networkpolicy.yaml\n", ""}}, "no NetworkPolicy selects the replicas' pods for ingress: the operators' port 9091"},
+		{"policy selects other pods", []edit{fillSecret, fillJWTSecret, {netpol, "  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: shop\n      app.kubernetes.io/component: server",
+			"  podSelector:\n    matchLabels:\n      app.kubernetes.io/name: shop\n      app.kubernetes.io/component: setup"}}, "no NetworkPolicy selects the replicas' pods"},
+		{"admin port from anywhere", []edit{fillSecret, fillJWTSecret, {netpol, "    - ports:\n        - port: http\n", "    - ports:\n        - port: http\n        - port: admin\n"}},
+			"ingress rule 1 admits the operators' port 9091 from anywhere"},
+		{"every port from anywhere", []edit{fillSecret, fillJWTSecret, {netpol, "    - ports:\n        - port: http\n          protocol: TCP\n", "    - {}\n"}},
+			"ingress rule 1 admits the operators' port 9091 from anywhere"},
+		{"admin port by number from the cluster", []edit{fillSecret, fillJWTSecret, {netpol, "              kubernetes.io/metadata.name: monitoring\n      ports:\n        - port: admin",
+			"              kubernetes.io/metadata.name: monitoring\n        - ipBlock:\n            cidr: 10.0.0.0/8\n      ports:\n        - port: 9091"}},
+			"ingress rule 2 admits the operators' port 9091 from ipBlock 10.0.0.0/8"},
+		{"admin port from every namespace", []edit{fillSecret, fillJWTSecret, {netpol, "        - namespaceSelector:\n            matchLabels:\n              kubernetes.io/metadata.name: monitoring\n",
+			"        - namespaceSelector: {}\n"}}, "ingress rule 2 admits the operators' port 9091 from namespaceSelector <none>"},
+		{"public port closed", []edit{fillSecret, fillJWTSecret, {netpol, "        - port: http\n", "        - port: 8443\n"}}, "no NetworkPolicy admits the public port 8080 from anywhere"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -299,8 +337,9 @@ func TestK8sRejectsUnknownKind(t *testing.T) {
 var composeFiles = []string{"docker-compose.yml", "deploy/nginx.conf"}
 
 // composeEnv is the environment docker compose is run in: the payment
-// provider's secret, which docker-compose.yml requires.
-var composeEnv = map[string]string{"SHOP_PAYMENT_WEBHOOK_SECRET": testSecret}
+// provider's secret and the buyers' token secret, which docker-compose.yml
+// requires.
+var composeEnv = map[string]string{"SHOP_PAYMENT_WEBHOOK_SECRET": testSecret, "SHOP_JWT_SECRET": testJWTSecret}
 
 // TestCompose loads docker-compose.yml as docker compose does and checks
 // it against the service and the native stack.
@@ -314,27 +353,44 @@ func TestCompose(t *testing.T) {
 	}
 }
 
-// docker-compose.yml requires the payment provider's secret: without it,
-// docker compose refuses to start the stack, and the validation refuses
-// one that shop would refuse. A copy that makes the secret optional is
-// refused when it is not given, for shop serve would not start.
-func TestComposeNeedsPaymentSecret(t *testing.T) {
+// docker-compose.yml requires the payment provider's secret and the
+// buyers' token secret: without either, docker compose refuses to start
+// the stack, and the validation refuses a value that shop would refuse. A
+// copy that makes a secret optional is refused when it is not given, for
+// shop serve would not start.
+func TestComposeNeedsSecrets(t *testing.T) {
+	cases := []struct {
+		name, required, short, shortWant, emptyWant string
+	}{
+		{"SHOP_PAYMENT_WEBHOOK_SECRET", "the payment provider's signing secret, whsec_ and base64 of at least 24 bytes",
+			"whsec_c2hvcnQ=", "x-shop-env: SHOP_PAYMENT_WEBHOOK_SECRET: secret 1 decodes to 5 bytes", emptySecret},
+		{"SHOP_JWT_SECRET", "the secret buyers' tokens are signed with (HS256), at least 32 bytes",
+			"too-short", "x-shop-env: SHOP_JWT_SECRET has 9 bytes; shop wants at least 32", emptyJWTSecret},
+	}
 	file := filepath.Join(repo(t), "docker-compose.yml")
-	_, err := validate.LoadCompose(context.Background(), file, nil)
-	wantRejected(t, err, "required variable SHOP_PAYMENT_WEBHOOK_SECRET is missing a value")
-	p, err := validate.LoadCompose(context.Background(), file, map[string]string{"SHOP_PAYMENT_WEBHOOK_SECRET": "whsec_c2hvcnQ="})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wantRejected(t, validate.CheckCompose(p, repo(t), service(t)), "x-shop-env: SHOP_PAYMENT_WEBHOOK_SECRET: secret 1 decodes to 5 bytes")
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			env := maps.Clone(composeEnv)
+			delete(env, tc.name)
+			_, err := validate.LoadCompose(context.Background(), file, env)
+			wantRejected(t, err, "required variable "+tc.name+" is missing a value")
 
-	dir := brokenCopy(t, repo(t), composeFiles, []edit{{"docker-compose.yml",
-		`"${SHOP_PAYMENT_WEBHOOK_SECRET:?the payment provider's signing secret, whsec_ and base64 of at least 24 bytes: see the top of docker-compose.yml}"`,
-		`"${SHOP_PAYMENT_WEBHOOK_SECRET:-}"`}})
-	if p, err = validate.LoadCompose(context.Background(), filepath.Join(dir, "docker-compose.yml"), nil); err != nil {
-		t.Fatal(err)
+			env[tc.name] = tc.short
+			p, err := validate.LoadCompose(context.Background(), file, env)
+			if err != nil {
+				t.Fatal(err)
+			}
+			wantRejected(t, validate.CheckCompose(p, repo(t), service(t)), tc.shortWant)
+
+			delete(env, tc.name)
+			dir := brokenCopy(t, repo(t), composeFiles, []edit{{"docker-compose.yml",
+				`"${` + tc.name + `:?` + tc.required + `: see the top of docker-compose.yml}"`, `"${` + tc.name + `:-}"`}})
+			if p, err = validate.LoadCompose(context.Background(), filepath.Join(dir, "docker-compose.yml"), env); err != nil {
+				t.Fatal(err)
+			}
+			wantRejected(t, validate.CheckCompose(p, dir, service(t)), "x-shop-env: "+tc.emptyWant)
+		})
 	}
-	wantRejected(t, validate.CheckCompose(p, dir, service(t)), "x-shop-env: "+emptySecret)
 }
 
 // TestComposeRejectsBrokenCopies breaks a copy of docker-compose.yml (and
@@ -371,6 +427,13 @@ func TestComposeRejectsBrokenCopies(t *testing.T) {
 		{"nginx's health check on another port", []edit{{dc, `"http://127.0.0.1:8080/readyz"]`, `"http://127.0.0.1:8081/readyz"]`}}, "the healthcheck asks port 8081; nginx listens on 8080"},
 		{"replicas do not wait for the setup", []edit{{dc, "      condition: service_completed_successfully\n", "      condition: service_started\n"}}, "service shop1: does not wait for the setup"},
 		{"unknown payment provider", []edit{{dc, "  SHOP_PAYMENTS: webhook\n", "  SHOP_PAYMENTS: paypal\n"}}, `x-shop-env: SHOP_PAYMENTS="paypal"`},
+		{"buyers not authenticated", []edit{{dc, "  SHOP_AUTH: jwt\n", "  SHOP_AUTH: none\n"}}, `x-shop-env: SHOP_AUTH="none": a shipped deployment authenticates its buyers`},
+		{"no audience", []edit{{dc, "  SHOP_JWT_AUDIENCE: shop\n", ""}}, "x-shop-env: SHOP_JWT_AUDIENCE is not set"},
+		{"trusted proxies left at loopback", []edit{{dc, "  SHOP_TRUSTED_PROXIES: 172.30.80.10\n", ""}}, `x-shop-env: SHOP_TRUSTED_PROXIES is ""`},
+		{"trusts another address", []edit{{dc, "  SHOP_TRUSTED_PROXIES: 172.30.80.10\n", "  SHOP_TRUSTED_PROXIES: 172.30.80.11\n"}},
+			"SHOP_TRUSTED_PROXIES=172.30.80.11 does not name nginx's address, 172.30.80.10"},
+		{"nginx without a fixed address", []edit{{dc, "    networks:\n      default:\n        ipv4_address: 172.30.80.10\n", ""}},
+			"nginx has no fixed address on the replicas' network"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
