@@ -313,7 +313,7 @@ func (s *Service) judge(sku, fence int64, batch []*ticket, f facts) sale {
 			if t.key != "" {
 				underKey[k] = i
 			}
-			o := Order{SKUID: sku, UserID: t.user, Fence: fence, CreatedAt: s.now().UTC().Truncate(time.Microsecond)}
+			o := Order{SKUID: sku, UserID: t.user, Fence: fence}
 			if t.key != "" {
 				o.IdempotencyKey = &t.key
 			}
@@ -474,7 +474,7 @@ func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duratio
 	args := make([]any, 0, sqlOrderRowArgs*len(orders))
 	users := make([]int64, 0, len(orders))
 	for _, o := range orders {
-		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, o.CreatedAt, status, sku)
+		args = append(args, o.SKUID, o.UserID, o.IdempotencyKey, o.Fence, status, sku)
 		users = append(users, o.UserID)
 	}
 	var placed []Order

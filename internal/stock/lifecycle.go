@@ -45,6 +45,10 @@ const (
 	sweepSKUs = 100
 )
 
+// errLapsedWhileLocked is a transaction that gives units back finding that
+// a reservation it locked as payable lapsed before its UPDATE.
+var errLapsedWhileLocked = errors.New("a locked reservation lapsed before it was ended")
+
 // found is an order as readOrder read it, with what MySQL's clock says of
 // it.
 type found struct {
@@ -81,10 +85,12 @@ func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
 // order answers it again.
 //
 // Errors: ErrInvalid, ErrOrderNotFound (also for another user's order),
-// ErrOrderPaid, ErrOrderExpired (its window ended first: the sweep gives
-// its unit back), ErrBusy (the lock was not obtained, MySQL did not
-// answer; nothing changed) and ErrCancelOutcomeUnknown (the COMMIT's
-// answer was lost: cancelling again tells).
+// ErrOrderPaid, ErrOrderExpired (its window ended first, also between the
+// cancellation's locking read and its UPDATE: the sweep gives its unit
+// back), ErrBusy (the lock was not obtained, MySQL did not answer; nothing
+// changed) and ErrCancelOutcomeUnknown (the COMMIT's answer was lost, or
+// the order was cancelled and then could not be read: cancelling again
+// tells).
 func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
 	f, err := s.public.order(ctx, user, id)
 	if err != nil {
@@ -97,12 +103,17 @@ func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
 	switch {
 	case errors.Is(err, ErrOutcomeUnknown):
 		return Order{}, fmt.Errorf("%w: order %d: %w", ErrCancelOutcomeUnknown, id, err)
+	case errors.Is(err, errLapsedWhileLocked):
+		// Rolled back: the order is as it was, lapsed, and the read
+		// below answers so.
 	case err != nil:
 		return Order{}, err
 	}
 	if f, err = readOrder(s.reads.WithContext(ctx), user, id); err != nil {
 		if flipped > 0 {
-			err = fmt.Errorf("%w: order %d was cancelled, then could not be read: %w", ErrBusy, id, err)
+			// The cancellation committed: busy would say that nothing
+			// changed. Cancelling again answers the cancelled order.
+			err = fmt.Errorf("%w: order %d was cancelled, then could not be read: %w", ErrCancelOutcomeUnknown, id, err)
 		}
 		return Order{}, classify(ctx, "cancel order", err)
 	}
@@ -240,12 +251,20 @@ func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64
 	for i, o := range ends {
 		ids[i], users[i] = o.ID, o.UserID
 	}
+	if s.hooks.BeforeEnd != nil {
+		s.hooks.BeforeEnd(ctx, sku)
+	}
 	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, ids, sku}, args...)...)
 	if err != nil {
 		return nil, err
 	}
 	if n != int64(len(ends)) {
-		return nil, fmt.Errorf("%w: sku %d: %d of %d locked orders changed", ErrBusy, sku, n, len(ends))
+		// The orders are locked: only MySQL's clock can have changed what
+		// the condition selects, a reservation's pay_by passing between
+		// the locking read and the flip. Nothing is ended: the
+		// transaction rolls back, a cancellation answers what the order
+		// is now (lapsed: ErrOrderExpired), and the sweep returns it.
+		return nil, fmt.Errorf("%w: sku %d: %d of %d locked orders changed: %w", ErrBusy, sku, n, len(ends), errLapsedWhileLocked)
 	}
 	q, qargs := sqlReturnUnits, []any{len(ends), sku}
 	if fence > 0 {

@@ -404,12 +404,18 @@ func (s *Service) refusedFromMemory(sku int64, q *queue) bool {
 }
 
 // fail answers orders queued for sku with err. When err is final for the
-// product — it is sold out, or there is no such product — that is every
-// order queued; otherwise only those that were queued before the arrival
-// numbered began, when the step that failed began: the orders that came
-// during it get a turn of their own.
+// product — there is no such product — that is every order queued;
+// otherwise only those that were queued before the arrival numbered began,
+// when the step that failed began: the orders that came during it get a
+// turn of their own. Sold out is not final: a cancellation, the sweep or a
+// restock may give a unit back while the read that found none is under
+// way, and an order that arrived after it must be able to take that unit.
+// The orders queued before the read began are refused: the stock was zero
+// at some moment after they arrived. (The next turn reads no more for the
+// others than it would have: the read that found none is remembered, and
+// refuses them from memory unless units came back meanwhile.)
 func (s *Service) fail(q *queue, began uint64, err error) {
-	if errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
+	if errors.Is(err, ErrNotFound) {
 		began = 0
 	}
 	s.refuse(q, func(t *ticket) error {

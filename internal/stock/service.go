@@ -175,6 +175,10 @@ type Hooks struct {
 	// demo stops a sweep there to kill its process with the transaction
 	// open.
 	BeforeReturn func(ctx context.Context, sku int64)
+	// BeforeEnd, when set, runs in the transaction that gives units back,
+	// once it has locked the orders it ends and before it ends them. Tests
+	// let a reservation's pay_by pass there.
+	BeforeEnd func(ctx context.Context, sku int64)
 }
 
 // NewService returns a Service on d, placing orders as s says.

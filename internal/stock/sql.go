@@ -72,11 +72,14 @@ const (
 	// sqlInsertOrder is the start of a multi-row INSERT of orders, whose
 	// rows insertOrders writes as sqlOrderRow, joined by UNION ALL: each
 	// selects its amount and currency from the product's row (the last
-	// argument), with the pay_by of its kind (%s). The form is plain SQL,
+	// argument), with the pay_by of its kind (%s). created_at is MySQL's
+	// clock, as pay_by is: within one statement UTC_TIMESTAMP(6) is one
+	// instant, so a reservation's pay_by is its created_at plus the window,
+	// exactly, whatever the replica's clock says. The form is plain SQL,
 	// the same on MariaDB and MySQL.
 	sqlInsertOrder  = "INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency) "
-	sqlOrderRow     = "SELECT ?, ?, ?, ?, ?, ?, %s, price_cents, currency FROM products WHERE id = ?"
-	sqlOrderRowArgs = 7
+	sqlOrderRow     = "SELECT ?, ?, ?, ?, UTC_TIMESTAMP(6), ?, %s, price_cents, currency FROM products WHERE id = ?"
+	sqlOrderRowArgs = 6
 	// sqlOrdersOfUsers reads users' active orders of a SKU through the
 	// (user, active SKU) unique index.
 	sqlOrdersOfUsers = "SELECT * FROM orders WHERE user_id IN ? AND active_sku = ?"
@@ -178,11 +181,12 @@ const (
 // transactions' buyers, whose own scans then wait for these: a deadlock.
 // Through the primary key only the buyers' rows are locked, in key order.
 const (
-	sqlCounterExists  = "SELECT COUNT(*) FROM user_orders WHERE user_id = ?"
-	sqlNewCounter     = "INSERT IGNORE INTO user_orders (user_id, orders) VALUES (?, 0)"
-	sqlActiveOrdersOf = "SELECT COUNT(*) FROM orders WHERE user_id = ? AND status IN ('" + StatusReserved + "', '" + StatusPaid + "')"
-	sqlSetCounter     = "UPDATE user_orders SET orders = ? WHERE user_id = ?"
-	sqlLockCounters   = "SELECT user_id, orders FROM user_orders FORCE INDEX (PRIMARY) WHERE user_id IN ? FOR UPDATE"
+	sqlCounterExists = "SELECT COUNT(*) FROM user_orders WHERE user_id = ?"
+	sqlNewCounter    = "INSERT IGNORE INTO user_orders (user_id, orders) VALUES (?, ?)"
+	// sqlLockActiveOrdersOf counts a user's active orders with a locking
+	// read, through an index that begins with user_id (ensureCounter).
+	sqlLockActiveOrdersOf = "SELECT COUNT(*) FROM orders WHERE user_id = ? AND status IN ('" + StatusReserved + "', '" + StatusPaid + "') FOR UPDATE"
+	sqlLockCounters       = "SELECT user_id, orders FROM user_orders FORCE INDEX (PRIMARY) WHERE user_id IN ? FOR UPDATE"
 	// sqlCountOrders raises only the counters under the limit (?).
 	sqlCountOrders = "UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders + 1 WHERE user_id IN ? AND orders < ?"
 	// sqlUncountOrders takes returned orders off their buyers' counters.

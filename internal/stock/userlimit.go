@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
 
@@ -27,17 +28,21 @@ import (
 // user has now. With the limit off it does nothing; when the row exists it
 // is one read.
 //
-// A missing row is inserted at zero and then set to the user's orders in
-// one short transaction, not counted first and inserted after: a reseed
-// that commits between a count and an insert would leave a counter of
-// orders that are gone, and the user refused too early until the next
-// seed. Here the count runs under the new row's lock, so a reseed either
-// committed before the INSERT (which waited for it) and the count sees
-// its empty orders, or it deletes the row once this transaction has
-// committed. A row another process inserts meanwhile is left to it (INSERT
-// IGNORE): it was counted the same way. The transaction holds at most this
-// one row when it waits, so it closes no cycle of waits with the order
-// transactions.
+// A missing row is made in one short transaction at READ COMMITTED that
+// counts the user's active orders with a locking read and then inserts the
+// row holding that count. A plain read would count a return that has
+// taken the order off (its UPDATE of user_orders found no row yet) but not
+// committed: the row would be made one too high, and stay so. The locking
+// read waits for that return's COMMIT and counts what it left. It also
+// holds the orders it counted until this transaction commits, so that a
+// reseed cannot delete them between the count and the insert and leave a
+// counter of orders that are gone: its DELETE waits, and then deletes the
+// new row too; one that deleted them first has the count wait for its
+// COMMIT, and the count sees none. A row another process inserts meanwhile
+// is left to it (INSERT IGNORE): it was counted the same way. Until its
+// INSERT the transaction holds only order rows, so a return, which holds
+// its orders and then updates the counter, never waits for it while it
+// waits for the return: no cycle of waits.
 func (s *Service) ensureCounter(ctx context.Context, user int64) error {
 	if s.set.UserLimit <= 0 {
 		return nil
@@ -51,16 +56,13 @@ func (s *Service) ensureCounter(ctx context.Context, user int64) error {
 		return nil
 	}
 	err := db.Transaction(func(tx *gorm.DB) error {
-		if made, _, err := run(tx, sqlNewCounter, user); err != nil || made == 0 {
-			return err
-		}
 		var orders int64
-		if _, err := read(tx, &orders, sqlActiveOrdersOf, user); err != nil || orders == 0 {
+		if _, err := read(tx, &orders, sqlLockActiveOrdersOf, user); err != nil {
 			return err
 		}
-		_, _, err := run(tx, sqlSetCounter, orders, user)
+		_, _, err := run(tx, sqlNewCounter, user, orders)
 		return err
-	})
+	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
 	return classify(ctx, "order counter", err)
 }
 
