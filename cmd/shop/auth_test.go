@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"strings"
@@ -57,6 +58,16 @@ func publicKeysPEM(t *testing.T) ([]byte, ed25519.PrivateKey) {
 	return out, edPriv
 }
 
+// rsaPEM is k as a PUBLIC KEY PEM block.
+func rsaPEM(t *testing.T, k *rsa.PublicKey) []byte {
+	t.Helper()
+	der, err := x509.MarshalPKIXPublicKey(k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+}
+
 // SHOP_AUTH and the SHOP_JWT_* settings: each bad combination stops `shop
 // serve` with exit 2 and a message naming the variables; the secret never
 // shows.
@@ -76,6 +87,15 @@ func TestConfigAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	missingFile := filepath.Join(t.TempDir(), "missing.pem")
+	smallKey, err := rsa.GenerateKey(rand.Reader, 1024)
+	if err != nil {
+		t.Fatal(err)
+	}
+	smallRSA := writeFile(t, "small.pem", rsaPEM(t, &smallKey.PublicKey))
+	// An odd number of 8200 bits stands for a key that size, which would
+	// take too long to generate: only its size is looked at.
+	huge := new(big.Int).Lsh(big.NewInt(1), 8199)
+	hugeRSA := writeFile(t, "huge.pem", rsaPEM(t, &rsa.PublicKey{N: huge.SetBit(huge, 0, 1), E: 65537}))
 	short := authSecret[:31]
 
 	bad := []struct {
@@ -94,6 +114,12 @@ func TestConfigAuth(t *testing.T) {
 		{"jwt, PEM file not PEM", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_PUBLIC_KEYS": garbageFile}, []string{"SHOP_JWT_PUBLIC_KEYS", "no PEM block"}},
 		{"jwt, a private key", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_PUBLIC_KEYS": privFile}, []string{"SHOP_JWT_PUBLIC_KEYS", `"PRIVATE KEY"`}},
 		{"jwt, issuer with a space", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_ISSUER": "gw "}, []string{"SHOP_JWT_ISSUER", "white space"}},
+		{"jwt, RSA key of 1024 bits", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_PUBLIC_KEYS": smallRSA}, []string{"SHOP_JWT_PUBLIC_KEYS", "1024 bits, want 2048 to 8192"}},
+		{"jwt, RSA key of 8200 bits", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_PUBLIC_KEYS": hugeRSA}, []string{"SHOP_JWT_PUBLIC_KEYS", "8200 bits, want 2048 to 8192"}},
+		{"jwt, max TTL negative", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_MAX_TTL": "-1h"}, []string{"SHOP_JWT_MAX_TTL"}},
+		{"jwt, max TTL not a duration", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_MAX_TTL": "1d"}, []string{"SHOP_JWT_MAX_TTL"}},
+		{"jwt, max TTL above a year", map[string]string{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_MAX_TTL": "8761h"}, []string{"SHOP_JWT_MAX_TTL"}},
+		{"none, a max TTL", map[string]string{"SHOP_JWT_MAX_TTL": "1h"}, []string{"SHOP_JWT_MAX_TTL", "SHOP_AUTH is none"}},
 		{"none, a secret", map[string]string{"SHOP_JWT_SECRET": authSecret}, []string{"SHOP_JWT_SECRET", "SHOP_AUTH is none"}},
 		{"none said, keys and audience", map[string]string{"SHOP_AUTH": "none", "SHOP_JWT_PUBLIC_KEYS": keysFile, "SHOP_JWT_AUDIENCE": "shop"},
 			[]string{"SHOP_JWT_PUBLIC_KEYS, SHOP_JWT_AUDIENCE", "SHOP_AUTH is none"}},
@@ -128,6 +154,8 @@ func TestConfigAuth(t *testing.T) {
 		{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret},
 		{"SHOP_AUTH": "jwt", "SHOP_JWT_PUBLIC_KEYS": keysFile},
 		{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_ISSUER": "https://gw.example", "SHOP_JWT_AUDIENCE": "shop"},
+		{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_MAX_TTL": "1h"},
+		{"SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_JWT_MAX_TTL": "0"},
 	}
 	for _, g := range good {
 		if code, out := serveWith(base, g); code != 0 || !listenRE.MatchString(out) {

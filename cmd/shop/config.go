@@ -135,7 +135,7 @@ type buyersConfig struct {
 	// "jwt", the buyer routes need a bearer token verified by JWT and the
 	// buyer is its subject. JWT is the verifier's settings with Auth "jwt":
 	// SHOP_JWT_SECRET, or the keys of the file SHOP_JWT_PUBLIC_KEYS names,
-	// and SHOP_JWT_ISSUER, SHOP_JWT_AUDIENCE.
+	// and SHOP_JWT_ISSUER, SHOP_JWT_AUDIENCE, SHOP_JWT_MAX_TTL.
 	Auth string
 	JWT  auth.Options
 	// RateUser is how many orders a second one user may send, in bursts of
@@ -176,8 +176,10 @@ const (
 	minLockTTL = 300 * time.Millisecond
 	maxLockTTL = 10 * time.Minute
 	// minAdminToken is the shortest SHOP_ADMIN_TOKEN: the token resets the
-	// catalog, orders included.
-	minAdminToken = 16
+	// catalog, orders included. Below goodAdminToken the replica starts,
+	// and warns (warnSettings).
+	minAdminToken  = 16
+	goodAdminToken = 32
 	// maxDrain bounds SHOP_DRAIN.
 	maxDrain = time.Minute
 	// maxReadyGrace bounds SHOP_READY_GRACE: a replica whose MySQL or
@@ -203,6 +205,9 @@ const (
 	// the clocks of whoever issues tokens and of the replicas differ a
 	// little.
 	jwtLeeway = 30 * time.Second
+	// maxJWTMaxTTL bounds SHOP_JWT_MAX_TTL: a buyer's token good for more
+	// than a year is not limited by it.
+	maxJWTMaxTTL = 365 * 24 * time.Hour
 	// maxRate bounds SHOP_RATE_USER, SHOP_RATE_USER_BURST and SHOP_RATE_IP:
 	// a limit above it limits nothing a replica could serve.
 	maxRate = 1_000_000
@@ -526,7 +531,7 @@ func (e *environ) stop() stopConfig {
 }
 
 // jwtVars are the settings of SHOP_AUTH=jwt.
-var jwtVars = []string{"SHOP_JWT_SECRET", "SHOP_JWT_PUBLIC_KEYS", "SHOP_JWT_ISSUER", "SHOP_JWT_AUDIENCE"}
+var jwtVars = []string{"SHOP_JWT_SECRET", "SHOP_JWT_PUBLIC_KEYS", "SHOP_JWT_ISSUER", "SHOP_JWT_AUDIENCE", "SHOP_JWT_MAX_TTL"}
 
 // jwt reads the SHOP_JWT_* settings of SHOP_AUTH mode, reading and parsing
 // the public keys' file. With SHOP_AUTH=jwt exactly one of the secret and
@@ -548,7 +553,8 @@ func (e *environ) jwt(mode string) auth.Options {
 		return auth.Options{}
 	}
 	secret, keysFile := getenv("SHOP_JWT_SECRET"), getenv("SHOP_JWT_PUBLIC_KEYS")
-	o := auth.Options{Issuer: getenv("SHOP_JWT_ISSUER"), Audience: getenv("SHOP_JWT_AUDIENCE"), Leeway: jwtLeeway}
+	o := auth.Options{Issuer: getenv("SHOP_JWT_ISSUER"), Audience: getenv("SHOP_JWT_AUDIENCE"), Leeway: jwtLeeway,
+		MaxTTL: e.between("SHOP_JWT_MAX_TTL", "0s", 0, maxJWTMaxTTL)}
 	switch {
 	case secret != "" && keysFile != "":
 		e.bad("SHOP_JWT_SECRET and SHOP_JWT_PUBLIC_KEYS: both set; SHOP_AUTH=jwt takes exactly one, the HS256 secret or the file of a gateway's public keys")

@@ -216,3 +216,57 @@ func TestConfigPaymentsNeedASecret(t *testing.T) {
 		}
 	}
 }
+
+// Settings a replica serves with but which are unsafe where other hosts'
+// clients reach it are warned of at start-up, each naming its variables:
+// no authentication, a short admin token, and a per-address rate limit
+// whose addresses would all be a proxy's. A loopback listener, the
+// settings that fix each, or a token of 32 characters, warn of nothing.
+func TestStartupWarnings(t *testing.T) {
+	t.Parallel()
+	base := serveBase(t)
+	const (
+		auth  = "SHOP_AUTH=none on a listener that is not loopback"
+		token = "SHOP_ADMIN_TOKEN is short"
+		rate  = "SHOP_RATE_IP is on, and SHOP_TRUSTED_PROXIES trusts only loopback"
+	)
+	short := "sixteen-chars..." + strings.Repeat("x", 15) // 31
+	for _, c := range []struct {
+		vars map[string]string
+		want []string
+	}{
+		{map[string]string{}, nil},
+		{map[string]string{"SHOP_HTTP_ADDR": ":0"}, []string{auth}},
+		{map[string]string{"SHOP_HTTP_ADDR": "0.0.0.0:0", "SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret}, nil},
+		{map[string]string{"SHOP_ADMIN_TOKEN": short}, []string{token}},
+		{map[string]string{"SHOP_ADMIN_TOKEN": short + "x"}, nil},
+		{map[string]string{"SHOP_HTTP_ADDR": ":0", "SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_RATE_IP": "10"}, []string{rate}},
+		{map[string]string{"SHOP_HTTP_ADDR": ":0", "SHOP_RATE_IP": "10", "SHOP_TRUSTED_PROXIES": "127.0.0.1, ::1", "SHOP_ADMIN_TOKEN": short}, []string{auth, token, rate}},
+		{map[string]string{"SHOP_HTTP_ADDR": ":0", "SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_RATE_IP": "10", "SHOP_TRUSTED_PROXIES": "10.0.0.0/8"}, nil},
+		{map[string]string{"SHOP_HTTP_ADDR": ":0", "SHOP_AUTH": "jwt", "SHOP_JWT_SECRET": authSecret, "SHOP_RATE_IP": "10", "SHOP_TRUSTED_PROXIES": "127.0.0.0/7"}, nil},
+		{map[string]string{"SHOP_RATE_IP": "10"}, nil},
+	} {
+		code, out := serveWith(base, c.vars)
+		if code != 0 || !listenRE.MatchString(out) {
+			t.Errorf("%v: exit code %d, want 0 after listening:\n%s", c.vars, code, out)
+			continue
+		}
+		var warned []string
+		for line := range strings.Lines(out) {
+			if strings.Contains(line, `"level":"WARN"`) && strings.Contains(line, `"msg":"SHOP_`) {
+				warned = append(warned, line)
+			}
+		}
+		for _, w := range c.want {
+			if !strings.Contains(strings.Join(warned, ""), w) {
+				t.Errorf("%v: no warning %q in:\n%s", c.vars, w, out)
+			}
+		}
+		if len(warned) != len(c.want) {
+			t.Errorf("%v: warned %q, want %q", c.vars, warned, c.want)
+		}
+		if strings.Contains(out, short) {
+			t.Errorf("%v: the log shows the admin token", c.vars)
+		}
+	}
+}

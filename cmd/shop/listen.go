@@ -19,6 +19,13 @@ const (
 	// of its response: above handler.OrderBudget, so that an order is never
 	// cut off by the server itself.
 	writeTimeout = 30 * time.Second
+	// maxHeaderBytes bounds a request's line and headers on the public and
+	// the admin listener (net/http's default is 1 MiB, which every
+	// connection may make a replica read and hold): twice nginx's largest
+	// header buffer by default, room for any bearer token a gateway
+	// issues. Beyond it the server answers 431. net/http reads up to 4 KiB
+	// more before it tells.
+	maxHeaderBytes = 16 << 10
 )
 
 // listen serves r on cfg's listeners until ctx ends, then takes it out of
@@ -40,6 +47,7 @@ func listen(ctx context.Context, cfg config, r *app, log *slog.Logger) error {
 		ReadTimeout:       10 * time.Second,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       2 * time.Minute,
+		MaxHeaderBytes:    maxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	adminSrv, adminAddr, err := serveAdmin(cfg.Listen.Admin, r.handlers.Admin, log)
@@ -50,6 +58,7 @@ func listen(ctx context.Context, cfg config, r *app, log *slog.Logger) error {
 	defer adminSrv.Close()
 	log.Info("admin listener", "addr", adminAddr)
 	logSettings(log, ln.Addr().String(), cfg)
+	warnSettings(log, cfg)
 	if cfg.Listen.Debug != "" {
 		dbg, addr, err := serveDebug(cfg.Listen.Debug)
 		if err != nil {
@@ -96,6 +105,44 @@ func logSettings(log *slog.Logger, addr string, cfg config) {
 		"trusted_proxies", cfg.Buyers.TrustedProxies, "ready_grace", cfg.Stop.ReadyGrace.String())
 }
 
+// warnSettings warns, as a replica starts, of settings that it serves
+// with but that are unsafe where clients other than the host's own reach
+// it; each line names the variables to change.
+func warnSettings(log *slog.Logger, cfg config) {
+	public := !loopback(cfg.Listen.HTTP)
+	if public && cfg.Buyers.Auth == "none" {
+		log.Warn("SHOP_AUTH=none on a listener that is not loopback: any client can place, read and cancel orders as any user_id; "+
+			"set SHOP_AUTH=jwt (docs/auth.md)", "addr", cfg.Listen.HTTP)
+	}
+	if n := len(cfg.Listen.AdminToken); n > 0 && n < goodAdminToken {
+		log.Warn("SHOP_ADMIN_TOKEN is short: use at least 32 random characters, it can reset the catalog", "characters", n, "advised", goodAdminToken)
+	}
+	if public && cfg.Buyers.RateIP > 0 && onlyLoopback(cfg.Buyers.TrustedProxies) {
+		log.Warn("SHOP_RATE_IP is on, and SHOP_TRUSTED_PROXIES trusts only loopback on a listener that is not loopback: "+
+			"a proxy in front of the replica on another host is taken for the client, and every buyer behind it shares one limit; "+
+			"set SHOP_TRUSTED_PROXIES to the proxies' addresses", "addr", cfg.Listen.HTTP, "trusted_proxies", cfg.Buyers.TrustedProxies)
+	}
+}
+
+// onlyLoopback reports whether proxies, addresses and CIDR ranges as
+// trustedProxies reads them, are some and all of them loopback: a range's
+// first and last address both are.
+func onlyLoopback(proxies []string) bool {
+	for _, p := range proxies {
+		first, last := net.ParseIP(p), net.ParseIP(p)
+		if _, n, err := net.ParseCIDR(p); err == nil {
+			first, last = n.IP, make(net.IP, len(n.IP))
+			for i := range n.IP {
+				last[i] = n.IP[i] | ^n.Mask[i]
+			}
+		}
+		if first == nil || !first.IsLoopback() || !last.IsLoopback() {
+			return false
+		}
+	}
+	return len(proxies) > 0
+}
+
 // serveDebug serves net/http/pprof on addr, apart from the public API, and
 // returns the server and the address it listens on: addr's port 0 becomes
 // the port the system chose.
@@ -131,9 +178,10 @@ func serveAdmin(addr string, h http.Handler, log *slog.Logger) (*http.Server, st
 		ReadTimeout:       10 * time.Second,
 		// A seed rebuilds the Bloom filter before it answers
 		// (seedFollowUpTimeout).
-		WriteTimeout: time.Minute,
-		IdleTimeout:  2 * time.Minute,
-		ErrorLog:     slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		WriteTimeout:   time.Minute,
+		IdleTimeout:    2 * time.Minute,
+		MaxHeaderBytes: maxHeaderBytes,
+		ErrorLog:       slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
 	go srv.Serve(ln)
 	return srv, ln.Addr().String(), nil

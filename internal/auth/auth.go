@@ -15,6 +15,7 @@ import (
 	"crypto/ed25519"
 	"crypto/rsa"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -28,8 +29,16 @@ const (
 	// MinSecret is the shortest HS256 secret in bytes: as long as the
 	// SHA-256 output, as RFC 7518 section 3.2 asks.
 	MinSecret = 32
-	// minRSABits is the smallest RSA modulus accepted for a public key.
+	// minRSABits and maxRSABits bound the modulus of an RSA public key:
+	// below 2048 bits a key can be factored too cheaply; above 8192 every
+	// token's check costs more than it protects, and a key that large is
+	// a mistake or a way to make each request expensive.
 	minRSABits = 2048
+	maxRSABits = 8192
+	// shownSub is how much of a sub that is not a user id an error
+	// quotes: a token is as large as its client makes it, and its errors
+	// end up in the log.
+	shownSub = 32
 )
 
 var (
@@ -56,6 +65,11 @@ type Options struct {
 	Audience string
 	// Leeway is the clock skew allowed on exp and nbf.
 	Leeway time.Duration
+	// MaxTTL, when above 0, is the longest lifetime a token may have: its
+	// exp minus its iat, or minus now when it has no iat. Whatever its
+	// iat, a token that would still be good for longer than MaxTTL (and
+	// the leeway) from now is refused too.
+	MaxTTL time.Duration
 	// Now is the clock, time.Now when nil.
 	Now func() time.Time
 }
@@ -69,11 +83,21 @@ type Verifier struct {
 	secret []byte
 	ed     jwt.VerificationKeySet
 	rsa    jwt.VerificationKeySet
+	// maxTTL and leeway are Options'; now is the parser's clock.
+	maxTTL time.Duration
+	leeway time.Duration
+	now    func() time.Time
 }
 
 // New returns a Verifier of tokens signed with o's keys.
 func New(o Options) (*Verifier, error) {
-	v := &Verifier{}
+	if o.MaxTTL < 0 {
+		return nil, fmt.Errorf("a maximum lifetime of %s: must be 0 (none) or more", o.MaxTTL)
+	}
+	v := &Verifier{maxTTL: o.MaxTTL, leeway: o.Leeway, now: o.Now}
+	if v.now == nil {
+		v.now = time.Now
+	}
 	var methods []string
 	switch {
 	case len(o.Secret) > 0 && len(o.PublicKeys) > 0:
@@ -130,20 +154,87 @@ func New(o Options) (*Verifier, error) {
 // algorithm and claims hold. Every error is an ErrInvalid, ErrExpired for a
 // token whose exp has passed.
 func (v *Verifier) Buyer(token string) (int64, error) {
-	var claims jwt.RegisteredClaims
+	var claims numericClaims
 	if _, err := v.parser.ParseWithClaims(token, &claims, v.key); err != nil {
 		if errors.Is(err, jwt.ErrTokenExpired) {
 			return 0, fmt.Errorf("%w: %w", ErrExpired, err)
 		}
 		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
 	}
+	if err := v.checkLifetime(claims.RegisteredClaims); err != nil {
+		return 0, fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
 	user, err := strconv.ParseInt(claims.Subject, 10, 64)
 	// The one way the id prints: "+7", "007" or " 7" would be taken for
 	// user 7 by the service and for another subject by whoever issued it.
 	if err != nil || user <= 0 || strconv.FormatInt(user, 10) != claims.Subject {
-		return 0, fmt.Errorf("%w: sub %q is not a user id (a positive integer in decimal, without sign or leading zeros)", ErrInvalid, claims.Subject)
+		return 0, fmt.Errorf("%w: sub %s is not a user id (a positive integer in decimal, without sign or leading zeros)", ErrInvalid, quoteSub(claims.Subject))
 	}
 	return user, nil
+}
+
+// checkLifetime refuses a token whose lifetime is above the verifier's
+// maximum: exp minus iat, or minus now without an iat; and, whatever its
+// iat, one still good for longer than the maximum from now, which an iat
+// in the future would otherwise let through. The parser has checked that
+// exp is there.
+func (v *Verifier) checkLifetime(c jwt.RegisteredClaims) error {
+	if v.maxTTL <= 0 {
+		return nil
+	}
+	exp, now := c.ExpiresAt.Time, v.now()
+	if c.IssuedAt != nil {
+		if ttl := exp.Sub(c.IssuedAt.Time); ttl > v.maxTTL {
+			return fmt.Errorf("a lifetime of %s (exp - iat), above the maximum of %s", ttl.Round(time.Second), v.maxTTL)
+		}
+	}
+	if left := exp.Sub(now); left > v.maxTTL+v.leeway {
+		return fmt.Errorf("good for %s more, above the maximum lifetime of %s", left.Round(time.Second), v.maxTTL)
+	}
+	return nil
+}
+
+// quoteSub is sub quoted for an error, cut to its first shownSub bytes
+// with its length when it is longer.
+func quoteSub(sub string) string {
+	if len(sub) <= shownSub {
+		return strconv.Quote(sub)
+	}
+	return fmt.Sprintf("%q… (%d bytes)", sub[:shownSub], len(sub))
+}
+
+// numericClaims are the registered claims, with exp, nbf and iat held to
+// RFC 7519's NumericDate: a JSON number. jwt.NumericDate also takes a JSON
+// string of digits, which no conforming issuer sends; a token that carries
+// one was made by hand, and is refused.
+type numericClaims struct {
+	jwt.RegisteredClaims
+}
+
+func (c *numericClaims) UnmarshalJSON(data []byte) error {
+	var dates struct {
+		Exp json.RawMessage `json:"exp"`
+		Nbf json.RawMessage `json:"nbf"`
+		Iat json.RawMessage `json:"iat"`
+	}
+	if err := json.Unmarshal(data, &dates); err != nil {
+		return err
+	}
+	for _, d := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"exp", dates.Exp}, {"nbf", dates.Nbf}, {"iat", dates.Iat}} {
+		if d.raw == nil {
+			continue
+		}
+		var n json.Number
+		// A json.Number takes a JSON string of digits; a number's first
+		// byte is a digit or a minus sign.
+		if first := d.raw[0]; (first != '-' && (first < '0' || first > '9')) || json.Unmarshal(d.raw, &n) != nil {
+			return fmt.Errorf("%s is not a NumericDate (a JSON number of seconds)", d.name)
+		}
+	}
+	return json.Unmarshal(data, &c.RegisteredClaims)
 }
 
 // key is the parser's Keyfunc: the keys of the kind the token's algorithm
@@ -212,8 +303,8 @@ func ParsePublicKeys(data []byte) ([]crypto.PublicKey, error) {
 }
 
 func checkRSA(k *rsa.PublicKey) error {
-	if bits := k.N.BitLen(); bits < minRSABits {
-		return fmt.Errorf("an RSA key of %d bits, want at least %d", bits, minRSABits)
+	if bits := k.N.BitLen(); bits < minRSABits || bits > maxRSABits {
+		return fmt.Errorf("an RSA key of %d bits, want %d to %d", bits, minRSABits, maxRSABits)
 	}
 	return nil
 }

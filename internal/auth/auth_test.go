@@ -11,6 +11,7 @@ import (
 	"encoding/base64"
 	"encoding/pem"
 	"errors"
+	"math/big"
 	"strconv"
 	"strings"
 	"sync"
@@ -383,5 +384,124 @@ func BenchmarkBuyer(b *testing.B) {
 				}
 			}
 		})
+	}
+}
+
+// exp, nbf and iat are NumericDates (RFC 7519 section 2): JSON numbers. A
+// string of digits, which jwt.NumericDate would read as the number, is
+// refused, as is null; a number in any JSON form passes.
+func TestDatesMustBeNumbers(t *testing.T) {
+	v := newVerifier(t, Options{Secret: secret})
+	exp := now.Add(time.Hour).Unix()
+	for _, tt := range []struct {
+		name  string
+		claim string
+		value any
+		ok    bool
+	}{
+		{"exp a number", "exp", exp, true},
+		{"exp a fraction", "exp", float64(exp) + 0.5, true},
+		{"iat a number", "iat", now.Unix(), true},
+		{"exp a string", "exp", strconv.FormatInt(exp, 10), false},
+		{"exp null", "exp", nil, false},
+		{"nbf a string", "nbf", strconv.FormatInt(now.Unix(), 10), false},
+		{"iat a string", "iat", strconv.FormatInt(now.Unix(), 10), false},
+		{"iat an object", "iat", map[string]any{"n": 1}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c := claims("7")
+			c[tt.claim] = tt.value
+			_, err := v.Buyer(sign(t, jwt.SigningMethodHS256, secret, c))
+			if tt.ok && err != nil {
+				t.Errorf("refused: %v", err)
+			}
+			if !tt.ok && !errors.Is(err, ErrInvalid) {
+				t.Errorf("%s = %#v: %v, want ErrInvalid", tt.claim, tt.value, err)
+			}
+		})
+	}
+}
+
+// With MaxTTL, a token is refused whose exp - iat is above it, or, without
+// an iat, whose exp - now is; and one with an iat in the future that would
+// be good for longer than MaxTTL from now. Without MaxTTL the lifetime is
+// the issuer's.
+func TestMaxTTL(t *testing.T) {
+	const max = time.Hour
+	v := newVerifier(t, Options{Secret: secret, MaxTTL: max, Leeway: 5 * time.Second})
+	token := func(iat *time.Time, exp time.Time) string {
+		c := jwt.MapClaims{"sub": "7", "exp": exp.Unix()}
+		if iat != nil {
+			c["iat"] = iat.Unix()
+		}
+		return sign(t, jwt.SigningMethodHS256, secret, c)
+	}
+	ago := func(d time.Duration) *time.Time { t := now.Add(-d); return &t }
+	for _, tt := range []struct {
+		name  string
+		token string
+		ok    bool
+	}{
+		{"exp - iat = max", token(&now, now.Add(max)), true},
+		{"exp - iat = max, issued 50 minutes ago", token(ago(50*time.Minute), now.Add(10*time.Minute)), true},
+		{"no iat, exp - now = max", token(nil, now.Add(max)), true},
+		{"exp - iat above max", token(&now, now.Add(max+time.Second)), false},
+		{"exp - iat above max, most of it gone", token(ago(2*time.Hour), now.Add(time.Minute)), false},
+		{"no iat, exp - now above max", token(nil, now.Add(max+time.Minute)), false},
+		{"no iat, a year", token(nil, now.Add(365*24*time.Hour)), false},
+		{"iat in the future", token(ago(-2*time.Hour), now.Add(2*time.Hour+max)), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := v.Buyer(tt.token)
+			if tt.ok && err != nil {
+				t.Errorf("refused: %v", err)
+			}
+			if !tt.ok && (!errors.Is(err, ErrInvalid) || errors.Is(err, ErrExpired)) {
+				t.Errorf("%v, want ErrInvalid and not ErrExpired", err)
+			}
+		})
+	}
+	if _, err := newVerifier(t, Options{Secret: secret}).Buyer(token(nil, now.Add(365*24*time.Hour))); err != nil {
+		t.Errorf("a year's token without MaxTTL: %v", err)
+	}
+	if _, err := New(Options{Secret: secret, MaxTTL: -time.Second}); err == nil {
+		t.Error("a negative MaxTTL accepted")
+	}
+}
+
+// rsaOfBits is an RSA public key whose modulus is bits long: an odd
+// number, not a product of two primes anyone knows, which checking its
+// size does not need; generating a real key above 8192 bits takes too
+// long for a test.
+func rsaOfBits(bits int) *rsa.PublicKey {
+	n := new(big.Int).Lsh(big.NewInt(1), uint(bits-1))
+	return &rsa.PublicKey{N: n.SetBit(n, 0, 1), E: 65537}
+}
+
+// RSA keys are 2048 to 8192 bits, in a PEM file and given to New.
+func TestRSAKeySize(t *testing.T) {
+	for bits, ok := range map[int]bool{2047: false, 2048: true, 8192: true, 8193: false, 16384: false} {
+		k := rsaOfBits(bits)
+		_, err := ParsePublicKeys(pemOf(t, k))
+		if (err == nil) != ok {
+			t.Errorf("%d bits in a PEM file: %v, want accepted %t", bits, err, ok)
+		}
+		if _, err := New(Options{PublicKeys: []crypto.PublicKey{k}}); (err == nil) != ok {
+			t.Errorf("%d bits given to New: %v, want accepted %t", bits, err, ok)
+		}
+	}
+}
+
+// A sub that is not a user id is quoted in the error cut short: a client
+// makes the token as large as it likes, and the error is logged.
+func TestLongSubIsCutInTheError(t *testing.T) {
+	v := newVerifier(t, Options{Secret: secret})
+	sub := strings.Repeat("x", 200<<10)
+	_, err := v.Buyer(sign(t, jwt.SigningMethodHS256, secret, claims(sub)))
+	if !errors.Is(err, ErrInvalid) {
+		t.Fatalf("%v, want ErrInvalid", err)
+	}
+	if msg := err.Error(); len(msg) > 300 || !strings.Contains(msg, "204800 bytes") {
+		t.Errorf("the error is %d bytes, want the sub cut short with its length: %.300s", len(msg), msg)
 	}
 }

@@ -1,10 +1,14 @@
 package handler
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	"github.com/gin-gonic/gin"
+
+	"shop/internal/auth"
 )
 
 // Authenticator tells who a buyer is from the bearer token of the request:
@@ -23,7 +27,12 @@ const buyerKey = "shop.buyer"
 // v accepts, or it is answered 401 before its body is read. Either way it
 // marks the request for buyer, which refuses one that did not come
 // through here.
-func authenticate(v Authenticator) gin.HandlerFunc {
+//
+// Why a token was refused is logged at debug only: the access log, at info
+// for a 401, names the kind of refusal (expired or not valid), never what
+// the token holds, which its client chose and may have made as large as
+// a header allows.
+func authenticate(v Authenticator, log *slog.Logger) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if v == nil {
 			c.Set(buyerKey, int64(0))
@@ -37,7 +46,12 @@ func authenticate(v Authenticator) gin.HandlerFunc {
 		}
 		user, err := v.Buyer(token)
 		if err != nil {
-			writeError(c, fmt.Errorf("%w: %w", errBadToken, err))
+			log.DebugContext(c.Request.Context(), "bearer token refused", "reason", err)
+			kind := auth.ErrInvalid
+			if errors.Is(err, auth.ErrExpired) {
+				kind = auth.ErrExpired
+			}
+			writeError(c, fmt.Errorf("%w: %w", errBadToken, kind))
 			return
 		}
 		c.Set(buyerKey, user)

@@ -34,7 +34,7 @@ func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 	api := r.Group("/api/v1", lim.perClient())
 	// The buyer routes: authenticate comes first, before the body is
 	// read, and handlers learn who the buyer is from buyer.
-	buyers := api.Group("", authenticate(d.Auth))
+	buyers := api.Group("", authenticate(d.Auth, d.Logger))
 	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, d.Replays, lim, m))
 	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
 	if d.Checkouts != nil {

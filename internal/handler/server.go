@@ -184,10 +184,14 @@ func New(d Deps, s Settings) Handlers {
 }
 
 // newEngine is a gin engine that takes the client's address from
-// X-Forwarded-For only when a trusted proxy sent it.
+// X-Forwarded-For only when a trusted proxy sent it. X-Real-IP, which gin
+// also reads by default when X-Forwarded-For is absent, is not read: a
+// trusted proxy that leaves X-Forwarded-For out and passes a client's own
+// X-Real-IP through would let that client name any address it likes.
 func newEngine(trusted []string) *gin.Engine {
 	r := gin.New()
 	r.HandleMethodNotAllowed = true
+	r.RemoteIPHeaders = []string{"X-Forwarded-For"}
 	if err := r.SetTrustedProxies(trusted); err != nil {
 		panic(fmt.Sprintf("handler: trusted proxies %q: %v", trusted, err))
 	}

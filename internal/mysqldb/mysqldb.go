@@ -23,7 +23,8 @@ import (
 
 // Open connects to MySQL with dsn, a go-sql-driver DSN, using a pool of at
 // most maxConns connections. It does not wait for the server to answer.
-// Times are read as time.Time whatever the DSN says.
+// Times are read as time.Time, and read and written as UTC, whatever the
+// DSN says (its parseTime and loc).
 func Open(dsn string, maxConns int) (*gorm.DB, error) {
 	connector, err := connect(dsn, nil)
 	if err != nil {
@@ -118,6 +119,12 @@ func connect(dsn string, with func(*mysql.Config)) (driver.Connector, error) {
 	// preparing, executing and closing it in three.
 	cfg.InterpolateParams = true
 	cfg.ParseTime = true
+	// Every DATETIME the service stores is UTC, taken from MySQL's
+	// UTC_TIMESTAMP() or from a time.Time the driver writes in cfg.Loc.
+	// Another loc in the DSN (loc=Local on a host that is not on UTC)
+	// would write times shifted by its offset and read UTC ones as its
+	// own: pay_by would move by hours, and so would every expiry.
+	cfg.Loc = time.UTC
 	if with != nil {
 		with(cfg)
 	}
