@@ -92,17 +92,19 @@ func jsonBody() gin.HandlerFunc {
 
 // requireAdmin lets through requests carrying the admin bearer token. With no
 // token configured the admin API does not exist. Failed checks are limited
-// per client address (Limits.AdminAuth): an address past its limit is
-// answered 429 before its token is looked at, so that the limit bounds
-// guesses, not only the answers to them.
+// per client address (Limits.AdminAuth): each check takes a guess from the
+// address's allowance before the token is compared, and a right token gives
+// it back. An address past its limit is answered 429 before its token is
+// looked at, so that the limit bounds guesses, not only the answers to
+// them, and however many come at once.
 func requireAdmin(token string, lim *limiter, log *slog.Logger) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if token == "" {
 			writeError(c, errAdminDisabled)
 			return
 		}
-		key := "admin-auth:" + c.ClientIP()
-		if err := lim.check(c, limitAdminAuth, key, lim.AdminAuth); err != nil {
+		give, err := lim.takeGuess(c, "admin-auth:"+c.ClientIP())
+		if err != nil {
 			writeError(c, err)
 			return
 		}
@@ -111,13 +113,10 @@ func requireAdmin(token string, lim *limiter, log *slog.Logger) gin.HandlerFunc 
 		got = strings.TrimLeft(got, " ")
 		if !ok || !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
 			log.InfoContext(c.Request.Context(), "admin: missing or wrong token", "client", c.ClientIP(), "path", c.Request.URL.Path)
-			if err := lim.take(c, limitAdminAuth, key, lim.AdminAuth); err != nil {
-				writeError(c, err)
-				return
-			}
 			writeError(c, errUnauthorized)
 			return
 		}
+		give()
 		c.Next()
 	}
 }

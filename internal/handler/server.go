@@ -127,7 +127,8 @@ type Deps struct {
 	Refunds Refunds
 
 	// Limiter keeps the rate limits' allowances (Settings.Limits); nil
-	// limits nothing.
+	// limits nothing but the admin token's guesses, which each replica
+	// then bounds in its own memory.
 	Limiter RateLimiter
 	// Ready names the dependencies that keep the replica from serving now;
 	// none is ready. /readyz asks it at every request, so it answers from
@@ -147,9 +148,9 @@ type Settings struct {
 	// admin API off.
 	AdminToken string
 	// TrustedProxies are the addresses and CIDR ranges of the proxies
-	// whose X-Forwarded-For names the client (gin's trusted proxies),
-	// valid ones only; nil trusts none, and the client is the socket's
-	// peer.
+	// whose X-Forwarded-For names the client on the public listener (gin's
+	// trusted proxies), valid ones only; nil trusts none, and the client
+	// is the socket's peer, as it always is on the operators' listener.
 	TrustedProxies []string
 	// Limits are the rate limits.
 	Limits Limits
@@ -177,7 +178,10 @@ func New(d Deps, s Settings) Handlers {
 	}
 	m := newMetrics(d.Registry)
 	lim := newLimiter(d.Limiter, s.Limits, d.Logger, d.Registry)
-	public, admin := newEngine(s.TrustedProxies), newEngine(s.TrustedProxies)
+	// The operators' listener trusts no proxy: nothing proxies to it, and
+	// a forwarded address there would let a guesser of the admin token
+	// choose a fresh allowance for each guess.
+	public, admin := newEngine(s.TrustedProxies), newEngine(nil)
 	addRoutes(public, d, m, lim)
 	addAdminRoutes(admin, d, s.AdminToken, m, lim)
 	return Handlers{Public: withRequestID(public), Admin: withRequestID(admin)}

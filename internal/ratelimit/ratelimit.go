@@ -2,7 +2,8 @@
 // ask, over every replica at once: GCRA (the generic cell rate algorithm)
 // in Redis, by github.com/go-redis/redis_rate. Each limit is one key, so
 // it works on a Redis Cluster as on one server, and every replica shares
-// the same allowance.
+// the same allowance. Local is the same algorithm in one process's memory,
+// for a limit that must hold while Redis does not answer.
 package ratelimit
 
 import (
@@ -37,13 +38,14 @@ func PerSecond(rate, burst int) Limit {
 
 // Limiter keeps the allowances in Redis.
 type Limiter struct {
+	rdb    redis.UniversalClient
 	rl     *redis_rate.Limiter
 	prefix string
 }
 
 // New returns a Limiter keeping its keys in rdb under prefix.
 func New(rdb redis.UniversalClient, prefix string) *Limiter {
-	return &Limiter{rl: redis_rate.NewLimiter(rdb), prefix: prefix}
+	return &Limiter{rdb: rdb, rl: redis_rate.NewLimiter(rdb), prefix: prefix}
 }
 
 // Take takes one request from key's allowance under l. It returns 0 when
@@ -54,16 +56,21 @@ func (l *Limiter) Take(ctx context.Context, key string, lim Limit) (time.Duratio
 	return l.allow(ctx, key, lim, 1)
 }
 
-// Check tells, as Take does, whether a request over key would go on now,
-// and takes nothing: for limits that count only some outcomes (failed
-// token checks), taken with Take once the outcome is known.
+// Give gives back one request taken from key's allowance under lim: for
+// limits that count only some outcomes (failed token checks), whose request
+// is taken before its outcome is known and given back when it is not one
+// to count. It never raises the allowance past its burst.
 //
-// GCRA refuses a request of cost 1 when, with the burst one smaller, even
-// a request of cost 0 would be refused; redis_rate takes nothing at cost 0,
-// so asking that is a check.
-func (l *Limiter) Check(ctx context.Context, key string, lim Limit) (time.Duration, error) {
-	lim.Burst--
-	return l.allow(ctx, key, lim, 0)
+// redis_rate's AllowN at cost -1 would not do: it writes nothing when the
+// request given back is the only one outstanding, which leaves it taken.
+func (l *Limiter) Give(ctx context.Context, key string, lim Limit) error {
+	ctx, cancel := context.WithTimeout(ctx, Timeout)
+	defer cancel()
+	interval := lim.Period.Seconds() / float64(lim.Rate)
+	if err := give.Run(ctx, l.rdb, []string{redisRatePrefix + l.prefix + key}, interval).Err(); err != nil {
+		return fmt.Errorf("rate limit %s: give back: %w", key, err)
+	}
+	return nil
 }
 
 func (l *Limiter) allow(ctx context.Context, key string, lim Limit, n int) (time.Duration, error) {
@@ -79,3 +86,26 @@ func (l *Limiter) allow(ctx context.Context, key string, lim Limit, n int) (time
 	}
 	return 0, nil
 }
+
+// redisRatePrefix is what redis_rate puts before every key it keeps.
+const redisRatePrefix = "rate:"
+
+// give moves a key's theoretical arrival time (redis_rate's value, in
+// seconds since 2017, on Redis's clock) one emission interval back, and
+// drops the key once that time is past: as if one request had not come.
+var give = redis.NewScript(`
+redis.replicate_commands()
+local tat = redis.call("GET", KEYS[1])
+if not tat then
+  return 0
+end
+local now = redis.call("TIME")
+now = (now[1] - 1483228800) + (now[2] / 1000000)
+local new_tat = tonumber(tat) - tonumber(ARGV[1])
+if new_tat <= now then
+  redis.call("DEL", KEYS[1])
+  return 0
+end
+redis.call("SET", KEYS[1], new_tat, "EX", math.ceil(new_tat - now))
+return 1
+`)
