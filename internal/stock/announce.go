@@ -43,20 +43,28 @@ func (s *Service) Hear(e notify.Event) {
 // reports: "invalidate cached product", or "announce units returned to the
 // sale" for a raise (operators and the tests look for these two).
 //
-// A failed announcement is tried again, after a short pause that doubles
-// each time, until it goes through or InvalidateTimeout has passed: a
-// connection reset or a failover costs a retry, not the announcement. The
-// first try has at most half the time, so that one that hangs leaves time
-// for another on a new connection. Every announcement may be made twice:
-// a listener takes a raise, a change or a sell-out heard twice as once.
+// A raise that failed to go out is tried again, after a short pause that
+// doubles each time, until it goes through or InvalidateTimeout has
+// passed: a connection reset or a failover costs a retry, not the
+// announcement, whose loss would have replicas refuse the units that came
+// back. The first try has at most half the time, so that one that hangs
+// leaves time for another on a new connection. A raise may be made twice:
+// a listener takes it heard twice as once. An order's change or sell-out
+// is tried once, as before: its loss costs a stale page or a read, and a
+// Redis that refuses every try would otherwise hold each batch's lock for
+// the whole InvalidateTimeout.
 func (s *Service) announce(ctx context.Context, e notify.Event) {
 	if s.announcer == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
-	err := s.tryAnnounce(ctx, e, InvalidateTimeout/2)
-	for pause := announceRetryPause; err != nil && ctx.Err() == nil; pause *= 2 {
+	first := InvalidateTimeout
+	if e.Kind == notify.Raised {
+		first /= 2
+	}
+	err := s.tryAnnounce(ctx, e, first)
+	for pause := announceRetryPause; err != nil && e.Kind == notify.Raised && ctx.Err() == nil; pause *= 2 {
 		select {
 		case <-ctx.Done():
 		case <-time.After(pause):
