@@ -25,8 +25,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -46,7 +48,19 @@ type Client interface {
 type Restocks struct {
 	client  Client
 	channel string
+
+	// HealthCheck is how long a subscription may stay silent before Listen
+	// pings it, and how long the answer may take before the connection is
+	// given up for dead and the subscription made again. Set it before
+	// Listen; zero means DefaultHealthCheck.
+	HealthCheck time.Duration
 }
+
+// DefaultHealthCheck is Restocks.HealthCheck's default: a subscription
+// whose connection silently died (a peer gone from the network without a
+// reset, a NAT that forgot it) is noticed within twice this, where TCP's
+// keepalive would take minutes.
+const DefaultHealthCheck = 5 * time.Second
 
 // New returns the channel prefix+"stock:raised" on client (named for the
 // first of its announcements).
@@ -171,19 +185,32 @@ const retryDelay = 100 * time.Millisecond
 
 // Listen calls fn with each announcement, and with a Raised of All
 // whenever the subscription starts or starts again after a lost
-// connection, when announcements may have been missed. ready is closed once the first
-// subscription is confirmed. Listening ends when stop is called; stop
-// waits for fn's last call.
+// connection, when announcements may have been missed. ready is closed once
+// the first subscription is confirmed. Listening ends when stop is called;
+// stop waits for fn's last call.
+//
+// A subscription that has heard nothing for HealthCheck is pinged; if
+// nothing comes back within HealthCheck more, its connection is closed and
+// the subscription made again on a new one, and fn is told All, as after
+// any lost connection.
 func (r *Restocks) Listen(fn func(Event)) (ready <-chan struct{}, stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	ps := r.client.Subscribe(ctx, r.channel)
+	every := r.HealthCheck
+	if every <= 0 {
+		every = DefaultHealthCheck
+	}
+	l := &listener{ps: r.client.Subscribe(ctx, r.channel)}
 	done := make(chan struct{})
 	subscribed := make(chan struct{})
 	go func() {
 		defer close(done)
-		first := true
+		first, pinged := true, false
 		for {
-			msg, err := ps.Receive(ctx)
+			ps := l.current()
+			if ps == nil {
+				return
+			}
+			msg, err := ps.ReceiveTimeout(ctx, every)
 			switch m := msg.(type) {
 			case *redis.Subscription:
 				fn(Event{Kind: Raised, SKU: All})
@@ -197,10 +224,27 @@ func (r *Restocks) Listen(fn func(Event)) (ready <-chan struct{}, stop func() er
 				}
 			}
 			if err == nil {
+				pinged = false // the connection answers
 				continue
 			}
 			if ctx.Err() != nil || errors.Is(err, redis.ErrClosed) {
 				return
+			}
+			var netErr net.Error
+			if errors.As(err, &netErr) && netErr.Timeout() {
+				if !pinged {
+					pinged = true
+					if ps.Ping(ctx) == nil {
+						continue
+					}
+				}
+				// No answer to the ping: the connection is gone, though
+				// nothing said so. A new subscription, on a new connection.
+				pinged = false
+				if !l.renew(func() *redis.PubSub { return r.client.Subscribe(ctx, r.channel) }) {
+					return
+				}
+				continue
 			}
 			select {
 			case <-ctx.Done():
@@ -211,8 +255,47 @@ func (r *Restocks) Listen(fn func(Event)) (ready <-chan struct{}, stop func() er
 	}()
 	return subscribed, func() error {
 		cancel()
-		err := ps.Close()
+		err := l.close()
 		<-done
 		return err
 	}
+}
+
+// listener holds Listen's subscription, which the health check may replace
+// while stop closes it.
+type listener struct {
+	mu     sync.Mutex
+	ps     *redis.PubSub
+	closed bool
+}
+
+// current returns the subscription, or nil once closed.
+func (l *listener) current() *redis.PubSub {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	return l.ps
+}
+
+// renew closes the subscription and replaces it with subscribe's, unless
+// listening has stopped; it reports whether it did.
+func (l *listener) renew(subscribe func() *redis.PubSub) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	_ = l.ps.Close() // a dead connection: its error says nothing new
+	l.ps = subscribe()
+	return true
+}
+
+// close closes the subscription for good.
+func (l *listener) close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	return l.ps.Close()
 }

@@ -94,6 +94,51 @@ func TestListenStartsOverAfterALostConnection(t *testing.T) {
 	}
 }
 
+// A subscription whose connection went silent — no reset, no close, as
+// behind a peer gone from the network — is pinged, given up when the ping
+// is not answered, and made again: the listener is told that everything may
+// have changed, and hears what is announced from then on. Without the
+// ping, only TCP's keepalive would notice, minutes later.
+func TestListenNoticesASilentConnection(t *testing.T) {
+	ctx := context.Background()
+	rdb, prefix := testenv.Redis(t)
+	proxy := testenv.StartProxy(t, testenv.RedisAddr(t))
+	r := notify.New(testenv.RedisAt(t, proxy.Addr), prefix)
+	r.HealthCheck = 100 * time.Millisecond
+	heard, stop := listening(t, r)
+	defer stop()
+
+	proxy.Blackhole()
+	// Announced until heard: what went out before the new subscription is
+	// lost with the silent connection.
+	announcer := notify.New(rdb, prefix)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(10 * time.Second)
+	toldAll := false
+	for {
+		select {
+		case got := <-heard:
+			switch {
+			case got == everything:
+				toldAll = true
+			case got != notify.Event{Kind: notify.Raised, SKU: 5}:
+				t.Fatalf("heard %+v, want product 5", got)
+			case !toldAll:
+				t.Fatal("heard product 5 on a new subscription before being told that everything may have changed")
+			default:
+				return
+			}
+		case <-tick.C:
+			if err := announcer.Announce(ctx, 5); err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatalf("a silent subscription was not made again (told everything: %v)", toldAll)
+		}
+	}
+}
+
 // On every topology an announcement made through one client reaches the
 // listener of another: on a Cluster, PUBLISH goes to any node and the
 // cluster bus carries it to the node of the subscription.

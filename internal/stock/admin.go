@@ -75,12 +75,15 @@ func (c Change) apply(p Product) (Window, error) {
 // one UPDATE — fenced with the lease's token as an order's write is, so a
 // holder whose lease ran out can write neither before nor after it — which
 // keeps initial_stock == stock + orders true at every commit. Once
-// committed, this Service forgets that the product was sold out; the other
-// replicas and the product cache are the caller's to tell, since a failure
-// to tell them does not undo the change. A restock whose outcome is unknown
-// is forgotten all the same: forgetting only makes this Service ask MySQL,
-// which is harmless if nothing changed, where remembering would refuse the
-// new units, if they are there, until the memory lapses.
+// committed, this Service forgets that the product was sold out and, still
+// under the lease, announces the restock with the lease's fencing token
+// (Deps.Announcer), as a return of units is: a finding that the product
+// sold out made under an older token, heard after it, is not believed. A
+// failure to tell the fleet does not undo the change; it is logged. A
+// restock whose outcome is unknown is announced all the same: forgetting
+// only makes a replica ask MySQL, which is harmless if nothing changed,
+// where remembering would refuse the new units, if they are there, until
+// the memory lapses.
 //
 // A change of the window alone takes no lock: orders re-check the window in
 // their own transaction, against the row as MySQL has it then. It is a
@@ -118,7 +121,7 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 		var err error
 		p, err = s.changeProduct(ctx, lease, sku, c)
 		if mayHaveCommitted(err) {
-			s.ForgetSoldOut(sku)
+			s.returned(ctx, sku, s.fence(lease))
 		}
 		return err
 	})

@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"time"
 
 	"shop/internal/lock"
 	"shop/internal/notify"
@@ -41,19 +42,52 @@ func (s *Service) Hear(e notify.Event) {
 // memory until that lapses (DefaultSoldOutTTL), which is what the log line
 // reports: "invalidate cached product", or "announce units returned to the
 // sale" for a raise (operators and the tests look for these two).
+//
+// A raise that failed to go out is tried again, after a short pause that
+// doubles each time, until it goes through or InvalidateTimeout has
+// passed: a connection reset or a failover costs a retry, not the
+// announcement, whose loss would have replicas refuse the units that came
+// back. The first try has at most half the time, so that one that hangs
+// leaves time for another on a new connection. A raise may be made twice:
+// a listener takes it heard twice as once. An order's change or sell-out
+// is tried once, as before: its loss costs a stale page or a read, and a
+// Redis that refuses every try would otherwise hold each batch's lock for
+// the whole InvalidateTimeout.
 func (s *Service) announce(ctx context.Context, e notify.Event) {
 	if s.announcer == nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), InvalidateTimeout)
 	defer cancel()
-	if err := s.announcer.Announce(ctx, e); err != nil {
+	first := InvalidateTimeout
+	if e.Kind == notify.Raised {
+		first /= 2
+	}
+	err := s.tryAnnounce(ctx, e, first)
+	for pause := announceRetryPause; err != nil && e.Kind == notify.Raised && ctx.Err() == nil; pause *= 2 {
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+			err = s.tryAnnounce(ctx, e, InvalidateTimeout)
+		}
+	}
+	if err != nil {
 		msg := "invalidate cached product"
 		if e.Kind == notify.Raised {
 			msg = "announce units returned to the sale"
 		}
 		s.log.WarnContext(ctx, msg, "sku", e.SKU, "kind", e.Kind, "err", err)
 	}
+}
+
+// announceRetryPause is the pause before announce's first retry.
+const announceRetryPause = 25 * time.Millisecond
+
+// tryAnnounce is one try of announce, given at most limit of ctx's time.
+func (s *Service) tryAnnounce(ctx context.Context, e notify.Event, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	return s.announcer.Announce(ctx, e)
 }
 
 // changed announces that sku's stock changed, or may have. With

@@ -125,11 +125,17 @@ func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch
 	}
 	// The other replicas learn of a sell-out with the announcement, before
 	// the lock is released: a return of units, which takes the lock after
-	// it, is announced after it too.
+	// it, is announced after it too. Only a batch that took the last unit
+	// announces it: its write moved the row's fence to its token, so every
+	// later raise carries a later one. A batch that found none wrote
+	// nothing, and a holder with an older token whose lease ran out may
+	// still return units after it (see soldOut).
 	var soldOutAt int64
 	if sale.soldOut {
 		s.soldOut.mark(sku, gen)
-		soldOutAt = s.fence(lease)
+		if len(sale.sold) > 0 {
+			soldOutAt = s.fence(lease)
+		}
 	}
 	if len(sale.sold) > 0 || soldOutAt > 0 {
 		s.changed(ctx, sku, soldOutAt)

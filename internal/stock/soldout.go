@@ -16,9 +16,11 @@ import (
 // Stock goes up again only when the catalog is reseeded, a product
 // restocked or units returned, and then the memory must not refuse: a
 // raise clears it (every replica is told through a broadcast, see
-// Service.Raised), and each entry also lapses after ttl, so that a
-// broadcast that was missed — or a change made behind the service's back —
-// costs at most ttl of refusals.
+// Service.Raised), and each entry also lapses, so that a broadcast that
+// was missed — or a change made behind the service's back — costs a
+// bounded time of refusals: ttl for this replica's own findings, which it
+// made with a read of its own, and heardTTL, a few seconds, for those
+// heard from another replica, which this one cannot check.
 //
 // A finding must not outlive a raise that came after it:
 //
@@ -26,14 +28,19 @@ import (
 //     a raise, is dropped: marks carry the generation read before the
 //     product was, and a raise moves the generation on;
 //   - another replica's finding carries the SKU's fencing token of the hold
-//     that found it, and is dropped when a raise with a later token has
+//     that took the last unit — which moved the row's fence to it, so that
+//     every later raise of the stock, a return or a restock, is made under
+//     a later token — and is dropped when a raise with a later token has
 //     been heard; a finding heard within quiet of a raise of its SKU (or of
-//     every product) is dropped too, since a raise made without a token
-//     (a restock, a seed) cannot be ordered against it.
+//     every product) is dropped too, since a raise made without a token (a
+//     seed, a restock with fencing off) cannot be ordered against it. The
+//     quiet window is no bound — a PUBLISH may run later still — so what
+//     slips past it lapses after heardTTL.
 type soldOut struct {
-	ttl   time.Duration
-	quiet time.Duration
-	now   func() time.Time
+	ttl      time.Duration
+	heardTTL time.Duration
+	quiet    time.Duration
+	now      func() time.Time
 
 	mu     sync.Mutex
 	gen    uint64
@@ -59,10 +66,11 @@ func (s *Service) Raised(sku, fence int64) { s.soldOut.raise(sku, fence) }
 // ErrSoldOut without a round trip, but for a key's replay).
 func (s *Service) KnownSoldOut(sku int64) bool { return s.soldOut.has(sku) }
 
-// SoldOutElsewhere tells this Service that another replica found product
-// sku sold out under the SKU's lock with fencing token fence, so that it
-// refuses the product's orders from memory too, without a read of its own.
-// A finding older than a raise heard already is dropped (see soldOut).
+// SoldOutElsewhere tells this Service that another replica's hold with
+// fencing token fence took product sku's last unit, so that it refuses the
+// product's orders from memory too, without a read of its own, for
+// SoldOutHeardTTL. A finding older than a raise heard already is dropped
+// (see soldOut).
 func (s *Service) SoldOutElsewhere(sku, fence int64) {
 	if sku > 0 && fence > 0 {
 		s.soldOut.heard(sku, fence)
@@ -105,8 +113,17 @@ type raise struct {
 // lock is released and within InvalidateTimeout.
 const soldOutQuiet = 2 * InvalidateTimeout
 
+// SoldOutHeardTTL is how long a replica refuses a product from another
+// replica's finding that it sold out (at most the memory's own ttl). It is
+// short: the finding saves the replica's reads during a sellout, and a
+// raise that was not heard, or a finding heard late, costs no more than
+// this of refusals. Once it lapses, the replica's own read of the stock
+// finds the product sold out again, or not.
+const SoldOutHeardTTL = 5 * time.Second
+
 func newSoldOut(ttl time.Duration, now func() time.Time) *soldOut {
-	return &soldOut{ttl: ttl, quiet: soldOutQuiet, now: now, skus: make(map[int64]time.Time), raised: make(map[int64]raise)}
+	return &soldOut{ttl: ttl, heardTTL: min(ttl, SoldOutHeardTTL), quiet: soldOutQuiet, now: now,
+		skus: make(map[int64]time.Time), raised: make(map[int64]raise)}
 }
 
 // generation returns the generation to pass to mark for a read that starts
@@ -140,7 +157,7 @@ func (s *soldOut) mark(sku int64, gen uint64) {
 	if gen != s.gen {
 		return
 	}
-	s.add(sku)
+	s.add(sku, s.ttl)
 }
 
 // heard records that another replica found sku sold out under the SKU's
@@ -159,13 +176,16 @@ func (s *soldOut) heard(sku, fence int64) {
 	if r, ok := s.raised[sku]; ok && (fence <= r.fence || now.Before(r.at.Add(s.quiet))) {
 		return
 	}
-	s.add(sku)
+	s.add(sku, s.heardTTL)
 }
 
-// add records sku as sold out; s.mu is held.
-func (s *soldOut) add(sku int64) {
+// add records sku as sold out for ttl, or longer if it was already; s.mu
+// is held.
+func (s *soldOut) add(sku int64, ttl time.Duration) {
 	now := s.now()
-	s.skus[sku] = now.Add(s.ttl)
+	if until, ok := s.skus[sku]; !ok || until.Before(now.Add(ttl)) {
+		s.skus[sku] = now.Add(ttl)
+	}
 	// Entries are dropped when looked up after they lapse; a sweep every so
 	// many marks keeps SKUs that are never asked for again from piling up.
 	if s.known++; s.known < 1024 {

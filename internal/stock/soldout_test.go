@@ -93,3 +93,32 @@ func TestSoldOutHeardFromElsewhere(t *testing.T) {
 		t.Error("a negative ttl must turn the memory off")
 	}
 }
+
+// Another replica's finding lapses after heardTTL, a few seconds: a raise
+// not heard, or a finding heard late, costs no more than that. This
+// replica's own finding keeps its ttl, and a finding heard does not shorten
+// it.
+func TestSoldOutHeardLapsesSoon(t *testing.T) {
+	now := time.Unix(1000, 0)
+	m := newSoldOut(time.Minute, func() time.Time { return now })
+	if m.heardTTL <= 0 || m.heardTTL > 10*time.Second {
+		t.Fatalf("heardTTL = %v, want a few seconds", m.heardTTL)
+	}
+	m.heard(1, 10)
+	m.mark(2, m.generation())
+	m.heard(2, 10)
+	now = now.Add(m.heardTTL)
+	if m.has(1) {
+		t.Errorf("a finding heard from elsewhere was believed past %v", m.heardTTL)
+	}
+	if !m.has(2) {
+		t.Error("a finding heard from elsewhere shortened this replica's own")
+	}
+	// A memory shorter than heardTTL bounds heard findings too.
+	short := newSoldOut(time.Second, func() time.Time { return now })
+	short.heard(1, 10)
+	now = now.Add(time.Second)
+	if short.has(1) {
+		t.Error("a finding heard from elsewhere outlived the memory's ttl")
+	}
+}

@@ -24,6 +24,7 @@ type Proxy struct {
 	cuts   []*cut
 	held   []*cut // every HoldReply, to lose what is still held at the end
 	conns  map[net.Conn]struct{}
+	dark   map[net.Conn]bool // Blackhole's connections
 	wg     sync.WaitGroup
 }
 
@@ -112,6 +113,28 @@ func (p *Proxy) CloseAll() {
 	}
 }
 
+// Blackhole silences every connection through the proxy at once, as a
+// peer gone from the network without a reset does: the connections stay
+// open, and what either end sends is thrown away. New connections are
+// carried as before.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.dark == nil {
+		p.dark = map[net.Conn]bool{}
+	}
+	for c := range p.conns {
+		p.dark[c] = true
+	}
+}
+
+// silenced reports whether Blackhole silenced c.
+func (p *Proxy) silenced(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.dark[c]
+}
+
 func (p *Proxy) close() {
 	p.ln.Close()
 	p.mu.Lock()
@@ -161,6 +184,8 @@ func (p *Proxy) pipe(client, server net.Conn) {
 		p.mu.Lock()
 		delete(p.conns, client)
 		delete(p.conns, server)
+		delete(p.dark, client)
+		delete(p.dark, server)
 		p.mu.Unlock()
 	}()
 	// armed carries the cut whose request has just gone to the server: the
@@ -173,7 +198,7 @@ func (p *Proxy) pipe(client, server net.Conn) {
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := client.Read(buf)
-			if n > 0 {
+			if n > 0 && !p.silenced(client) {
 				if c := p.take(buf[:n]); c != nil {
 					armed <- c
 				}
@@ -192,7 +217,7 @@ func (p *Proxy) pipe(client, server net.Conn) {
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := server.Read(buf)
-			if n > 0 {
+			if n > 0 && !p.silenced(server) {
 				select {
 				case c := <-armed:
 					close(c.done)
