@@ -268,8 +268,8 @@ func TestSweepSellout(t *testing.T) {
 	for i := range returned {
 		counts[i] = returned[i].Load()
 	}
-	t.Logf("%d reservations lapsing together, %d replicas sweeping every %s: all back %.1fs after pay_by (bound %s); returned by each replica %v",
-		skus, replicas, interval, took.Seconds(), sweepSelloutBound, counts)
+	t.Logf("%d reservations lapsing together, %d replicas sweeping every %s: %d still reserved %.1fs after pay_by (bound %s); returned by each replica %v",
+		skus, replicas, interval, left, took.Seconds(), sweepSelloutBound, counts)
 	if left > 0 || took > sweepSelloutBound {
 		t.Errorf("%d reservations still reserved %.1fs after pay_by; want none within %s", left, took.Seconds(), sweepSelloutBound)
 	}
