@@ -1,4 +1,4 @@
-.PHONY: build test bench bench-lock bench-orders bench-edge demo up down loadtest clean
+.PHONY: build test bench bench-lock bench-sweep bench-orders bench-edge demo up down loadtest clean
 
 GO ?= go
 
@@ -20,6 +20,10 @@ bench:
 ## bench-lock: our Redis lock side by side with redsync and bsm/redislock on a private Redis; prints one table
 bench-lock:
 	scripts/test.sh bench-lock
+
+## bench-sweep: the seeds' sellout lapsing unpaid (5000 one-unit reservations, pay_by at one instant) swept by three replicas' sweepers; how long until every unit is back, on private servers
+bench-sweep:
+	scripts/test.sh bench-sweep
 
 ## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch, default with SHOP_AUTH=jwt) on a private stack; one table
 bench-orders:

@@ -6,15 +6,16 @@
 # end. TEST_PKGS narrows `go test` to some packages
 # (default ./...); without it the tests of the scripts themselves
 # (scripts/lib_test.sh) run first. `scripts/test.sh bench` (make bench)
-# runs the benchmarks instead, and `scripts/test.sh bench-lock` (make
-# bench-lock) the lock comparison.
+# runs the benchmarks instead, `scripts/test.sh bench-lock` (make
+# bench-lock) the lock comparison, and `scripts/test.sh bench-sweep` (make
+# bench-sweep) the sweep of a sellout's lapsed reservations.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
 
 ensure_go
 case ${1:-} in
-  bench | bench-lock) ensure_deps ;;
+  bench | bench-lock | bench-sweep) ensure_deps ;;
   *) ensure_deps race ;; # go test -race needs cgo, so a C compiler
 esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
@@ -40,7 +41,7 @@ start_redis "$tmp/redis" "$redis_port"
 # Cluster of three masters, and a master with a replica watched by three
 # Sentinels. The benchmarks need the Cluster only (the Bloom filter's
 # shards, BenchmarkBloomShards); the lock comparison neither.
-if [ "${1:-}" != bench-lock ]; then
+if [ "${1:-}" != bench-lock ] && [ "${1:-}" != bench-sweep ]; then
   mapfile -t ports < <(free_ports 8)
   start_redis_cluster "$tmp/redis-cluster" "${ports[@]:0:3}"
   export SHOP_TEST_REDIS_CLUSTER_ADDRS=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}
@@ -64,7 +65,7 @@ export SHOP_TEST_REDIS_SERVER
 # stripe-mock, which the payment tests start on ports of their own (with
 # -https-addr 127.0.0.1:0, or each one's HTTPS takes the fixed port 12112),
 # and the recording proxy that stands in front of it where the tree has it.
-if [ "${1:-}" != bench-lock ]; then
+if [ "${1:-}" != bench-lock ] && [ "${1:-}" != bench-sweep ]; then
   SHOP_TEST_STRIPE_MOCK=$(ensure_stripe_mock)
   export SHOP_TEST_STRIPE_MOCK
   if has_stripe_recorder; then
@@ -76,6 +77,10 @@ fi
 if [ "${1:-}" = bench ]; then
   # Not lockbench: its one benchmark is run once, by `make bench-lock`.
   go test -run '^$' -bench . -benchtime "${BENCHTIME:-30000x}" $(go list ./... | grep -v /lockbench)
+  exit
+fi
+if [ "${1:-}" = bench-sweep ]; then
+  SHOP_SWEEP_SELLOUT=1 go test -count=1 -v -run '^TestSweepSellout$' ./internal/stock
   exit
 fi
 if [ "${1:-}" = bench-lock ]; then

@@ -2,6 +2,7 @@ package main
 
 import (
 	"strings"
+	"time"
 
 	"shop/internal/lock"
 	"shop/internal/stock"
@@ -28,6 +29,15 @@ func registerOrderStats(reg prometheus.Registerer, stats func() stock.Stats) {
 			Help: "Orders waiting to be taken into a batch of their SKU.",
 		}, func() float64 { return float64(stats().Queued) }),
 	)
+}
+
+// registerSweepStats exports how far the sweep of lapsed reservations is
+// behind (stock.Service.OldestLapsed).
+func registerSweepStats(reg prometheus.Registerer, oldest func() time.Duration) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "shop_oldest_lapsed_reservation_seconds",
+		Help: "Age past its pay_by of the oldest reservation whose unit is not back in the sale yet, as this replica's last sweep left it; 0 when there was none.",
+	}, func() float64 { return oldest().Seconds() }))
 }
 
 // registerLockStats exports what the order lock's waiters do.

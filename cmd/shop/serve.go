@@ -279,5 +279,6 @@ func newOrders(ctx context.Context, cfg config, p pools, public *stock.Catalog, 
 		PayWindow: cfg.Orders.PayWindow, Returning: returning, Concurrency: ordersPoolSize,
 	}, stock.Hooks{BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn})
 	registerOrderStats(reg, orders.Stats)
+	registerSweepStats(reg, orders.OldestLapsed)
 	return orders
 }

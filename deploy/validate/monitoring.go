@@ -76,8 +76,10 @@ var dashboardMetrics = []string{
 
 // alertMetrics are the series the alerting rules must watch: the refunds
 // by state, whose failed ones nothing retries and an operator must pay
-// back by hand (docs/payments.md).
-var alertMetrics = []string{"shop_refunds_total"}
+// back by hand (docs/payments.md); and the age of the oldest lapsed
+// reservation, whose unit a sweep that is behind or failing keeps out of
+// the sale (docs/lifecycle.md).
+var alertMetrics = []string{"shop_refunds_total", "shop_oldest_lapsed_reservation_seconds"}
 
 // panelTypes are the Grafana core panels a dashboard may use.
 var panelTypes = []string{"timeseries", "stat", "gauge", "bargauge", "table", "text"}

@@ -5,8 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"time"
 
 	"gorm.io/gorm"
 
@@ -41,8 +39,6 @@ const (
 	// sweepRows bounds the reservations of one SKU one sweep transaction
 	// returns; a sweep with more returns the rest in its next transaction.
 	sweepRows = 1000
-	// sweepSKUs bounds the SKUs one sweep looks at.
-	sweepSKUs = 100
 )
 
 // errLapsedWhileLocked is a transaction that gives units back finding that
@@ -131,51 +127,6 @@ func cancelled(f found) (Order, error) {
 		return Order{}, fmt.Errorf("%w: order %d", ErrOrderExpired, f.ID)
 	}
 	return Order{}, fmt.Errorf("%w: order %d is still reserved", ErrBusy, f.ID)
-}
-
-// Sweep gives back the units of every lapsed reservation, SKU by SKU,
-// each in a transaction of its own under the SKU's lock (giveBack), and
-// returns how many it gave back. Every replica sweeps: two that find the
-// same reservations take the SKU's lock in turn, and the second finds none.
-// A SKU that fails is left to the next sweep, and its error returned with
-// the others'.
-func (s *Service) Sweep(ctx context.Context) (int, error) {
-	var skus []int64
-	if _, err := read(s.reads.WithContext(ctx), &skus, sqlLapsedSKUs, sweepSKUs); err != nil {
-		return 0, classify(ctx, "sweep", err)
-	}
-	total := 0
-	var errs []error
-	for _, sku := range skus {
-		n, err := s.giveBack(ctx, sku, StatusExpired, sqlExpirable)
-		total += n
-		if err != nil {
-			errs = append(errs, fmt.Errorf("sku %d: %w", sku, err))
-		}
-	}
-	return total, errors.Join(errs...)
-}
-
-// RunSweeper sweeps (Sweep) every interval, give or take a fifth, at
-// random, so that replicas started together do not sweep in step, until
-// ctx ends. Failures are logged: the next sweep tries again.
-func (s *Service) RunSweeper(ctx context.Context, interval time.Duration) {
-	for {
-		d := time.Duration(float64(interval) * (0.8 + 0.4*rand.Float64()))
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(d):
-		}
-		sctx, cancel := context.WithTimeout(ctx, TurnTimeout)
-		n, err := s.Sweep(sctx)
-		cancel()
-		if err != nil && ctx.Err() == nil {
-			s.log.WarnContext(ctx, "sweep lapsed reservations", "returned", n, "err", err)
-		} else if n > 0 {
-			s.log.InfoContext(ctx, "swept lapsed reservations", "returned", n)
-		}
-	}
 }
 
 // giveBack ends reservations of sku and gives their units back to the

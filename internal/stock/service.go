@@ -2,6 +2,7 @@ package stock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -37,6 +38,8 @@ type Service struct {
 
 	mu     sync.Mutex
 	queues map[int64]*queue // SKUs with orders queued or being placed
+
+	sweep sweeper // what the sweep keeps between sweeps (sweep.go)
 
 	batches, batched atomic.Uint64
 }
@@ -273,17 +276,32 @@ const (
 // that it ends when the lease is lost. An error of fn that is a stale
 // write repairs the lock's counter (repairFence) and is classified on the
 // lease's context (classifyTx).
+//
+// The wait for the slot and the lock is the lock's own, or what
+// withLockWait put on ctx: a wait that ends first is ErrBusy wrapping
+// errWaitEnded.
 func (s *Service) withLease(ctx context.Context, sku int64, fn func(ctx context.Context, lease *lock.Lease) error) error {
+	ctx, kept, end := leaseWait(ctx)
+	defer end()
 	release, err := s.slot(ctx, sku)
 	if err != nil {
+		if context.Cause(ctx) == errWaitEnded {
+			err = fmt.Errorf("%w: %w", err, errWaitEnded)
+		}
 		return err
 	}
 	defer release()
 	lease, err := s.locks.Obtain(ctx, LockKey(sku))
 	if err != nil {
+		if context.Cause(ctx) == errWaitEnded && !errors.Is(err, errWaitEnded) {
+			err = errors.Join(err, errWaitEnded)
+		}
 		return fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
 	}
 	defer s.release(ctx, lease)
+	if !kept() {
+		return fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, errWaitEnded)
+	}
 	if err := fn(lease.Context(), lease); err != nil {
 		s.repairFence(ctx, err)
 		return classifyTx(lease.Context(), err)

@@ -101,8 +101,16 @@ const (
 	// sqlPayable selects the reservations that may still be paid or
 	// cancelled: the exact complement of sqlLapsed among reservations.
 	sqlPayable = "status = 'reserved' AND pay_by > UTC_TIMESTAMP(6)"
-	// sqlLapsedSKUs finds SKUs with lapsed reservations, at most ? of them.
-	sqlLapsedSKUs = "SELECT DISTINCT sku_id FROM orders WHERE " + sqlLapsed + " LIMIT ?"
+	// sqlLapsedShards lists the shards (sku_id mod ?) that have lapsed
+	// reservations, the one of the oldest first; sqlLapsedSKUs lists the
+	// SKUs of one (mod ? = ?) that have, the one of the oldest first, at
+	// most ? of them. Both read the lapsed rows alone, on the index
+	// (status, pay_by): as many as the sweep has left. sqlOldestLapsed is
+	// the age of the oldest lapsed reservation in microseconds, NULL for
+	// none, one look at the same index.
+	sqlLapsedShards = "SELECT MOD(sku_id, ?) AS shard FROM orders WHERE " + sqlLapsed + " GROUP BY shard ORDER BY MIN(pay_by), shard"
+	sqlLapsedSKUs   = "SELECT sku_id FROM orders WHERE " + sqlLapsed + " AND MOD(sku_id, ?) = ? GROUP BY sku_id ORDER BY MIN(pay_by), sku_id LIMIT ?"
+	sqlOldestLapsed = "SELECT TIMESTAMPDIFF(MICROSECOND, MIN(pay_by), UTC_TIMESTAMP(6)) FROM orders WHERE " + sqlLapsed
 	// sqlCancellable and sqlExpirable are what a cancellation and the sweep
 	// end: a user's payable reservation, and lapsed reservations.
 	sqlCancellable = "id = ? AND user_id = ? AND " + sqlPayable

@@ -2,6 +2,7 @@ package stock_test
 
 import (
 	"context"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -181,4 +182,98 @@ func BenchmarkSweep(b *testing.B) {
 	b.ReportMetric(a, "alone-p99-ms")
 	b.ReportMetric(s, "sweeping-p99-ms")
 	b.ReportMetric(s/a, "p99-sweeping/alone")
+}
+
+// sweepSelloutBound is how long after they lapse together the seeds'
+// sellout's reservations must all be back in the sale, with three replicas
+// sweeping every second: TestSweepSellout's bound.
+const sweepSelloutBound = 30 * time.Second
+
+// TestSweepSellout is the seeds' sellout lapsing unpaid: 5000 one-unit
+// SKUs, each reserved, whose payment windows end at the same instant,
+// swept by three Services (three replicas, each with its own pools, the
+// order lock in Redis) every SHOP_SWEEP_INTERVAL's default second. Every
+// unit must be back within sweepSelloutBound of pay_by; the test logs how
+// long it took and what each replica returned. It runs only with
+// SHOP_SWEEP_SELLOUT=1 (make bench-sweep): it is a measure, not part of
+// make test.
+func TestSweepSellout(t *testing.T) {
+	if os.Getenv("SHOP_SWEEP_SELLOUT") != "1" {
+		t.Skip("a measure: make bench-sweep runs it (SHOP_SWEEP_SELLOUT=1)")
+	}
+	const (
+		skus      = 5000
+		replicas  = 3
+		interval  = time.Second
+		lapseIn   = 3 * time.Second
+		poolSize  = 24 // cmd/shop's ordersPoolSize
+		readsSize = 4  // and orderReadsPoolSize
+	)
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	rdb, prefix := testenv.Redis(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(ctx, skus, 1); err != nil {
+		t.Fatal(err)
+	}
+	// One instant for all, by MySQL's clock.
+	var payBy time.Time
+	if err := db.Gorm.Raw("SELECT UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND", lapseIn.Microseconds()).Row().Scan(&payBy); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Gorm.Exec("INSERT INTO orders (sku_id, user_id, fence, created_at, status, pay_by) "+
+		"SELECT id, id, 0, UTC_TIMESTAMP(6), 'reserved', ? FROM products", payBy).Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Gorm.Exec("UPDATE products SET stock = 0").Error; err != nil {
+		t.Fatal(err)
+	}
+	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 5 * time.Second, Wait: 2 * time.Second})
+	returned := make([]atomic.Int64, replicas)
+	sweepCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for i := range replicas {
+		orders, err := mysqldb.OpenOrders(db.DSN, poolSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		reads, err := mysqldb.Open(db.DSN, readsSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		svc := stock.NewService(stock.Deps{DB: orders, Reads: reads, Locks: l, Transitions: func(status string, n int) {
+			if status == stock.StatusExpired {
+				returned[i].Add(int64(n))
+			}
+		}}, stock.Settings{PayWindow: time.Hour, Fencing: true, Concurrency: poolSize}, stock.Hooks{})
+		wg.Go(func() { svc.RunSweeper(sweepCtx, interval) })
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+	var left int64
+	var took time.Duration
+	for {
+		var now time.Time
+		if err := db.Gorm.Raw("SELECT COUNT(*), UTC_TIMESTAMP(6) FROM orders WHERE status = 'reserved'").Row().Scan(&left, &now); err != nil {
+			t.Fatal(err)
+		}
+		took = now.Sub(payBy)
+		if left == 0 || took > 2*sweepSelloutBound {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	counts := make([]int64, replicas)
+	for i := range returned {
+		counts[i] = returned[i].Load()
+	}
+	t.Logf("%d reservations lapsing together, %d replicas sweeping every %s: %d still reserved %.1fs after pay_by (bound %s); returned by each replica %v",
+		skus, replicas, interval, left, took.Seconds(), sweepSelloutBound, counts)
+	if left > 0 || took > sweepSelloutBound {
+		t.Errorf("%d reservations still reserved %.1fs after pay_by; want none within %s", left, took.Seconds(), sweepSelloutBound)
+	}
+	if r, err := verify.Sale(ctx, db.Gorm, nil); err != nil || !r.OK() {
+		t.Errorf("verify: %v\n%s", err, r)
+	}
 }

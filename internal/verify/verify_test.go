@@ -444,3 +444,33 @@ func TestUserLimit(t *testing.T) {
 		t.Errorf("limit 2: %+v, %v; want no violation", c, err)
 	}
 }
+
+// A reservation lapsed far past pay_by still holding its unit is warned
+// about, with the order named; one that lapsed a moment ago, which the
+// next sweep returns, is not. Neither breaks an invariant.
+func TestVerifyWarnsOfLapsedReservations(t *testing.T) {
+	db := soldTwo(t)
+	ctx := context.Background()
+	for _, q := range []string{
+		"UPDATE orders SET status = 'reserved', pay_by = UTC_TIMESTAMP(6) - INTERVAL 1 HOUR WHERE id = 1",
+		"UPDATE orders SET status = 'reserved', pay_by = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE id = 2",
+	} {
+		if err := db.Gorm.WithContext(ctx).Exec(q).Error; err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	r, err := verify.Sale(ctx, db.Gorm, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := r.String()
+	var warn string
+	for line := range strings.Lines(out) {
+		if strings.HasPrefix(line, "WARN") {
+			warn += line
+		}
+	}
+	if !r.OK() || !strings.Contains(warn, "order 1 sku 1") || strings.Contains(warn, "order 2 ") {
+		t.Errorf("verify = OK %v, warnings %q; want OK, and a warning naming order 1 alone:\n%s", r.OK(), warn, out)
+	}
+}
