@@ -10,7 +10,9 @@
 # `make up`'s stack, or SHOP_MYSQL_DSN and SHOP_REDIS_ADDR when set. The
 # buyers' payment events are signed with the replicas' secret: `make up`'s,
 # from its state, or else SHOP_PAYMENT_WEBHOOK_SECRET (the one docker
-# compose was given).
+# compose was given). Against a stack with SHOP_AUTH=jwt (docker compose's),
+# export SHOP_JWT_SECRET, SHOP_JWT_ISSUER and SHOP_JWT_AUDIENCE as the
+# replicas have them: the buyers' tokens are minted with them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -32,6 +34,12 @@ if [ -z "${SHOP_MYSQL_DSN:-}" ]; then
 fi
 pay=()
 [ -z "$secret" ] || pay=(-webhook-secret "$secret")
+auth=()
+if [ -n "${SHOP_JWT_SECRET:-}" ]; then
+  auth=(-jwt-secret "$SHOP_JWT_SECRET")
+  [ -z "${SHOP_JWT_ISSUER:-}" ] || auth+=(-jwt-issuer "$SHOP_JWT_ISSUER")
+  [ -z "${SHOP_JWT_AUDIENCE:-}" ] || auth+=(-jwt-audience "$SHOP_JWT_AUDIENCE")
+fi
 if [ "${RESEED:-1}" != 0 ]; then
   # A seed never deletes money owed: while refunds are unsettled it refuses,
   # naming them, and so does this run. Settle them (docs/payments.md), or
@@ -39,6 +47,6 @@ if [ "${RESEED:-1}" != 0 ]; then
   "${shop[@]}" seed --products "$skus" --stock 1 || die "not reseeded: settle the refunds named above first (docs/payments.md)"
 fi
 bin/loadtest -scenario sellout -url "$url" -skus "$skus" -buyers "${BUYERS:-4}" -c "${CONCURRENCY:-4000}" \
-  -src-n "${SRC_N:-2048}" "${pay[@]}" -json "$out/result.json" -acks "$out/acks.txt"
+  -src-n "${SRC_N:-2048}" "${pay[@]}" "${auth[@]}" -json "$out/result.json" -acks "$out/acks.txt"
 log "result: $out/result.json, acknowledged orders: $out/acks.txt"
 "${shop[@]}" verify --acks "$out/acks.txt"

@@ -467,8 +467,9 @@ func TestCancelRefused(t *testing.T) {
 
 // Two replicas sweep the same lapsed reservations at once. The first holds
 // the SKU's lock with its transaction open (at its COMMIT) while the
-// second starts: the second waits for the lock, then finds nothing left.
-// Every unit goes back once. The same again with a lock that excludes
+// second starts: the second finds the shard claimed, or the SKU's lock
+// held, and skips it until it is free, then finds nothing left. Every unit
+// goes back once. The same again with a lock that excludes
 // nothing (lock.None): the product row's lock and the conditional update
 // alone make the second find nothing.
 func TestTwoReplicasSweep(t *testing.T) {
