@@ -40,13 +40,13 @@ start_redis "$tmp/redis" "$redis_port"
 # Redis beyond one server, for the suites that run on every topology: a
 # Cluster of three masters, and a master with a replica watched by three
 # Sentinels. The benchmarks need the Cluster only (the Bloom filter's
-# shards, BenchmarkBloomShards); the lock comparison neither.
+# shards, BenchmarkBloomShards); the lock comparison and the sweep neither.
 if [ "${1:-}" != bench-lock ] && [ "${1:-}" != bench-sweep ]; then
   mapfile -t ports < <(free_ports 8)
   start_redis_cluster "$tmp/redis-cluster" "${ports[@]:0:3}"
   export SHOP_TEST_REDIS_CLUSTER_ADDRS=127.0.0.1:${ports[0]},127.0.0.1:${ports[1]},127.0.0.1:${ports[2]}
 fi
-if [ "${1:-}" != bench ] && [ "${1:-}" != bench-lock ]; then
+if [ "${1:-}" != bench ] && [ "${1:-}" != bench-lock ] && [ "${1:-}" != bench-sweep ]; then
   start_redis_sentinel "$tmp/redis-sentinel" shop "${ports[@]:3:5}"
   export SHOP_TEST_REDIS_SENTINEL_ADDRS=127.0.0.1:${ports[5]},127.0.0.1:${ports[6]},127.0.0.1:${ports[7]}
   export SHOP_TEST_REDIS_MASTER_NAME=shop
