@@ -17,12 +17,13 @@ type options struct {
 	Announcer stock.Announcer
 	Checkouts stock.Checkouts
 	Reads     *gorm.DB
+	Public    *stock.Catalog
 	Logger    *slog.Logger
 	Now       func() time.Time
 }
 
 // newService is a Service on db under locks, as o says.
 func newService(db *gorm.DB, locks stock.Locker, o options) *stock.Service {
-	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Checkouts: o.Checkouts, Reads: o.Reads, Logger: o.Logger, Now: o.Now},
+	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Checkouts: o.Checkouts, Reads: o.Reads, Public: o.Public, Logger: o.Logger, Now: o.Now},
 		o.Settings, o.Hooks)
 }
