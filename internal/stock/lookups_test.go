@@ -94,3 +94,27 @@ func TestLifecycleBesideAFullPublicGate(t *testing.T) {
 		t.Errorf("stock of the cancelled order's product = %d, want its unit back: 2", n)
 	}
 }
+
+// An order for a product that is not there, with the per-user limit on,
+// is refused ErrNotFound and leaves no counter row behind; an order of a
+// product makes the buyer's.
+func TestAbsentProductMakesNoCounter(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	svc := newService(db.Gorm, lock.NewLocal(time.Second), options{Settings: stock.Settings{UserLimit: 2}})
+	for sku := int64(1000); sku < 1003; sku++ {
+		if _, err := svc.PlaceOrder(ctx, sku, 9, ""); !errors.Is(err, stock.ErrNotFound) {
+			t.Errorf("order of absent product %d: %v, want ErrNotFound", sku, err)
+		}
+	}
+	if n, ok := counterOf(t, db, 9); ok {
+		t.Errorf("user 9 has a counter of %d after orders of absent products only; want none", n)
+	}
+	if _, err := svc.PlaceOrder(ctx, 1, 9, ""); err != nil {
+		t.Fatal(err)
+	}
+	checkCounterOf(t, db, 9, 1)
+}

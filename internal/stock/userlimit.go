@@ -24,8 +24,11 @@ import (
 // IGNOREs or upserts inside it would take and deadlock on.
 
 // ensureCounter makes sure user's counter exists, holding the orders the
-// user has now. With the limit off it does nothing; when the row exists it
-// is one read.
+// user has now, before an order of product sku. With the limit off it does
+// nothing; when the row exists it is one read. When it does not, and sku
+// is no product, it makes none: the order is refused ErrNotFound, and a
+// refused order leaves no row behind (made-up products and buyers would
+// otherwise fill the table).
 //
 // A missing row is inserted at zero and then set to the user's orders in
 // one short transaction, not counted first and inserted after: a reseed
@@ -38,7 +41,7 @@ import (
 // IGNORE): it was counted the same way. The transaction holds at most this
 // one row when it waits, so it closes no cycle of waits with the order
 // transactions.
-func (s *Service) ensureCounter(ctx context.Context, user int64) error {
+func (s *Service) ensureCounter(ctx context.Context, user, sku int64) error {
 	if s.set.UserLimit <= 0 {
 		return nil
 	}
@@ -49,6 +52,10 @@ func (s *Service) ensureCounter(ctx context.Context, user int64) error {
 	}
 	if n > 0 {
 		return nil
+	}
+	var p Product
+	if found, err := read(db, &p, sqlStock, sku); err != nil || !found {
+		return classify(ctx, "order counter", err)
 	}
 	err := db.Transaction(func(tx *gorm.DB) error {
 		if made, _, err := run(tx, sqlNewCounter, user); err != nil || made == 0 {
