@@ -39,13 +39,21 @@ const (
 	ordersPoolSize = 24
 	// orderReadsPoolSize is for the order path's reads outside its
 	// transactions: a SKU's stock before its turn, a replay's look-up, the
-	// user limit's counters, the sweep's search.
+	// user limit's counters, the sweep's search; and the lifecycle's
+	// look-ups, at most lookupsWidth of them at once.
 	orderReadsPoolSize = 4
+	// lookupsWidth bounds the lifecycle's look-ups (stock.Deps.Lookups):
+	// the order a cancellation or a checkout is for, and a buyer's own
+	// order read with a bearer token. They have a gate of their own, so
+	// that anonymous reads filling the public one never refuse a buyer
+	// cancelling or paying near pay_by; it leaves the order path the rest
+	// of the reads pool.
+	lookupsWidth = 2
 	// publicPoolSize is for reads made for public requests — a product
-	// page the cache misses, the authoritative stock, a buyer's order —
-	// under a gate of the same width: the seventh at once is refused 503
-	// after stock.DefaultGateWait, rather than queued. The admin API's
-	// seeds and reports use it too, ungated.
+	// page the cache misses, the authoritative stock, an order read
+	// without a bearer token — under a gate of the same width: the
+	// seventh at once is refused 503 after stock.DefaultGateWait, rather
+	// than queued. The admin API's seeds and reports use it too, ungated.
 	publicPoolSize = 6
 	// refundPoolSize is the refunder's (SHOP_PAYMENTS=stripe): its claims
 	// and records are short transactions of their own, the calls to
@@ -272,7 +280,8 @@ func newOrders(ctx context.Context, cfg config, p pools, public *stock.Catalog, 
 	}
 	transitions := registerTransitions(reg)
 	orders := stock.NewService(stock.Deps{
-		DB: p.orders, Reads: p.reads, Public: public, Locks: locker, Announcer: products, Checkouts: checkouts, Logger: log,
+		DB: p.orders, Reads: p.reads, Public: public, Lookups: stock.NewCatalog(p.reads).Lookups(lookupsWidth, stock.DefaultLookupWait),
+		Locks: locker, Announcer: products, Checkouts: checkouts, Logger: log,
 		Transitions: transitions,
 	}, stock.Settings{
 		Update: update, Fencing: cfg.Lock.Fencing, Batch: cfg.Orders.Batch, Lanes: lanes, UserLimit: cfg.Orders.UserLimit,

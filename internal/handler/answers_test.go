@@ -1,16 +1,21 @@
 package handler
 
 import (
+	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"go/ast"
 	"go/parser"
 	"go/token"
 	"net/http"
+	"net/http/httptest"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/gin-gonic/gin"
 
 	"shop/internal/auth"
 	"shop/internal/stock"
@@ -127,7 +132,7 @@ func TestAnswerPrecedence(t *testing.T) {
 		{"a cancellation's lost COMMIT", fmt.Errorf("%w: order 3: %w", stock.ErrCancelOutcomeUnknown, stock.ErrBusy),
 			http.StatusServiceUnavailable, "outcome_unknown", "the cancellation may or may not have been made; send it again"},
 		{"a stale write", fmt.Errorf("%w: %w", stock.ErrBusy, stock.ErrStaleFence), http.StatusServiceUnavailable, "busy", "the service is busy, retry later"},
-		{"a client gone while busy", fmt.Errorf("%w: %w", errClientClosed, stock.ErrBusy), statusClientClosedRequest, "client_closed_request", ""},
+		{"a client gone while busy", fmt.Errorf("%w: %w", errClientClosed, stock.ErrBusy), statusClientClosedRequest, "client_closed_request", "the client closed the request"},
 		{"an expired token", fmt.Errorf("%w: %w", errBadToken, auth.ErrExpired), http.StatusUnauthorized, "unauthorized", "the bearer token has expired"},
 		{"another bad token", badToken, http.StatusUnauthorized, "unauthorized",
 			"the bearer token is not valid: malformed, not signed by a trusted key, or not for this service"},
@@ -163,5 +168,26 @@ func TestInvalidNamesTheAPIsFields(t *testing.T) {
 		if _, code, msg := status(tt.err); code != "invalid_argument" || msg != tt.want {
 			t.Errorf("status(%v) = %s %q, want invalid_argument %q", tt.err, code, msg, tt.want)
 		}
+	}
+}
+
+// A request whose client went away is answered 499 with a fixed message:
+// the error chain behind it names the work's internals (a statement, an
+// address), which no client is told, even one that may still read it.
+func TestClientGoneAnswersAFixedMessage(t *testing.T) {
+	gin.SetMode(gin.ReleaseMode)
+	w := httptest.NewRecorder()
+	c, _ := gin.CreateTestContext(w)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	c.Request = httptest.NewRequestWithContext(ctx, http.MethodGet, "/api/v1/orders/1", nil)
+	writeError(c, fmt.Errorf("%w: read order: dial tcp 10.0.0.5:3306: SELECT * FROM orders: %w", stock.ErrBusy, context.Canceled))
+	var body errorBody
+	if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+		t.Fatal(err)
+	}
+	if w.Code != statusClientClosedRequest || body.Error.Code != "client_closed_request" || body.Error.Message != errClientClosed.Error() {
+		t.Errorf("answer = %d %s %q, want %d client_closed_request %q", w.Code, body.Error.Code, body.Error.Message,
+			statusClientClosedRequest, errClientClosed.Error())
 	}
 }

@@ -54,9 +54,13 @@ func (p *placed) PlaceOrder(_ context.Context, sku, user int64, key string) (sto
 	return o, nil
 }
 
-// Order and Cancel make p a Lifecycle, whose every order the buyer
-// asking for it holds: what it records is who asked.
+// Order, BuyerOrder and Cancel make p a Lifecycle, whose every order the
+// buyer asking for it holds: what it records is who asked.
 func (p *placed) Order(_ context.Context, user, id int64) (stock.Order, error) {
+	return p.PlaceOrder(context.Background(), id, user, "")
+}
+
+func (p *placed) BuyerOrder(_ context.Context, user, id int64) (stock.Order, error) {
 	return p.PlaceOrder(context.Background(), id, user, "")
 }
 

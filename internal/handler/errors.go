@@ -81,7 +81,9 @@ var answers = []answer{
 		"the cancellation may or may not have been made; send it again"},
 	{stock.ErrOutcomeUnknown, http.StatusServiceUnavailable, "outcome_unknown",
 		"the order may or may not have been placed; retry with the same Idempotency-Key"},
-	{errClientClosed, statusClientClosedRequest, "client_closed_request", ""},
+	// What the work ran into when its client left is for the log: the
+	// chain names statements and addresses.
+	{errClientClosed, statusClientClosedRequest, "client_closed_request", errClientClosed.Error()},
 
 	{stock.ErrInvalid, http.StatusBadRequest, "invalid_argument", ""},
 	{stock.ErrNotFound, http.StatusNotFound, "not_found", "no such product"},

@@ -14,9 +14,13 @@ import (
 
 // Lifecycle is what a buyer does with an order after it was placed:
 // cancel it, and read it back; *stock.Service implements it. Payments come
-// from the provider (Payments), never from the buyer.
+// from the provider (Payments), never from the buyer. Order is a read that
+// anyone may have sent (SHOP_AUTH=none), under the public reads' bound;
+// BuyerOrder one by a buyer a bearer token names, under the lifecycle's own
+// bound, which cancellations take too.
 type Lifecycle interface {
 	Order(ctx context.Context, user, id int64) (stock.Order, error)
+	BuyerOrder(ctx context.Context, user, id int64) (stock.Order, error)
 	Cancel(ctx context.Context, user, id int64) (stock.Order, error)
 }
 
@@ -50,8 +54,12 @@ func newOrderResponse(o stock.Order) orderResponse {
 }
 
 // handleGetOrder answers the buyer's order with its status; another
-// buyer's is 404, as one that does not exist.
-func handleGetOrder(orders Lifecycle) gin.HandlerFunc {
+// buyer's is 404, as one that does not exist. With authentication on
+// (authenticated), the buyer is the token's subject: the read is one of
+// their actions (perAction), through the lifecycle's bound, so that a
+// buyer watching an order near pay_by is answered whatever anonymous reads
+// do. Without it anyone may send it, and it is a public read.
+func handleGetOrder(orders Lifecycle, authenticated bool, lim *limiter) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id, err := pathID(c)
 		if err != nil {
@@ -72,7 +80,15 @@ func handleGetOrder(orders Lifecycle) gin.HandlerFunc {
 			writeError(c, err)
 			return
 		}
-		o, err := orders.Order(c.Request.Context(), user, id)
+		read := orders.Order
+		if authenticated {
+			if err := lim.perAction(c, user); err != nil {
+				writeError(c, err)
+				return
+			}
+			read = orders.BuyerOrder
+		}
+		o, err := read(c.Request.Context(), user, id)
 		if err != nil {
 			writeError(c, err)
 			return
@@ -82,19 +98,19 @@ func handleGetOrder(orders Lifecycle) gin.HandlerFunc {
 }
 
 // handleCancel cancels a reservation; its unit goes back to the sale.
-func handleCancel(orders Lifecycle, m *metrics) gin.HandlerFunc {
-	return orderAction(m.cancellations, "cancelled", func(ctx context.Context, user, id int64) (orderResponse, error) {
+func handleCancel(orders Lifecycle, lim *limiter, m *metrics) gin.HandlerFunc {
+	return orderAction(lim, m.cancellations, "cancelled", func(ctx context.Context, user, id int64) (orderResponse, error) {
 		o, err := orders.Cancel(ctx, user, id)
 		return newOrderResponse(o), err
 	})
 }
 
 // orderAction is the handler of a buyer's action on one of its orders: it
-// reads the order's id and the body (buyerRequest), finds the buyer, runs
-// act within lifecycleTimeout, counts its outcome in results (done when it
-// succeeded; nil results count nothing), and answers 200 with what act
-// returned.
-func orderAction[T any](results *prometheus.CounterVec, done string, act func(ctx context.Context, user, id int64) (T, error)) gin.HandlerFunc {
+// reads the order's id and the body (buyerRequest), finds the buyer, takes
+// the action from the buyer's allowance (perAction), runs act within
+// lifecycleTimeout, counts its outcome in results (done when it succeeded;
+// nil results count nothing), and answers 200 with what act returned.
+func orderAction[T any](lim *limiter, results *prometheus.CounterVec, done string, act func(ctx context.Context, user, id int64) (T, error)) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		id, err := pathID(c)
 		if err != nil {
@@ -107,6 +123,10 @@ func orderAction[T any](results *prometheus.CounterVec, done string, act func(ct
 			return
 		}
 		user, err := buyer(c, req.UserID)
+		if err == nil {
+			// Counted in shop_rate_limit_total, not in results.
+			err = lim.perAction(c, user)
+		}
 		if err != nil {
 			writeError(c, err)
 			return

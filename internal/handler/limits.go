@@ -30,7 +30,11 @@ type RateLimiter interface {
 // no Deps.Limiter nothing is limited at all.
 type Limits struct {
 	// User bounds each buyer's orders (POST /api/v1/orders), counted once
-	// the request is known to be well formed and whose it is.
+	// the request is known to be well formed and whose it is. The same
+	// limit, in an allowance of its own, bounds each buyer's reads of
+	// MySQL that are not orders: cancellations, checkouts, an order's
+	// look-up by a buyer with a bearer token, and the replay of an order
+	// over the limit (see replayOver).
 	User ratelimit.Limit
 	// Client bounds each client address's requests to /api/v1/ (the
 	// balancers' probes are not counted).
@@ -93,6 +97,7 @@ type limiter struct {
 // The limits' names, in the metrics' limit label.
 const (
 	limitUser      = "user"
+	limitAction    = "user_action"
 	limitClient    = "client"
 	limitAdminAuth = "admin_auth"
 )
@@ -100,12 +105,12 @@ const (
 func newLimiter(store RateLimiter, l Limits, log *slog.Logger, reg prometheus.Registerer) *limiter {
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "shop_rate_limit_total",
-		Help: "Rate limit decisions by limit (user: orders per buyer, client: requests per address, admin_auth: failed admin token checks per address) " +
+		Help: "Rate limit decisions by limit (user: orders per buyer, user_action: a buyer's cancellations, checkouts, order reads and replays over the order limit, client: requests per address, admin_auth: failed admin token checks per address) " +
 			"and result: allowed, limited (answered 429), failed_open (Redis did not answer; let through). " +
 			"admin_auth never fails open: without Redis, each replica decides it in its own memory.",
 	}, []string{"limit", "result"})
 	reg.MustRegister(decisions)
-	for _, name := range []string{limitUser, limitClient, limitAdminAuth} {
+	for _, name := range []string{limitUser, limitAction, limitClient, limitAdminAuth} {
 		for _, result := range []string{"allowed", "limited", "failed_open"} {
 			decisions.WithLabelValues(name, result)
 		}
@@ -230,4 +235,12 @@ func (l *limiter) perClient() gin.HandlerFunc {
 // perUser takes one order from user's allowance (Limits.User).
 func (l *limiter) perUser(c *gin.Context, user int64) error {
 	return l.take(c, limitUser, "user:"+strconv.FormatInt(user, 10), l.User)
+}
+
+// perAction takes one of user's actions other than an order from their
+// allowance of them: Limits.User's rate, apart from the orders', so that a
+// buyer who ordered up to the limit can still cancel, and one polling an
+// order's status never uses up their orders.
+func (l *limiter) perAction(c *gin.Context, user int64) error {
+	return l.take(c, limitAction, "user-action:"+strconv.FormatInt(user, 10), l.User)
 }

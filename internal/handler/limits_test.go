@@ -21,15 +21,20 @@ import (
 	"shop/internal/testenv"
 )
 
-// fakeLimiter answers every Take with wait and err.
+// fakeLimiter answers every Take with wait and err, but those of a buyer's
+// actions other than orders (user-action:) with actions and err.
 type fakeLimiter struct {
-	wait time.Duration
-	err  error
-	keys []string
+	wait    time.Duration
+	actions time.Duration
+	err     error
+	keys    []string
 }
 
 func (f *fakeLimiter) Take(_ context.Context, key string, _ ratelimit.Limit) (time.Duration, error) {
 	f.keys = append(f.keys, key)
+	if strings.HasPrefix(key, "user-action:") {
+		return f.actions, f.err
+	}
 	return f.wait, f.err
 }
 
@@ -79,8 +84,9 @@ func post(t *testing.T, url, key string) *http.Response {
 
 // An order over its buyer's limit is 429 with Retry-After in whole
 // seconds, rounded up, and never reaches the order path; one whose key
-// placed an order is answered with it; when the limiter cannot tell, the
-// order goes on, counted.
+// placed an order is answered with it, its look-up taken from the buyer's
+// allowance of actions, and 429 once that is used up too; when the limiter
+// cannot tell, the order goes on, counted.
 func TestOrderOverItsLimit(t *testing.T) {
 	gin.SetMode(gin.ReleaseMode)
 	lim := &fakeLimiter{wait: 1500 * time.Millisecond}
@@ -111,7 +117,12 @@ func TestOrderOverItsLimit(t *testing.T) {
 	if n := orders.n.Load(); n != 0 {
 		t.Errorf("%d orders reached the order path over the limit; want none", n)
 	}
-	if want := []string{"user:7", "user:7", "user:7"}; strings.Join(lim.keys, ",") != strings.Join(want, ",") {
+	lim.actions = time.Second
+	if res := post(t, srv.URL, "placed"); res.StatusCode != 429 {
+		t.Errorf("over the limit and the actions' allowance, a key that placed an order: %d; want 429", res.StatusCode)
+	}
+	lim.actions = 0
+	if want := []string{"user:7", "user:7", "user-action:7", "user:7", "user-action:7", "user:7", "user-action:7"}; strings.Join(lim.keys, ",") != strings.Join(want, ",") {
 		t.Errorf("limited keys %q; want %q", lim.keys, want)
 	}
 
@@ -124,8 +135,8 @@ func TestOrderOverItsLimit(t *testing.T) {
 	} else {
 		res.Body.Close()
 	}
-	if len(lim.keys) != 3 {
-		t.Errorf("the limiter was asked %d times; want 3, not for the malformed order", len(lim.keys))
+	if len(lim.keys) != 7 {
+		t.Errorf("the limiter was asked %d times; want 7, not for the malformed order", len(lim.keys))
 	}
 
 	// A product known sold out is refused from memory before the limit is
@@ -137,8 +148,8 @@ func TestOrderOverItsLimit(t *testing.T) {
 	if res := post(t, srv.URL, "placed"); res.StatusCode != 201 {
 		t.Errorf("over the limit, a product known sold out, a key that placed an order: %d; want 201", res.StatusCode)
 	}
-	if len(lim.keys) != 4 {
-		t.Errorf("the limiter was asked %d times; want 4: for the key, not for the order refused from memory", len(lim.keys))
+	if len(lim.keys) != 9 {
+		t.Errorf("the limiter was asked %d times; want 9: for the key and its look-up, not for the order refused from memory", len(lim.keys))
 	}
 	orders.soldOut.Store(false)
 

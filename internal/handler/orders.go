@@ -45,11 +45,15 @@ const OrderBudget = stock.OrderBudget
 // authentication on (see buyer). The order rules (positive ids, the key's
 // format) are the domain's to check.
 //
-// A well-formed order is counted against its buyer's rate limit before
-// anything else is done for it. One over the limit is answered 429, unless
-// its Idempotency-Key placed an order already: a buyer retrying an order
-// that committed gets it back, never "too many requests" (see replayOver).
-func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) gin.HandlerFunc {
+// A well-formed order for a product the filter rules out (the product
+// cache's Bloom filter, as GET /products/{id}/stock has it) is answered
+// 404 at once: it costs no rate limit, no order slot and no MySQL read.
+// Any other is counted against its buyer's rate limit before anything else
+// is done for it. One over the limit is answered 429, unless its
+// Idempotency-Key placed an order already: a buyer retrying an order that
+// committed gets it back, not "too many requests", as long as the look-up
+// fits the buyer's allowance of actions (see replayOver).
+func handlePlaceOrder(orders Orders, replays Replays, filter Filter, lim *limiter, m *metrics) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		fail := func(err error) {
 			err = clientGone(c, err)
@@ -69,6 +73,12 @@ func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) 
 		// sent: its transaction ends, at the latest, then.
 		ctx, cancel := context.WithTimeout(c.Request.Context(), stock.TurnTimeout)
 		defer cancel()
+		if filter != nil {
+			if err := filter.RuleOut(ctx, sku); err != nil {
+				fail(err)
+				return
+			}
+		}
 		var o stock.Order
 		if key == "" && orders.KnownSoldOut(sku) {
 			// Refused from memory: it costs nothing the limit guards, not
@@ -76,7 +86,7 @@ func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) 
 			// replay one, which takes a read: that one waits for the limit.)
 			o, err = orders.PlaceOrder(ctx, sku, user, key)
 		} else if err = lim.perUser(c, user); err != nil {
-			o, err = replayOver(ctx, replays, sku, user, key, err)
+			o, err = replayOver(ctx, c, replays, lim, sku, user, key, err)
 		} else {
 			o, err = orders.PlaceOrder(ctx, sku, user, key)
 		}
@@ -97,9 +107,12 @@ func handlePlaceOrder(orders Orders, replays Replays, lim *limiter, m *metrics) 
 // replayOver answers an order refused by its rate limit with limited: the
 // order its key placed before, if any, and limited otherwise. An error of
 // the look-up itself (busy, or the key used for another SKU) is the
-// answer then, since the order may exist.
-func replayOver(ctx context.Context, replays Replays, sku, user int64, key string, limited error) (stock.Order, error) {
-	if key == "" || replays == nil {
+// answer then, since the order may exist. The look-up is one of the
+// buyer's actions (perAction): a buyer sending keyed orders past the limit
+// reads MySQL at that limit's rate, and is answered limited without a read
+// beyond it.
+func replayOver(ctx context.Context, c *gin.Context, replays Replays, lim *limiter, sku, user int64, key string, limited error) (stock.Order, error) {
+	if key == "" || replays == nil || lim.perAction(c, user) != nil {
 		return stock.Order{}, limited
 	}
 	o, err := replays.Replay(ctx, sku, user, key)

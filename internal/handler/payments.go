@@ -123,8 +123,8 @@ func applyEvent(ctx context.Context, provider string, ev payments.Event, pay Pay
 
 // handleCheckout answers the checkout of a buyer's reservation: the
 // provider's PaymentIntent, the same one every time.
-func handleCheckout(checkouts Checkouts) gin.HandlerFunc {
-	return orderAction(nil, "", func(ctx context.Context, user, id int64) (checkoutResponse, error) {
+func handleCheckout(checkouts Checkouts, lim *limiter) gin.HandlerFunc {
+	return orderAction(lim, nil, "", func(ctx context.Context, user, id int64) (checkoutResponse, error) {
 		co, err := checkouts.Checkout(ctx, user, id)
 		return checkoutResponse{OrderID: co.OrderID, PaymentIntent: co.PaymentIntent, ClientSecret: co.ClientSecret,
 			AmountCents: co.AmountCents, Currency: co.Currency}, err

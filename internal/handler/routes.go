@@ -35,12 +35,12 @@ func addRoutes(r *gin.Engine, d Deps, m *metrics, lim *limiter) {
 	// The buyer routes: authenticate comes first, before the body is
 	// read, and handlers learn who the buyer is from buyer.
 	buyers := api.Group("", authenticate(d.Auth, d.Logger))
-	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, d.Replays, lim, m))
-	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle))
+	buyers.POST("/orders", jsonBody(), handlePlaceOrder(d.Orders, d.Replays, d.Filter, lim, m))
+	buyers.GET("/orders/:id", handleGetOrder(d.Lifecycle, d.Auth != nil, lim))
 	if d.Checkouts != nil {
-		buyers.POST("/orders/:id/checkout", jsonBody(), handleCheckout(d.Checkouts))
+		buyers.POST("/orders/:id/checkout", jsonBody(), handleCheckout(d.Checkouts, lim))
 	}
-	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, m))
+	buyers.POST("/orders/:id/cancel", jsonBody(), handleCancel(d.Lifecycle, lim, m))
 	api.GET("/products/:id", handleProduct(d.Products, d.Pages))
 	api.GET("/products/:id/stock", handleStock(d.Stock, d.Filter))
 }

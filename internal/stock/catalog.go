@@ -13,7 +13,7 @@ import (
 type Catalog struct {
 	db *gorm.DB
 	// public, when set, bounds the reads made for public requests (see
-	// Public).
+	// Public), or the lifecycle's look-ups (see Lookups).
 	public *gate
 }
 
@@ -28,7 +28,17 @@ func NewCatalog(db *gorm.DB) *Catalog { return &Catalog{db: db} }
 // takes a connection the order path or the readiness check needs, and
 // never queues at all.
 func (c *Catalog) Public(width int, wait time.Duration) *Catalog {
-	return &Catalog{db: c.db, public: newGate(width, wait)}
+	return &Catalog{db: c.db, public: newGate(width, wait, "public reads")}
+}
+
+// Lookups returns a Catalog on the same pool for the lifecycle's look-ups
+// (Deps.Lookups): the order a buyer's cancellation or checkout is for, and
+// a buyer's own order read with its identity proven. They run at most
+// width at once, each waiting up to wait for a place, under a gate of
+// their own: a flood of anonymous reads, which fills the public gate, then
+// never refuses a buyer who cancels or pays near pay_by.
+func (c *Catalog) Lookups(width int, wait time.Duration) *Catalog {
+	return &Catalog{db: c.db, public: newGate(width, wait, "order look-ups")}
 }
 
 // Product returns the product with id. Errors: ErrInvalid, ErrNotFound.

@@ -42,7 +42,7 @@ func (s *Service) Checkout(ctx context.Context, user, id int64) (Checkout, error
 	if s.checkouts == nil {
 		return Checkout{}, fmt.Errorf("%w: no checkout provider", ErrBusy)
 	}
-	f, err := s.public.order(ctx, user, id)
+	f, err := s.lookups.order(ctx, user, id)
 	if err != nil {
 		return Checkout{}, err
 	}

@@ -69,10 +69,18 @@ func readOrder(db *gorm.DB, user, id int64) (found, error) {
 }
 
 // Order returns user's order id as MySQL has it now, read through
-// Deps.Public. Errors: ErrInvalid, ErrOrderNotFound (also for another
-// user's order), ErrBusy.
+// Deps.Public: for a request that anyone may have sent. Errors:
+// ErrInvalid, ErrOrderNotFound (also for another user's order), ErrBusy.
 func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
 	f, err := s.public.order(ctx, user, id)
+	return f.Order, err
+}
+
+// BuyerOrder is Order read through Deps.Lookups, the lifecycle's own
+// bound, for a buyer whose identity the caller has proven and whose reads
+// it bounds per buyer. Errors: as Order's.
+func (s *Service) BuyerOrder(ctx context.Context, user, id int64) (Order, error) {
+	f, err := s.lookups.order(ctx, user, id)
 	return f.Order, err
 }
 
@@ -88,7 +96,7 @@ func (s *Service) Order(ctx context.Context, user, id int64) (Order, error) {
 // the order was cancelled and then could not be read: cancelling again
 // tells).
 func (s *Service) Cancel(ctx context.Context, user, id int64) (Order, error) {
-	f, err := s.public.order(ctx, user, id)
+	f, err := s.lookups.order(ctx, user, id)
 	if err != nil {
 		return Order{}, err
 	}

@@ -96,7 +96,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 	}
 	// Queued only once the buyer's counter exists: the transaction only
 	// locks counters, it never makes them.
-	if err := s.ensureCounter(ctx, user); err != nil {
+	if err := s.ensureCounter(ctx, user, sku); err != nil {
 		return Order{}, err
 	}
 	o, err := s.enqueue(ctx, sku, user, idempotencyKey, arrived)

@@ -29,6 +29,7 @@ type Service struct {
 	log    *slog.Logger
 	now    func() time.Time
 
+	lookups      *Catalog                   // Deps.Lookups
 	announcer    Announcer                  // Deps.Announcer; nil: none
 	checkouts    Checkouts                  // Deps.Checkouts; nil: none
 	transitioned func(status string, n int) // Deps.Transitions; nil: none
@@ -55,13 +56,18 @@ type Deps struct {
 	// a failure), so that they never take a connection a lock holder needs.
 	// Default: DB.
 	Reads *gorm.DB
-	// Public, when set, reads the orders a buyer's request names (its
-	// status, the order a cancellation or a checkout is for) before anything
-	// else is done for it: a flood of requests for orders that are not
-	// there then costs a gated read of a pool of its own (Catalog.Public),
-	// not a slot of the order path or a connection of Reads. Default: a
-	// Catalog on Reads, ungated.
+	// Public, when set, reads the orders that anonymous requests name
+	// (Order: a status read whose sender nobody vouches for): a flood of
+	// requests for orders that are not there then costs a gated read of a
+	// pool of its own (Catalog.Public), not a slot of the order path or a
+	// connection of Reads. Default: a Catalog on Reads, ungated.
 	Public *Catalog
+	// Lookups, when set, reads the order a cancellation or a checkout is
+	// for before anything else is done for it, and a buyer's own order
+	// (BuyerOrder), under a bound of their own (Catalog.Lookups), so that
+	// anonymous reads filling Public's gate never refuse them. Default: a
+	// Catalog on Reads, ungated.
+	Lookups *Catalog
 	// Locks gives the lock of each SKU, which every write of its stock
 	// holds.
 	Locks Locker
@@ -198,6 +204,9 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 	if d.Public == nil {
 		d.Public = NewCatalog(d.Reads)
 	}
+	if d.Lookups == nil {
+		d.Lookups = NewCatalog(d.Reads)
+	}
 	if s.Batch <= 0 {
 		s.Batch = DefaultBatch
 	}
@@ -207,7 +216,7 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 	if s.SoldOutTTL == 0 {
 		s.SoldOutTTL = DefaultSoldOutTTL
 	}
-	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, locks: d.Locks, set: s, hooks: h,
+	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, lookups: d.Lookups, locks: d.Locks, set: s, hooks: h,
 		log: d.Logger, now: d.Now, announcer: d.Announcer, checkouts: d.Checkouts, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), queues: make(map[int64]*queue)}
 	if s.Concurrency > 0 {
 		svc.slots = semaphore.NewWeighted(int64(s.Concurrency))

@@ -25,8 +25,11 @@ import (
 // IGNOREs or upserts inside it would take and deadlock on.
 
 // ensureCounter makes sure user's counter exists, holding the orders the
-// user has now. With the limit off it does nothing; when the row exists it
-// is one read.
+// user has now, before an order of product sku. With the limit off it does
+// nothing; when the row exists it is one read. When it does not, and sku
+// is no product, it makes none: the order is refused ErrNotFound, and a
+// refused order leaves no row behind (made-up products and buyers would
+// otherwise fill the table).
 //
 // A missing row is made in one short transaction at READ COMMITTED that
 // counts the user's active orders with a locking read and then inserts the
@@ -43,7 +46,7 @@ import (
 // INSERT the transaction holds only order rows, so a return, which holds
 // its orders and then updates the counter, never waits for it while it
 // waits for the return: no cycle of waits.
-func (s *Service) ensureCounter(ctx context.Context, user int64) error {
+func (s *Service) ensureCounter(ctx context.Context, user, sku int64) error {
 	if s.set.UserLimit <= 0 {
 		return nil
 	}
@@ -54,6 +57,10 @@ func (s *Service) ensureCounter(ctx context.Context, user int64) error {
 	}
 	if n > 0 {
 		return nil
+	}
+	var p Product
+	if found, err := read(db, &p, sqlStock, sku); err != nil || !found {
+		return classify(ctx, "order counter", err)
 	}
 	err := db.Transaction(func(tx *gorm.DB) error {
 		var orders int64
