@@ -469,9 +469,13 @@ start_redis_cluster() {
 
 # start_redis_sentinel DIR NAME MASTER_PORT REPLICA_PORT SENTINEL_PORT...
 # starts a Redis master, one replica of it and a Sentinel per
-# SENTINEL_PORT watching them as NAME (quorum 2, a master down after 1 s),
+# SENTINEL_PORT watching them as NAME (quorum 2, a master down after 3 s),
 # each in DIR/PORT, and waits until the replica is in sync and every
-# Sentinel knows it.
+# Sentinel knows it. Not 1 s: right after a switch a Sentinel gives the new
+# master that long to answer its first PING on a new link, and on a loaded
+# machine a second can pass; the other Sentinels' "down" votes about the old
+# master still count, so it fails over at once, to the old master just
+# started empty as a replica, and the data is lost.
 start_redis_sentinel() {
   local dir=$1 name=$2 master=$3 replica=$4 port redis
   shift 4
@@ -485,7 +489,7 @@ start_redis_sentinel() {
     # Sentinel rewrites its file as it learns the set-up.
     printf '%s\n' "port $port" "bind 127.0.0.1" "dir $dir/$port" "logfile $dir/$port/redis.log" \
       "sentinel monitor $name 127.0.0.1 $master 2" \
-      "sentinel down-after-milliseconds $name 1000" \
+      "sentinel down-after-milliseconds $name 3000" \
       "sentinel failover-timeout $name 5000" >"$dir/$port/sentinel.conf"
     "$redis" "$dir/$port/sentinel.conf" --sentinel </dev/null >/dev/null 2>&1 &
     echo $! >"$dir/$port/pid"

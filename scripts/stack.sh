@@ -816,7 +816,7 @@ need_sentinel() {
   set_running "$state/redis-sentinel" "${sentinel_ports[@]}" || die "the Sentinels are not running: $0 redis-up"
 }
 
-# Failover waits, in seconds: the Sentinels see a master down after 1 s
+# Failover waits, in seconds: the Sentinels see a master down after 3 s
 # and elect a leader within a few; a replica's first sync takes well under
 # a second. Loose bounds for a slow, shared machine.
 failover_timeout=60
@@ -880,7 +880,7 @@ failover_redis() {
 }
 
 # kill_redis_master kills the master (SIGKILL), as a crash would, waits
-# until the Sentinels have seen it down (after 1 s) and promoted the
+# until the Sentinels have seen it down (after 3 s) and promoted the
 # replica, then starts it again on its port, empty, as after a crash
 # without persistence, and as a replica of the master the Sentinels name,
 # the way a deployment's start script asks them first. Left to find its old

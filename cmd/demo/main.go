@@ -409,12 +409,12 @@ func verifySale(ctx context.Context, stack, acks, path string, stderr io.Writer,
 const rollingRestartTakes = 16 * time.Second
 
 // redisFailoverTakes is about how long scripts/stack.sh failover-redis and
-// kill-redis-master take: the Sentinels promote the replica within about 2s
-// (a killed master is seen down after 1s), but make the old master a replica
+// kill-redis-master take: the Sentinels promote the replica within about 4s
+// (a killed master is seen down after 3s), but make the old master a replica
 // of the new one only at their next look at it, up to 10s later (their INFO
 // period), and until then it is a master that a replica which missed the
 // switch may still write to.
-const redisFailoverTakes = 13 * time.Second
+const redisFailoverTakes = 15 * time.Second
 
 // faultLoad are the load test's arguments that spread a fault row's sale
 // over o.faultSpan, so that the fault lands in the middle of it: a capped

@@ -321,8 +321,8 @@ func TestPauseAndFaultRows(t *testing.T) {
 	}{
 		{faultKillReplica, []string{"-rate", "100", "-c", "10"}}, // 800 buyers over 8s
 		{faultRolling, []string{"-rate", "44", "-c", "4"}},       // over 2s + 16s
-		{faultFailover, []string{"-rate", "53", "-c", "5"}},      // over 2s + 13s
-		{faultKillMaster, []string{"-rate", "53", "-c", "5"}},
+		{faultFailover, []string{"-rate", "47", "-c", "4"}},      // over 2s + 15s
+		{faultKillMaster, []string{"-rate", "47", "-c", "4"}},
 	} {
 		if got := faultLoad(o, row{Fault: tt.fault}); !slices.Equal(got, tt.want) {
 			t.Errorf("%s: the load %q, want %q", tt.fault, got, tt.want)
