@@ -26,8 +26,10 @@ func ordersOf(t *testing.T, db *testenv.DB, user int) int {
 // replicas in turn, one buyer's orders get the burst and what the rate
 // adds while they are sent, not three bursts; the rest are 429 with
 // Retry-After and write nothing. A key that placed an order is answered
-// with it even over the limit; a key refused by the limit is refused again.
-// A scalper with one user id and many connections gets 429s the same way.
+// with it even over the limit, and a key refused by the limit is refused
+// again, each taking from the buyer's allowance of actions: once that is
+// spent too, replays over the limit are 429 as well, and read nothing. A
+// scalper with one user id and many connections gets 429s the same way.
 func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 	// Not in parallel (see parallel_test.go): a refused key is sent again while
 	// the buyer is over the limit, which a slow second would refill.
@@ -43,7 +45,14 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 	began := time.Now()
 	var placed, limited []int
 	for sku := 1; sku <= 12; sku++ {
-		o := replicas[sku%3].public.order(sku, user, withKey(fmt.Sprintf("k%d", sku)))
+		// Only the first, which the burst places, has a key: a refused
+		// order with a key would take from the allowance of actions that
+		// the replays below need (see replayOver).
+		var opts []option
+		if sku == 1 {
+			opts = append(opts, withKey("k1"))
+		}
+		o := replicas[sku%3].public.order(sku, user, opts...)
 		switch {
 		case o.status == http.StatusCreated:
 			placed = append(placed, sku)
@@ -55,8 +64,8 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 	}
 	// The burst, and one more for each second the orders took to send.
 	most := burst + int(time.Since(began).Seconds()*rate) + 1
-	if len(placed) < burst || len(placed) > most || len(limited) == 0 {
-		t.Errorf("12 orders of one buyer through 3 replicas: placed %v, limited %v; want %d to %d placed (the fleet's one burst), the rest limited",
+	if len(placed) < burst || len(placed) > most || len(limited) == 0 || placed[0] != 1 {
+		t.Errorf("12 orders of one buyer through 3 replicas: placed %v, limited %v; want %d to %d placed (the fleet's one burst, the first among them), the rest limited",
 			placed, limited, burst, most)
 	}
 	if n := ordersOf(t, db, user); n != len(placed) {
@@ -65,11 +74,27 @@ func TestOrdersRateLimitedPerBuyerAcrossReplicas(t *testing.T) {
 
 	// Over the limit still: the first key is answered with its order, a
 	// refused one is refused again.
-	if o := replicas[1].public.order(placed[0], user, withKey(fmt.Sprintf("k%d", placed[0]))); o.status != http.StatusCreated || !o.replayed() {
+	if o := replicas[1].public.order(1, user, withKey("k1")); o.status != http.StatusCreated || !o.replayed() {
 		t.Errorf("the key of a placed order, over the limit: %v; want 201 Idempotent-Replayed", o)
 	}
-	if o := replicas[2].public.order(limited[0], user, withKey(fmt.Sprintf("k%d", limited[0]))); !o.rateLimited() {
-		t.Errorf("a refused key again, over the limit: %v; want 429 rate_limited", o)
+	for i := range 2 {
+		if o := replicas[2].public.order(limited[0], user, withKey("k-refused")); !o.rateLimited() {
+			t.Errorf("a key over the limit, try %d: %v; want 429 rate_limited", i+1, o)
+		}
+	}
+	// Each of those took an action; the allowance (the burst, and what the
+	// rate adds meanwhile) runs out within as many more replays.
+	sent, refused := 0, 0
+	for ; sent < burst+2 && refused == 0; sent++ {
+		switch o := replicas[sent%3].public.order(1, user, withKey("k1")); {
+		case o.rateLimited():
+			refused++
+		case o.status != http.StatusCreated || !o.replayed():
+			t.Fatalf("replay %d over the limit: %v; want 201 Idempotent-Replayed or 429 rate_limited", sent+1, o)
+		}
+	}
+	if refused == 0 {
+		t.Errorf("%d more replays over the limit were all answered 201; want the buyer's allowance of actions to run out, then 429", sent)
 	}
 	if n := ordersOf(t, db, user); n != len(placed) {
 		t.Errorf("after the retries the buyer has %d orders; want %d", n, len(placed))

@@ -31,11 +31,12 @@ func TestCancelAppliedIsNeverBusy(t *testing.T) {
 			db := testenv.MySQL(t)
 			_, l, _ := lined(t, db, 1, 3, options{}, lock.RedisOptions{})
 			// Orders, the cancellation's transaction and its read-back go
-			// through the proxy; the first read of the order does not
-			// (Public), so that the cut is the read-back's.
+			// through the proxy; the first read of the order, the
+			// lifecycle's look-up, does not (Lookups), so that the cut is
+			// the read-back's.
 			pool, p := throughProxy(t, db)
 			svc := newService(pool, l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true},
-				Reads: pool, Public: stock.NewCatalog(db.Gorm)})
+				Reads: pool, Lookups: stock.NewCatalog(db.Gorm)})
 			o, err := svc.PlaceOrder(ctx, 1, 7, "")
 			if err != nil {
 				t.Fatal(err)

@@ -18,12 +18,13 @@ type options struct {
 	Checkouts stock.Checkouts
 	Reads     *gorm.DB
 	Public    *stock.Catalog
+	Lookups   *stock.Catalog
 	Logger    *slog.Logger
 	Now       func() time.Time
 }
 
 // newService is a Service on db under locks, as o says.
 func newService(db *gorm.DB, locks stock.Locker, o options) *stock.Service {
-	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Checkouts: o.Checkouts, Reads: o.Reads, Public: o.Public, Logger: o.Logger, Now: o.Now},
+	return stock.NewService(stock.Deps{DB: db, Locks: locks, Announcer: o.Announcer, Checkouts: o.Checkouts, Reads: o.Reads, Public: o.Public, Lookups: o.Lookups, Logger: o.Logger, Now: o.Now},
 		o.Settings, o.Hooks)
 }

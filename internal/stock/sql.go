@@ -192,8 +192,12 @@ const (
 	sqlCounterExists = "SELECT COUNT(*) FROM user_orders WHERE user_id = ?"
 	sqlNewCounter    = "INSERT IGNORE INTO user_orders (user_id, orders) VALUES (?, ?)"
 	// sqlLockActiveOrdersOf counts a user's active orders with a locking
-	// read, through an index that begins with user_id (ensureCounter).
-	sqlLockActiveOrdersOf = "SELECT COUNT(*) FROM orders WHERE user_id = ? AND status IN ('" + StatusReserved + "', '" + StatusPaid + "') FOR UPDATE"
+	// read (ensureCounter), through the index (user_id, active_sku) and no
+	// other: every such read then locks the user's orders in one order, and
+	// none waits for another user's (through (status, pay_by), which the
+	// optimizer may otherwise take, it would wait for every reservation and
+	// lock them in pay_by order).
+	sqlLockActiveOrdersOf = "SELECT COUNT(*) FROM orders FORCE INDEX (uq_orders_user_active_sku) WHERE user_id = ? AND status IN ('" + StatusReserved + "', '" + StatusPaid + "') FOR UPDATE"
 	sqlLockCounters       = "SELECT user_id, orders FROM user_orders FORCE INDEX (PRIMARY) WHERE user_id IN ? FOR UPDATE"
 	// sqlCountOrders raises only the counters under the limit (?).
 	sqlCountOrders = "UPDATE user_orders FORCE INDEX (PRIMARY) SET orders = orders + 1 WHERE user_id IN ? AND orders < ?"

@@ -7,6 +7,8 @@ import (
 	"slices"
 
 	"gorm.io/gorm"
+
+	"shop/internal/mysqldb"
 )
 
 // The per-user limit (Settings.UserLimit) must hold whatever replica or
@@ -62,7 +64,24 @@ func (s *Service) ensureCounter(ctx context.Context, user, sku int64) error {
 	if found, err := read(db, &p, sqlStock, sku); err != nil || !found {
 		return classify(ctx, "order counter", err)
 	}
-	err := db.Transaction(func(tx *gorm.DB) error {
+	// Two of these for one user (its first orders, on several replicas at
+	// once) each hold some of its orders and may wait for the other's, or
+	// for the row the other made; InnoDB then rolls one back. Nothing of it
+	// was written: it tries again, and finds the row the other made (INSERT
+	// IGNORE) or makes it.
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		if err = newCounter(db, user); !mysqldb.Deadlock(err) {
+			break
+		}
+	}
+	return classify(ctx, "order counter", err)
+}
+
+// newCounter makes user's counter, holding the orders the user has now,
+// unless the row exists (ensureCounter).
+func newCounter(db *gorm.DB, user int64) error {
+	return db.Transaction(func(tx *gorm.DB) error {
 		var orders int64
 		if _, err := read(tx, &orders, sqlLockActiveOrdersOf, user); err != nil {
 			return err
@@ -70,7 +89,6 @@ func (s *Service) ensureCounter(ctx context.Context, user, sku int64) error {
 		_, _, err := run(tx, sqlNewCounter, user, orders)
 		return err
 	}, &sql.TxOptions{Isolation: sql.LevelReadCommitted})
-	return classify(ctx, "order counter", err)
 }
 
 // lockCounters locks the counters of users, in the order transaction, and
