@@ -308,19 +308,7 @@ func (p *payer) pay(pm payment) answer {
 // pm.id to its PaymentIntent if it is answered 200 with one; it returns
 // the last answer.
 func (p *payer) checkout(ctx context.Context, pm *payment) answer {
-	body := fmt.Sprintf(`{"user_id":%d}`, pm.user)
-	a := p.deliver(ctx, pm.rt, p.checkouts, nil, func(ctx context.Context) (*http.Request, error) {
-		url := fmt.Sprintf("%s/api/v1/orders/%d/checkout", pm.base, pm.order)
-		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		req.Header.Set("Content-Type", "application/json")
-		if pm.auth != "" {
-			req.Header.Set("Authorization", pm.auth)
-		}
-		return req, nil
-	})
+	a := p.deliver(ctx, pm.rt, p.checkouts, nil, pm.post("checkout"))
 	if a.err == nil && a.status == http.StatusOK {
 		var co struct {
 			PaymentIntent string `json:"payment_intent"`
@@ -352,21 +340,9 @@ func (p *payer) cancelTimed(start time.Time, took time.Duration) {
 // again after a 429, 502, 503, 504 or a transport error as a payment is,
 // and records its last answer.
 func (p *payer) cancel(pm payment) {
-	body := fmt.Sprintf(`{"user_id":%d}`, pm.user)
 	var a answer
 	p.withSlot(func() {
-		a = p.deliver(p.life, pm.rt, p.cancelStatuses, p.cancelTimed, func(ctx context.Context) (*http.Request, error) {
-			url := fmt.Sprintf("%s/api/v1/orders/%d/cancel", pm.base, pm.order)
-			req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
-			if err != nil {
-				return nil, err
-			}
-			req.Header.Set("Content-Type", "application/json")
-			if pm.auth != "" {
-				req.Header.Set("Authorization", pm.auth)
-			}
-			return req, nil
-		})
+		a = p.deliver(p.life, pm.rt, p.cancelStatuses, p.cancelTimed, pm.post("cancel"))
 	})
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -640,4 +616,22 @@ func (p *payer) result() (PayResult, []string) {
 		t.Final = maps.Clone(p.finals[k])
 	}
 	return r, slices.Clone(p.lines)
+}
+
+// post makes the buyer's POST /api/v1/orders/{id}/{action} of pm's order,
+// with its user id and bearer token.
+func (pm *payment) post(action string) func(ctx context.Context) (*http.Request, error) {
+	body := fmt.Sprintf(`{"user_id":%d}`, pm.user)
+	return func(ctx context.Context) (*http.Request, error) {
+		url := fmt.Sprintf("%s/api/v1/orders/%d/%s", pm.base, pm.order, action)
+		req, err := http.NewRequestWithContext(ctx, "POST", url, strings.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		req.Header.Set("Content-Type", "application/json")
+		if pm.auth != "" {
+			req.Header.Set("Authorization", pm.auth)
+		}
+		return req, nil
+	}
 }
