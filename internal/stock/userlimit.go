@@ -64,11 +64,13 @@ func (s *Service) ensureCounter(ctx context.Context, user, sku int64) error {
 	if found, err := read(db, &p, sqlStock, sku); err != nil || !found {
 		return classify(ctx, "order counter", err)
 	}
-	// Two of these for one user (its first orders, on several replicas at
-	// once) each hold some of its orders and may wait for the other's, or
-	// for the row the other made; InnoDB then rolls one back. Nothing of it
-	// was written: it tries again, and finds the row the other made (INSERT
-	// IGNORE) or makes it.
+	// The user's first orders, on several replicas at once, each come
+	// here. Their counts lock the user's orders in one order (see
+	// sqlLockActiveOrdersOf), but one may still wait for the row another
+	// made, which an order transaction now holds, while that order waits
+	// for an order this one locked (its unique check): InnoDB rolls one
+	// back. Nothing of this one was written: it tries again, and finds the
+	// row (INSERT IGNORE) or makes it.
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		if err = newCounter(db, user); !mysqldb.Deadlock(err) {
