@@ -20,7 +20,6 @@ import (
 	"shop/internal/cache"
 	"shop/internal/handler"
 	"shop/internal/lock"
-	"shop/internal/mysqldb"
 	"shop/internal/ratelimit"
 	"shop/internal/stock"
 	"shop/internal/testenv"
@@ -83,15 +82,7 @@ func newGatedAPI(t *testing.T, userLimit ratelimit.Limit) *gatedAPI {
 		t.Fatal(err)
 	}
 	// The public reads' pool, of one connection, which a test may hold.
-	publicPool, err := mysqldb.Open(db.DSN, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if sqlDB, err := publicPool.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
+	publicPool := db.OpenReads(t, 1)
 	public := stock.NewCatalog(publicPool).Public(2, stock.DefaultGateWait)
 	mutex := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix + "cache:mutex:", NoFencing: true})
 	products := cache.New(cache.Deps{Redis: rdb, Source: catalog, Mutex: mutex}, cache.Settings{Prefix: prefix + "cache:", Bloom: true})

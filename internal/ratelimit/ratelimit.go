@@ -66,8 +66,7 @@ func (l *Limiter) Take(ctx context.Context, key string, lim Limit) (time.Duratio
 func (l *Limiter) Give(ctx context.Context, key string, lim Limit) error {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	interval := lim.Period.Seconds() / float64(lim.Rate)
-	if err := give.Run(ctx, l.rdb, []string{redisRatePrefix + l.prefix + key}, interval).Err(); err != nil {
+	if err := give.Run(ctx, l.rdb, []string{redisRatePrefix + l.prefix + key}, emission(lim).Seconds()).Err(); err != nil {
 		return fmt.Errorf("rate limit %s: give back: %w", key, err)
 	}
 	return nil

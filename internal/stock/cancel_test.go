@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"shop/internal/lock"
-	"shop/internal/mysqldb"
 	"shop/internal/stock"
 	"shop/internal/testenv"
 )
@@ -133,15 +132,7 @@ func TestPaymentsRaceCancelsAndSweepAtScale(t *testing.T) {
 	// Leases that a loaded machine's stalls do not run out: a lost lease is
 	// busy too, and not what this test is after.
 	_, l, _ := lined(t, db, skus, perSKU, options{}, lock.RedisOptions{TTL: 30 * time.Second})
-	pool, err := mysqldb.OpenOrders(db.DSN, 16)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if sqlDB, err := pool.DB(); err == nil {
-			sqlDB.Close()
-		}
-	})
+	pool := db.OpenOrders(t, 16)
 	svc := newService(pool, l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true}})
 	start := time.Now()
 	orders := make([]stock.Order, skus*perSKU)

@@ -132,7 +132,28 @@ func newDatabase(tb testing.TB, env string, migrate func(context.Context, *sql.D
 // (mysqldb.OpenOrders), closed when the test ends.
 func (d *DB) Open(tb testing.TB) *gorm.DB {
 	tb.Helper()
-	g, err := mysqldb.OpenOrders(d.DSN, 20)
+	return d.OpenOrders(tb, 20)
+}
+
+// OpenOrders is Open with a pool of n connections.
+func (d *DB) OpenOrders(tb testing.TB, n int) *gorm.DB {
+	tb.Helper()
+	g, err := mysqldb.OpenOrders(d.DSN, n)
+	return closedAtEnd(tb, g, err)
+}
+
+// OpenReads returns a new pool of n connections on the database as a
+// replica's reads' pool is (mysqldb.Open), closed when the test ends.
+func (d *DB) OpenReads(tb testing.TB, n int) *gorm.DB {
+	tb.Helper()
+	g, err := mysqldb.Open(d.DSN, n)
+	return closedAtEnd(tb, g, err)
+}
+
+// closedAtEnd fails tb on an error opening a pool, and closes the pool when
+// the test ends.
+func closedAtEnd(tb testing.TB, g *gorm.DB, err error) *gorm.DB {
+	tb.Helper()
 	if err != nil {
 		tb.Fatal(err)
 	}
