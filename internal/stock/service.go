@@ -247,6 +247,16 @@ type Locker interface {
 	RaiseFence(ctx context.Context, key string, atLeast int64) error
 }
 
+// TryLocker is a Locker that can also take a lock only if it is free,
+// without waiting for it: every family of internal/lock but Local and
+// None. The sweep claims its shards so when its Locker is one.
+type TryLocker interface {
+	Locker
+	// TryObtain takes key's lock if it is free, and otherwise returns
+	// lock.ErrNotObtained at once.
+	TryObtain(ctx context.Context, key string) (*lock.Lease, error)
+}
+
 // Stats counts the transactions that placed orders.
 type Stats struct {
 	// Batches is how many order transactions ran.

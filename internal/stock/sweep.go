@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"shop/internal/lock"
 )
 
 // The sweep gives back the units of lapsed reservations (giveBack, with
@@ -20,8 +22,8 @@ import (
 //   - The SKUs are split into sweepShards shards (SKU n is in shard n mod
 //     sweepShards). A sweeper walks a shard's SKUs only while it holds the
 //     shard's claim, a lease on sweepClaimKey taken from the SKU locks'
-//     Locker with a wait of sweepClaimWait: a shard another sweeper holds
-//     is skipped, not waited for. Two replicas' sweeps therefore walk
+//     Locker only if it is free (claim): a shard another sweeper holds is
+//     skipped, not waited for. Two replicas' sweeps therefore walk
 //     different SKUs at once, each list read after its claim was taken.
 //     With a lock that excludes nothing (lock.None) every claim is granted
 //     and sweepers may meet on a SKU; the product row's lock and the
@@ -46,8 +48,9 @@ const (
 	// sweepSKUs bounds the SKUs one visit of a shard walks, beside those
 	// it skips because they failed lately.
 	sweepSKUs = 100
-	// sweepClaimWait is how long a sweeper waits for a shard's claim: a
-	// claim held is held for a whole walk, so it is skipped at once.
+	// sweepClaimWait is how long a sweeper waits for a shard's claim when
+	// its Locker cannot try without waiting (see claim): a claim held is
+	// held for a whole walk, so it is skipped at once.
 	sweepClaimWait = 20 * time.Millisecond
 	// sweepLockWait is how long the sweep waits for a SKU's lock.
 	sweepLockWait = 100 * time.Millisecond
@@ -85,8 +88,9 @@ type sweepFailure struct {
 	until time.Time
 }
 
-// skip reports whether sku is to be left alone now, and forgets failures
-// whose wait is over.
+// skip reports whether sku is to be left alone now. A failure whose wait
+// is over is kept until the SKU succeeds (done), so that its next failure
+// waits twice as long.
 func (w *sweeper) skip(sku int64, now time.Time) bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -171,26 +175,48 @@ func (s *Service) sweepShards(ctx context.Context, start time.Time, errs *sweepE
 		if time.Since(start) >= sweepBudget || ctx.Err() != nil {
 			break
 		}
-		wctx, kept, end := waitWithin(ctx, sweepClaimWait)
-		claim, err := s.locks.Obtain(wctx, sweepClaimKey(shard))
-		if err != nil || !kept() {
-			// Another sweeper walks it (or the lock did not answer in
-			// time: the next sweep asks again).
-			if claim != nil {
-				s.release(ctx, claim)
-			}
-			end()
+		claim, done := s.claim(ctx, sweepClaimKey(shard))
+		if claim == nil {
+			// Another sweeper walks it (or the lock did not answer: the
+			// next sweep asks again).
 			continue
 		}
 		n, err := s.sweepShard(ctx, claim.Context(), start, shard, errs)
-		s.release(ctx, claim)
-		end()
+		done()
 		total += n
 		if err != nil {
 			errs.add(err)
 		}
 	}
 	return total, nil
+}
+
+// claim takes the claim key if no other sweeper holds it, without waiting
+// for it, and returns it with done, which releases it; nil when it is held
+// or the lock did not answer. A TryLocker is asked once, however long its
+// answer takes; another Locker (in process, or none) is waited for
+// sweepClaimWait at most.
+func (s *Service) claim(ctx context.Context, key string) (_ *lock.Lease, done func()) {
+	if t, ok := s.locks.(TryLocker); ok {
+		l, err := t.TryObtain(ctx, key)
+		if err != nil {
+			return nil, nil
+		}
+		return l, func() { s.release(ctx, l) }
+	}
+	wctx, kept, end := waitWithin(ctx, sweepClaimWait)
+	l, err := s.locks.Obtain(wctx, key)
+	if err != nil || !kept() {
+		if l != nil {
+			s.release(ctx, l)
+		}
+		end()
+		return nil, nil
+	}
+	return l, func() {
+		s.release(ctx, l)
+		end()
+	}
 }
 
 // sweepShard walks shard's SKUs with lapsed reservations, the oldest first,
@@ -236,10 +262,7 @@ func (s *Service) measureLapsed(ctx context.Context) {
 	if _, err := read(s.reads.WithContext(ctx), &age, sqlOldestLapsed); err != nil {
 		return
 	}
-	s.sweep.oldest.Store(max(age.Int64, 0))
-	if !age.Valid {
-		s.sweep.oldest.Store(0)
-	}
+	s.sweep.oldest.Store(max(age.Int64, 0)) // NULL, none, scans as 0
 	s.sweep.measured.Store(s.now().UnixMicro())
 }
 

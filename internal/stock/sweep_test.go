@@ -119,13 +119,13 @@ func TestFailingSKUsDoNotStopTheSweep(t *testing.T) {
 
 // recordingLock is a lock that records the SKU locks its holders took.
 type recordingLock struct {
-	stock.Locker
+	stock.TryLocker
 	mu   sync.Mutex
 	skus []string
 }
 
 func (r *recordingLock) Obtain(ctx context.Context, key string) (*lock.Lease, error) {
-	l, err := r.Locker.Obtain(ctx, key)
+	l, err := r.TryLocker.Obtain(ctx, key)
 	if err == nil && strings.HasPrefix(key, "sku:") {
 		r.mu.Lock()
 		r.skus = append(r.skus, key)
@@ -142,9 +142,10 @@ func (r *recordingLock) taken() []string {
 
 // Two replicas sweep the same lapsed reservations of many SKUs at once.
 // They split them: each takes the locks of SKUs the other does not, and
-// together they return every unit once. The first replica's first return
-// waits, at its COMMIT, until the second has returned one, so that both
-// sweep at once however the machine schedules them.
+// together they return every unit once. Each replica's first return waits
+// until the other's has begun (the first's, at its COMMIT, until the
+// second has returned one), so that both sweep at once however the machine
+// schedules them.
 func TestSweepersSplitTheSKUs(t *testing.T) {
 	const skus = 48
 	ctx := context.Background()
@@ -159,21 +160,30 @@ func TestSweepersSplitTheSKUs(t *testing.T) {
 	}
 	reserveLapsed(t, db, span(1, skus), ago)
 	l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: time.Second})
-	la, lb := &recordingLock{Locker: l}, &recordingLock{Locker: l}
-	second := make(chan struct{})
-	var once, first sync.Once
+	la, lb := &recordingLock{TryLocker: l}, &recordingLock{TryLocker: l}
+	first, second := make(chan struct{}), make(chan struct{})
+	var onceA, onceB sync.Once
+	wait := func(c chan struct{}, what string) {
+		select {
+		case <-c:
+		case <-time.After(10 * time.Second):
+			t.Error(what)
+		}
+	}
 	a := newService(db.Gorm, la, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true},
 		Hooks: stock.Hooks{BeforeReturn: func(context.Context, int64) {
-			first.Do(func() {
-				select {
-				case <-second:
-				case <-time.After(10 * time.Second):
-					t.Error("the second replica returned nothing while the first held one SKU")
-				}
+			onceA.Do(func() {
+				close(first)
+				wait(second, "the second replica returned nothing while the first held one SKU")
 			})
 		}}})
 	b := newService(db.Gorm, lb, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true},
-		Hooks: stock.Hooks{BeforeReturn: func(context.Context, int64) { once.Do(func() { close(second) }) }}})
+		Hooks: stock.Hooks{BeforeReturn: func(context.Context, int64) {
+			onceB.Do(func() {
+				wait(first, "the first replica began no return while the second held one SKU")
+				close(second)
+			})
+		}}})
 	var wg sync.WaitGroup
 	var na, nb int
 	var ea, eb error
