@@ -43,7 +43,7 @@ func NewStandard(secrets string) (*Standard, error) {
 	entries := strings.Split(secrets, ",")
 	s := &Standard{}
 	for i, entry := range entries {
-		key, err := decodeSecret(entry)
+		key, err := DecodeSecret(entry)
 		if err != nil {
 			return nil, fmt.Errorf("%s: entry %d of %d: %w", envWebhookSecret, i+1, len(entries), err)
 		}
@@ -56,9 +56,11 @@ func NewStandard(secrets string) (*Standard, error) {
 	return s, nil
 }
 
-// decodeSecret returns the key of one whsec_ secret. The key is decoded
-// here, not by the library, so that the length checked is the key's.
-func decodeSecret(entry string) ([]byte, error) {
+// DecodeSecret returns the key of one whsec_ secret, at least MinSecret
+// bytes. The key is decoded here, not by the library, so that the length
+// checked is the key's. An error never quotes the secret, so that a caller
+// may add the name of its setting and log it.
+func DecodeSecret(entry string) ([]byte, error) {
 	switch {
 	case entry == "":
 		return nil, errors.New("empty")
