@@ -24,7 +24,9 @@
 // fails the signature is recorded without anything from its body. The record
 // is kept in memory (Record, WaitFor) and, with Options.RecordFile, appended
 // to a file as JSON lines, one Delivery each, so that another process can
-// read it (ReadRecord, ReadRecordFile, or `eventsink -summary FILE`).
+// read it (ReadRecord, ReadRecordFile, or `eventsink -summary FILE`). A file
+// that exists is appended to, not emptied: a run that wants its own record
+// removes it first.
 //
 // # Faults
 //
