@@ -2,11 +2,12 @@
 
 GO ?= go
 
-## build: bin/shop, bin/loadtest and bin/demo
+## build: bin/shop, bin/loadtest, bin/eventsink and bin/demo
 build:
 	@GO='$(GO)' bash -c '. scripts/lib.sh && ensure_go'
 	$(GO) build -o bin/shop ./cmd/shop
 	$(GO) build -o bin/loadtest ./loadtest
+	$(GO) build -o bin/eventsink ./cmd/eventsink
 	$(GO) build -o bin/demo ./cmd/demo
 
 ## test: the whole suite against private MariaDB and Redis, then a small fleet behind nginx (installed if missing)

@@ -3,12 +3,17 @@ package eventsink
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
+	"strconv"
 	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 )
 
 // The faults a Delivery may be recorded with.
@@ -116,4 +121,27 @@ func marshalLine(d Delivery) ([]byte, error) {
 		return nil, fmt.Errorf("encode delivery %s: %w", d.WebhookID, err)
 	}
 	return append(line, '\n'), nil
+}
+
+// SignedRequest is a delivery as the service makes it: body POSTed to url,
+// signed by Standard Webhooks with secret (whsec_ + base64) for the message
+// id at ts. The sink's tests send it, and a test of a sender can compare.
+func SignedRequest(ctx context.Context, url, secret, id string, ts time.Time, body []byte) (*http.Request, error) {
+	hook, err := standardwebhooks.NewWebhook(secret)
+	if err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	sig, err := hook.Sign(id, ts, body)
+	if err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	req.Header.Set(standardwebhooks.HeaderWebhookID, id)
+	req.Header.Set(standardwebhooks.HeaderWebhookTimestamp, strconv.FormatInt(ts.Unix(), 10))
+	req.Header.Set(standardwebhooks.HeaderWebhookSignature, sig)
+	req.Header.Set("Content-Type", "application/json")
+	return req, nil
 }

@@ -13,13 +13,10 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"shop/internal/eventsink"
 )
@@ -56,22 +53,10 @@ func event(stream string, seq int) (id string, body []byte) {
 // deliver POSTs body as the service does, signed with key at ts, by
 // client.
 func deliver(ctx context.Context, client *http.Client, url, key, id string, ts time.Time, body []byte) (*http.Response, error) {
-	hook, err := standardwebhooks.NewWebhook(key)
+	req, err := eventsink.SignedRequest(ctx, url, key, id, ts, body)
 	if err != nil {
 		return nil, err
 	}
-	sig, err := hook.Sign(id, ts, body)
-	if err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set(standardwebhooks.HeaderWebhookID, id)
-	req.Header.Set(standardwebhooks.HeaderWebhookTimestamp, strconv.FormatInt(ts.Unix(), 10))
-	req.Header.Set(standardwebhooks.HeaderWebhookSignature, sig)
-	req.Header.Set("Content-Type", "application/json")
 	resp, err := client.Do(req)
 	if err == nil {
 		io.Copy(io.Discard, resp.Body)
