@@ -30,6 +30,7 @@ type config struct {
 	Cache    cacheConfig
 	Buyers   buyersConfig
 	Payments paymentsConfig
+	Events   eventsConfig
 	Stop     stopConfig
 }
 
@@ -236,6 +237,7 @@ func loadConfig(getenv func(string) string) (config, error) {
 		Orders: e.orders(),
 		Cache:  e.cache(),
 		Buyers: e.buyers(),
+		Events: e.events(),
 		Stop:   e.stop(),
 	}
 	c.Payments = e.payments()

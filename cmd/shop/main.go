@@ -1,7 +1,7 @@
 // Command shop is the flash-sale inventory service and its tools:
 //
 //	shop serve                            the HTTP service
-//	shop migrate                          apply the schema
+//	shop migrate [--events]               apply the schema [and turn events on]
 //	shop seed --products N --stock S      reset the catalog
 //	     [--starts-at T] [--ends-at T]    with every product's sale window
 //	shop seed --if-empty …                seed only a catalog without products
@@ -64,7 +64,7 @@ const usage = `usage: shop <command> [flags]
 
 commands:
   serve                             run the HTTP service
-  migrate                           apply the database migrations
+  migrate [--events]                apply the database migrations [and turn events on for every replica]
   seed --products N --stock S       reset the catalog to products 1..N with S units each
        [--starts-at T] [--ends-at T]  and every product's sale window (RFC 3339)
        [--if-empty]                 only if the catalog has no products (exit 0 either way)

@@ -21,6 +21,7 @@ import (
 	"shop/internal/handler"
 	"shop/internal/mysqldb"
 	"shop/internal/notify"
+	"shop/internal/outbox"
 	"shop/internal/ratelimit"
 	"shop/internal/requestid"
 	"shop/internal/stock"
@@ -59,6 +60,10 @@ const (
 	// and records are short transactions of their own, the calls to
 	// Stripe made between them, outside any.
 	refundPoolSize = 2
+	// eventsPoolSize is the events relay's (SHOP_EVENTS_URL): its claims
+	// and marks are single statements, each POST made between them,
+	// outside any transaction.
+	eventsPoolSize = 2
 	// redisPoolSize bounds the Redis connections of a replica.
 	redisPoolSize = 64
 	// redisTimeout bounds every Redis command; a command whose context has
@@ -181,6 +186,9 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 	// In stripe mode every replica pays refunds back; the leases keep them
 	// off each other's.
 	r.onClose(stripe.runRefunder(ctx, cfg.Payments, pools, locker, hooks, reg, log))
+	// With SHOP_EVENTS_URL every replica relays the outbox's events; the
+	// leases keep them off each other's.
+	r.onClose(runRelay(ctx, cfg.Events, outbox.NewStore(pools.events), hooks, reg, log))
 
 	ready, stopProbes, err := newReadiness(ctx, cfg, rdb, reg, log)
 	if err != nil {
@@ -204,6 +212,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 		Seeder:    adm,
 		Admin:     adm,
 		Refunds:   catalog,
+		Events:    outbox.NewStore(pools.public),
 		Verifier:  cfg.Payments.Verifier,
 		Payments:  orders,
 		Checkouts: stripe.checkoutRoute(orders),
@@ -224,7 +233,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 
 // pools are a replica's MySQL pools (see the pool sizes above).
 type pools struct {
-	public, reads, orders, refunds *gorm.DB
+	public, reads, orders, refunds, events *gorm.DB
 }
 
 // openPools opens a replica's MySQL pools on dsn, closed with r, their
@@ -237,7 +246,7 @@ func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) 
 		size   int
 		orders bool
 	}{{&p.public, publicPoolSize, false}, {&p.reads, orderReadsPoolSize, false}, {&p.orders, ordersPoolSize, true},
-		{&p.refunds, refundPoolSize, true}} {
+		{&p.refunds, refundPoolSize, true}, {&p.events, eventsPoolSize, false}} {
 		if pool.orders {
 			*pool.db, err = mysqldb.OpenOrders(dsn, pool.size)
 		} else {
@@ -251,7 +260,7 @@ func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) 
 		}
 	}
 	if err := errors.Join(depErrors.WatchGorm(p.public), depErrors.WatchGorm(p.reads), depErrors.WatchGorm(p.orders),
-		depErrors.WatchGorm(p.refunds)); err != nil {
+		depErrors.WatchGorm(p.refunds), depErrors.WatchGorm(p.events)); err != nil {
 		return pools{}, fmt.Errorf("serve: %w", err)
 	}
 	return p, nil

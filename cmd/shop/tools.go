@@ -20,6 +20,7 @@ import (
 	"shop/internal/admin"
 	"shop/internal/mysqldb"
 	"shop/internal/notify"
+	"shop/internal/outbox"
 	"shop/internal/stock"
 	"shop/internal/verify"
 	"shop/migrations"
@@ -39,7 +40,9 @@ func openDB(dsn string) (db *gorm.DB, close func(), err error) {
 }
 
 func migrate(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
-	if err := parseFlags(newFlags("migrate"), args); err != nil {
+	fs := newFlags("migrate")
+	events := fs.Bool("events", false, "turn events on (docs/events.md): from then on every change writes its event to the outbox, on every replica")
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg, err := loadConfig(getenv)
@@ -68,6 +71,17 @@ func migrate(ctx context.Context, args []string, getenv func(string) string, std
 	fmt.Fprintln(stdout, "migrations applied")
 	if n > 0 {
 		fmt.Fprintf(stdout, "%d products without a currency now in %s\n", n, cfg.Payments.Currency)
+	}
+	if *events {
+		turned, err := outbox.NewStore(db).Enable(ctx)
+		if err != nil {
+			return err
+		}
+		if turned {
+			fmt.Fprintln(stdout, "events turned on")
+		} else {
+			fmt.Fprintln(stdout, "events were on already")
+		}
 	}
 	return nil
 }

@@ -32,6 +32,12 @@
 //	    recorded, so that the demo can kill the process between the call and
 //	    the record: the refund stays owed, and once its lease runs out the
 //	    call is made again with the same Idempotency-Key.
+//	shopEventKill=1*return(5000)
+//	    the first event the relay delivered (answered 2xx) prints a line to
+//	    stderr and stops for 5000 ms before it is marked delivered, so that
+//	    the demo can kill the process between the POST and the mark: once
+//	    the claim's lease runs out the event is sent again, with the same
+//	    webhook-id.
 package failpoint
 
 import (
@@ -55,4 +61,8 @@ type Hooks struct {
 	// it runs after the refunder's call to the Refund API and before the
 	// transaction that records its answer.
 	BetweenRefundCallAndRecord func(ctx context.Context, refundID string)
+	// BetweenEventPostAndMark is outbox.Hooks.BetweenPostAndMark: it runs
+	// after an event's POST was answered 2xx and before it is marked
+	// delivered.
+	BetweenEventPostAndMark func(ctx context.Context, eventID string)
 }

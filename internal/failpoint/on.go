@@ -19,6 +19,7 @@ var (
 	staleWrite *gofail.Failpoint
 	sweepStall *gofail.Failpoint
 	refundKill *gofail.Failpoint
+	eventKill  *gofail.Failpoint
 	stopped    = &world{}
 )
 
@@ -28,9 +29,20 @@ func New() Hooks {
 		staleWrite = gofail.NewFailpoint("shopStaleWrite")
 		sweepStall = gofail.NewFailpoint("shopSweepStall")
 		refundKill = gofail.NewFailpoint("shopRefundKill")
+		eventKill = gofail.NewFailpoint("shopEventKill")
 	})
 	return Hooks{BeforeWrite: beforeWrite, BeforeReturn: beforeReturn, After: stopped.after,
-		BetweenRefundCallAndRecord: betweenRefundCallAndRecord}
+		BetweenRefundCallAndRecord: betweenRefundCallAndRecord, BetweenEventPostAndMark: betweenEventPostAndMark}
+}
+
+// betweenEventPostAndMark is the shopEventKill failpoint.
+func betweenEventPostAndMark(ctx context.Context, eventID string) {
+	d, ok := stop(eventKill)
+	if !ok {
+		return
+	}
+	fmt.Fprintf(os.Stderr, "failpoint shopEventKill: the relay stops for %s between the POST of event %s and its mark\n", d, eventID)
+	time.Sleep(d)
 }
 
 // beforeReturn is the shopSweepStall failpoint.

@@ -98,6 +98,9 @@ func TestEveryDomainErrorHasAnAnswer(t *testing.T) {
 	if len(want) < 10 {
 		t.Fatalf("found %d errors in package stock: %v; the parse went wrong", len(want), want)
 	}
+	for _, name := range errorVars(t, "../outbox", "Err") {
+		want = append(want, "outbox."+name)
+	}
 	for _, name := range errorVars(t, ".", "err") {
 		// errInternal is the message of an error without a row.
 		if name != "errInternal" {
@@ -111,7 +114,7 @@ func TestEveryDomainErrorHasAnAnswer(t *testing.T) {
 	}
 	for _, row := range rows {
 		if !slices.Contains([]string{"auth.ErrExpired", "payments.ErrMalformed", "payments.ErrSignature"}, row) && !slices.Contains(want, row) {
-			t.Errorf("answers has a row for %s, which is not an error of stock, handler, auth or payments", row)
+			t.Errorf("answers has a row for %s, which is not an error of stock, outbox, handler, auth or payments", row)
 		}
 	}
 }

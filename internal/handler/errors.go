@@ -8,6 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"shop/internal/auth"
+	"shop/internal/outbox"
 	"shop/internal/payments"
 	"shop/internal/requestid"
 	"shop/internal/stock"
@@ -94,6 +95,9 @@ var answers = []answer{
 	{stock.ErrRefundNotFound, http.StatusNotFound, "not_found", "no such refund"},
 	{stock.ErrRefundSettled, http.StatusConflict, "refund_settled", "the refund was settled with another provider reference"},
 	{stock.ErrRefundsUnsettled, http.StatusConflict, "refunds_unsettled", ""},
+	{outbox.ErrNotFound, http.StatusNotFound, "not_found", "no such event"},
+	{outbox.ErrDelivered, http.StatusConflict, "event_delivered",
+		"the event was delivered: sent again now it would come after its order's later events"},
 	{payments.ErrMalformed, http.StatusBadRequest, "invalid_argument", ""},
 	{payments.ErrSignature, http.StatusUnauthorized, "unauthorized",
 		"the event's signature is missing or not valid, or its timestamp is more than 5 minutes away"},

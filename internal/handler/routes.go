@@ -58,6 +58,10 @@ func addAdminRoutes(r *gin.Engine, d Deps, token string, m *metrics, lim *limite
 	admin.POST("/seed", jsonBody(), handleSeed(d.Seeder))
 	admin.PATCH("/products/:id", jsonBody(), handleChangeProduct(d.Admin))
 	admin.GET("/refunds", handleRefunds(d.Refunds))
+	if d.Events != nil {
+		admin.GET("/events", handleEvents(d.Events))
+		admin.POST("/events/:event_id/redeliver", handleRedeliver(d.Events))
+	}
 	if d.Payments != nil {
 		provider := ""
 		if d.Verifier != nil {

@@ -125,6 +125,10 @@ type Deps struct {
 	Seeder  Seeder
 	Admin   ProductAdmin
 	Refunds Refunds
+	// Events lists the outbox's events and redelivers them (GET
+	// /api/v1/admin/events, POST /api/v1/admin/events/{id}/redeliver);
+	// nil: no such routes.
+	Events Events
 
 	// Limiter keeps the rate limits' allowances (Settings.Limits); nil
 	// limits nothing but the admin token's guesses, which each replica

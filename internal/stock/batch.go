@@ -395,8 +395,15 @@ func arrivalSpan(batch []*ticket) (first, last time.Time) {
 // or has no counter) is short: record returns it, errCareful for the fast
 // attempt, whose judgement assumed it would not.
 func (s *Service) record(tx *gorm.DB, sku int64, sl *sale, short error) error {
-	placed, err := insertOrders(tx, sku, sl.sold, s.set.PayWindow, s.set.Returning)
+	events := 1 // order.reserved
+	if s.set.PayWindow <= 0 {
+		events = 2 // and order.paid
+	}
+	placed, err := insertOrders(tx, sku, sl.sold, s.set.PayWindow, s.eventSeqOf(events), s.set.Returning)
 	if err != nil {
+		return err
+	}
+	if err := s.placedEvents(tx, placed, events); err != nil {
 		return err
 	}
 	for i, o := range sl.sold {
@@ -460,9 +467,34 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, was Product, fenced bool, f
 		ErrBusy, sku, was.Fence, now.Fence, was.Stock, now.Stock)
 }
 
+// placedEvents writes the events of orders just placed whose INSERT saw
+// events on, events (1 or 2) of each, in one statement.
+func (s *Service) placedEvents(tx *gorm.DB, placed map[int64]Order, events int) error {
+	var ids []int64
+	for _, o := range placed {
+		if o.EventSeq > 0 {
+			ids = append(ids, o.ID)
+		}
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	s.eventsSeen.Store(true)
+	q := sqlPlacedEvents
+	if events == 2 {
+		q = sqlPlacedPaidEvents
+	}
+	args := []any{ids}
+	if events == 2 {
+		args = append(args, ids)
+	}
+	_, _, err := run(tx, q, args...)
+	return err
+}
+
 // insertOrders inserts orders of sku, reserved until now plus payWindow by
-// MySQL's clock (paid when payWindow is 0), and returns them as MySQL has
-// them, by user. The orders are one INSERT, whose rows are selected from
+// MySQL's clock (paid when payWindow is 0), with eventSeq (SQL) as their
+// event_seq, and returns them as MySQL has them, by user. The orders are one INSERT, whose rows are selected from
 // the product's row, which the transaction has locked: each order owes the
 // product's price, in its currency, as they are at that moment. With
 // returning (MariaDB 10.5 and later) the orders come back with it;
@@ -470,12 +502,12 @@ func (s *Service) writeStock(tx *gorm.DB, sku int64, was Product, fenced bool, f
 // a multi-row INSERT's ids need not be consecutive
 // (innodb_autoinc_lock_mode=2, auto_increment_increment), and pay_by,
 // amount_cents and currency are MySQL's to set.
-func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duration, returning bool) (map[int64]Order, error) {
+func insertOrders(tx *gorm.DB, sku int64, orders []Order, payWindow time.Duration, eventSeq string, returning bool) (map[int64]Order, error) {
 	status, payBy := StatusPaid, "NULL"
 	if payWindow > 0 {
 		status, payBy = StatusReserved, fmt.Sprintf("UTC_TIMESTAMP(6) + INTERVAL %d MICROSECOND", payWindow.Microseconds())
 	}
-	row := withCondition(sqlOrderRow, payBy)
+	row := fmt.Sprintf(sqlOrderRow, payBy, eventSeq)
 	insert := sqlInsertOrder + strings.Repeat(row+" UNION ALL ", len(orders)-1) + row
 	args := make([]any, 0, sqlOrderRowArgs*len(orders))
 	users := make([]int64, 0, len(orders))

@@ -152,7 +152,8 @@ func cancelled(f found) (Order, error) {
 //     is not locked);
 //  3. flips them, with the same condition again, stamping returned_at;
 //  4. adds back exactly as many units as rows the flip changed, with a
-//     fenced write, and takes the orders off their buyers' counters.
+//     fenced write, and takes the orders off their buyers' counters;
+//  5. writes each order's event, when events are on (events.go).
 //
 // Once it committed, the checkouts of the orders it ended are cancelled at
 // the provider (Deps.Checkouts), so that they can no longer be paid.
@@ -199,6 +200,10 @@ func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64
 	if fence > 0 && p.Fence >= fence {
 		return nil, &staleFence{sku: sku, token: fence, row: p.Fence}
 	}
+	events, err := s.eventsOn(tx)
+	if err != nil {
+		return nil, err
+	}
 	var ends []Order
 	if _, err := read(tx, &ends, withCondition(sqlLockEnding, where), append([]any{candidates, sku}, args...)...); err != nil {
 		return nil, err
@@ -213,7 +218,11 @@ func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64
 	if s.hooks.BeforeEnd != nil {
 		s.hooks.BeforeEnd(ctx, sku)
 	}
-	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, ids, sku}, args...)...)
+	counted := 0
+	if events {
+		counted = 1
+	}
+	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, counted, ids, sku}, args...)...)
 	if err != nil {
 		return nil, err
 	}
@@ -235,6 +244,11 @@ func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64
 	if s.set.UserLimit > 0 {
 		// A user holds one active order of a SKU: users has no repeats.
 		if _, _, err := run(tx, sqlUncountOrders, users); err != nil {
+			return nil, err
+		}
+	}
+	if events {
+		if err := orderEvents(tx, ids); err != nil {
 			return nil, err
 		}
 	}

@@ -173,7 +173,11 @@ func (s *Service) receive(ctx context.Context, p Payment) (Receipt, error) {
 			r, err = s.received(tx, p)
 			return err
 		}
-		if r, err = s.apply(tx, p); err != nil {
+		events, err := s.eventsOn(tx)
+		if err != nil {
+			return err
+		}
+		if r, err = s.apply(tx, p, events); err != nil {
 			return err
 		}
 		if r.Outcome != OutcomeApplied {
@@ -212,15 +216,21 @@ func (s *Service) received(tx *gorm.DB, p Payment) (Receipt, error) {
 }
 
 // apply decides what a payment received for the first time does to its
-// order, and does it.
-func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
-	n, _, err := run(tx, sqlApplyPayment, p.PaymentID, p.OrderID, p.AmountCents, p.Currency)
+// order, and does it, writing its event when events are on.
+func (s *Service) apply(tx *gorm.DB, p Payment, events bool) (Receipt, error) {
+	counted := 0
+	if events {
+		counted = 1
+	}
+	n, _, err := run(tx, sqlApplyPayment, p.PaymentID, counted, p.OrderID, p.AmountCents, p.Currency)
 	switch {
 	case mysqldb.Duplicate(err):
 		// The payment id pays another order: from before the ledger.
-		return s.conflict(tx, p, 0), nil
+		return s.conflict(tx, p, 0, events)
 	case err != nil:
 		return Receipt{}, err
+	case n == 1 && events:
+		return Receipt{Outcome: OutcomeApplied}, orderEvents(tx, []int64{p.OrderID})
 	case n == 1:
 		return Receipt{Outcome: OutcomeApplied}, nil
 	}
@@ -234,7 +244,7 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 	if !ok {
 		s.log.WarnContext(tx.Statement.Context, "payment for an order that does not exist: owed back",
 			"provider", p.Provider, "payment_id", p.PaymentID, "order_id", p.OrderID)
-		return s.owe(tx, p, nil, RefundUnknownOrder)
+		return s.owe(tx, p, nil, RefundUnknownOrder, events)
 	}
 	if f.PaymentID != nil && *f.PaymentID == p.PaymentID {
 		// Paid by this payment before the ledger kept payments.
@@ -244,17 +254,17 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 	if ok, err := read(tx, &other, sqlOrderOfPayment, p.PaymentID); err != nil {
 		return Receipt{}, err
 	} else if ok {
-		return s.conflict(tx, p, other), nil
+		return s.conflict(tx, p, other, events)
 	}
 	switch {
 	case f.Status == StatusPaid:
-		return s.owe(tx, p, &f.Order, RefundDuplicatePayment)
+		return s.owe(tx, p, &f.Order, RefundDuplicatePayment, events)
 	case f.Status == StatusCancelled:
-		return s.owe(tx, p, &f.Order, RefundOrderCancelled)
+		return s.owe(tx, p, &f.Order, RefundOrderCancelled, events)
 	case f.Status == StatusExpired || f.Lapsed:
-		return s.owe(tx, p, &f.Order, RefundOrderExpired)
+		return s.owe(tx, p, &f.Order, RefundOrderExpired, events)
 	case f.AmountCents == nil || *f.AmountCents != p.AmountCents || f.Currency == nil || *f.Currency != p.Currency:
-		return s.owe(tx, p, &f.Order, RefundAmountMismatch)
+		return s.owe(tx, p, &f.Order, RefundAmountMismatch, events)
 	}
 	// Reserved, payable, the right amount, and yet the UPDATE found it
 	// otherwise: only a clock that went back does that. Nothing is kept.
@@ -262,24 +272,35 @@ func (s *Service) apply(tx *gorm.DB, p Payment) (Receipt, error) {
 }
 
 // conflict is the answer to a payment whose id already pays another order
-// (other, when known): nothing is done but the ledger's row.
-func (s *Service) conflict(tx *gorm.DB, p Payment, other int64) Receipt {
+// (other, when known): nothing is done but the ledger's row, and its event
+// for finance when events are on.
+func (s *Service) conflict(tx *gorm.DB, p Payment, other int64, events bool) (Receipt, error) {
 	s.log.ErrorContext(tx.Statement.Context, "payment id already applied to another order: recorded as a conflict, nothing done",
 		"provider", p.Provider, "payment_id", p.PaymentID, "order_id", p.OrderID, "other_order_id", other)
-	return Receipt{Outcome: OutcomeConflict}
+	if events {
+		if err := conflictEvent(tx, p, other); err != nil {
+			return Receipt{}, err
+		}
+	}
+	return Receipt{Outcome: OutcomeConflict}, nil
 }
 
-// owe records p as a refund owed for reason; o is its order, nil when
-// there is none.
-func (s *Service) owe(tx *gorm.DB, p Payment, o *Order, reason string) (Receipt, error) {
+// owe records p as a refund owed for reason, with its event when events
+// are on; o is its order, nil when there is none.
+func (s *Service) owe(tx *gorm.DB, p Payment, o *Order, reason string, events bool) (Receipt, error) {
 	id := NewRefundID()
 	var user, sku *int64
 	if o != nil {
 		user, sku = &o.UserID, &o.SKUID
 	}
 	if _, _, err := run(tx, sqlOweRefund, id, p.Provider, p.PaymentID, p.OrderID, user, sku, reason,
-		p.AmountCents, p.Currency); err != nil {
+		p.AmountCents, p.Currency, 0); err != nil {
 		return Receipt{}, fmt.Errorf("record a refund owed for order %d: %w", p.OrderID, err)
+	}
+	if events {
+		if err := refundEvent(tx, EventRefundOwed, Refund{RefundID: id, OrderID: p.OrderID, UserID: user}); err != nil {
+			return Receipt{}, err
+		}
 	}
 	return Receipt{Outcome: OutcomeOwed, Reason: reason, RefundID: id}, nil
 }

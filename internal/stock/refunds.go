@@ -146,8 +146,11 @@ func (s *Service) Settle(ctx context.Context, st Settlement) (Refund, error) {
 	}
 	var r Refund
 	err := s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		events, err := s.eventsOn(tx)
+		if err != nil {
+			return err
+		}
 		var ok bool
-		var err error
 		if st.RefundID != "" {
 			ok, err = read(tx, &r, sqlLockRefund, st.RefundID)
 		} else {
@@ -159,13 +162,15 @@ func (s *Service) Settle(ctx context.Context, st Settlement) (Refund, error) {
 		case !ok:
 			return fmt.Errorf("%w: %s%s", ErrRefundNotFound, st.RefundID, st.PaymentID)
 		}
-		return s.settle(tx, &r, st)
+		return s.settle(tx, &r, st, events)
 	})
 	return r, classify(ctx, "settle refund", err)
 }
 
-// settle is Settle's decision on r, locked in tx.
-func (s *Service) settle(tx *gorm.DB, r *Refund, st Settlement) error {
+// settle is Settle's decision on r, locked in tx, with its event when
+// events are on.
+func (s *Service) settle(tx *gorm.DB, r *Refund, st Settlement, events bool) error {
+	typ := EventRefundRefunded
 	switch {
 	case r.State == RefundRefunded && !st.Failed && r.ProviderRefundID != nil && *r.ProviderRefundID == st.ProviderRefundID:
 		return nil
@@ -176,11 +181,17 @@ func (s *Service) settle(tx *gorm.DB, r *Refund, st Settlement) error {
 			return err
 		}
 		s.transitions("refund_"+RefundFailed, 1)
+		typ = EventRefundFailed
 	default:
 		if _, _, err := run(tx, sqlSettleRefund, st.ProviderRefundID, r.RefundID); err != nil {
 			return err
 		}
 		s.transitions("refund_"+RefundRefunded, 1)
+	}
+	if events {
+		if err := refundEvent(tx, typ, *r); err != nil {
+			return err
+		}
 	}
 	_, err := read(tx, r, sqlLockRefund, r.RefundID)
 	return err

@@ -42,6 +42,8 @@ type Service struct {
 
 	sweep sweeper // what the sweep keeps between sweeps (sweep.go)
 
+	eventsSeen atomic.Bool // events are on: seen so, and so for good (events.go)
+
 	batches, batched atomic.Uint64
 }
 

@@ -68,17 +68,18 @@ const (
 // Orders.
 const (
 	// sqlOrderColumns are the columns of an order just placed.
-	sqlOrderColumns = "id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency"
+	sqlOrderColumns = "id, sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency, event_seq"
 	// sqlInsertOrder is the start of a multi-row INSERT of orders, whose
 	// rows insertOrders writes as sqlOrderRow, joined by UNION ALL: each
 	// selects its amount and currency from the product's row (the last
-	// argument), with the pay_by of its kind (%s). created_at is MySQL's
+	// argument), with the pay_by of its kind and its first event's
+	// sequence number (eventSeqOf), the two %s. created_at is MySQL's
 	// clock, as pay_by is: within one statement UTC_TIMESTAMP(6) is one
 	// instant, so a reservation's pay_by is its created_at plus the window,
 	// exactly, whatever the replica's clock says. The form is plain SQL,
 	// the same on MariaDB and MySQL.
-	sqlInsertOrder  = "INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency) "
-	sqlOrderRow     = "SELECT ?, ?, ?, ?, UTC_TIMESTAMP(6), ?, %s, price_cents, currency FROM products WHERE id = ?"
+	sqlInsertOrder  = "INSERT INTO orders (sku_id, user_id, idempotency_key, fence, created_at, status, pay_by, amount_cents, currency, event_seq) "
+	sqlOrderRow     = "SELECT ?, ?, ?, ?, UTC_TIMESTAMP(6), ?, %s, price_cents, currency, %s FROM products WHERE id = ?"
 	sqlOrderRowArgs = 6
 	// sqlOrdersOfUsers reads users' active orders of a SKU through the
 	// (user, active SKU) unique index.
@@ -126,7 +127,7 @@ const (
 	// condition again, stamping returned_at.
 	sqlFindEnding = "SELECT id FROM orders WHERE sku_id = ? AND %s ORDER BY id LIMIT ?"
 	sqlLockEnding = "SELECT id, user_id, payment_intent FROM orders FORCE INDEX (PRIMARY) WHERE id IN ? AND sku_id = ? AND %s ORDER BY id FOR UPDATE"
-	sqlEnd        = "UPDATE orders FORCE INDEX (PRIMARY) SET status = ?, returned_at = UTC_TIMESTAMP(6) WHERE id IN ? AND sku_id = ? AND %s"
+	sqlEnd        = "UPDATE orders FORCE INDEX (PRIMARY) SET status = ?, returned_at = UTC_TIMESTAMP(6), event_seq = event_seq + ? WHERE id IN ? AND sku_id = ? AND %s"
 	// sqlReturnUnits adds units back; sqlReturnUnitsFenced is its fenced
 	// form.
 	sqlReturnUnits       = "UPDATE products SET stock = stock + ? WHERE id = ?"
@@ -148,15 +149,15 @@ const (
 	// on few rows the optimizer may go through (status, pay_by) instead,
 	// and lock that index's entry before the row, the other way round from
 	// a cancellation or the sweep (sqlLockEnding): a deadlock.
-	sqlApplyPayment = "UPDATE orders FORCE INDEX (PRIMARY) SET status = 'paid', payment_id = ?, paid_at = UTC_TIMESTAMP(6) " +
+	sqlApplyPayment = "UPDATE orders FORCE INDEX (PRIMARY) SET status = 'paid', payment_id = ?, paid_at = UTC_TIMESTAMP(6), event_seq = event_seq + ? " +
 		"WHERE id = ? AND " + sqlPayable + " AND amount_cents = ? AND currency = ?"
 	// sqlLockOrder reads an order by its primary key with a lock, with
 	// whether its payment window has ended by MySQL's clock.
 	sqlLockOrder      = "SELECT *, (" + sqlLapsed + ") AS lapsed FROM orders WHERE id = ? FOR UPDATE"
 	sqlOrderOfPayment = "SELECT id FROM orders WHERE payment_id = ?"
 	// sqlOweRefund records a payment owed back.
-	sqlOweRefund = "INSERT INTO refunds (refund_id, provider, payment_id, order_id, user_id, sku_id, reason, amount_cents, currency, received_at, state) " +
-		"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), 'owed')"
+	sqlOweRefund = "INSERT INTO refunds (refund_id, provider, payment_id, order_id, user_id, sku_id, reason, amount_cents, currency, received_at, state, event_seq) " +
+		"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, UTC_TIMESTAMP(6), 'owed', ?)"
 	sqlRefundColumns   = "refund_id, provider, payment_id, order_id, user_id, sku_id, amount_cents, currency, received_at, reason, state, provider_refund_id, settled_at, attempts, last_error"
 	sqlRefundOfPayment = "SELECT " + sqlRefundColumns + " FROM refunds WHERE provider = ? AND payment_id = ?"
 	// sqlRefundPage is a page of refunds in some states, by refund id.
@@ -164,7 +165,7 @@ const (
 	sqlLockRefund          = "SELECT " + sqlRefundColumns + " FROM refunds WHERE refund_id = ? FOR UPDATE"
 	sqlLockRefundOfPayment = sqlRefundOfPayment + " FOR UPDATE"
 	sqlSettleRefund        = "UPDATE refunds SET state = 'refunded', provider_refund_id = ?, settled_at = UTC_TIMESTAMP(6), claimed_until = NULL, last_error = NULL WHERE refund_id = ?"
-	sqlFailRefund          = "UPDATE refunds SET state = 'failed', last_error = ?, claimed_until = NULL WHERE refund_id = ?"
+	sqlFailRefund          = "UPDATE refunds SET state = 'failed', last_error = ?, failed_at = UTC_TIMESTAMP(6), claimed_until = NULL WHERE refund_id = ?"
 	// sqlClaimableRefunds locks refunds a refunder may take, skipping
 	// those another refunder is claiming now; sqlClaimRefunds claims them.
 	sqlClaimableRefunds = "SELECT " + sqlRefundColumns + " FROM refunds WHERE state IN ('owed', 'requested') AND provider = ? " +

@@ -76,6 +76,9 @@ type Order struct {
 	PaymentIntent *string `gorm:"column:payment_intent"`
 	ClientSecret  *string `gorm:"column:client_secret"`
 	CheckoutKey   *string `gorm:"column:checkout_key"`
+	// EventSeq is the sequence number of the order's last event (events.go),
+	// 0 while it has had none.
+	EventSeq int64 `gorm:"column:event_seq"`
 
 	// Replayed is true when the order was placed earlier under the same
 	// idempotency key and this call created nothing.

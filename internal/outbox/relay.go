@@ -1,0 +1,347 @@
+package outbox
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+)
+
+// The relay's defaults, for its zero fields.
+const (
+	DefaultTimeout     = 5 * time.Second
+	DefaultMaxBackoff  = 5 * time.Minute
+	DefaultConcurrency = 16
+	DefaultMaxAge      = 24 * time.Hour
+	DefaultRetain      = 7 * 24 * time.Hour
+	// DefaultPoll is how often an idle relay looks for due events.
+	DefaultPoll = 250 * time.Millisecond
+	// minBackoff is the first retry's longest wait: the n-th retry waits
+	// up to minBackoff × 2ⁿ⁻¹, at most MaxBackoff, drawn at random (full
+	// jitter).
+	minBackoff = time.Second
+	// markTimeout bounds each mark, which runs even while the relay is
+	// being stopped: an answer received is recorded if it can be.
+	markTimeout = 5 * time.Second
+	// leaseSlack is what a claim's lease holds beyond its POST: the mark,
+	// and the clocks of MySQL and the replica apart.
+	leaseSlack = 5 * time.Second
+	// figuresEvery and pruneEvery pace the relay's look at the outbox for
+	// metrics and its deletion of delivered events.
+	figuresEvery = 5 * time.Second
+	pruneEvery   = time.Minute
+	pruneBatch   = 1000
+	// SchemaVersion is the envelope's schema_version.
+	SchemaVersion = 1
+)
+
+// Metrics are the relay's counts; a nil func counts nothing.
+type Metrics struct {
+	// Delivery counts each attempt by its result: delivered, rejected (an
+	// answer other than 2xx), failed (no answer: refused, timed out,
+	// closed), dead.
+	Delivery func(result string)
+	// Figures reports the outbox's figures, every few seconds.
+	Figures func(Figures)
+}
+
+// Hooks are where a test or the demo can stop the relay; nil means no
+// hook.
+type Hooks struct {
+	// BetweenPostAndMark runs after an event's POST was answered 2xx and
+	// before it is marked delivered: failpoint.Hooks.BetweenEventPostAndMark,
+	// where the demo SIGKILLs the process.
+	BetweenPostAndMark func(ctx context.Context, eventID string)
+}
+
+// Relay delivers the outbox's events: every replica with SHOP_EVENTS_URL
+// runs one, and the leases keep them off each other's events.
+//
+// Each event is delivered in three steps: a claim (a lease on the event,
+// written in a statement of its own), the POST outside any transaction,
+// and a mark of the answer. A crash between the POST and the mark leaves
+// the event claimed; once its lease runs out a relay claims it again and
+// POSTs it again, with the same webhook-id and a new timestamp. Two relays
+// do not POST one event at once: a POST is bounded by Timeout and ends
+// before its claim's lease does (Timeout + leaseSlack). Only a process
+// stopped for longer than that could still be sending when another claims.
+//
+// Order per stream: a claim takes only the first undelivered event of each
+// stream, so an event is sent only after every earlier one of its stream
+// was delivered, and a dead event holds the rest of its stream until an
+// operator redelivers it.
+type Relay struct {
+	Store   *Store
+	URL     string
+	Signer  *standardwebhooks.Webhook
+	Client  *http.Client // nil: a client of its own, with Timeout
+	Logger  *slog.Logger // nil: logs nothing
+	Metrics Metrics
+	Hooks   Hooks
+
+	// Timeout bounds one POST; MaxBackoff the wait before a retry;
+	// Concurrency the POSTs in flight; MaxAge how long an event may stay
+	// undelivered before it is dead; Retain how long delivered events are
+	// kept; Poll how often an idle relay looks. Zero means the default.
+	Timeout     time.Duration
+	MaxBackoff  time.Duration
+	Concurrency int
+	MaxAge      time.Duration
+	Retain      time.Duration
+	Poll        time.Duration
+}
+
+// Run delivers events until ctx ends, then waits for the POSTs in flight
+// and their marks. It claims on each poll, and between polls once half its
+// slots are free while the last claim found more than it could take: a
+// claim per answer would ask MySQL as often as events come.
+func (r *Relay) Run(ctx context.Context) {
+	r.defaults()
+	done := make(chan struct{}, r.Concurrency)
+	inflight := 0
+	tick := time.NewTicker(r.Poll)
+	defer tick.Stop()
+	var figures, prune time.Time
+	look, more := true, false
+	for {
+		if now := time.Now(); look {
+			if now.Sub(figures) >= figuresEvery {
+				figures = now
+				r.figures(ctx)
+			}
+			if now.Sub(prune) >= pruneEvery {
+				prune = now
+				r.prune(ctx)
+			}
+		}
+		if free := r.Concurrency - inflight; free > 0 && (look || more && 2*free >= r.Concurrency) {
+			n := r.claim(ctx, free, done)
+			inflight += n
+			more = n == free
+		}
+		look = false
+		select {
+		case <-ctx.Done():
+			for ; inflight > 0; inflight-- {
+				<-done
+			}
+			return
+		case <-done:
+			inflight--
+		case <-tick.C:
+			look = true
+		}
+	}
+}
+
+// claim claims up to n events and starts their deliveries, each telling
+// done when it has ended; it returns how many it started.
+func (r *Relay) claim(ctx context.Context, n int, done chan<- struct{}) int {
+	lease := r.Timeout + leaseSlack
+	start := time.Now()
+	c, err := r.Store.Claim(ctx, lease, n)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger().ErrorContext(ctx, "events: claim", "err", err)
+		}
+		return 0
+	}
+	// The lease was written after start, so it runs at least until then
+	// (give or take MySQL's clock against ours, which leaseSlack covers).
+	ends := start.Add(r.Timeout)
+	for _, e := range c.Events {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			r.deliver(ctx, c, e, ends)
+		}()
+	}
+	return len(c.Events)
+}
+
+// deliver POSTs one claimed event, ending by ends, and marks the answer.
+func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) {
+	log := r.logger().With("event_id", e.EventID, "type", e.Type, "stream", e.Stream, "sequence", e.Sequence, "attempts", e.Attempts)
+	err := r.post(ctx, e, ends)
+	if err == nil && r.Hooks.BetweenPostAndMark != nil {
+		r.Hooks.BetweenPostAndMark(ctx, e.EventID)
+	}
+	if err != nil && ctx.Err() != nil {
+		// Stopped: the lease runs out and the event is sent again.
+		return
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	if err == nil {
+		r.count("delivered")
+		ok, merr := r.Store.Delivered(mctx, c, e)
+		switch {
+		case merr != nil:
+			log.ErrorContext(ctx, "events: delivered, and not marked: it is sent again", "err", merr)
+		case !ok:
+			log.WarnContext(ctx, "events: delivered after its claim ran out: another relay sends it again")
+		}
+		return
+	}
+	result := "failed"
+	if _, ok := err.(*rejected); ok {
+		result = "rejected"
+	}
+	r.count(result)
+	dead, merr := r.Store.Failed(mctx, c, e, err.Error(), r.backoff(e.Attempts), r.MaxAge)
+	switch {
+	case merr != nil:
+		log.ErrorContext(ctx, "events: a failed attempt not recorded", "err", err, "record_err", merr)
+	case dead:
+		r.count("dead")
+		log.ErrorContext(ctx, "events: event dead: undelivered for too long; its stream waits until an operator redelivers it",
+			"err", err, "max_age", r.MaxAge)
+	default:
+		log.WarnContext(ctx, "events: delivery failed; it is tried again", "err", err)
+	}
+}
+
+// rejected is an answer other than 2xx.
+type rejected struct{ status int }
+
+func (e *rejected) Error() string { return "the receiver answered " + strconv.Itoa(e.status) }
+
+// post sends e once, signed for this attempt, and returns nil for a 2xx.
+func (r *Relay) post(ctx context.Context, e Event, ends time.Time) error {
+	ctx, cancel := context.WithDeadline(ctx, ends)
+	defer cancel()
+	body, err := Envelope(e)
+	if err != nil {
+		return err
+	}
+	now := time.Now()
+	sig, err := r.Signer.Sign(e.EventID, now, body)
+	if err != nil {
+		return fmt.Errorf("sign: %w", err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.URL, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", "shop-events")
+	req.Header.Set("webhook-id", e.EventID)
+	req.Header.Set("webhook-timestamp", strconv.FormatInt(now.Unix(), 10))
+	req.Header.Set("webhook-signature", sig)
+	res, err := r.Client.Do(req)
+	if err != nil {
+		return err
+	}
+	// Read a little of the answer, so that the connection can be kept.
+	_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4096))
+	_ = res.Body.Close()
+	if res.StatusCode < 200 || res.StatusCode > 299 {
+		return &rejected{res.StatusCode}
+	}
+	return nil
+}
+
+// envelope is what a receiver gets.
+type envelope struct {
+	EventID       string          `json:"event_id"`
+	Type          string          `json:"type"`
+	SchemaVersion int             `json:"schema_version"`
+	OccurredAt    string          `json:"occurred_at"`
+	Stream        string          `json:"stream"`
+	Data          json.RawMessage `json:"data"`
+}
+
+// TimeFormat is the events' times: RFC 3339 in UTC, to the microsecond,
+// as the data's times are formatted by MySQL.
+const TimeFormat = "2006-01-02T15:04:05.000000Z"
+
+// Envelope is e's body as it is POSTed.
+func Envelope(e Event) ([]byte, error) {
+	b, err := json.Marshal(envelope{EventID: e.EventID, Type: e.Type, SchemaVersion: SchemaVersion,
+		OccurredAt: e.OccurredAt.UTC().Format(TimeFormat), Stream: e.Stream, Data: e.Data})
+	if err != nil {
+		return nil, fmt.Errorf("event %s: %w", e.EventID, err)
+	}
+	return b, nil
+}
+
+// backoff is the wait before an event claimed attempts times is tried
+// again: full jitter, drawn from [0, minBackoff × 2^(attempts-1)], capped
+// at MaxBackoff.
+func (r *Relay) backoff(attempts int) time.Duration {
+	ceiling := r.MaxBackoff
+	if attempts < 1 {
+		attempts = 1
+	}
+	if attempts <= 32 {
+		ceiling = min(ceiling, minBackoff<<(attempts-1))
+	}
+	return rand.N(ceiling + 1)
+}
+
+func (r *Relay) figures(ctx context.Context) {
+	f, err := r.Store.Figures(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			r.logger().WarnContext(ctx, "events: measure the outbox", "err", err)
+		}
+		return
+	}
+	if r.Metrics.Figures != nil {
+		r.Metrics.Figures(f)
+	}
+}
+
+func (r *Relay) prune(ctx context.Context) {
+	n, err := r.Store.Prune(ctx, r.Retain, pruneBatch)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		r.logger().WarnContext(ctx, "events: delete delivered events past retention", "err", err)
+	case n > 0:
+		r.logger().InfoContext(ctx, "events: delivered events past retention deleted", "events", n, "retain", r.Retain)
+	}
+}
+
+func (r *Relay) count(result string) {
+	if r.Metrics.Delivery != nil {
+		r.Metrics.Delivery(result)
+	}
+}
+
+func (r *Relay) defaults() {
+	if r.Timeout <= 0 {
+		r.Timeout = DefaultTimeout
+	}
+	if r.MaxBackoff <= 0 {
+		r.MaxBackoff = DefaultMaxBackoff
+	}
+	if r.Concurrency <= 0 {
+		r.Concurrency = DefaultConcurrency
+	}
+	if r.MaxAge <= 0 {
+		r.MaxAge = DefaultMaxAge
+	}
+	if r.Retain <= 0 {
+		r.Retain = DefaultRetain
+	}
+	if r.Poll <= 0 {
+		r.Poll = DefaultPoll
+	}
+	if r.Client == nil {
+		r.Client = &http.Client{Timeout: r.Timeout}
+	}
+}
+
+func (r *Relay) logger() *slog.Logger {
+	if r.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.Logger
+}
