@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"shop/internal/eventsink"
 	"shop/internal/testenv"
 )
 
@@ -19,6 +20,10 @@ import (
 // the replicas that remembered the product sold out sell it again to new
 // buyers. A payment after the window is owed back, in MySQL; verify
 // --acks holds throughout.
+//
+// Events are on: two replicas relay them (SHOP_EVENTS_URL), the third
+// writes them and does not. Every change reaches the receiver, in order
+// per order, and nothing is left pending or dead.
 func TestLifecycleOnThreeReplicas(t *testing.T) {
 	t.Parallel()
 	// The first wave, 13 orders one after the other, and the payments must
@@ -31,7 +36,23 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", fmt.Sprint(units)); code != 0 {
 		t.Fatal(out)
 	}
-	replicas := startReplicas(t, 3, vars)
+	sinkCtx, stopSink := context.WithCancel(context.Background())
+	t.Cleanup(stopSink)
+	sink, err := eventsink.Start(sinkCtx, eventsink.Options{Secret: testEventsSecret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sink.Close() })
+	relaying := 0
+	replicas := startReplicas(t, 3, func() map[string]string {
+		m := vars()
+		if relaying++; relaying <= 2 {
+			m["SHOP_EVENTS_URL"], m["SHOP_EVENTS_SECRET"] = sink.URL(), testEventsSecret
+		} else {
+			m["SHOP_ADMIN_TOKEN"] = "lifecycle-test-admin-token-0123456789"
+		}
+		return m
+	})
 	var acks []string
 	type reservation struct {
 		order
@@ -131,6 +152,41 @@ func TestLifecycleOnThreeReplicas(t *testing.T) {
 	}
 	if code, out := shop(t, db, "verify", "--acks", acksFile(t, acks)); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
+	}
+	wantEventsDelivered(t, db, sink, replicas[2])
+}
+
+// testEventsSecret signs the events the tests' replicas send.
+const testEventsSecret = "whsec_dGhlIHRlc3RzJyBldmVudHMgcmVsYXkgc2VjcmV0IQ=="
+
+// wantEventsDelivered waits until the outbox has no pending event, then
+// fails unless the receiver acknowledged each of the outbox's events, in
+// order per stream, none sent twice at once, and the operators' listing
+// (through admin's replica) shows none pending or dead.
+func wantEventsDelivered(t *testing.T, db *testenv.DB, sink *eventsink.Sink, admin *replica) {
+	t.Helper()
+	var events int
+	waitFor(t, 30*time.Second, "every event delivered", func() error {
+		var undelivered int
+		if err := db.Gorm.Raw("SELECT COUNT(*), COALESCE(SUM(state <> 'delivered'), 0) FROM outbox").Row().Scan(&events, &undelivered); err != nil {
+			return err
+		}
+		if undelivered > 0 {
+			return fmt.Errorf("%d of %d events not delivered", undelivered, events)
+		}
+		return nil
+	})
+	s := sink.Summary()
+	if events == 0 || s.Acknowledged != events || s.OutOfOrder != 0 || s.Gaps != 0 || s.Concurrent != 0 {
+		t.Errorf("outbox %d events; receiver: %+v; want each acknowledged, none out of order, no gap, none concurrent", events, s)
+	}
+	for _, state := range []string{"pending", "dead"} {
+		page := adminCall[struct {
+			Events []struct{} `json:"events"`
+		}](admin.admin, "GET", "/api/v1/admin/events?state="+state, "")
+		if page.expect(200) != nil || len(page.body.Events) != 0 {
+			t.Errorf("events %s: %v, want none", state, page)
+		}
 	}
 }
 

@@ -87,6 +87,9 @@ type Relay struct {
 	Metrics Metrics
 	Hooks   Hooks
 
+	// Lease is a claim's lease: longer than Timeout, which it must
+	// outlast; zero means Timeout plus 5 s for the mark and the clocks.
+	Lease time.Duration
 	// Timeout bounds one POST; MaxBackoff the wait before a retry;
 	// Concurrency the POSTs in flight; MaxAge how long an event may stay
 	// undelivered before it is dead; Retain how long delivered events are
@@ -145,17 +148,17 @@ func (r *Relay) Run(ctx context.Context) {
 // claim claims up to n events and starts their deliveries, each telling
 // done when it has ended; it returns how many it started.
 func (r *Relay) claim(ctx context.Context, n int, done chan<- struct{}) int {
-	lease := r.Timeout + leaseSlack
 	start := time.Now()
-	c, err := r.Store.Claim(ctx, lease, n)
+	c, err := r.Store.Claim(ctx, r.Lease, n)
 	if err != nil {
 		if ctx.Err() == nil {
 			r.logger().ErrorContext(ctx, "events: claim", "err", err)
 		}
 		return 0
 	}
-	// The lease was written after start, so it runs at least until then
-	// (give or take MySQL's clock against ours, which leaseSlack covers).
+	// The lease was written after start, so it runs past every POST, which
+	// ends by start + Timeout (give or take MySQL's clock against ours,
+	// which the lease's slack covers).
 	ends := start.Add(r.Timeout)
 	for _, e := range c.Events {
 		go func() {
@@ -333,6 +336,9 @@ func (r *Relay) defaults() {
 	}
 	if r.Poll <= 0 {
 		r.Poll = DefaultPoll
+	}
+	if r.Lease <= r.Timeout {
+		r.Lease = r.Timeout + leaseSlack
 	}
 	if r.Client == nil {
 		r.Client = &http.Client{Timeout: r.Timeout}
