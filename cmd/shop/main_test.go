@@ -101,6 +101,14 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_CURRENCY", "usd"},
 		{"SHOP_CURRENCY", "EURO"},
 		{"SHOP_STRIPE_API_BASE", "localhost:12111"},
+		{"SHOP_EVENTS_URL", "http://127.0.0.1:9/events"}, // without its secret
+		{"SHOP_EVENTS_SECRET", testWebhookSecret},        // without a URL
+		{"SHOP_EVENTS_TIMEOUT", "0s"},
+		{"SHOP_EVENTS_TIMEOUT", "2m"},
+		{"SHOP_EVENTS_MAX_BACKOFF", "forever"},
+		{"SHOP_EVENTS_CONCURRENCY", "257"},
+		{"SHOP_EVENTS_MAX_AGE", "31d"},
+		{"SHOP_EVENTS_RETAIN", "7days"},
 	}
 	base := serveBase(t)
 	for _, tt := range tests {
@@ -116,6 +124,40 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	}
 	if _, err := loadConfig(env(nil)); err != nil {
 		t.Errorf("defaults rejected: %v", err)
+	}
+}
+
+// SHOP_EVENTS_URL takes an http(s) URL with one whsec_ secret of the
+// length payment secrets have; the durations take days too.
+func TestConfigEvents(t *testing.T) {
+	t.Parallel()
+	ok := map[string]string{"SHOP_EVENTS_URL": "https://hooks.example.com/shop", "SHOP_EVENTS_SECRET": testWebhookSecret,
+		"SHOP_EVENTS_RETAIN": "30d", "SHOP_EVENTS_MAX_AGE": "36h"}
+	c, err := loadConfig(env(ok))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Events.Signer == nil || c.Events.Retain != 30*24*time.Hour || c.Events.MaxAge != 36*time.Hour || c.Events.Timeout != 5*time.Second ||
+		c.Events.Concurrency != 16 || c.Events.MaxBackoff != 5*time.Minute {
+		t.Errorf("events config %+v", c.Events)
+	}
+	if c, err := loadConfig(env(nil)); err != nil || c.Events.URL != "" || c.Events.Retain != 7*24*time.Hour {
+		t.Errorf("defaults: %+v, %v; want no URL and 7 days' retention", c.Events, err)
+	}
+	for name, bad := range map[string]map[string]string{
+		"SHOP_EVENTS_URL":    {"SHOP_EVENTS_URL": "ftp://hooks.example.com"},
+		"SHOP_EVENTS_SECRET": {"SHOP_EVENTS_SECRET": testWebhookSecret + "," + testWebhookSecret},
+	} {
+		vars := maps.Clone(ok)
+		maps.Copy(vars, bad)
+		if _, err := loadConfig(env(vars)); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%v: %v, want an error naming %s", bad, err, name)
+		}
+	}
+	vars := maps.Clone(ok)
+	vars["SHOP_EVENTS_SECRET"] = "whsec_c2hvcnQ=" // 5 bytes
+	if _, err := loadConfig(env(vars)); err == nil || strings.Contains(err.Error(), "c2hvcnQ") {
+		t.Errorf("a short secret: %v, want an error that does not quote it", err)
 	}
 }
 
