@@ -82,7 +82,7 @@ type Relay struct {
 	Store   *Store
 	URL     string
 	Signer  *standardwebhooks.Webhook
-	Client  *http.Client // nil: a client of its own, with Timeout
+	Client  *http.Client // nil: a client of its own, with Timeout, that follows no redirect
 	Logger  *slog.Logger // nil: logs nothing
 	Metrics Metrics
 	Hooks   Hooks
@@ -341,7 +341,12 @@ func (r *Relay) defaults() {
 		r.Lease = r.Timeout + leaseSlack
 	}
 	if r.Client == nil {
-		r.Client = &http.Client{Timeout: r.Timeout}
+		// A redirect is an answer other than 2xx, tried again: followed,
+		// a POST would become a GET, and the event would go where no one
+		// configured it to.
+		r.Client = &http.Client{Timeout: r.Timeout, CheckRedirect: func(*http.Request, []*http.Request) error {
+			return http.ErrUseLastResponse
+		}}
 	}
 }
 

@@ -6,7 +6,10 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -340,5 +343,35 @@ func TestRetention(t *testing.T) {
 	}
 	if st := f.states(t); st[outbox.StateDelivered] != 2 || st[outbox.StatePending] != 1 {
 		t.Errorf("states %v; want the 2 newer delivered and the old pending kept", st)
+	}
+}
+
+// A redirect is not a delivery: the relay follows none (a POST would
+// become a GET elsewhere), and the event stays pending, to be tried again.
+func TestRelayFollowsNoRedirect(t *testing.T) {
+	f := newFixture(t)
+	f.add(t, streams(1), 1, 0)
+	var asked atomic.Int32
+	moved := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked.Add(1)
+		http.Redirect(w, r, f.sink.URL(), http.StatusFound)
+	}))
+	defer moved.Close()
+	r := outbox.Relay{Store: f.store, URL: moved.URL, Signer: f.signer, Poll: 20 * time.Millisecond, MaxBackoff: 20 * time.Millisecond}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); r.Run(ctx) }()
+	for deadline := time.Now().Add(10 * time.Second); asked.Load() < 3 && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	var lastError string
+	if err := f.db.Gorm.Raw("SELECT last_error FROM outbox").Scan(&lastError).Error; err != nil {
+		t.Fatal(err)
+	}
+	if asked.Load() < 3 || len(f.sink.Record()) != 0 || f.states(t)[outbox.StatePending] != 1 || !strings.Contains(lastError, "302") {
+		t.Errorf("asked %d times, receiver got %d, states %v, last error %q; want retries, nothing followed, the event pending",
+			asked.Load(), len(f.sink.Record()), f.states(t), lastError)
 	}
 }
