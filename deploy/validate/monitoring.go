@@ -62,8 +62,9 @@ var syntheticMetrics = []string{"up", "scrape_duration_seconds", "scrape_samples
 // dashboardMetrics are the series the dashboard must show: orders by
 // result and busy cause, the lock's waiters, attempts and wakeups, the
 // cache's hit ratio, the latency histogram, the batch size, the
-// dependency errors and the replicas' readiness and their dependencies'
-// answers.
+// dependency errors, the replicas' readiness and their dependencies'
+// answers, and the outbox's events: pending, the oldest pending's age,
+// dead, and deliveries by result (docs/events.md).
 var dashboardMetrics = []string{
 	"shop_orders_total", "shop_orders_busy_total",
 	"shop_lock_waiting", "shop_lock_attempts_total", "shop_lock_wakeups_total",
@@ -72,14 +73,18 @@ var dashboardMetrics = []string{
 	"shop_order_transaction_orders_total", "shop_order_transactions_total",
 	"shop_dependency_errors_total",
 	"shop_ready", "shop_dependency_up",
+	"shop_events_pending", "shop_events_oldest_pending_seconds", "shop_events_dead", "shop_events_deliveries_total",
 }
 
 // alertMetrics are the series the alerting rules must watch: the refunds
 // by state, whose failed ones nothing retries and an operator must pay
-// back by hand (docs/payments.md); and the age of the oldest lapsed
+// back by hand (docs/payments.md); the age of the oldest lapsed
 // reservation, whose unit a sweep that is behind or failing keeps out of
-// the sale (docs/lifecycle.md).
-var alertMetrics = []string{"shop_refunds_total", "shop_oldest_lapsed_reservation_seconds"}
+// the sale (docs/lifecycle.md); and the age of the oldest event not delivered,
+// and the dead events, which nothing sends again until an operator
+// redelivers them (docs/events.md).
+var alertMetrics = []string{"shop_refunds_total", "shop_oldest_lapsed_reservation_seconds",
+	"shop_events_oldest_pending_seconds", "shop_events_dead"}
 
 // panelTypes are the Grafana core panels a dashboard may use.
 var panelTypes = []string{"timeseries", "stat", "gauge", "bargauge", "table", "text"}

@@ -24,11 +24,12 @@ func TestReadMetrics(t *testing.T) {
 		"shop_orders_total",                         // a CounterVec in internal/handler
 		"shop_http_request_duration_seconds_bucket", // a histogram's buckets
 		"shop_http_request_duration_seconds_count",
-		"shop_lock_waiting",            // a GaugeFunc in cmd/shop
-		"shop_cache_hits_total",        // Namespace, Subsystem and a helper's parameter
-		"shop_cache_fallbacks_total",   // Namespace, Subsystem and Name
-		"shop_dependency_errors_total", // internal/depmetrics
-		"shop_ready",                   // a GaugeFunc in internal/readiness
+		"shop_lock_waiting",                  // a GaugeFunc in cmd/shop
+		"shop_cache_hits_total",              // Namespace, Subsystem and a helper's parameter
+		"shop_cache_fallbacks_total",         // Namespace, Subsystem and Name
+		"shop_dependency_errors_total",       // internal/depmetrics
+		"shop_ready",                         // a GaugeFunc in internal/readiness
+		"shop_events_oldest_pending_seconds", // a Gauge in cmd/shop
 	} {
 		if !m[name] {
 			t.Errorf("%s not found among shop's metrics", name)
@@ -126,9 +127,11 @@ func TestMonitoringRejectsBrokenCopies(t *testing.T) {
 		{"alert on a metric shop does not export", []edit{{rule, `increase(shop_refunds_total{state="failed"}`, `increase(shop_refund_total{state="failed"}`}}, "shop_refund_total is not a metric shop exports"},
 		{"alert range too short", []edit{{rule, `{state="failed"}[15m]`, `{state="failed"}[10s]`}}, `alert "ShopRefundFailed": range [10s] spans fewer than 4 scrapes of 5s`},
 		{"failed refunds not alerted", []edit{{rule, `increase(shop_refunds_total{state="failed"}[15m]) > 0`, `increase(shop_orders_busy_total[15m]) > 100`}}, "deploy/prometheus/alerts.yml: no alert watches shop_refunds_total"},
-		{"alert for not a duration", []edit{{rule, "> 0\n        labels:\n", "> 0\n        for: soon\n        labels:\n"}}, `alert "ShopRefundFailed": for: `},
+		{"alert for not a duration", []edit{{rule, "[15m]) > 0\n        labels:\n", "[15m]) > 0\n        for: soon\n        labels:\n"}}, `alert "ShopRefundFailed": for: `},
 		{"alert without summary", []edit{{rule, "          summary: \"A refund", "          title: \"A refund"}}, "no summary annotation"},
 		{"lapsed reservations not alerted", []edit{{rule, "max(shop_oldest_lapsed_reservation_seconds) > 600", "max(shop_lock_waiting) > 600"}}, "deploy/prometheus/alerts.yml: no alert watches shop_oldest_lapsed_reservation_seconds"},
+		{"undelivered events not alerted", []edit{{rule, "max(shop_events_oldest_pending_seconds) > 600", "max(shop_events_pending) > 1000"}}, "deploy/prometheus/alerts.yml: no alert watches shop_events_oldest_pending_seconds"},
+		{"dead events not alerted", []edit{{rule, "max(shop_events_dead) > 0", "max(shop_lock_waiting) > 0"}}, "deploy/prometheus/alerts.yml: no alert watches shop_events_dead"},
 		{"alert template typo", []edit{{rule, "{{ $labels.instance }}", "{{ $label.instance }}"}}, `annotation summary: template: alert:1: undefined variable "$label"`},
 		{"alert template unknown function", []edit{{rule, "{{ $labels.instance }}", "{{ $labels.instance | humanise }}"}}, `function "humanise" not defined`},
 		{"metrics path", []edit{{prom, "metrics_path: /metrics", "metrics_path: /api/v1/metrics"}}, "metrics_path /api/v1/metrics"},
@@ -168,6 +171,8 @@ func TestMonitoringRejectsBrokenCopies(t *testing.T) {
 		{"metric by __name__", []edit{{dash, "sum by (instance) (shop_lock_waiting)", `sum by (instance) ({__name__=\"shop_lock_waiting\"})`}}, "selects series without naming a metric"},
 		{"range too short", []edit{{dash, "sum(rate(shop_lock_wakeups_total[1m]))", "sum(rate(shop_lock_wakeups_total[10s]))"}}, "range [10s] spans fewer than 4 scrapes of 5s"},
 		{"dependency errors not shown", []edit{{dash, "sum by (dependency) (rate(shop_dependency_errors_total[1m]))", "sum(rate(shop_cache_fallbacks_total[1m]))"}}, "no panel shows shop_dependency_errors_total"},
+		{"events not shown", []edit{{dash, "max(shop_events_oldest_pending_seconds)", "max(shop_events_pending)"}}, "no panel shows shop_events_oldest_pending_seconds"},
+		{"event deliveries not shown", []edit{{dash, "sum by (result) (rate(shop_events_deliveries_total[1m]))", "sum(rate(shop_orders_total[1m]))"}}, "no panel shows shop_events_deliveries_total"},
 		{"refId twice", []edit{{dash, `"refId": "B",
           "datasource": {
             "type": "prometheus",

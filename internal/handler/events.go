@@ -53,10 +53,16 @@ func newOutboxEventResponse(e outbox.Event) outboxEventResponse {
 var eventIDRE = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
 
 // handleEvents lists a page of events: ?state=pending|dead (default
-// pending), ?after=<position>, ?limit=1..1000 (default 100).
+// pending), ?after=<position>, ?limit=1..1000 (default 100). The query is
+// checked here, before the outbox is asked, so that a malformed request
+// never reaches MySQL.
 func handleEvents(events Events) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		p := outbox.Page{State: c.DefaultQuery("state", outbox.StatePending), Limit: 100}
+		if p.State != outbox.StatePending && p.State != outbox.StateDead {
+			writeError(c, invalid("state must be pending or dead"))
+			return
+		}
 		if v, ok := c.GetQuery("after"); ok {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil || n < 0 {
@@ -67,7 +73,7 @@ func handleEvents(events Events) gin.HandlerFunc {
 		}
 		if v, ok := c.GetQuery("limit"); ok {
 			n, err := strconv.Atoi(v)
-			if err != nil {
+			if err != nil || n < 1 || n > outbox.MaxPage {
 				writeError(c, invalid("limit must be an integer between 1 and 1000"))
 				return
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 
+	"shop/internal/outbox"
 	"shop/internal/payments"
 	"shop/internal/stock"
 
@@ -23,7 +24,7 @@ func Routes() (public, admin gin.RoutesInfo) {
 	gin.SetMode(gin.ReleaseMode)
 	for _, v := range []payments.Verifier{&payments.Standard{}, &payments.Stripe{}} {
 		d := Deps{Logger: slog.New(slog.DiscardHandler), Registry: prometheus.NewRegistry(),
-			Verifier: v, Payments: (*stock.Service)(nil), Checkouts: (*stock.Service)(nil)}
+			Verifier: v, Payments: (*stock.Service)(nil), Checkouts: (*stock.Service)(nil), Events: (*outbox.Store)(nil)}
 		m := newMetrics(d.Registry)
 		lim := newLimiter(nil, Limits{}, d.Logger, d.Registry)
 		pr, ar := gin.New(), gin.New()
