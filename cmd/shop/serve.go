@@ -29,10 +29,12 @@ import (
 
 // Each replica's MySQL connections, split by who may take them, so that
 // no flood of public requests can take a connection the order path or
-// readiness needs. A replica holds at most 24+4+6+2 = 36 here (and the
-// readiness check its own one): three replicas and one more surging
-// during a rolling restart stay within MySQL's default max_connections of
-// 151, with room for an operator's shop verify (docs/scaling.md).
+// readiness needs. A replica holds at most 24+4+6+2+2 = 38 here (and the
+// readiness check its own one), the refunds' two only with Stripe and the
+// events' two only with SHOP_EVENTS_URL: three replicas and one more
+// surging during a rolling restart stay within MySQL's default
+// max_connections of 151, with room for an operator's shop verify, but
+// for Stripe and events together, which need it raised (docs/scaling.md).
 const (
 	// ordersPoolSize is the budget of order transactions (and payments,
 	// cancellations and the sweep, which take the same slots), so that a
