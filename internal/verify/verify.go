@@ -118,10 +118,13 @@ type Report struct {
 	// payment id the ledger does not have: paid on a buyer's word, before
 	// payments were confirmed by the provider. Not a violation, and
 	// nothing to compare their payment with; the report says so.
-	PaidBeforeLedger int64   `json:"paid_before_ledger"`
-	Acks             int     `json:"acks"`
-	Oversold         int64   `json:"oversold_units"` // active orders beyond a SKU's initial stock, summed
-	Checks           []Check `json:"checks"`
+	PaidBeforeLedger int64 `json:"paid_before_ledger"`
+	// Events is whether events are on and the outbox's events by state;
+	// its checks are made only once they are on (checkEvents).
+	Events   EventFigures `json:"events"`
+	Acks     int          `json:"acks"`
+	Oversold int64        `json:"oversold_units"` // active orders beyond a SKU's initial stock, summed
+	Checks   []Check      `json:"checks"`
 	// Warnings are what is not a broken invariant but wants an operator:
 	// reservations lapsed far past pay_by (warnLapsed). They do not make
 	// the report fail.
@@ -151,6 +154,7 @@ func (r Report) String() string {
 		p.Applied, p.Owed, p.Conflict, f.Owed, f.Requested, f.Refunded, f.Failed)
 	fmt.Fprintf(&b, "info  %d paid orders carry no payment id (paid when placed, or by the migration)\n", r.PaidWithoutPayment)
 	fmt.Fprintf(&b, "info  %d paid orders carry a payment id from before the payments ledger, and no amount to check it by\n", r.PaidBeforeLedger)
+	fmt.Fprintf(&b, "info  %s\n", r.Events)
 	for _, c := range r.Checks {
 		if c.Violations == 0 {
 			fmt.Fprintf(&b, "ok    %s\n", c.Name)
@@ -235,6 +239,7 @@ const (
 //     alone gave their payment id up to an earlier order in migration
 //     00008, and owe it back: counted, not violations;
 //   - the checks of refunds, payments and amounts (see moneyChecks);
+//   - once events are on, the checks of events (see eventChecks);
 //   - every acknowledged order in acks exists, in any status;
 //   - every acknowledged order that names its SKU and user is that user's
 //     order of that SKU in MySQL (checked only when some ack names them).
@@ -347,6 +352,9 @@ func Sale(ctx context.Context, db *gorm.DB, acks []Ack) (Report, error) {
 			return r, err
 		}
 		r.Checks = append(r.Checks, c)
+	}
+	if err := checkEvents(db, &r); err != nil {
+		return r, err
 	}
 
 	if acks != nil {

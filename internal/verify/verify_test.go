@@ -265,14 +265,18 @@ func expectLines(t *testing.T, r verify.Report, lines ...string) {
 // TestVerifyLifecycleViolations breaks the lifecycle fixture in each way
 // verify checks, with direct SQL, and expects that check to fail with
 // exactly those offenders, and no other check to fail.
+// violation is a case of a broken sale: the SQL that breaks it, and the
+// check that finds it, with its examples.
+type violation struct {
+	name     string
+	sql      []string // run on one connection, in order
+	check    string
+	examples []string
+}
+
 func TestVerifyLifecycleViolations(t *testing.T) {
 	t.Parallel()
-	tests := []struct {
-		name     string
-		sql      []string // run on one connection, in order
-		check    string
-		examples []string
-	}{
+	tests := []violation{
 		{"negative stock", []string{"UPDATE products SET stock = -1, initial_stock = -1 WHERE id = 4"},
 			"stock >= 0", []string{"sku 4 stock -1"}},
 		{"a reservation that took no unit", []string{
