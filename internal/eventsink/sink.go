@@ -18,6 +18,7 @@ import (
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
+	"shop/internal/outbox"
 	"shop/internal/payments"
 )
 
@@ -362,19 +363,9 @@ func (s *Sink) add(d Delivery) {
 	s.signalLocked()
 }
 
-// envelope is an event as the service sends it.
-type envelope struct {
-	EventID       string          `json:"event_id"`
-	Type          string          `json:"type"`
-	SchemaVersion int             `json:"schema_version"`
-	OccurredAt    string          `json:"occurred_at"`
-	Stream        string          `json:"stream"`
-	Data          json.RawMessage `json:"data"`
-}
-
 // parseEnvelope reads a verified body into d.
 func parseEnvelope(body []byte, d *Delivery) error {
-	var e envelope
+	var e outbox.Envelope
 	if err := json.Unmarshal(body, &e); err != nil {
 		return fmt.Errorf("not an envelope: %w", err)
 	}

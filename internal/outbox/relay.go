@@ -220,7 +220,7 @@ func (e *rejected) Error() string { return "the receiver answered " + strconv.It
 func (r *Relay) post(ctx context.Context, e Event, ends time.Time) error {
 	ctx, cancel := context.WithDeadline(ctx, ends)
 	defer cancel()
-	body, err := Envelope(e)
+	body, err := Body(e)
 	if err != nil {
 		return err
 	}
@@ -251,8 +251,8 @@ func (r *Relay) post(ctx context.Context, e Event, ends time.Time) error {
 	return nil
 }
 
-// envelope is what a receiver gets.
-type envelope struct {
+// Envelope is the body of a delivery: what a receiver gets.
+type Envelope struct {
 	EventID       string          `json:"event_id"`
 	Type          string          `json:"type"`
 	SchemaVersion int             `json:"schema_version"`
@@ -265,9 +265,9 @@ type envelope struct {
 // as the data's times are formatted by MySQL.
 const TimeFormat = "2006-01-02T15:04:05.000000Z"
 
-// Envelope is e's body as it is POSTed.
-func Envelope(e Event) ([]byte, error) {
-	b, err := json.Marshal(envelope{EventID: e.EventID, Type: e.Type, SchemaVersion: SchemaVersion,
+// Body is e's body as it is POSTed.
+func Body(e Event) ([]byte, error) {
+	b, err := json.Marshal(Envelope{EventID: e.EventID, Type: e.Type, SchemaVersion: SchemaVersion,
 		OccurredAt: e.OccurredAt.UTC().Format(TimeFormat), Stream: e.Stream, Data: e.Data})
 	if err != nil {
 		return nil, fmt.Errorf("event %s: %w", e.EventID, err)
