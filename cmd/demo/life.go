@@ -184,8 +184,12 @@ func (r result) lifeProblems() []string {
 	if l.Back["expired"]+l.Back["cancelled"] != l.lapsed() || l.Back["reserved"]+l.Back["paid"] > 0 {
 		p = append(p, fmt.Sprintf("returned_at on %v of the orders %v", l.Back, l.Orders))
 	}
-	if int64(l.Wave2.Acks) != l.lapsed() || l.Wave2.Acks != l.Resold {
-		p = append(p, fmt.Sprintf("%d units lapsed, %d to resell, the second wave bought %d", l.lapsed(), l.Resold, l.Wave2.Acks))
+	// Every unit is won once, and once more for each time it lapsed: a
+	// unit its buyer cancelled during the first wave (the events row) is
+	// won again in that wave, the others in the second.
+	if int64(l.Wave1.Acks+l.Wave2.Acks) != int64(l.Units)+l.lapsed() || l.Wave2.Acks != l.Resold {
+		p = append(p, fmt.Sprintf("%d units lapsed, %d to resell, the waves won %d + %d of %d units",
+			l.lapsed(), l.Resold, l.Wave1.Acks, l.Wave2.Acks, l.Units))
 	}
 	if r.Verify.Stock != 0 {
 		p = append(p, fmt.Sprintf("%d units left unsold", r.Verify.Stock))

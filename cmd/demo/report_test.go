@@ -559,7 +559,10 @@ func TestLifeOutcome(t *testing.T) {
 		{"an active order returned", fakeLife(as, func(r *result) { r.Life.Back["paid"] = 1 }),
 			"FAILED: returned_at on map[expired:500 paid:1] of the orders map[expired:500 paid:1000]"},
 		{"resold short", fakeLife(as, func(r *result) { r.Life.Wave2.Acks = 499 }),
-			"FAILED: 500 units lapsed, 500 to resell, the second wave bought 499"},
+			"FAILED: 500 units lapsed, 500 to resell, the waves won 1000 + 499 of 1000 units"},
+		{"cancelled in the first wave and won again there", fakeLife(as, cancelled(107, 0)), "holds, as it must"},
+		{"cancelled in the first wave and not won again", fakeLife(as, cancelled(107, 1)),
+			"FAILED: 607 units lapsed, 500 to resell, the waves won 1106 + 500 of 1000 units"},
 		{"a late payment not owed back", fakeLife(as, func(r *result) { r.Life.Refunds = r.Life.Refunds[1:] }),
 			"FAILED: 99 refunds owed in MySQL, 100 payments made late"},
 		{"a refund of a payment not late", fakeLife(as, func(r *result) { r.Life.Refunds[99] = "99 pay-100" }),
@@ -583,6 +586,16 @@ func TestLifeOutcome(t *testing.T) {
 		if got, want := tt.res.failed(), tt.outcome != "holds, as it must"; got != want {
 			t.Errorf("%s: failed %v, want %v", tt.name, got, want)
 		}
+	}
+}
+
+// cancelled makes a lifecycle result's first wave cancel n of its orders,
+// and win their units again but short of them.
+func cancelled(n, short int) func(*result) {
+	return func(r *result) {
+		l := r.Life
+		l.Orders["cancelled"], l.Back["cancelled"] = int64(n), int64(n)
+		l.Wave1.Acks += n - short
 	}
 }
 
