@@ -30,6 +30,8 @@ trap 'exit 130' INT TERM
 scripts/stack.sh down >/dev/null 2>&1 || true # a stack left by an interrupted run
 scripts/stack.sh up >/dev/null
 go build -o bin/demo ./cmd/demo
+# The events row (and bench-orders' events configuration) deliver to it.
+go build -o bin/eventsink ./cmd/eventsink
 # The pause rows stop a lock holder at a failpoint: a binary of their own.
 go build -tags failpoints -o bin/shop-failpoints ./cmd/shop
 SHOP_PAYMENT_WEBHOOK_SECRET=$(stack_value "$SHOP_STATE" PAYMENT_WEBHOOK_SECRET)

@@ -762,6 +762,14 @@ test_stack_payments() {
     ok "replicas without SHOP_PAYMENTS get the webhook secret and no Stripe settings"
   else fail "replicas without SHOP_PAYMENTS: $(replica_env 1 | grep -e PAYMENT -e STRIPE | tr '\n' ' ')"; fi
 
+  cp "$fake" "$fake.two"
+  scripts/stack.sh replicas 2 SHOP_BINARY="$fake" 2:SHOP_BINARY="$fake.two" 2:SHOP_ONLY_TWO=yes >/dev/null 2>"$tmp/stack.log" ||
+    cat "$tmp/stack.log"
+  if [ "$(readlink "/proc/$(cat "$st/replica1/pid")/exe")" = "$fake" ] && [ "$(readlink "/proc/$(cat "$st/replica2/pid")/exe")" = "$fake.two" ] &&
+    [ "$(replica_var 2 SHOP_ONLY_TWO)" = yes ] && [ -z "$(replica_var 1 SHOP_ONLY_TWO)" ] && ! replica_env 1 | grep -q '^2:'; then
+    ok "a replica setting written I:VAR=VALUE is replica I's alone, SHOP_BINARY included"
+  else fail "I:VAR=VALUE: replica 1 runs $(readlink "/proc/$(cat "$st/replica1/pid")/exe") with $(replica_env 1 | grep -e ONLY -e '^2:' | tr '\n' ' '), replica 2 $(readlink "/proc/$(cat "$st/replica2/pid")/exe") with SHOP_ONLY_TWO=$(replica_var 2 SHOP_ONLY_TWO)"; fi
+
   mock=$STRIPE_MOCK_PORT rec=$STRIPE_RECORDER_PORT
   scripts/stack.sh down >/dev/null 2>&1
   if [ ! -e "$st" ] && wait_closed "$mock" && wait_closed "$rec"; then ok "stack.sh down stops stripe-mock and its recording proxy"

@@ -11,7 +11,8 @@
 #   scripts/stack.sh replicas N [VAR=VALUE...]
 #                                        restart the replicas: N of them, with
 #                                        these SHOP_* settings (kept for later
-#                                        restarts); nginx follows
+#                                        restarts; I:VAR=VALUE is replica I's
+#                                        alone); nginx follows
 #   scripts/stack.sh shop ARGS...        run bin/shop against the stack (seed, verify)
 #   scripts/stack.sh redis-up            start the Redis servers of the topology that
 #                                        are not running; print the replicas'
@@ -487,11 +488,19 @@ replica_env() {
 # start_replica I starts replica I, without waiting for it, with
 # replica_env, and records which binary it runs and with which settings.
 # SHOP_BINARY among the settings runs another build of shop (the demo's
-# failpoints build).
+# failpoints build). A setting written I:VAR=VALUE is replica I's alone
+# (the demo's events row runs one replica on the failpoints build).
 start_replica() {
-  local dir=$state/replica$1 env=() settings=() kv bin=bin/shop
+  local dir=$state/replica$1 env=() all=() settings=() kv bin=bin/shop
   mapfile -t env < <(shop_env)
-  [ ! -f "$state/replica-settings" ] || mapfile -t settings <"$state/replica-settings"
+  [ ! -f "$state/replica-settings" ] || mapfile -t all <"$state/replica-settings"
+  for kv in "${all[@]}"; do
+    case $kv in
+      "$1":*) settings+=("${kv#*:}") ;;
+      [0-9]:*) ;;
+      *) settings+=("$kv") ;;
+    esac
+  done
   for kv in "${settings[@]}"; do
     case $kv in SHOP_BINARY=*) bin=${kv#SHOP_BINARY=} ;; esac
   done

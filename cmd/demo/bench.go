@@ -79,6 +79,9 @@ type benchConfig struct {
 	// Beside names the configuration this one differs from by one
 	// setting: the two are also compared on their own (benchPairs).
 	Beside string
+	// Events runs the replicas with events on, delivering to the bench's
+	// receiver (bin/eventsink) while the orders are placed.
+	Events bool
 }
 
 // benchJWTSecret is the HS256 secret of the configuration with
@@ -90,7 +93,10 @@ const benchJWTSecret = "bench-orders-jwt-secret-of-32-bytes"
 // service's default (the Redis lock, a SKU's queued orders in one
 // transaction), and the default with buyers authenticated by JWT (each
 // order carries an HS256 token the replica verifies), beside the default:
-// what verifying costs an order; then the default batch on each of the
+// what verifying costs an order; the default with events on (each change
+// writes its event in its transaction, and the replicas' relays deliver
+// them to a receiver meanwhile), beside the default: what the outbox costs
+// an order; then the default batch on each of the
 // source articles' other lock families (the MySQL lock table, etcd, ZooKeeper), each
 // beside the Redis lock.
 func benchConfigs() []benchConfig {
@@ -100,11 +106,19 @@ func benchConfigs() []benchConfig {
 		{Name: "redis, default batch", Env: []string{"SHOP_LOCK_MODE=redis"}},
 		{Name: "redis, default batch, jwt", Env: []string{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret},
 			Load: []string{"-jwt-secret", benchJWTSecret}, Beside: "redis, default batch"},
+		{Name: benchEventsConfig, Env: []string{"SHOP_LOCK_MODE=redis"}, Events: true, Beside: "redis, default batch"},
 		{Name: "mysql, default batch", Env: []string{"SHOP_LOCK_MODE=mysql"}, Beside: "redis, default batch"},
 		{Name: "etcd, default batch", Env: []string{"SHOP_LOCK_MODE=etcd"}, Beside: "redis, default batch"},
 		{Name: "zookeeper, default batch", Env: []string{"SHOP_LOCK_MODE=zookeeper"}, Beside: "redis, default batch"},
 	}
 }
+
+// benchEventsConfig is the default with events on.
+const benchEventsConfig = "redis, default batch, events"
+
+// eventsGoal is the least share of the default's rate the order path
+// keeps with events on (hot SKU and sellout).
+const eventsGoal = 0.9
 
 // The phases of the benchmark.
 const (
@@ -127,15 +141,16 @@ type benchPhase struct {
 	Stmts     map[string]int64 // statementCounters' deltas over the phase
 	Txns      float64          // order transactions of the replicas (shop_order_transactions_total's delta)
 	TxnOrders float64          // orders decided in them (shop_order_transaction_orders_total's delta)
+	Delivered float64          // events the replicas' relays delivered (shop_events_deliveries_total{result="delivered"}'s delta)
 	Sold      int64            // orders the phase added to MySQL
 	Verify    verifyReport     // shop verify --acks after the phase
 }
 
 // snapshot is what a phase's figures are deltas of.
 type snapshot struct {
-	stmts           map[string]int64
-	txns, txnOrders float64
-	orders          int64
+	stmts                      map[string]int64
+	txns, txnOrders, delivered float64
+	orders                     int64
 }
 
 // bench holds a benchmark run's connections and settings.
@@ -149,6 +164,11 @@ type bench struct {
 	url        string // the load's -url: the replicas, comma-separated
 	stderr     io.Writer
 	prevSold   int64
+	// events is the receiver of the configuration with events on, and
+	// eventsSecret the secret its deliveries are signed with; nil when no
+	// configuration has events on.
+	events       *receiver
+	eventsSecret string
 }
 
 func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) error {
@@ -186,8 +206,16 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	}
 	b.url = strings.Join(urls, ",")
 
-	var phases []benchPhase
 	configs := benchConfigs()
+	if slices.ContainsFunc(configs, func(c benchConfig) bool { return c.Events }) {
+		b.eventsSecret = newEventsSecret()
+		b.events, err = startReceiver(ctx, b.eventsSecret, filepath.Join(o.out, "runs", "events"), filepath.Join(o.out, "runs", "eventsink.log"))
+		if err != nil {
+			return err
+		}
+		defer b.events.stop()
+	}
+	var phases []benchPhase
 	for round := 1; round <= o.rounds; round++ {
 		for _, c := range configs {
 			fmt.Fprintf(stderr, "\n== round %d/%d: %s\n", round, o.rounds, c.Name)
@@ -240,7 +268,14 @@ func stackEnv(state string) []string {
 // then the sellout and the round after it.
 func (b *bench) runConfig(ctx context.Context, round int, c benchConfig) ([]benchPhase, error) {
 	o := b.o
-	if _, err := commandEnv(ctx, b.env, b.stderr, o.stack, append([]string{"replicas", "3"}, c.Env...)...); err != nil {
+	if err := b.eventsOff(ctx); err != nil {
+		return nil, err
+	}
+	env := c.Env
+	if c.Events {
+		env = append(slices.Clone(env), "SHOP_EVENTS_URL="+b.events.url, "SHOP_EVENTS_SECRET="+b.eventsSecret)
+	}
+	if _, err := commandEnv(ctx, b.env, b.stderr, o.stack, append([]string{"replicas", "3"}, env...)...); err != nil {
 		return nil, err
 	}
 	var phases []benchPhase
@@ -275,6 +310,22 @@ func (b *bench) runConfig(ctx context.Context, round int, c benchConfig) ([]benc
 	return append(phases, after), err
 }
 
+// eventsOff turns events off and empties the outbox, before the replicas
+// of the next configuration start: the service never turns events off
+// (once on, every replica writes them), but the bench must run each
+// configuration as it names it, and the one with events on from an empty
+// outbox. The replicas of the configuration before, which may still be
+// relaying, are stopped next; a mark of an event deleted here marks nothing.
+func (b *bench) eventsOff(ctx context.Context) error {
+	if _, err := b.db.ExecContext(ctx, "UPDATE outbox_switch SET enabled = FALSE, on_since = NULL WHERE id = 1"); err != nil {
+		return fmt.Errorf("turn events off: %w", err)
+	}
+	if _, err := b.db.ExecContext(ctx, "DELETE FROM outbox"); err != nil {
+		return fmt.Errorf("empty the outbox: %w", err)
+	}
+	return nil
+}
+
 // seed resets the catalog to products with units each.
 func (b *bench) seed(ctx context.Context, products, units int) error {
 	_, err := commandEnv(ctx, b.env, b.stderr, b.o.stack, "shop", "seed",
@@ -303,6 +354,7 @@ func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchCo
 	}
 	p.Stmts = counterDeltas(statementCounters, before.stmts, after.stmts)
 	p.Txns, p.TxnOrders = after.txns-before.txns, after.txnOrders-before.txnOrders
+	p.Delivered = after.delivered - before.delivered
 	if err := readJSON(base+".json", &p.Load); err != nil {
 		return p, err
 	}
@@ -382,6 +434,8 @@ func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
 			s.txns += v
 		case "shop_order_transaction_orders_total":
 			s.txnOrders += v
+		case `shop_events_deliveries_total{result="delivered"}`:
+			s.delivered += v
 		}
 	})
 	return s, err
@@ -668,6 +722,36 @@ func benchPairs(phases []benchPhase) string {
 	if b.Len() > 0 {
 		b.WriteString("\nRate: orders/s, after the sell-out requests/s; on / off below 1.00× is what the one setting costs.\n")
 	}
+	b.WriteString(eventsGoals(phases))
+	return b.String()
+}
+
+// eventsGoals says, for each run of the configuration with events on, its
+// rate over the default's in the hot SKU and the sellout against
+// eventsGoal, and how many events the relays delivered during the phase.
+// Empty when it did not run.
+func eventsGoals(phases []benchPhase) string {
+	var b strings.Builder
+	for _, p := range benchOrder(phases) {
+		if !p.Config.Events || p.Phase == phaseAfter {
+			continue
+		}
+		i := slices.IndexFunc(phases, func(q benchPhase) bool {
+			return q.Config.Name == p.Config.Beside && q.Phase == p.Phase && q.Round == p.Round
+		})
+		if i < 0 {
+			continue
+		}
+		verdict := "meets"
+		if phases[i].rate() <= 0 || p.rate()/phases[i].rate() < eventsGoal {
+			verdict = "BELOW"
+		}
+		fmt.Fprintf(&b, "\nevents on ÷ default, %s, run %d: %s (%s the goal of %.2f×); %.0f events delivered during the phase.",
+			p.Phase, p.Round, ratio(p.rate(), phases[i].rate()), verdict, eventsGoal, p.Delivered)
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
 	return b.String()
 }
 
@@ -697,6 +781,10 @@ func writeBenchReport(o benchOptions, tbl, notes string, cores int, command stri
 - **redis, default batch, jwt**: the default with ` + "`SHOP_AUTH=jwt`" + ` (HS256); every buyer sends a token minted once by
   the load test (` + "`-jwt-secret`" + `), which the replica verifies before the order. The second table sets it beside the
   default, phase by phase: what verifying costs.
+- **redis, default batch, events**: the default with events on: every order writes its ` + "`order.reserved`" + ` in its
+  transaction, and the replicas' relays (` + "`SHOP_EVENTS_URL`" + `) deliver to a receiver (bin/eventsink) while the orders
+  are placed. Beside the default in the second table, and its ratio to it against the goal of 0.90× under it. The
+  bench turns events off and empties the outbox before each configuration (the service itself never turns them off).
 `)
 	fmt.Fprintf(&b, "\nCommand: `%s`\n", command)
 	return os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644)

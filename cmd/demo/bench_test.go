@@ -112,7 +112,7 @@ func TestBenchNotesSaleShort(t *testing.T) {
 
 func TestBenchConfigs(t *testing.T) {
 	want := [][]string{{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis"},
-		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret},
+		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret}, {"SHOP_LOCK_MODE=redis"},
 		{"SHOP_LOCK_MODE=mysql"}, {"SHOP_LOCK_MODE=etcd"}, {"SHOP_LOCK_MODE=zookeeper"}}
 	configs := benchConfigs()
 	if len(configs) != len(want) {
@@ -129,6 +129,15 @@ func TestBenchConfigs(t *testing.T) {
 	if !slices.Equal(jwt.Load, []string{"-jwt-secret", benchJWTSecret}) || jwt.Beside != def.Name ||
 		!slices.Equal(slices.DeleteFunc(slices.Clone(jwt.Env), func(kv string) bool { return strings.HasPrefix(kv, "SHOP_AUTH=") || strings.HasPrefix(kv, "SHOP_JWT_") }), def.Env) {
 		t.Errorf("auth configuration %+v is not the default %+v with SHOP_AUTH=jwt", jwt, def)
+	}
+	// The one with events on is the default with them on, beside it.
+	for i, c := range configs {
+		if c.Events != (i == 4) {
+			t.Errorf("configuration %d (%s): events %v", i, c.Name, c.Events)
+		}
+	}
+	if ev := configs[4]; ev.Name != benchEventsConfig || ev.Beside != def.Name || len(ev.Load) > 0 {
+		t.Errorf("events configuration %+v is not the default %+v with events on", ev, def)
 	}
 	if len(benchJWTSecret) < 32 {
 		t.Errorf("benchJWTSecret is %d bytes; SHOP_JWT_SECRET needs 32", len(benchJWTSecret))
@@ -221,5 +230,40 @@ func TestConcatFiles(t *testing.T) {
 	}
 	if data, _ := os.ReadFile(out); string(data) != "1 1 1\n2 2 2\n" {
 		t.Errorf("%q", data)
+	}
+}
+
+// The events configuration's runs are set against the default's rates in
+// the hot SKU and the sellout, against the goal.
+func TestEventsGoals(t *testing.T) {
+	configs := benchConfigs()
+	def, ev := configs[2], configs[4]
+	on := fakePhase(1, phaseSellout, ev, map[string]int{"201": 850}, [4]int64{}, true)
+	on.Delivered = 4000
+	phases := []benchPhase{
+		fakePhase(1, phaseHot, def, map[string]int{"201": 1000}, [4]int64{}, true),
+		fakePhase(1, phaseHot, ev, map[string]int{"201": 950}, [4]int64{}, true),
+		fakePhase(1, phaseSellout, def, map[string]int{"201": 1000}, [4]int64{}, true),
+		on,
+		fakePhase(1, phaseAfter, def, map[string]int{"409": 400}, [4]int64{}, true),
+		fakePhase(1, phaseAfter, ev, map[string]int{"409": 100}, [4]int64{}, true),
+	}
+	got := eventsGoals(phases)
+	for _, want := range []string{
+		"events on ÷ default, hot SKU, run 1: 0.95× (meets the goal of 0.90×)",
+		"events on ÷ default, sellout, run 1: 0.85× (BELOW the goal of 0.90×); 4000 events delivered during the phase.",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("goals lack %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "after sell-out") {
+		t.Errorf("goals set the round after the sell-out against the goal:\n%s", got)
+	}
+	if !strings.Contains(benchPairs(phases), got) {
+		t.Error("the pairs table leaves the goals out")
+	}
+	if eventsGoals(phases[:1]) != "" {
+		t.Error("goals without the events configuration")
 	}
 }

@@ -44,6 +44,8 @@ const (
 	lifeJWT        = "jwt"         // SHOP_AUTH=jwt
 	lifeStripe     = "stripe"      // SHOP_PAYMENTS=stripe on stripe-mock: late payments refunded through the Refund API
 	lifeRefundKill = "refund-kill" // the same, a replica killed between a Refund API call and its record
+	// lifeEvents (events.go) is the sale with events on, the receiver
+	// down and a relay killed between a POST and its mark.
 )
 
 // lifeRows are the lifecycle rows: as is, a replica killed in the middle of
@@ -161,6 +163,9 @@ type lifeResult struct {
 	// Stripe is a Stripe row's refunds and calls of Stripe's API
 	// (stripe.go); nil in the other rows.
 	Stripe *stripeResult
+	// Events is the events row's outbox and receiver's record
+	// (events.go); nil in the other rows.
+	Events *eventsResult
 }
 
 // lapsed counts the orders whose unit went back to the sale.
@@ -179,8 +184,12 @@ func (r result) lifeProblems() []string {
 	if l.Back["expired"]+l.Back["cancelled"] != l.lapsed() || l.Back["reserved"]+l.Back["paid"] > 0 {
 		p = append(p, fmt.Sprintf("returned_at on %v of the orders %v", l.Back, l.Orders))
 	}
-	if int64(l.Wave2.Acks) != l.lapsed() || l.Wave2.Acks != l.Resold {
-		p = append(p, fmt.Sprintf("%d units lapsed, %d to resell, the second wave bought %d", l.lapsed(), l.Resold, l.Wave2.Acks))
+	// Every unit is won once, and once more for each time it lapsed: a
+	// unit its buyer cancelled during the first wave (the events row) is
+	// won again in that wave, the others in the second.
+	if int64(l.Wave1.Acks+l.Wave2.Acks) != int64(l.Units)+l.lapsed() || l.Wave2.Acks != l.Resold {
+		p = append(p, fmt.Sprintf("%d units lapsed, %d to resell, the waves won %d + %d of %d units",
+			l.lapsed(), l.Resold, l.Wave1.Acks, l.Wave2.Acks, l.Units))
 	}
 	if r.Verify.Stock != 0 {
 		p = append(p, fmt.Sprintf("%d units left unsold", r.Verify.Stock))
@@ -212,6 +221,12 @@ func (r result) lifeProblems() []string {
 		p = append(p, l.Stripe.problems(r.Row.Life == lifeRefundKill)...)
 	case r.Row.stripe():
 		p = append(p, "no figures of Stripe's API")
+	}
+	switch {
+	case l.Events != nil:
+		p = append(p, l.Events.problems()...)
+	case r.Row.Life == lifeEvents:
+		p = append(p, "no figures of the events")
 	}
 	return p
 }
@@ -364,6 +379,16 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 		return res, err
 	}
 	defer db.Close()
+	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
+	var rc *receiver
+	var lastEvent int64
+	if r.Life == lifeEvents {
+		l.Events = &eventsResult{Record: base + ".events"}
+		if rc, lastEvent, err = startEvents(ctx, o, r, db, base, stderr); err != nil {
+			return res, err
+		}
+		defer rc.stop()
+	}
 	// The row's refunds are those received from now on, by MySQL's clock:
 	// a seed keeps the settled refunds of the rows before.
 	var since time.Time
@@ -377,12 +402,15 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 		l.Stripe = &stripeResult{From: time.Now()}
 	}
 
-	base := filepath.Join(o.out, "rows", fmt.Sprintf("%d-%s", n, r.slug()))
 	common := waveArgs(o, url, r)
-	start := time.Now()
-	w1, err := startWave(ctx, o, base+".wave1", append(slices.Clone(common), "-n", strconv.Itoa(o.lifeBuyers),
+	first := append(slices.Clone(common), "-n", strconv.Itoa(o.lifeBuyers),
 		"-pay-frac", strconv.FormatFloat(o.payFrac, 'f', -1, 64), "-late-frac", strconv.FormatFloat(o.lateFrac, 'f', -1, 64),
-		"-late-by", "1s"), stderr)
+		"-late-by", "1s")
+	if r.Life == lifeEvents {
+		first = append(first, "-cancel-frac", strconv.FormatFloat(eventsCancelFrac, 'f', -1, 64))
+	}
+	start := time.Now()
+	w1, err := startWave(ctx, o, base+".wave1", first, stderr)
 	if err != nil {
 		return res, err
 	}
@@ -396,12 +424,23 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 		go func() { faultDone <- killInSweep(faultCtx, o, l, logs, start, stderr) }()
 	case lifeRefundKill:
 		go func() { faultDone <- killInRefund(faultCtx, o, l, logs, start, stderr) }()
+	case lifeEvents:
+		go func() { faultDone <- killInEvent(faultCtx, o, l, logs, start, stderr) }()
 	default:
 		faultDone <- nil
 	}
 
 	if err := w1.ordersDone(ctx); err != nil {
 		return res, err
+	}
+	if rc != nil {
+		// Mid-sale: the payments in time are made, the lapses, the
+		// late payments and the second wave are still to come.
+		l.Events.Down = time.Since(start)
+		if err := rc.down(ctx, eventsDown); err != nil {
+			return res, err
+		}
+		fmt.Fprintf(stderr, "demo: the receiver is down for %s\n", eventsDown)
 	}
 	var paid int64
 	if err := db.QueryRowContext(ctx, "SELECT COUNT(*) FROM orders WHERE sku_id = 1 AND status = 'paid'").Scan(&paid); err != nil {
@@ -464,7 +503,15 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 	if err := lifeFigures(ctx, db, o.lifeBuyers, since, l); err != nil {
 		return res, err
 	}
+	if rc != nil {
+		if err := eventsFigures(ctx, db, rc, lastEvent, since, l.Events, stderr); err != nil {
+			return res, err
+		}
+	}
 	res.Verify, err = verifySale(ctx, o.stack, acks, base+".verify.json", stderr)
+	if l.Events != nil {
+		l.Events.Verify = eventChecks(res.Verify)
+	}
 	return res, err
 }
 

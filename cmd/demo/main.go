@@ -102,6 +102,7 @@ type options struct {
 	stall        time.Duration // how long the sweep-kill row's failpoint stops a sweep before its COMMIT
 	jwtSecret    string        // SHOP_JWT_SECRET of the jwt row, drawn anew by each run
 	stripe       bool          // run the Stripe rows (lifecycle rows on stripe-mock)
+	events       bool          // run the events row (the lifecycle sale with events on)
 
 	// webhookSecret is the payment provider's secret, the stack's
 	// SHOP_PAYMENT_WEBHOOK_SECRET (from the environment): the lifecycle
@@ -158,6 +159,8 @@ func parse(args []string) (options, error) {
 	fs.DurationVar(&o.stall, "stall", 5*time.Second, "lifecycle rows: how long the sweep-kill row's failpoint stops a sweep before its COMMIT")
 	fs.BoolVar(&o.stripe, "stripe", true, "with the lifecycle rows, run the Stripe rows: the lifecycle sale paid through Stripe on stripe-mock, "+
 		"its late payments refunded through the Refund API, and again with a refunder's replica killed between its call and its record")
+	fs.BoolVar(&o.events, "events", true, "with the lifecycle rows, run the events row: the lifecycle sale with events on, delivered to bin/eventsink, "+
+		"the receiver down mid-sale and a relay killed between a POST and its mark")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -233,7 +236,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cores := runtime.NumCPU()
 	fmt.Fprintln(stdout)
 	fmt.Fprint(stdout, table(results))
-	for _, t := range []string{lifeTable(results), stripeTable(results)} {
+	for _, t := range []string{lifeTable(results), stripeTable(results), eventsTable(results)} {
 		if t != "" {
 			fmt.Fprintln(stdout)
 			fmt.Fprint(stdout, t)
@@ -253,6 +256,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "Stripe rows: the lifecycle sale with SHOP_PAYMENTS=stripe on stripe-mock; the Refund API calls and keys "+
 			"from the recording proxy's log; every refund owed must be refunded within %s of the sale's end (%s with the refunder killed).\n",
 			refundsWithin(row{}), refundsWithin(row{RefundStall: refundStall}))
+	}
+	if o.life && o.events {
+		fmt.Fprintf(stdout, "Events row: the lifecycle sale with events on, %.0f%% of the reservations also cancelled; the receiver down %s "+
+			"mid-sale; replica 1's relay killed between a POST answered 2xx and its mark; the outbox must drain within %s of the sale's end.\n",
+			100*eventsCancelFrac, eventsDown, eventsDrain)
 	}
 	if err := writeReport(o, results, cores); err != nil {
 		return err

@@ -79,8 +79,11 @@ const topologySentinel = "sentinel"
 // then (unless -families=false) the source articles' other lock families;
 // then (unless -life=false or -stripe=false) the lifecycle sale paid
 // through Stripe, its refunds paid back through the Refund API, and again
-// with a refunder killed between its call and its record. The Stripe rows
-// come last so that the rows before keep their numbers.
+// with a refunder killed between its call and its record; then (unless
+// -life=false or -events=false) the lifecycle sale with events on. The
+// Stripe rows and the events row come last so that the rows before keep
+// their numbers; the events row is the very last, as the events it turns
+// on stay on in the stack's database.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -116,6 +119,9 @@ func experiment(o options) []row {
 	}
 	if o.life && o.stripe {
 		rows = append(rows, stripeRows(o)...)
+	}
+	if o.life && o.events {
+		rows = append(rows, eventsRow(o))
 	}
 	return rows
 }
@@ -284,6 +290,9 @@ func (r row) label() string {
 	}
 	if r.RefundStall > 0 {
 		s += ", a replica killed between a Refund API call and its record, buyers and payers retry"
+	}
+	if r.Life == lifeEvents {
+		s += fmt.Sprintf(", events on, the receiver down %s, a relay killed between a POST and its mark, buyers and payers retry", eventsDown)
 	}
 	return s
 }
@@ -690,7 +699,7 @@ func (r result) lifeCells(n int) []string {
 		w2 = &payResult{}
 	}
 	name := r.Row.lifeName()
-	if (r.Row.Life == lifeSweepKill || r.Row.Life == lifeRefundKill) && l.Fault != "" {
+	if (r.Row.Life == lifeSweepKill || r.Row.Life == lifeRefundKill || r.Row.Life == lifeEvents) && l.Fault != "" {
 		name += ": " + l.Fault
 	}
 	return []string{strconv.Itoa(n), name, fmt.Sprintf("%d + %d", l.Wave1.Buyers, l.Wave2.Buyers), strconv.Itoa(l.Wave1.Acks),
@@ -703,7 +712,7 @@ func (r result) lifeCells(n int) []string {
 // lifeName names a lifecycle row in the lifecycle and Stripe tables.
 func (r row) lifeName() string {
 	return map[string]string{lifeAsIs: "as is", lifeSweepKill: "sweep killed", lifeJWT: "SHOP_AUTH=jwt",
-		lifeStripe: "Stripe", lifeRefundKill: "Stripe, refunder killed"}[r.Life]
+		lifeStripe: "Stripe", lifeRefundKill: "Stripe, refunder killed", lifeEvents: "events on, relay killed"}[r.Life]
 }
 
 // stripeColumns are the Stripe table's headings; stripeCells gives a
@@ -777,6 +786,22 @@ func writeReport(o options, results []result, cores int) error {
 			"(MySQL's clock and the replicas', one machine). Nothing in the tests asserts a time.\n\n",
 			o.lifeUnits, o.lifeBuyers, o.lifeWorkers, o.payWindow, 100*o.payFrac, 100*o.lateFrac, o.resaleBuyers)
 		b.WriteString(life)
+	}
+	if events := mdTable(results, isEvents, eventsColumns, result.eventsCells); events != "" {
+		fmt.Fprintf(&b, "\n### Events\n\nThe events row runs the lifecycle sale with events on: the replicas deliver to a receiver of "+
+			"the demo's own (bin/eventsink, SHOP_EVENTS_URL, a fresh SHOP_EVENTS_SECRET), which verifies each delivery's "+
+			"signature and records it; %.0f%% of the first wave's reservations are also cancelled by their buyers. Replica 1 "+
+			"runs the failpoints build: its relay's first delivery answered 2xx stops before its mark (shopEventKill), and the "+
+			"demo kills the replica there (SIGKILL) and starts it again; once the claim's lease runs out a relay sends the "+
+			"event again, under the same webhook-id. Once the first wave's orders and payments in time are done the receiver "+
+			"refuses connections for %s. After the sale the demo waits, up to %s, until the outbox has no pending event, then "+
+			"reads the receiver's record (eventsink.Summarize). \"Changes in MySQL\" counts the sale's orders, those no longer "+
+			"reserved, its refunds and those settled: one event each. The row must have every event written acknowledged, "+
+			"none out of order on its stream, no gap, no event delivered twice at once, and the killed event acknowledged "+
+			"again; deliveries of one event more than once are allowed and counted. The lag is from occurred_at (MySQL's "+
+			"clock) to the first acknowledged delivery's arrival (the receiver's; one machine).\n\n",
+			100*eventsCancelFrac, eventsDown, eventsDrain)
+		b.WriteString(events)
 	}
 	if money := mdTable(results, isStripe, stripeColumns, result.stripeCells); money != "" {
 		fmt.Fprintf(&b, "\n### Refunds through Stripe's API\n\nThe Stripe rows run the same sale with SHOP_PAYMENTS=stripe "+

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"shop/internal/eventsink"
 )
 
 // fake returns a result whose verify report broke the named checks.
@@ -107,9 +109,10 @@ func TestReport(t *testing.T) {
 	faults := slices.IndexFunc(rows, func(r row) bool { return r.Fault != "" })
 	life := slices.IndexFunc(rows, func(r row) bool { return r.Life != "" })
 	stripe := slices.IndexFunc(rows, row.stripe)
-	if hot != 9 || faults != 12 || life != 18 || stripe != 21 || len(rows) != 23 {
+	if hot != 9 || faults != 12 || life != 18 || stripe != 21 || len(rows) != 24 || rows[23].Life != lifeEvents {
 		t.Fatalf("%d rows, the first hot one at %d, the first fault row at %d, the first lifecycle row at %d, the first Stripe row at %d; "+
-			"want 9 sell-out rows, 3 hot ones, 6 fault rows, 5 lifecycle rows, the last 2 of them Stripe rows", len(rows), hot, faults, life, stripe)
+			"want 9 sell-out rows, 3 hot ones, 6 fault rows, 6 lifecycle rows, 2 of them Stripe rows and the events row last",
+			len(rows), hot, faults, life, stripe)
 	}
 	var results []result
 	for i, r := range rows {
@@ -138,12 +141,12 @@ func TestReport(t *testing.T) {
 	}
 
 	tbl := table(results)
-	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)-5+1 {
-		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)-5+1, tbl)
+	if lines := strings.Split(strings.TrimSpace(tbl), "\n"); len(lines) != len(rows)-6+1 {
+		t.Fatalf("table has %d lines, want %d:\n%s", len(lines), len(rows)-6+1, tbl)
 	}
 	lt := lifeTable(results)
-	if lines := strings.Split(strings.TrimSpace(lt), "\n"); len(lines) != 6 {
-		t.Fatalf("lifecycle table has %d lines, want 6:\n%s", len(lines), lt)
+	if lines := strings.Split(strings.TrimSpace(lt), "\n"); len(lines) != 7 {
+		t.Fatalf("lifecycle table has %d lines, want 7:\n%s", len(lines), lt)
 	}
 	for _, want := range []string{"19  as is", "20  sweep killed: replica 2 killed in its sweep at 21s", "21  SHOP_AUTH=jwt",
 		"22  Stripe  ", "23  Stripe, refunder killed: replica 3 killed between the Refund API call for refund " + fakeRefundID(7),
@@ -168,6 +171,19 @@ func TestReport(t *testing.T) {
 	if stripeTable(results[:21]) != "" {
 		t.Error("a Stripe table without Stripe rows")
 	}
+	et := eventsTable(results)
+	if lines := strings.Split(strings.TrimSpace(et), "\n"); len(lines) != 2 {
+		t.Fatalf("events table has %d lines, want 2:\n%s", len(lines), et)
+	}
+	for _, want := range []string{"24  events on, relay killed  2700              2700                     2700                   3  ",
+		"0             0     0           e-7: 2, 2", "10s at 6s", "0 / 0 after 12.5s", "150ms / 14.2s", "no events check", "holds, as it must"} {
+		if !strings.Contains(et, want) {
+			t.Errorf("events table lacks %q:\n%s", want, et)
+		}
+	}
+	if eventsTable(results[:23]) != "" {
+		t.Error("an events table without the events row")
+	}
 	for _, want := range []string{"redis    guarded", "holder stopped 2s > TTL 500ms", "3 / 1", "oversold, as expected", "oversold, as it must",
 		"holds, as it must", "replica 2 killed at 2s", "rolling restart at 2s", "Redis restarted empty at 2s", "MariaDB restarted at 2s",
 		"Redis master failed over at 2s", "Redis master killed at 2s",
@@ -186,8 +202,11 @@ func TestReport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := strings.Count(string(md), "\n| "); n != len(rows)+2+3 {
-		t.Errorf("report.md has %d table lines, want %d (three tables, the Stripe rows in two):\n%s", n, len(rows)+2+3, md)
+	if n := strings.Count(string(md), "\n| "); n != len(rows)+2+1+4 {
+		t.Errorf("report.md has %d table lines, want %d (four tables, the Stripe rows and the events row in two):\n%s", n, len(rows)+2+1+4, md)
+	}
+	if !strings.Contains(string(md), "### Events") || !strings.Contains(string(md), "refuses connections for 10s") {
+		t.Errorf("report.md lacks the events table's description:\n%s", md)
 	}
 	if !strings.Contains(string(md), "### Refunds through Stripe's API") || !strings.Contains(string(md), "lease (1m0s)") {
 		t.Errorf("report.md lacks the Stripe table's description:\n%s", md)
@@ -351,8 +370,9 @@ func TestFamilyRows(t *testing.T) {
 	}
 	rows := experiment(o)
 	first := slices.IndexFunc(rows, func(r row) bool { return r.Lock == "mysql" })
-	if first != 21 || len(rows) != 33 || !rows[31].stripe() || !rows[32].stripe() {
-		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them, and the 2 Stripe rows last", len(rows), first)
+	if first != 21 || len(rows) != 34 || !rows[31].stripe() || !rows[32].stripe() || rows[33].Life != lifeEvents {
+		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them, then the 2 Stripe rows and the events row",
+			len(rows), first)
 	}
 	var got []string
 	for _, r := range rows[first : first+10] {
@@ -434,6 +454,12 @@ func fakeLife(r row, change func(*result)) result {
 	if r.Life == lifeRefundKill {
 		l.Killed, l.Fault = true, "replica 3 killed between the Refund API call for refund "+fakeRefundID(7)+" and its record at 23s, replica back at 25s"
 	}
+	if r.Life == lifeEvents {
+		l.Killed, l.Fault = true, "replica 1 killed between the POST of event e-7 and its mark at 0.4s, replica back at 2.1s"
+		l.Events = &eventsResult{Outbox: 2700, Changes: 2700, Drained: 12500 * time.Millisecond, Down: 6 * time.Second,
+			Killed: "e-7", KilledAcks: 2, KilledStamps: 2,
+			Summary: eventsink.Summary{Acknowledged: 2700, Duplicates: 3, LagP50Ms: 151, LagMaxMs: 14203, OK: true}}
+	}
 	res.Life, res.Load = l, l.Wave1
 	res.Verify.Stock = 0
 	if change != nil {
@@ -474,8 +500,8 @@ func TestLifeRows(t *testing.T) {
 			life = append(life, r)
 		}
 	}
-	if len(life) != 5 || life[0].Life != lifeAsIs || life[1].Life != lifeSweepKill || life[2].Life != lifeJWT ||
-		life[3].Life != lifeStripe || life[4].Life != lifeRefundKill {
+	if len(life) != 6 || life[0].Life != lifeAsIs || life[1].Life != lifeSweepKill || life[2].Life != lifeJWT ||
+		life[3].Life != lifeStripe || life[4].Life != lifeRefundKill || life[5].Life != lifeEvents {
 		t.Fatalf("lifecycle rows %v", life)
 	}
 	for _, r := range life {
@@ -486,7 +512,7 @@ func TestLifeRows(t *testing.T) {
 		stall := slices.Contains(args, "GOFAIL_FAILPOINTS=shopSweepStall=1*return(4000)") && slices.Contains(args, "SHOP_BINARY="+failpointBinary)
 		refund := slices.Contains(args, "GOFAIL_FAILPOINTS=shopRefundKill=1*return(30000)") && slices.Contains(args, "SHOP_BINARY="+failpointBinary)
 		if stall != (r.Life == lifeSweepKill) || refund != (r.Life == lifeRefundKill) ||
-			r.Retry != (r.Life == lifeSweepKill || r.Life == lifeRefundKill) {
+			r.Retry != (r.Life == lifeSweepKill || r.Life == lifeRefundKill || r.Life == lifeEvents) {
 			t.Errorf("%s: the sweep's failpoint %v, the refund's %v, buyers retry %v", r.label(), stall, refund, r.Retry)
 		}
 		stripe := r.Life == lifeStripe || r.Life == lifeRefundKill
@@ -504,8 +530,12 @@ func TestLifeRows(t *testing.T) {
 		t.Error("-life=false kept the lifecycle rows")
 	}
 	if o, _ := parse([]string{"-stripe=false"}); slices.ContainsFunc(experiment(o), row.stripe) ||
-		len(slices.DeleteFunc(experiment(o), func(r row) bool { return r.Life == "" })) != 3 {
+		len(slices.DeleteFunc(experiment(o), func(r row) bool { return r.Life == "" })) != 4 {
 		t.Error("-stripe=false kept the Stripe rows, or dropped others")
+	}
+	if o, _ := parse([]string{"-events=false"}); slices.ContainsFunc(experiment(o), isEventsRow) ||
+		len(slices.DeleteFunc(experiment(o), func(r row) bool { return r.Life == "" })) != 5 {
+		t.Error("-events=false kept the events row, or dropped others")
 	}
 	for _, bad := range [][]string{{"-life-units", "0"}, {"-life-buyers", "1000"}, {"-pay-frac", "0.6", "-late-frac", "0.4"},
 		{"-pay-window", "500ms"}} {
@@ -529,7 +559,10 @@ func TestLifeOutcome(t *testing.T) {
 		{"an active order returned", fakeLife(as, func(r *result) { r.Life.Back["paid"] = 1 }),
 			"FAILED: returned_at on map[expired:500 paid:1] of the orders map[expired:500 paid:1000]"},
 		{"resold short", fakeLife(as, func(r *result) { r.Life.Wave2.Acks = 499 }),
-			"FAILED: 500 units lapsed, 500 to resell, the second wave bought 499"},
+			"FAILED: 500 units lapsed, 500 to resell, the waves won 1000 + 499 of 1000 units"},
+		{"cancelled in the first wave and won again there", fakeLife(as, cancelled(107, 0)), "holds, as it must"},
+		{"cancelled in the first wave and not won again", fakeLife(as, cancelled(107, 1)),
+			"FAILED: 607 units lapsed, 500 to resell, the waves won 1106 + 500 of 1000 units"},
 		{"a late payment not owed back", fakeLife(as, func(r *result) { r.Life.Refunds = r.Life.Refunds[1:] }),
 			"FAILED: 99 refunds owed in MySQL, 100 payments made late"},
 		{"a refund of a payment not late", fakeLife(as, func(r *result) { r.Life.Refunds[99] = "99 pay-100" }),
@@ -556,6 +589,16 @@ func TestLifeOutcome(t *testing.T) {
 	}
 }
 
+// cancelled makes a lifecycle result's first wave cancel n of its orders,
+// and win their units again but short of them.
+func cancelled(n, short int) func(*result) {
+	return func(r *result) {
+		l := r.Life
+		l.Orders["cancelled"], l.Back["cancelled"] = int64(n), int64(n)
+		l.Wave1.Acks += n - short
+	}
+}
+
 // withBroken marks the named check of res's verify report broken.
 func withBroken(res result, name string) result {
 	res.Verify.OK = false
@@ -566,3 +609,5 @@ func withBroken(res result, name string) result {
 	}
 	return res
 }
+
+func isEventsRow(r row) bool { return r.Life == lifeEvents }
