@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
@@ -100,6 +101,10 @@ type Relay struct {
 	MaxAge      time.Duration
 	Retain      time.Duration
 	Poll        time.Duration
+
+	// unanswered says that an attempt got no answer since the last that
+	// got one (wake).
+	unanswered atomic.Bool
 }
 
 // Run delivers events until ctx ends, then waits for the POSTs in flight
@@ -184,6 +189,9 @@ func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) {
 	defer cancel()
 	if err == nil {
 		r.count("delivered")
+		if r.unanswered.CompareAndSwap(true, false) {
+			r.wake(mctx)
+		}
 		ok, merr := r.Store.Delivered(mctx, c, e)
 		switch {
 		case merr != nil:
@@ -193,12 +201,14 @@ func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) {
 		}
 		return
 	}
-	result := "failed"
+	result, problem := "failed", noAnswer+err.Error()
 	if _, ok := err.(*rejected); ok {
-		result = "rejected"
+		result, problem = "rejected", err.Error()
+	} else {
+		r.unanswered.Store(true)
 	}
 	r.count(result)
-	dead, merr := r.Store.Failed(mctx, c, e, err.Error(), r.backoff(e.Attempts), r.MaxAge)
+	dead, merr := r.Store.Failed(mctx, c, e, problem, r.backoff(e.Attempts), r.MaxAge)
 	switch {
 	case merr != nil:
 		log.ErrorContext(ctx, "events: a failed attempt not recorded", "err", err, "record_err", merr)
@@ -287,6 +297,21 @@ func (r *Relay) backoff(attempts int) time.Duration {
 		ceiling = min(ceiling, minBackoff<<(attempts-1))
 	}
 	return rand.N(ceiling + 1)
+}
+
+// wake makes due now the events of every stream that wait out a backoff
+// after an attempt with no answer, once an answer came after one: a
+// receiver that was down is answering again, and each stream's backoff,
+// grown while it was down, would hold it back for as long again. Events
+// the receiver answered with a refusal keep their backoff.
+func (r *Relay) wake(ctx context.Context) {
+	n, err := r.Store.Wake(ctx)
+	switch {
+	case err != nil:
+		r.logger().WarnContext(ctx, "events: the receiver answers again; its waiting events wait out their backoff", "err", err)
+	case n > 0:
+		r.logger().InfoContext(ctx, "events: the receiver answers again; the events waiting for it are due now", "events", n)
+	}
 }
 
 func (r *Relay) figures(ctx context.Context) {

@@ -54,7 +54,7 @@ func newFixture(t *testing.T) *fixture {
 
 // relay is a relay of f's outbox to its receiver, as o says, running
 // until the test ends; stop stops it sooner.
-func (f *fixture) relay(t *testing.T, o outbox.Relay) (stop func()) {
+func (f *fixture) relay(t *testing.T, o *outbox.Relay) (stop func()) {
 	t.Helper()
 	o.Store, o.URL, o.Signer = f.store, f.sink.URL(), f.signer
 	if o.Timeout == 0 {
@@ -170,7 +170,7 @@ func wantOrdered(t *testing.T, sink *eventsink.Sink, events int) eventsink.Summa
 func TestRelayDeliversInOrder(t *testing.T) {
 	f := newFixture(t)
 	f.add(t, streams(20), 3, 0)
-	f.relay(t, outbox.Relay{})
+	f.relay(t, &outbox.Relay{})
 	f.waitDelivered(t, 60)
 	s := wantOrdered(t, f.sink, 60)
 	if s.Duplicates != 0 || s.Rejected != 0 {
@@ -193,7 +193,7 @@ func TestRelayStoppedBetweenPostAndMark(t *testing.T) {
 	f := newFixture(t)
 	ids := f.add(t, streams(1), 2, 0)["order:1"]
 	held, let := make(chan string, 1), make(chan struct{})
-	f.relay(t, outbox.Relay{Timeout: 500 * time.Millisecond, Lease: 1500 * time.Millisecond, Concurrency: 1,
+	f.relay(t, &outbox.Relay{Timeout: 500 * time.Millisecond, Lease: 1500 * time.Millisecond, Concurrency: 1,
 		Hooks: outbox.Hooks{BetweenPostAndMark: func(_ context.Context, id string) {
 			select {
 			case held <- id:
@@ -210,7 +210,7 @@ func TestRelayStoppedBetweenPostAndMark(t *testing.T) {
 	if first != ids[0] {
 		t.Fatalf("held %s, want the stream's first event %s", first, ids[0])
 	}
-	f.relay(t, outbox.Relay{Timeout: 500 * time.Millisecond, Lease: 1500 * time.Millisecond})
+	f.relay(t, &outbox.Relay{Timeout: 500 * time.Millisecond, Lease: 1500 * time.Millisecond})
 	f.waitDelivered(t, 2)
 	close(let)
 	var sends []eventsink.Delivery
@@ -239,8 +239,8 @@ func TestTwoRelaysNeverSendOneEventAtOnce(t *testing.T) {
 	f := newFixture(t)
 	f.add(t, streams(60), 3, 0)
 	f.sink.Hang(300 * time.Millisecond)
-	f.relay(t, outbox.Relay{Concurrency: 8})
-	f.relay(t, outbox.Relay{Concurrency: 8})
+	f.relay(t, &outbox.Relay{Concurrency: 8})
+	f.relay(t, &outbox.Relay{Concurrency: 8})
 	f.waitDelivered(t, 180)
 	s := wantOrdered(t, f.sink, 180)
 	if s.Duplicates != 0 {
@@ -259,7 +259,7 @@ func TestRelayRetriesEveryFailure(t *testing.T) {
 	f.sink.CloseNext(2)
 	var mu sync.Mutex
 	results := map[string]int{}
-	f.relay(t, outbox.Relay{Timeout: 300 * time.Millisecond, Concurrency: 4, Metrics: outbox.Metrics{
+	f.relay(t, &outbox.Relay{Timeout: 300 * time.Millisecond, Concurrency: 4, Metrics: outbox.Metrics{
 		Delivery: func(r string) { mu.Lock(); results[r]++; mu.Unlock() }}})
 	time.Sleep(100 * time.Millisecond)
 	f.sink.Hang(time.Second)
@@ -286,7 +286,7 @@ func TestDeadEventHoldsItsStream(t *testing.T) {
 	f.add(t, []string{"order:2"}, 2, 0)
 	f.sink.FailFirst(1)
 	var dead atomic.Int32
-	stop := f.relay(t, outbox.Relay{Concurrency: 1, MaxAge: 24 * time.Hour, Metrics: outbox.Metrics{
+	stop := f.relay(t, &outbox.Relay{Concurrency: 1, MaxAge: 24 * time.Hour, Metrics: outbox.Metrics{
 		Delivery: func(r string) {
 			if r == "dead" {
 				dead.Add(1)
@@ -317,7 +317,7 @@ func TestDeadEventHoldsItsStream(t *testing.T) {
 	if _, err := f.store.Redeliver(ctx, old[0]); err != nil {
 		t.Fatal(err)
 	}
-	f.relay(t, outbox.Relay{Concurrency: 1, MaxAge: 24 * time.Hour})
+	f.relay(t, &outbox.Relay{Concurrency: 1, MaxAge: 24 * time.Hour})
 	f.waitDelivered(t, 4)
 	wantOrdered(t, f.sink, 4)
 	if _, err := f.store.Redeliver(ctx, old[0]); err == nil {
@@ -373,5 +373,29 @@ func TestRelayFollowsNoRedirect(t *testing.T) {
 	if asked.Load() < 3 || len(f.sink.Record()) != 0 || f.states(t)[outbox.StatePending] != 1 || !strings.Contains(lastError, "302") {
 		t.Errorf("asked %d times, receiver got %d, states %v, last error %q; want retries, nothing followed, the event pending",
 			asked.Load(), len(f.sink.Record()), f.states(t), lastError)
+	}
+}
+
+// A receiver that answers again after attempts that got none is sent, at
+// once, every event waiting out a backoff that grew while it was down,
+// rather than an hour later; an event it refused keeps its backoff.
+func TestRelayWakesWaitingEventsWhenTheReceiverAnswers(t *testing.T) {
+	f := newFixture(t)
+	f.add(t, []string{"order:1"}, 1, 0)
+	f.add(t, streams(11)[1:], 1, 0)
+	f.add(t, []string{"order:99"}, 1, 0)
+	for _, q := range []string{
+		"UPDATE outbox SET next_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, attempts = 3, last_error = 'no answer: connection refused' WHERE stream NOT IN ('order:1', 'order:99')",
+		"UPDATE outbox SET next_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR, attempts = 3, last_error = 'the receiver answered 500' WHERE stream = 'order:99'",
+	} {
+		if err := f.db.Gorm.Exec(q).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.sink.CloseNext(1) // order:1's first attempt gets no answer; its retry does
+	f.relay(t, &outbox.Relay{Concurrency: 1})
+	f.waitDelivered(t, 11)
+	if st := f.states(t); st[outbox.StatePending] != 1 {
+		t.Errorf("states %v; want order:99, refused, still waiting", st)
 	}
 }

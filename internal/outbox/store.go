@@ -83,6 +83,9 @@ const (
 		"WHERE id = ? AND claim = ? AND state = 'pending' AND aging_from <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND"
 	sqlRetry = "UPDATE outbox SET next_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, claimed_until = NULL, last_error = ? " +
 		"WHERE id = ? AND claim = ? AND state = 'pending'"
+	// sqlWake makes due now the events waiting out a backoff after a
+	// failure without an answer (noAnswer).
+	sqlWake = "UPDATE outbox SET next_at = UTC_TIMESTAMP(6) WHERE state = 'pending' AND next_at > UTC_TIMESTAMP(6) AND last_error LIKE '" + noAnswer + "%'"
 	// sqlPage lists events in a state after a position.
 	sqlPage = "SELECT " + eventColumns + " FROM outbox WHERE state = ? AND id > ? ORDER BY id LIMIT ?"
 	// sqlLockEvent reads an event by id with a lock; sqlRevive makes a dead
@@ -222,6 +225,20 @@ func (s *Store) Failed(ctx context.Context, c Claim, e Event, problem string, ba
 		return false, fmt.Errorf("outbox: event %s: %w", e.EventID, err)
 	}
 	return false, nil
+}
+
+// noAnswer begins the problem recorded of an attempt that got no answer:
+// the receiver refused the connection, closed it, or let it time out.
+const noAnswer = "no answer: "
+
+// Wake makes due now every event waiting out a backoff after an attempt
+// that got no answer, and returns how many: the receiver answers again.
+func (s *Store) Wake(ctx context.Context) (int64, error) {
+	r := s.db.WithContext(ctx).Exec(sqlWake)
+	if r.Error != nil {
+		return 0, fmt.Errorf("outbox: wake the events that got no answer: %w", r.Error)
+	}
+	return r.RowsAffected, nil
 }
 
 // Page is the operators' listing: events in State after position After,
