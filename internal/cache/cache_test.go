@@ -646,15 +646,17 @@ func TestRefreshAheadServesAndRenewsOnce(t *testing.T) {
 	f := newFixture(t, 10, 1)
 	ctx := context.Background()
 	rdb := testenv.RedisAt(t, testenv.RedisAddr(t))
-	// An entry is due for refresh half a second after its load, and lives
-	// 5s: the reads below, a second after the load, have 4s to come before
-	// it expires, even on a slow machine.
-	set := cache.Settings{TTL: 5 * time.Second, Jitter: -1, RefreshAhead: 0.9, RedisTimeout: 5 * time.Second}
+	// An entry is due for refresh 1.5 s after its load, and lives 15 s:
+	// the reads below come after it is due, long before it expires, and
+	// once it is renewed it is due again only 1.5 s later, which the 300
+	// reads outlasted by half a second on a loaded machine when it was due
+	// 0.5 s after each load (a second refresh, rightly).
+	set := cache.Settings{TTL: 15 * time.Second, Jitter: -1, RefreshAhead: 0.9, RedisTimeout: 5 * time.Second}
 	replicas := []replica{f.replica(t, set), f.replica(t, set), f.replica(t, set)}
 	if _, err := replicas[0].Product(ctx, 5); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second)
+	time.Sleep(1600 * time.Millisecond)
 	key := f.prefix + "cache:product:{5}"
 	// expiry is when the entry expires, give or take a round trip.
 	expiry := func() time.Time { return time.Now().Add(rdb.PTTL(ctx, key).Val()) }
