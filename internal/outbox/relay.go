@@ -32,6 +32,8 @@ const (
 	// markTimeout bounds each mark, which runs even while the relay is
 	// being stopped: an answer received is recorded if it can be.
 	markTimeout = 5 * time.Second
+	// markBatch bounds the events one mark marks.
+	markBatch = 256
 	// leaseSlack is what a claim's lease holds beyond its POST: the mark,
 	// and the clocks of MySQL and the replica apart.
 	leaseSlack = 5 * time.Second
@@ -114,6 +116,10 @@ type Relay struct {
 func (r *Relay) Run(ctx context.Context) {
 	r.defaults()
 	done := make(chan struct{}, r.Concurrency)
+	marks := make(chan delivery, r.Concurrency)
+	marked := make(chan struct{})
+	go func() { defer close(marked); r.mark(ctx, marks, done) }()
+	defer func() { close(marks); <-marked }()
 	inflight := 0
 	tick := time.NewTicker(r.Poll)
 	defer tick.Stop()
@@ -131,7 +137,7 @@ func (r *Relay) Run(ctx context.Context) {
 			}
 		}
 		if free := r.Concurrency - inflight; free > 0 && (look || more && 2*free >= r.Concurrency) {
-			n := r.claim(ctx, free, done)
+			n := r.claim(ctx, free, marks, done)
 			inflight += n
 			more = n == free
 		}
@@ -150,9 +156,17 @@ func (r *Relay) Run(ctx context.Context) {
 	}
 }
 
-// claim claims up to n events and starts their deliveries, each telling
-// done when it has ended; it returns how many it started.
-func (r *Relay) claim(ctx context.Context, n int, done chan<- struct{}) int {
+// delivery is an event of a claim that its receiver acknowledged, to be
+// marked delivered.
+type delivery struct {
+	claim Claim
+	event Event
+}
+
+// claim claims up to n events and starts their deliveries; each tells done
+// when it has ended, or hands its event to marks, whose marker tells done
+// once it is marked. It returns how many it started.
+func (r *Relay) claim(ctx context.Context, n int, marks chan<- delivery, done chan<- struct{}) int {
 	start := time.Now()
 	c, err := r.Store.Claim(ctx, r.Lease, n)
 	if err != nil {
@@ -167,23 +181,78 @@ func (r *Relay) claim(ctx context.Context, n int, done chan<- struct{}) int {
 	ends := start.Add(r.Timeout)
 	for _, e := range c.Events {
 		go func() {
-			defer func() { done <- struct{}{} }()
-			r.deliver(ctx, c, e, ends)
+			if r.deliver(ctx, c, e, ends) {
+				marks <- delivery{c, e}
+			} else {
+				done <- struct{}{}
+			}
 		}()
 	}
 	return len(c.Events)
 }
 
-// deliver POSTs one claimed event, ending by ends, and marks the answer.
-func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) {
-	log := r.logger().With("event_id", e.EventID, "type", e.Type, "stream", e.Stream, "sequence", e.Sequence, "attempts", e.Attempts)
+// mark marks the events handed to marks delivered, those that wait
+// together in one statement per claim, and tells done for each once it is
+// marked; it returns when marks is closed. A mark takes a statement and a
+// COMMIT; while one is made the next acknowledgements gather, so that a
+// busy relay marks many events with each.
+func (r *Relay) mark(ctx context.Context, marks <-chan delivery, done chan<- struct{}) {
+	for d := range marks {
+		batch := []delivery{d}
+	gather:
+		for len(batch) < markBatch {
+			select {
+			case d, ok := <-marks:
+				if !ok {
+					break gather
+				}
+				batch = append(batch, d)
+			default:
+				break gather
+			}
+		}
+		r.markAll(ctx, batch)
+		for range batch {
+			done <- struct{}{}
+		}
+	}
+}
+
+// markAll marks batch's events delivered, one statement per claim.
+func (r *Relay) markAll(ctx context.Context, batch []delivery) {
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
+	defer cancel()
+	byClaim := map[int64][]delivery{}
+	for _, d := range batch {
+		byClaim[d.claim.token] = append(byClaim[d.claim.token], d)
+	}
+	for _, ds := range byClaim {
+		events := make([]Event, len(ds))
+		for i, d := range ds {
+			events[i] = d.event
+		}
+		n, err := r.Store.Delivered(mctx, ds[0].claim, events...)
+		switch {
+		case err != nil:
+			r.logger().ErrorContext(ctx, "events: delivered, and not marked: they are sent again", "events", len(events), "err", err)
+		case n < int64(len(events)):
+			r.logger().WarnContext(ctx, "events: delivered after their claim ran out: another relay sends them again",
+				"events", int64(len(events))-n)
+		}
+	}
+}
+
+// deliver POSTs one claimed event, ending by ends, and reports whether
+// the receiver acknowledged it: its mark is then the marker's. A failed
+// attempt it records itself.
+func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) (acknowledged bool) {
 	err := r.post(ctx, e, ends)
 	if err == nil && r.Hooks.BetweenPostAndMark != nil {
 		r.Hooks.BetweenPostAndMark(ctx, e.EventID)
 	}
 	if err != nil && ctx.Err() != nil {
 		// Stopped: the lease runs out and the event is sent again.
-		return
+		return false
 	}
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), markTimeout)
 	defer cancel()
@@ -192,15 +261,9 @@ func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) {
 		if r.unanswered.CompareAndSwap(true, false) {
 			r.wake(mctx)
 		}
-		ok, merr := r.Store.Delivered(mctx, c, e)
-		switch {
-		case merr != nil:
-			log.ErrorContext(ctx, "events: delivered, and not marked: it is sent again", "err", merr)
-		case !ok:
-			log.WarnContext(ctx, "events: delivered after its claim ran out: another relay sends it again")
-		}
-		return
+		return true
 	}
+	log := r.logger().With("event_id", e.EventID, "type", e.Type, "stream", e.Stream, "sequence", e.Sequence, "attempts", e.Attempts)
 	result, problem := "failed", noAnswer+err.Error()
 	if _, ok := err.(*rejected); ok {
 		result, problem = "rejected", err.Error()
@@ -219,6 +282,7 @@ func (r *Relay) deliver(ctx context.Context, c Claim, e Event, ends time.Time) {
 	default:
 		log.WarnContext(ctx, "events: delivery failed; it is tried again", "err", err)
 	}
+	return false
 }
 
 // rejected is an answer other than 2xx.
@@ -368,8 +432,12 @@ func (r *Relay) defaults() {
 	if r.Client == nil {
 		// A redirect is an answer other than 2xx, tried again: followed,
 		// a POST would become a GET, and the event would go where no one
-		// configured it to.
-		r.Client = &http.Client{Timeout: r.Timeout, CheckRedirect: func(*http.Request, []*http.Request) error {
+		// configured it to. As many connections are kept to the receiver
+		// as POSTs run at once: the default two would open and close the
+		// others for each event.
+		t := http.DefaultTransport.(*http.Transport).Clone()
+		t.MaxIdleConnsPerHost = r.Concurrency
+		r.Client = &http.Client{Timeout: r.Timeout, Transport: t, CheckRedirect: func(*http.Request, []*http.Request) error {
 			return http.ErrUseLastResponse
 		}}
 	}

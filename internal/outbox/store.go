@@ -73,9 +73,9 @@ const (
 	sqlClaim = "UPDATE outbox SET claim = ?, claimed_until = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND, attempts = attempts + 1 " +
 		"WHERE id IN ? AND state = 'pending' AND (claimed_until IS NULL OR claimed_until <= UTC_TIMESTAMP(6))"
 	sqlClaimed = "SELECT id FROM outbox WHERE id IN ? AND claim = ?"
-	// sqlDelivered marks a claimed event delivered.
+	// sqlDelivered marks claimed events of one claim delivered.
 	sqlDelivered = "UPDATE outbox SET state = 'delivered', delivered_at = UTC_TIMESTAMP(6), claimed_until = NULL, last_error = NULL " +
-		"WHERE id = ? AND claim = ? AND state = 'pending'"
+		"WHERE id IN ? AND claim = ? AND state = 'pending'"
 	// sqlDie marks a claimed event dead if it has been undelivered for the
 	// longest an event may be (? microseconds), by MySQL's clock;
 	// sqlRetry otherwise makes it due again after a backoff.
@@ -198,14 +198,19 @@ func (s *Store) Claim(ctx context.Context, lease time.Duration, n int) (Claim, e
 	return c, nil
 }
 
-// Delivered marks e of claim c delivered, and reports whether it did: not
-// when the lease ran out and another claim took the event.
-func (s *Store) Delivered(ctx context.Context, c Claim, e Event) (bool, error) {
-	r := s.db.WithContext(ctx).Exec(sqlDelivered, e.Position, c.token)
-	if r.Error != nil {
-		return false, fmt.Errorf("outbox: mark event %s delivered: %w", e.EventID, r.Error)
+// Delivered marks events of claim c delivered, in one statement, and
+// returns how many it marked: not one whose lease ran out and another claim
+// took.
+func (s *Store) Delivered(ctx context.Context, c Claim, events ...Event) (int64, error) {
+	ids := make([]int64, len(events))
+	for i, e := range events {
+		ids[i] = e.Position
 	}
-	return r.RowsAffected == 1, nil
+	r := s.db.WithContext(ctx).Exec(sqlDelivered, ids, c.token)
+	if r.Error != nil {
+		return 0, fmt.Errorf("outbox: mark %d events delivered: %w", len(events), r.Error)
+	}
+	return r.RowsAffected, nil
 }
 
 // Failed records a failed attempt at e of claim c: the event is dead if it
