@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strconv"
@@ -41,6 +42,7 @@ type benchOptions struct {
 	skus      int
 	buyers    int
 	workers   int
+	only      *regexp.Regexp // nil: every configuration
 }
 
 func parseBench(args []string) (benchOptions, error) {
@@ -57,8 +59,16 @@ func parseBench(args []string) (benchOptions, error) {
 	fs.IntVar(&o.skus, "skus", 5000, "sellout: products, one unit each")
 	fs.IntVar(&o.buyers, "buyers", 4, "sellout: buyers per product")
 	fs.IntVar(&o.workers, "c", 200, "concurrent buyers")
+	only := fs.String("configs", "", "run only the configurations whose names this regular expression matches (default: all)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
+	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			return o, fmt.Errorf("-configs: %w", err)
+		}
+		o.only = re
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -207,6 +217,12 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	b.url = strings.Join(urls, ",")
 
 	configs := benchConfigs()
+	if o.only != nil {
+		configs = slices.DeleteFunc(configs, func(c benchConfig) bool { return !o.only.MatchString(c.Name) })
+		if len(configs) == 0 {
+			return fmt.Errorf("-configs %q matches no configuration", o.only)
+		}
+	}
 	if slices.ContainsFunc(configs, func(c benchConfig) bool { return c.Events }) {
 		b.eventsSecret = newEventsSecret()
 		b.events, err = startReceiver(ctx, b.eventsSecret, filepath.Join(o.out, "runs", "events"), filepath.Join(o.out, "runs", "eventsink.log"))

@@ -178,7 +178,14 @@ func TestParseBench(t *testing.T) {
 		o.state != ".state/bench-orders" || o.out != "out/bench-orders" {
 		t.Errorf("defaults %+v", o)
 	}
-	for _, bad := range [][]string{{"-rounds", "0"}, {"-hot-units", "0"}, {"-c", "-1"}, {"extra"}} {
+	if o.only != nil {
+		t.Errorf("by default every configuration runs, not those of %q", o.only)
+	}
+	if o, err := parseBench([]string{"-configs", "^redis, default batch(, events)?$"}); err != nil || !o.only.MatchString(benchEventsConfig) ||
+		o.only.MatchString("redis, default batch, jwt") {
+		t.Errorf("-configs: %v, %v", o.only, err)
+	}
+	for _, bad := range [][]string{{"-rounds", "0"}, {"-hot-units", "0"}, {"-c", "-1"}, {"extra"}, {"-configs", "("}} {
 		if _, err := parseBench(bad); err == nil {
 			t.Errorf("parseBench(%q) accepted", bad)
 		}
