@@ -20,6 +20,7 @@ case ${1:-} in
 esac
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/shop-test.XXXXXX")
 cleanup() {
+  if [ -n "${libtest:-}" ]; then kill "$libtest" 2>/dev/null || true; wait "$libtest" 2>/dev/null || true; fi
   stop_pidfile "$tmp/redis/pid"
   stop_redis_set "$tmp/redis-cluster"
   stop_redis_set "$tmp/redis-sentinel"
@@ -29,6 +30,15 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+
+# The tests of the scripts themselves spend most of their minute and a half
+# waiting (drains, Sentinel failovers): they run beside the servers' start,
+# the vets and the builds, on ports and in directories of their own, and
+# are waited for before the Go tests.
+if [ -z "${1:-}" ] && [ -z "${TEST_PKGS:-}" ]; then
+  scripts/lib_test.sh >"$tmp/lib_test.log" 2>&1 &
+  libtest=$!
+fi
 
 mysql_port=$(free_port)
 # The main test server refuses a locking read of a row changed since the
@@ -95,8 +105,21 @@ go vet -tags failpoints ./...
 # nested module deploy/ with kustomize, the Kubernetes API types and
 # compose-go, which the service's own module does not carry. No servers.
 [ -n "${TEST_PKGS:-}" ] || (cd deploy && go vet ./... && go test -count=1 ./...)
-[ -n "${TEST_PKGS:-}" ] || scripts/lib_test.sh
-go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} ${TEST_PKGS:-./...}
+if [ -n "${libtest:-}" ]; then
+  rc=0
+  wait "$libtest" || rc=$?
+  libtest=
+  cat "$tmp/lib_test.log" >&2
+  [ "$rc" = 0 ] || die "scripts/lib_test.sh failed (exit $rc)"
+fi
+# The packages whose tests take longest go first, so that the last minute
+# is not one of them running alone on a core while the other waits.
+pkgs=${TEST_PKGS:-}
+if [ -z "$pkgs" ]; then
+  slow="shop/cmd/shop shop/internal/stock shop/internal/cache shop/internal/handler shop/internal/lock shop/internal/verify shop/internal/testenv"
+  pkgs="$slow $(go list ./... | grep -vxF -f <(printf '%s\n' $slow) | tr '\n' ' ')"
+fi
+go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} $pkgs
 # The failpoints build (make demo's bin/shop-failpoints) has tests of its own.
 [ -n "${TEST_PKGS:-}" ] || go test -race -count=1 -tags failpoints ./internal/failpoint/
 
