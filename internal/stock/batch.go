@@ -480,13 +480,9 @@ func (s *Service) placedEvents(tx *gorm.DB, placed map[int64]Order, events int) 
 		return nil
 	}
 	s.eventsSeen.Store(true)
-	q := sqlPlacedEvents
+	q, args := sqlPlacedEvents, []any{ids}
 	if events == 2 {
-		q = sqlPlacedPaidEvents
-	}
-	args := []any{ids}
-	if events == 2 {
-		args = append(args, ids)
+		q, args = sqlPlacedPaidEvents, []any{ids, ids}
 	}
 	_, _, err := run(tx, q, args...)
 	return err
@@ -494,10 +490,11 @@ func (s *Service) placedEvents(tx *gorm.DB, placed map[int64]Order, events int) 
 
 // insertOrders inserts orders of sku, reserved until now plus payWindow by
 // MySQL's clock (paid when payWindow is 0), with eventSeq (SQL) as their
-// event_seq, and returns them as MySQL has them, by user. The orders are one INSERT, whose rows are selected from
-// the product's row, which the transaction has locked: each order owes the
-// product's price, in its currency, as they are at that moment. With
-// returning (MariaDB 10.5 and later) the orders come back with it;
+// event_seq, and returns them as MySQL has them, by user. The orders are
+// one INSERT, whose rows are selected from the product's row, which the
+// transaction has locked: each order owes the product's price, in its
+// currency, as they are at that moment. With returning (MariaDB 10.5 and
+// later) the orders come back with it;
 // otherwise they are read back through the (user, active SKU) unique index:
 // a multi-row INSERT's ids need not be consecutive
 // (innodb_autoinc_lock_mode=2, auto_increment_increment), and pay_by,

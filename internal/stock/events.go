@@ -163,6 +163,15 @@ func (s *Service) eventsOn(tx *gorm.DB) (bool, error) {
 	return on, nil
 }
 
+// counted is what a change adds to its stream's count: one event while
+// events are on, none while they are off.
+func counted(events bool) int {
+	if events {
+		return 1
+	}
+	return 0
+}
+
 // orderEvents writes the events of orders ids' last change.
 func orderEvents(tx *gorm.DB, ids []int64) error {
 	_, _, err := run(tx, sqlOrderEvents, ids)

@@ -218,11 +218,7 @@ func (s *Service) returnUnits(ctx context.Context, tx *gorm.DB, fence, sku int64
 	if s.hooks.BeforeEnd != nil {
 		s.hooks.BeforeEnd(ctx, sku)
 	}
-	counted := 0
-	if events {
-		counted = 1
-	}
-	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, counted, ids, sku}, args...)...)
+	n, _, err := run(tx, withCondition(sqlEnd, where), append([]any{status, counted(events), ids, sku}, args...)...)
 	if err != nil {
 		return nil, err
 	}

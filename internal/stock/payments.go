@@ -218,11 +218,7 @@ func (s *Service) received(tx *gorm.DB, p Payment) (Receipt, error) {
 // apply decides what a payment received for the first time does to its
 // order, and does it, writing its event when events are on.
 func (s *Service) apply(tx *gorm.DB, p Payment, events bool) (Receipt, error) {
-	counted := 0
-	if events {
-		counted = 1
-	}
-	n, _, err := run(tx, sqlApplyPayment, p.PaymentID, counted, p.OrderID, p.AmountCents, p.Currency)
+	n, _, err := run(tx, sqlApplyPayment, p.PaymentID, counted(events), p.OrderID, p.AmountCents, p.Currency)
 	switch {
 	case mysqldb.Duplicate(err):
 		// The payment id pays another order: from before the ledger.
