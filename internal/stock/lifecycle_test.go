@@ -539,9 +539,12 @@ func TestSweepKilledMidTransaction(t *testing.T) {
 	go func() { _, err := svc.Sweep(ctx); killed <- err }()
 	<-h.at
 	// The sweep's transaction holds the product's row: find its session
-	// and kill it, as the death of its process would.
+	// and kill it, as the death of its process would. Of this test's
+	// database: the server's other tests have transactions too, and one of
+	// theirs killed instead let the sweep commit.
 	var thread int64
-	if err := db.Gorm.Raw("SELECT trx_mysql_thread_id FROM information_schema.INNODB_TRX WHERE trx_rows_modified > 0").Scan(&thread).Error; err != nil || thread == 0 {
+	if err := db.Gorm.Raw("SELECT t.trx_mysql_thread_id FROM information_schema.INNODB_TRX t " +
+		"JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id WHERE t.trx_rows_modified > 0 AND p.DB = DATABASE()").Scan(&thread).Error; err != nil || thread == 0 {
 		t.Fatalf("the sweep's transaction: thread %d, %v", thread, err)
 	}
 	if err := db.Gorm.Exec("KILL ?", thread).Error; err != nil {
