@@ -139,6 +139,9 @@ type tally struct {
 	status map[int]int
 	acks   []string
 	errs   int
+	// others are the first few answers other than 201, whole, for a test
+	// that fails on one to say what it was.
+	others []string
 }
 
 func (tl *tally) add(r reply[order]) {
@@ -151,6 +154,8 @@ func (tl *tally) add(r reply[order]) {
 	tl.status[r.status]++
 	if r.status == http.StatusCreated {
 		tl.acks = append(tl.acks, fmt.Sprint(r.body.ID))
+	} else if len(tl.others) < 5 {
+		tl.others = append(tl.others, r.String())
 	}
 }
 

@@ -250,7 +250,7 @@ func TestStopBehindNginxDropsNoOrder(t *testing.T) {
 	wait()
 	took := <-stopped
 	if tl.status[201] == 0 || tl.errs != 0 || len(tl.status) != 1 {
-		t.Errorf("answers through nginx: %v, transport errors %d; want only 201s", tl.status, tl.errs)
+		t.Errorf("answers through nginx: %v, transport errors %d; want only 201s; first others: %v", tl.status, tl.errs, tl.others)
 	}
 	if code, out := shop(t, db, "verify", "--acks", acksFile(t, tl.acks)); code != 0 {
 		t.Errorf("verify: exit %d\n%s", code, out)
