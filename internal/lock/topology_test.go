@@ -305,6 +305,11 @@ func TestWakeOnReleaseAcrossFailover(t *testing.T) {
 	wake := func(key string, wakeups uint64) {
 		t.Helper()
 		holder := hold(a, key)
+		// B's client too must write to the current master first: after a
+		// failover it may still be on the demoted one, where B's first try
+		// is refused, and B, whose backoff is an hour, would not try again
+		// within the test (a loaded machine's switch lagged so).
+		waitFor(t, "B writes to the master", func() bool { return cb.Set(ctx, "woken:probe", 1, 0).Err() == nil })
 		got := obtainAsync(woken, key)
 		// Registered for a wake-up too (Waiting): a release announced
 		// between B's subscription and its registration would be missed, and
