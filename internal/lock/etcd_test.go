@@ -222,13 +222,13 @@ func TestEtcdWaiterThatGaveUpLeavesNoKey(t *testing.T) {
 		timeout time.Duration // the caller's context's; 0: none
 		want    time.Duration // when Obtain gives up
 	}{{"the wait", 0, wait}, {"a shorter context", 100 * time.Millisecond, 100 * time.Millisecond}} {
+		start := time.Now() // before the context's deadline is set
 		ctx := context.Background()
 		if w.timeout > 0 {
 			var cancel context.CancelFunc
 			ctx, cancel = context.WithTimeout(ctx, w.timeout)
 			defer cancel()
 		}
-		start := time.Now()
 		_, err := waiter.Obtain(ctx, "k")
 		returned := time.Now()
 		if !errors.Is(err, lock.ErrNotObtained) || !errors.Is(err, context.DeadlineExceeded) {
