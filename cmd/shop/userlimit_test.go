@@ -19,9 +19,9 @@ import (
 func TestThreeReplicasHoldTheUserLimit(t *testing.T) {
 	t.Parallel()
 	crowded(t)
-	const skus, users, limit = 80, 5, 3
+	const skus, users, limit = 40, 5, 3
 	db := testenv.MySQL(t)
-	// Each user's orders of 80 products are serialized on the user's
+	// Each user's orders of 40 products are serialized on the user's
 	// counter row, each while its SKU's lock is held: on a machine shared
 	// with the other test packages a buyer may wait for that lock longer
 	// than the default 2 s. And each user orders many SKUs at once: the
