@@ -449,14 +449,20 @@ wait_redis() {
 # start_redis_cluster DIR PORT... starts a Redis Cluster of one master per
 # PORT, without replicas (a test and a demo need the slots spread over
 # masters, not their failover), each node in DIR/PORT, and waits until
-# every node reports the cluster ok.
+# every node reports the cluster ok. Its node timeout is Redis's default,
+# 15 s, as nothing fails over: a node drops its bus link to a peer it has
+# not heard from for half the timeout, and a PUBLISH (a lock's release
+# announced) sent while the link is down reaches none of that peer's
+# subscribers. With a timeout of 2 s, one announcement was lost on a loaded
+# machine (a waiter whose backoff was an hour waited on), and 1 s of silence
+# is the likely way.
 start_redis_cluster() {
   local dir=$1 port nodes=()
   shift
   for port in "$@"; do
     # The bus port is chosen too: the default, PORT+10000, may be taken.
     start_redis "$dir/$port" "$port" --cluster-enabled yes --cluster-config-file nodes.conf \
-      --cluster-node-timeout 2000 --cluster-port "$(free_port)"
+      --cluster-node-timeout 15000 --cluster-port "$(free_port)"
     nodes+=("127.0.0.1:$port")
   done
   redis_cli "$1" --cluster create "${nodes[@]}" --cluster-yes >"$dir/create.log" 2>&1 ||
