@@ -7,6 +7,7 @@
 //	shop seed --if-empty …                seed only a catalog without products
 //	shop verify [--acks FILE] [--json]    check the sale's invariants
 //	shop healthcheck                      exit 0 when this host's shop serve is ready
+//	shop db-agent -listen A -dsn D        HAProxy's agent-check for one Galera node
 //
 // Configuration comes from SHOP_* environment variables; see README.md.
 package main
@@ -69,7 +70,8 @@ commands:
        [--starts-at T] [--ends-at T]  and every product's sale window (RFC 3339)
        [--if-empty]                 only if the catalog has no products (exit 0 either way)
   verify [--acks FILE] [--json]     check the invariants; exit 1 if any is broken
-  healthcheck                       GET /readyz on this host's SHOP_HTTP_ADDR port; exit 0 if ready, else 1`
+  healthcheck                       GET /readyz on this host's SHOP_HTTP_ADDR port; exit 0 if ready, else 1
+  db-agent -listen ADDR -dsn DSN    answer HAProxy's agent-check for the Galera node at DSN: up only when Synced`
 
 // run is the whole program; main only supplies the process's environment.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -88,6 +90,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return verifySale(ctx, args, getenv, stdout)
 	case "healthcheck":
 		return healthcheck(ctx, args, getenv, stdout)
+	case "db-agent":
+		return dbAgent(ctx, args, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprintln(stdout, usage)
 		return nil

@@ -1,0 +1,4 @@
+package dbagent
+
+// Judge is judge, for the tests.
+var Judge = judge
