@@ -13,7 +13,7 @@
 # make test runs it; it needs redis-server and a C compiler, as make test
 # does. `scripts/lib_test.sh TEST...` runs only the tests named. The Redis topologies of scripts/stack.sh and its failover commands
 # run on real servers too, and so does one Galera stack behind HAProxy with
-# its writer killed. About two and a half minutes: stop_pidfile's drain, the
+# its writer killed. About three minutes: stop_pidfile's drain, the
 # Sentinels' failovers and the Galera cluster's start and failover take most
 # of it.
 set -euo pipefail
