@@ -153,8 +153,8 @@ func StartGalera(tb testing.TB, opts ...Option) *GaleraCluster {
 			"--wsrep-provider-options=gmcast.listen_addr=tcp://" + gcomm[i] +
 				";ist.recv_addr=127.0.0.1:" + freePort(tb) + ";gcache.size=32M",
 			"--wsrep-sst-method=rsync", "--wsrep-sst-receive-address=127.0.0.1:" + freePort(tb)}, asUser...)
-		n.admin = openNode(tb, n.port)
-		agentDB := openNode(tb, n.port)
+		n.admin = openAt(tb, "127.0.0.1:"+n.port, "")
+		agentDB := openAt(tb, "127.0.0.1:"+n.port, "")
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			tb.Fatal(err)
@@ -351,12 +351,13 @@ func chownTree(dir string, uid, gid int) error {
 	})
 }
 
-// openNode returns a small pool on the node at port, closed when the test
-// ends. Its connections give up within seconds on a node that does not
-// answer, so that a frozen node does not hold up whoever asks.
-func openNode(tb testing.TB, port string) *sql.DB {
+// openAt returns a small pool on database db at addr, as root, closed
+// when the test ends. Its connections give up within seconds on a server
+// that does not answer, so that a frozen node does not hold up whoever
+// asks.
+func openAt(tb testing.TB, addr, db string) *sql.DB {
 	tb.Helper()
-	cfg := nodeConfig("127.0.0.1:"+port, "")
+	cfg := nodeConfig(addr, db)
 	cfg.Timeout = 2 * time.Second
 	cfg.ReadTimeout = 5 * time.Second
 	cfg.WriteTimeout = 5 * time.Second
@@ -364,10 +365,10 @@ func openNode(tb testing.TB, port string) *sql.DB {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	db := sql.OpenDB(conn)
-	db.SetMaxOpenConns(2)
-	tb.Cleanup(func() { db.Close() })
-	return db
+	pool := sql.OpenDB(conn)
+	pool.SetMaxOpenConns(2)
+	tb.Cleanup(func() { pool.Close() })
+	return pool
 }
 
 func nodeConfig(addr, db string) *mysql.Config {
@@ -489,24 +490,45 @@ func (c *GaleraCluster) Resume(i int) { c.nodes[i].signal(syscall.SIGCONT) }
 
 // Start starts node i again on its data after Kill, and waits until it has
 // rejoined the cluster and is Synced: it gets what it missed by IST from
-// another node's write-set cache.
+// another node's write-set cache. As mysqld_safe and the service units do,
+// it first asks the node where its data stop (--wsrep-recover: a node
+// that crashed has no position in grastate.dat), and starts it from
+// there; started without it, the node would ask for its whole data
+// again (SST).
 func (c *GaleraCluster) Start(i int) {
 	c.tb.Helper()
-	c.start(i)
+	c.start(i, "--wsrep-start-position="+c.recover(i))
 	c.WaitSynced(c.tb, i)
+}
+
+// recover runs node i with --wsrep-recover, which recovers InnoDB, logs
+// the last position it committed and exits, and returns that position.
+func (c *GaleraCluster) recover(i int) string {
+	c.tb.Helper()
+	n := c.nodes[i]
+	log := filepath.Join(n.dir, "recover.log")
+	os.Remove(log)
+	cmd := exec.Command(c.bin, append(append([]string(nil), n.args...), "--wsrep-recover", "--log-error="+log)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		c.tb.Fatalf("Galera node %s, --wsrep-recover: %v\n%s\n%s", n.name, err, out, tail(log))
+	}
+	b, err := os.ReadFile(log)
+	if err != nil {
+		c.tb.Fatal(err)
+	}
+	const mark = "WSREP: Recovered position: "
+	at := strings.LastIndex(string(b), mark)
+	if at < 0 {
+		c.tb.Fatalf("Galera node %s, --wsrep-recover logged no position:\n%s", n.name, tail(log))
+	}
+	pos, _, _ := strings.Cut(string(b[at+len(mark):]), "\n")
+	return strings.TrimSpace(pos)
 }
 
 func (c *GaleraCluster) start(i int, extra ...string) {
 	c.tb.Helper()
 	n := c.nodes[i]
-	out, err := os.OpenFile(filepath.Join(n.dir, "stdout.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		c.tb.Fatal(err)
-	}
-	defer out.Close()
-	cmd := exec.Command(c.bin, append(append([]string(nil), n.args...), extra...)...)
-	cmd.Stdout, cmd.Stderr = out, out
-	if _, err := n.start(cmd); err != nil {
+	if _, err := n.start(exec.Command(c.bin, append(append([]string(nil), n.args...), extra...)...)); err != nil {
 		c.tb.Fatalf("start Galera node %s: %v", n.name, err)
 	}
 }
@@ -632,29 +654,26 @@ func (n *galeraNode) status() (map[string]string, error) {
 // galeraWait until a connection goes through.
 func (c *GaleraCluster) Writer(tb testing.TB) int {
 	tb.Helper()
-	w := -1
-	var err error
-	deadline := time.Now().Add(galeraWait)
-	for {
-		if w, err = c.reached(); err == nil {
-			return w
-		}
-		if time.Now().After(deadline) {
-			tb.Fatalf("no connection through HAProxy (%s) reaches a Galera node: %v", c.Addr, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return c.waitWriter(tb, -1)
 }
 
-// waitWriter waits until new connections through HAProxy reach node want.
-func (c *GaleraCluster) waitWriter(tb testing.TB, want int) {
+// waitWriter waits until new connections through HAProxy reach node want
+// (any node: -1), and returns the node's index.
+func (c *GaleraCluster) waitWriter(tb testing.TB, want int) int {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), galeraWait)
 	defer cancel()
-	waitUntil(ctx, tb, fmt.Sprintf("HAProxy sends new connections to n%d", want), func() bool {
-		w, err := c.reached()
-		return err == nil && w == want
+	what := "a connection through HAProxy reaches a Galera node"
+	if want >= 0 {
+		what = fmt.Sprintf("HAProxy sends new connections to n%d", want)
+	}
+	w := -1
+	waitUntil(ctx, tb, what, func() bool {
+		var err error
+		w, err = c.reached()
+		return err == nil && (want < 0 || w == want)
 	})
+	return w
 }
 
 // reached opens a connection through HAProxy and returns the index of the

@@ -41,7 +41,7 @@ func TestGalera(t *testing.T) {
 func galeraDatabase(t *testing.T, c *GaleraCluster) string {
 	t.Helper()
 	name := "galera_" + Name()
-	db := openPool(t, c.DSN(""))
+	db := openAt(t, c.Addr, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, stmt := range []string{"CREATE DATABASE " + name,
@@ -51,16 +51,6 @@ func galeraDatabase(t *testing.T, c *GaleraCluster) string {
 		}
 	}
 	return name
-}
-
-func openPool(t *testing.T, dsn string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("mysql", dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { db.Close() })
-	return db
 }
 
 // commit inserts a row on a new connection through HAProxy and returns its
@@ -125,7 +115,7 @@ func commitSomewhere(t *testing.T, c *GaleraCluster, db string) (int64, string) 
 // want.
 func hold(t *testing.T, c *GaleraCluster, want int) *sql.Conn {
 	t.Helper()
-	pool := openPool(t, c.DSN(""))
+	pool := openAt(t, c.Addr, "")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	conn, err := pool.Conn(ctx)
@@ -219,7 +209,7 @@ func testGaleraStarted(t *testing.T, c *GaleraCluster, db string) {
 	}
 	// Replicated: node 2 has the row, read on its own.
 	var got string
-	if err := openPool(t, c.NodeDSN(2, db)).QueryRow("SELECT node FROM commits WHERE id = ?", second).Scan(&got); err != nil {
+	if err := openAt(t, c.NodeAddr(2), db).QueryRow("SELECT node FROM commits WHERE id = ?", second).Scan(&got); err != nil {
 		t.Errorf("row %d on n2: %v", second, err)
 	}
 }
@@ -243,8 +233,15 @@ func testGaleraKillWriter(t *testing.T, c *GaleraCluster, db string) {
 	started := time.Now()
 	c.Start(w)
 	t.Logf("n%d Synced %v after its start", w, time.Since(started).Round(time.Millisecond))
-	if log, err := os.ReadFile(filepath.Join(c.nodes[w].dir, "mysqld.log")); err != nil || !strings.Contains(string(log), "IST received") {
-		t.Errorf("n%d rejoined without IST (log: %v)", w, err)
+	// What the node logged since this start: the write-sets it missed
+	// came by IST, and no data directory by SST.
+	log, err := os.ReadFile(filepath.Join(c.nodes[w].dir, "mysqld.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart := string(log[strings.LastIndex(string(log), "Starting MariaDB"):])
+	if !strings.Contains(restart, "IST received") || strings.Contains(restart, "SST completed on joiner") {
+		t.Errorf("n%d did not rejoin by IST alone; its log since the start:\n%s", w, restart)
 	}
 	var got string
 	if err := c.nodes[w].admin.QueryRow("SELECT node FROM "+db+".commits WHERE id = ?", id).Scan(&got); err != nil || got != node {
