@@ -445,9 +445,7 @@ func (c *GaleraCluster) restore() {
 		c.Heal(i)
 		c.Desync(i, false)
 	}
-	if w := c.Writer(c.tb); w != 0 {
-		c.waitWriter(c.tb, 0)
-	}
+	c.waitWriter(c.tb, 0)
 }
 
 // DSN returns a DSN of root for database db ("" for none) through HAProxy,
@@ -669,6 +667,9 @@ func (c *GaleraCluster) waitWriter(tb testing.TB, want int) int {
 	}
 	w := -1
 	waitUntil(ctx, tb, what, func() bool {
+		if c.haproxy.pid() == 0 {
+			tb.Fatalf("HAProxy is not running; its log:\n%s", tail(filepath.Join(c.dir, "haproxy.log")))
+		}
 		var err error
 		w, err = c.reached()
 		return err == nil && (want < 0 || w == want)
