@@ -431,7 +431,8 @@ func (c *GaleraCluster) For(tb testing.TB) *GaleraCluster {
 	return v
 }
 
-// restore brings the cluster back as StartGalera left it.
+// restore brings the cluster back as StartGalera left it. The faults are
+// undone before any wait: a node still desynced is never Synced.
 func (c *GaleraCluster) restore() {
 	c.tb.Helper()
 	for i, n := range c.nodes {
@@ -440,10 +441,11 @@ func (c *GaleraCluster) restore() {
 			continue
 		}
 		n.signal(syscall.SIGCONT)
+		c.exec(i, "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'")
+		c.exec(i, "SET GLOBAL wsrep_desync = OFF")
 	}
 	for i := range c.nodes {
-		c.Heal(i)
-		c.Desync(i, false)
+		c.WaitSynced(c.tb, i)
 	}
 	c.waitWriter(c.tb, 0)
 }
