@@ -111,3 +111,29 @@ func TestHealthLines(t *testing.T) {
 		}
 	}
 }
+
+// On a real Galera node the agent answers from the node's own state: up
+// while it is Synced, down while an operator has desynced it (it still
+// applies the cluster's writes, but late), and down while it is cut off
+// from the others, in a non-Primary component of its own; up again when
+// each is undone.
+func TestAgentOnAGaleraNode(t *testing.T) {
+	t.Parallel()
+	c := testenv.StartGalera(t, testenv.OnTmpfs())
+	agent := serve(t, open(t, c.NodeDSN(0, "")))
+	says := func(when, want string) {
+		t.Helper()
+		if got := ask(t, agent); got != want {
+			t.Errorf("%s: the agent says %q, want %q", when, got, want)
+		}
+	}
+	says("Synced", "up ready\n")
+	c.Desync(0, true)
+	says("desynced", "down #local state 2 (Donor/Desynced)\n")
+	c.Desync(0, false)
+	says("synced again", "up ready\n")
+	c.Isolate(0)
+	says("isolated", "down #cluster status non-Primary\n")
+	c.Heal(0)
+	says("healed", "up ready\n")
+}

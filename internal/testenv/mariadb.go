@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -75,21 +76,29 @@ func StartMariaDB(tb testing.TB, args ...string) *MariaDBProc {
 // PATH or in the usual sbin directories, where distributions put servers.
 func findBin(tb testing.TB, env string, names ...string) string {
 	tb.Helper()
+	bin, err := whichBin(env, names...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return bin
+}
+
+// whichBin is findBin's search, with an error for a binary not found.
+func whichBin(env string, names ...string) (string, error) {
 	if bin := os.Getenv(env); bin != "" {
-		return bin
+		return bin, nil
 	}
 	for _, name := range names {
 		if bin, err := exec.LookPath(name); err == nil {
-			return bin
+			return bin, nil
 		}
 		for _, dir := range []string{"/usr/sbin", "/usr/local/sbin", "/sbin", "/opt/homebrew/bin", "/opt/homebrew/sbin"} {
 			if bin := filepath.Join(dir, name); isExecutable(bin) {
-				return bin
+				return bin, nil
 			}
 		}
 	}
-	tb.Fatalf("%s not found (set %s)", strings.Join(names, " or "), env)
-	return ""
+	return "", fmt.Errorf("%s not found (set %s)", strings.Join(names, " or "), env)
 }
 
 func isExecutable(path string) bool {
@@ -113,7 +122,14 @@ func (p *MariaDBProc) DSN(db string) string {
 // and returns its DSN. It is not dropped: it goes with the server.
 func (p *MariaDBProc) Database(tb testing.TB) string {
 	tb.Helper()
-	admin, err := sql.Open("mysql", p.DSN(""))
+	return createDatabase(tb, p.DSN)
+}
+
+// createDatabase creates a database with the schema of migrations/ on the
+// server whose DSNs dsn gives, and returns its DSN.
+func createDatabase(tb testing.TB, dsn func(db string) string) string {
+	tb.Helper()
+	admin, err := sql.Open("mysql", dsn(""))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -124,7 +140,7 @@ func (p *MariaDBProc) Database(tb testing.TB) string {
 	if _, err := admin.ExecContext(ctx, "CREATE DATABASE "+name); err != nil {
 		tb.Fatalf("create database: %v", err)
 	}
-	db, err := sql.Open("mysql", p.DSN(name))
+	db, err := sql.Open("mysql", dsn(name))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -132,7 +148,7 @@ func (p *MariaDBProc) Database(tb testing.TB) string {
 	if err := migrations.Up(ctx, db); err != nil {
 		tb.Fatal(err)
 	}
-	return p.DSN(name)
+	return dsn(name)
 }
 
 // Restart starts the server again after Stop or Kill, on the same data and

@@ -10,8 +10,11 @@ import (
 // of one package share, rather than each starting its own: the first test
 // that asks for it starts it, and the package's TestMain ends it after
 // m.Run, with Close. The tests that share it keep to keys of their own, and
-// a test that kills, pauses or restarts a server starts one of its own.
-// The zero value is ready to use.
+// a test that kills, pauses or restarts a server starts one of its own —
+// except on a Galera cluster (StartGalera), whose For gives a test the
+// cluster to fault and brings it back whole when the test ends: there the
+// tests that fault it run one at a time (not in parallel with the others
+// that share it). The zero value is ready to use.
 type Shared[T any] struct {
 	once    sync.Once
 	v       T
