@@ -30,9 +30,12 @@ const galeraFailover = 60 * time.Second
 // the same orders.
 func TestSaleThroughGaleraWriterKill(t *testing.T) {
 	t.Parallel()
-	cluster := testenv.StartGalera(t)
-	name := "shop_test_" + testenv.Name()
-	db := galeraDatabase(t, cluster, name)
+	// On tmpfs, as the other tests of a Galera cluster: a SIGKILLed node's
+	// commits are in the kernel's hands either way.
+	cluster := testenv.StartGalera(t, testenv.OnTmpfs())
+	db := &testenv.DB{DSN: cluster.Database(t)}
+	db.Gorm = db.Open(t)
+	name := dbName(db.DSN)
 	vars := fleetVars(t, db, nil)
 	if code, out := shopWith(vars(), "seed", "--products", strconv.Itoa(failoverSKUs), "--stock", strconv.Itoa(failoverUnits)); code != 0 {
 		t.Fatal(out)
@@ -82,19 +85,6 @@ func TestSaleThroughGaleraWriterKill(t *testing.T) {
 	if back := galeraOrders(t, cluster.NodeDSN(killed, name)); back != orders {
 		t.Errorf("n%d, Synced again, holds %+v; want the %+v the new writer held", killed, back, orders)
 	}
-}
-
-// galeraDatabase creates the database name on cluster, through HAProxy,
-// with the schema of migrations/ (`shop migrate`, which creates it). It
-// goes with the cluster.
-func galeraDatabase(t *testing.T, cluster *testenv.GaleraCluster, name string) *testenv.DB {
-	t.Helper()
-	db := &testenv.DB{DSN: cluster.DSN(name)}
-	if code, out := shopWith(map[string]string{"SHOP_MYSQL_DSN": db.DSN}, "migrate"); code != 0 {
-		t.Fatalf("migrate through HAProxy: exit %d\n%s", code, out)
-	}
-	db.Gorm = db.Open(t)
-	return db
 }
 
 // galeraOrderSet is what one node holds of the orders: their count and a
