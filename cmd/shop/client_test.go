@@ -91,6 +91,15 @@ func (r reply[T]) rateLimited() bool {
 // same Idempotency-Key.
 func (r reply[T]) replayed() bool { return r.header.Get("Idempotent-Replayed") == "true" }
 
+// summary is r's status and error code ("503 busy", "201"), or "error"
+// for a transport error.
+func (r reply[T]) summary() string {
+	if r.err != nil && r.status == 0 {
+		return "error"
+	}
+	return strings.TrimSpace(fmt.Sprint(r.status, " ", r.code()))
+}
+
 // retryAfter is r's Retry-After, 0 when it has none.
 func (r reply[T]) retryAfter() time.Duration {
 	secs, _ := strconv.Atoi(r.header.Get("Retry-After"))

@@ -341,10 +341,30 @@ func isMoved(err error) bool {
 type failoverSale struct {
 	acks atomic.Int64
 	// over is when the Cluster served every slot again; nil until then.
-	over    atomic.Pointer[time.Time]
+	over atomic.Pointer[time.Time]
+	// fault is when the fault came (faultNow); nil until then.
+	fault   atomic.Pointer[time.Time]
 	mu      sync.Mutex
 	answers []buyerAnswer
-	wg      sync.WaitGroup
+	// placed is when the first order placed by a try sent after the fault
+	// was answered; zero until then.
+	placed time.Time
+	wg     sync.WaitGroup
+}
+
+// faultNow records that the fault comes now, and returns when.
+func (s *failoverSale) faultNow() time.Time {
+	now := time.Now()
+	s.fault.Store(&now)
+	return now
+}
+
+// placedAfterFault returns when the first order placed by a try sent after
+// the fault was answered, and whether there is one yet.
+func (s *failoverSale) placedAfterFault() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.placed, !s.placed.IsZero()
 }
 
 // failoverOver records that the Cluster serves every slot again.
@@ -364,6 +384,11 @@ type buyerAnswer struct {
 	sku, user int
 	last      reply[order]
 	tries     int
+	// sent is when the last try was sent, at when it was answered.
+	sent, at time.Time
+	// seen counts the answers of every try, by status and error code
+	// ("503 busy"), "error" for a transport error.
+	seen map[string]int
 }
 
 // answered reports whether the buyer's last answer was final: a 2xx or a
@@ -394,6 +419,10 @@ func startFailoverSale(t *testing.T, replicas []*replica) *failoverSale {
 			}
 			s.mu.Lock()
 			s.answers = append(s.answers, a)
+			if fault := s.fault.Load(); a.last.status == http.StatusCreated && fault != nil && a.sent.After(*fault) &&
+				(s.placed.IsZero() || a.at.Before(s.placed)) {
+				s.placed = a.at
+			}
 			s.mu.Unlock()
 		})
 	}
@@ -422,12 +451,15 @@ func (s *failoverSale) wait() []buyerAnswer {
 // own Idempotency-Key, after a random wait between 50 ms and the longer of
 // an exponential backoff (100 ms, doubling) and Retry-After, at most 1 s.
 func buyRetrying(ctx context.Context, replicas []*replica, first, sku, user int, retrying func(start time.Time) bool) buyerAnswer {
-	a := buyerAnswer{sku: sku, user: user}
+	a := buyerAnswer{sku: sku, user: user, seen: map[string]int{}}
 	key := fmt.Sprintf("cf-%d-%d", sku, user)
 	backoff := 100 * time.Millisecond
 	for start := time.Now(); ; backoff = min(2*backoff, time.Second) {
+		a.sent = time.Now()
 		a.last = replicas[(first+a.tries)%len(replicas)].public.order(sku, user, withKey(key), withContext(ctx))
+		a.at = time.Now()
 		a.tries++
+		a.seen[a.last.summary()]++
 		status := a.last.status
 		retry := a.last.err != nil || status == http.StatusBadGateway || status == http.StatusServiceUnavailable ||
 			status == http.StatusGatewayTimeout
@@ -451,12 +483,16 @@ func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answer
 	var (
 		acks           []verify.Ack
 		statuses       = map[string]int{}
+		seen           = map[string]int{}
 		retried, tries int
 		unanswered     []string
 	)
 	for _, a := range answers {
 		code := a.last.code()
-		statuses[strings.TrimSpace(fmt.Sprint(a.last.status, " ", code))]++
+		statuses[a.last.summary()]++
+		for k, n := range a.seen {
+			seen[k] += n
+		}
 		tries += a.tries
 		if a.tries > 1 {
 			retried++
@@ -474,7 +510,7 @@ func checkFailoverSale(t *testing.T, db *testenv.DB, replicas []*replica, answer
 			t.Errorf("user %d sku %d: %v; want 201, or 409 sold_out", a.user, a.sku, a.last)
 		}
 	}
-	t.Logf("%d buyers: last answers %v; %d retried, %d requests in all", len(answers), statuses, retried, tries)
+	t.Logf("%d buyers: last answers %v; %d retried, %d requests in all, answered %v", len(answers), statuses, retried, tries, seen)
 	if len(unanswered) > 0 {
 		t.Errorf("%d buyers unanswered, retrying for %s after they came and after the failover, first: %s", len(unanswered), failoverRetryFor, strings.Join(unanswered[:min(5, len(unanswered))], "; "))
 		for i, r := range replicas {
