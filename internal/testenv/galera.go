@@ -309,19 +309,23 @@ func nodeUser(tb testing.TB) (uid, gid int, flag []string) {
 }
 
 // traversableDir is dataDir, made traversable by a node that runs as
-// another user: the directory and those above it that are closed to
-// others (a test's temporary directory is 0700) are opened to them, up to
-// the first that is open already.
+// another user: the directory and every one above it, up to the temporary
+// directories' root, that is closed to others is opened to them. A test's
+// temporary directory is an open one (…/001) inside a closed one
+// (/tmp/TestX…, 0700), so the walk does not stop at the first open one.
 func traversableDir(tb testing.TB, opts []Option) string {
 	tb.Helper()
 	dir := dataDir(tb, opts)
 	for d := dir; ; d = filepath.Dir(d) {
+		if d == filepath.Dir(d) || d == filepath.Clean(os.TempDir()) || d == "/dev/shm" {
+			break
+		}
 		st, err := os.Stat(d)
 		if err != nil {
 			tb.Fatal(err)
 		}
-		if st.Mode().Perm()&0o001 != 0 || d == filepath.Dir(d) {
-			break
+		if st.Mode().Perm()&0o001 != 0 {
+			continue
 		}
 		if err := os.Chmod(d, st.Mode().Perm()|0o055); err != nil {
 			tb.Fatal(err)

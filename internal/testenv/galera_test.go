@@ -295,3 +295,18 @@ func testGaleraIsolated(t *testing.T, c *GaleraCluster, db string) {
 	c.Heal(0)
 	c.waitWriter(t, 0)
 }
+
+// A node that runs as another user reaches its data through every directory
+// above it, and a test's temporary directory (…/001) sits in a closed one.
+func TestTraversableDirOpensEveryClosedAncestor(t *testing.T) {
+	dir := traversableDir(t, nil)
+	for d := dir; d != filepath.Clean(os.TempDir()) && d != filepath.Dir(d); d = filepath.Dir(d) {
+		st, err := os.Stat(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm()&0o001 == 0 {
+			t.Errorf("%s is %v: others cannot traverse it to reach %s", d, st.Mode().Perm(), dir)
+		}
+	}
+}
