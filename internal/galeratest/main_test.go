@@ -6,6 +6,7 @@ package galeratest
 import (
 	"context"
 	"database/sql"
+	"fmt"
 	"os"
 	"testing"
 	"time"
@@ -55,10 +56,21 @@ func database(t *testing.T, c *testenv.GaleraCluster) string {
 			return
 		}
 		defer admin.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		if _, err := admin.ExecContext(ctx, "DROP DATABASE "+name); err != nil {
-			t.Errorf("drop database: %v", err)
+		// HAProxy cuts the connections to a backup when the writer it
+		// stands in for comes back (shutdown-backup-sessions), as it may
+		// just after a test that stopped one: again, then.
+		for attempt := 1; ; attempt++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, err := admin.ExecContext(ctx, "DROP DATABASE IF EXISTS "+name)
+			cancel()
+			if err == nil {
+				return
+			}
+			if !mysqldb.Transient(err) || attempt == 5 {
+				t.Errorf("drop database: %v", err)
+				return
+			}
+			time.Sleep(500 * time.Millisecond)
 		}
 	})
 	db, err := sql.Open("mysql", c.DSN(name))
@@ -70,6 +82,32 @@ func database(t *testing.T, c *testenv.GaleraCluster) string {
 		t.Fatal(err)
 	}
 	return name
+}
+
+// waitWriter waits until HAProxy sends new connections to node n or, when
+// to is false, to any other. A test that stopped the writer waits for it
+// to be the writer again before it ends: HAProxy fails back then, cutting
+// the connections to the node that stood in, and the next test starts
+// after that.
+func waitWriter(t *testing.T, c *testenv.GaleraCluster, n int, to bool) {
+	t.Helper()
+	db, err := sql.Open("mysql", c.DSN(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// A new connection for each look: the proxy decides per connection.
+	db.SetMaxIdleConns(0)
+	waitUntil(t, 60*time.Second, fmt.Sprintf("HAProxy to send to node %d: %v", n, to), func() error {
+		var node string
+		if err := db.QueryRow("SELECT @@wsrep_node_name").Scan(&node); err != nil {
+			return err
+		}
+		if (node == fmt.Sprintf("n%d", n)) != to {
+			return fmt.Errorf("on %s", node)
+		}
+		return nil
+	})
 }
 
 // synced is dsn with every read made once the node has applied what the

@@ -89,7 +89,10 @@ func TestSweepThroughAWriterKill(t *testing.T) {
 	}
 	slices.Sort(ids)
 	t.Logf("%d orders placed, ids %d, %d, %d … %d", len(ids), ids[0], ids[1], ids[2], ids[len(ids)-1])
-	t.Cleanup(func() { c.Start(writer) })
+	t.Cleanup(func() {
+		c.Start(writer)
+		waitWriter(t, c, writer, true)
+	})
 
 	// Past every pay_by, the sweep runs until every unit is back, through
 	// the writer's death. A return whose COMMIT's answer was lost with the
