@@ -51,6 +51,12 @@ type listenConfig struct {
 // mysqlConfig is the database.
 type mysqlConfig struct {
 	DSN string
+	// IOTimeout bounds every read and write on the connections of a
+	// replica's pools other than the orders' (SHOP_MYSQL_IO_TIMEOUT),
+	// unless the DSN sets its readTimeout and writeTimeout: the public
+	// pool's reads and admin changes, the order reads, the events relay,
+	// the mysql lock's table and the readiness probe.
+	IOTimeout time.Duration
 }
 
 // redisConfig is the Redis of the cache, the rate limits, the
@@ -187,6 +193,9 @@ const (
 	// Redis has been silent for longer is down, and its balancer should
 	// know.
 	maxReadyGrace = 5 * time.Minute
+	// maxMySQLIOTimeout bounds SHOP_MYSQL_IO_TIMEOUT: beyond it a frozen
+	// database would hold a request for longer than any client waits.
+	maxMySQLIOTimeout = 10 * time.Minute
 	// maxCacheLocalTTL bounds SHOP_CACHE_LOCAL_TTL: the TTL is how stale a
 	// replica's copy of a page may get when an announcement is lost, and
 	// a page a minute old is no longer a flash sale's page.
@@ -358,7 +367,10 @@ func (e *environ) listen() listenConfig {
 }
 
 func (e *environ) mysql() mysqlConfig {
-	c := mysqlConfig{DSN: e.get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true")}
+	c := mysqlConfig{
+		DSN:       e.get("SHOP_MYSQL_DSN", "root@tcp(127.0.0.1:3306)/shop?parseTime=true"),
+		IOTimeout: e.between("SHOP_MYSQL_IO_TIMEOUT", "10s", time.Second, maxMySQLIOTimeout),
+	}
 	if _, err := mysql.ParseDSN(c.DSN); err != nil {
 		e.bad("SHOP_MYSQL_DSN: %w", err)
 	}

@@ -95,7 +95,7 @@ const lockPoolSize = 8
 // (mysqldb's pools do), so that each of the lock's statements is one round
 // trip rather than a prepare, an execute and a close.
 func newMySQLLocker(cfg config, after func(time.Duration) <-chan time.Time) (orderLock, func(), error) {
-	db, err := mysqldb.OpenSQL(cfg.MySQL.DSN, lockPoolSize)
+	db, err := mysqldb.OpenSQL(cfg.MySQL.DSN, lockPoolSize, mysqldb.IOTimeout(cfg.MySQL.IOTimeout))
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: lock pool: %w", err)
 	}

@@ -22,8 +22,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-sql-driver/mysql"
-
 	"shop/internal/handler"
 	"shop/internal/testenv"
 	"shop/loadtest/slowclient"
@@ -273,13 +271,8 @@ func TestStalledCommitAnsweredBeforeNginxGivesUp(t *testing.T) {
 	if code, out := shop(t, db, "seed", "--products", "1", "--stock", "100"); code != 0 {
 		t.Fatal(out)
 	}
-	cfg, err := mysql.ParseDSN(db.DSN)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := testenv.StartProxy(t, cfg.Addr)
-	cfg.Addr = proxy.Addr
-	r := startReplica(t, fleetVars(t, &testenv.DB{DSN: cfg.FormatDSN()}, nil)())
+	proxy, dsn := proxiedMySQL(t, db)
+	r := startReplica(t, fleetVars(t, &testenv.DB{DSN: dsn}, nil)())
 	front := startNginx(t, r.addr())
 	waitReady(t, front.client)
 	held, release := proxy.HoldReply(testenv.MySQLQuery("COMMIT"))

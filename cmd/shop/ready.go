@@ -28,7 +28,7 @@ const readinessPoolSize = 1
 // function: a draining replica keeps its metrics current, and /readyz
 // answers 503 then anyway.
 func newReadiness(ctx context.Context, cfg config, rdb redis.UniversalClient, reg prometheus.Registerer, log *slog.Logger) (func() []string, func(), error) {
-	db, err := mysqldb.Open(cfg.MySQL.DSN, readinessPoolSize)
+	db, err := mysqldb.Open(cfg.MySQL.DSN, readinessPoolSize, mysqldb.IOTimeout(cfg.MySQL.IOTimeout))
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve: readiness: %w", err)
 	}

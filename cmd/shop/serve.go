@@ -137,7 +137,7 @@ func build(ctx context.Context, cfg config, log *slog.Logger) (_ *app, err error
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	depErrors := depmetrics.New(reg)
-	pools, err := openPools(r, cfg.MySQL.DSN, depErrors)
+	pools, err := openPools(r, cfg.MySQL, depErrors)
 	if err != nil {
 		return nil, err
 	}
@@ -238,9 +238,11 @@ type pools struct {
 	public, reads, orders, refunds, events *gorm.DB
 }
 
-// openPools opens a replica's MySQL pools on dsn, closed with r, their
-// errors counted by depErrors.
-func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) {
+// openPools opens a replica's MySQL pools on c's DSN, closed with r, their
+// errors counted by depErrors. The orders' pools have their own timeouts
+// (mysqldb.OpenOrders); the others' reads and writes time out after c's
+// IOTimeout.
+func openPools(r *app, c mysqlConfig, depErrors *depmetrics.Errors) (pools, error) {
 	var p pools
 	var err error
 	for _, pool := range []struct {
@@ -250,9 +252,9 @@ func openPools(r *app, dsn string, depErrors *depmetrics.Errors) (pools, error) 
 	}{{&p.public, publicPoolSize, false}, {&p.reads, orderReadsPoolSize, false}, {&p.orders, ordersPoolSize, true},
 		{&p.refunds, refundPoolSize, true}, {&p.events, eventsPoolSize, false}} {
 		if pool.orders {
-			*pool.db, err = mysqldb.OpenOrders(dsn, pool.size)
+			*pool.db, err = mysqldb.OpenOrders(c.DSN, pool.size)
 		} else {
-			*pool.db, err = mysqldb.Open(dsn, pool.size)
+			*pool.db, err = mysqldb.Open(c.DSN, pool.size, mysqldb.IOTimeout(c.IOTimeout))
 		}
 		if err != nil {
 			return pools{}, err

@@ -22,11 +22,13 @@ import (
 )
 
 // Open connects to MySQL with dsn, a go-sql-driver DSN, using a pool of at
-// most maxConns connections. It does not wait for the server to answer.
-// Times are read as time.Time, and read and written as UTC, whatever the
-// DSN says (its parseTime and loc).
-func Open(dsn string, maxConns int) (*gorm.DB, error) {
-	connector, err := connect(dsn, nil)
+// most maxConns connections, set up as opts say. It does not wait for the
+// server to answer. Times are read as time.Time, and read and written as
+// UTC, whatever the DSN says (its parseTime and loc). Every pool dials
+// within DialTimeout, keeps its idle connections probed (TCP keep-alive),
+// and renews each connection after ConnMaxLifetime (see connect).
+func Open(dsn string, maxConns int, opts ...Option) (*gorm.DB, error) {
+	connector, err := connect(dsn, options(opts))
 	if err != nil {
 		return nil, err
 	}
@@ -36,18 +38,72 @@ func Open(dsn string, maxConns int) (*gorm.DB, error) {
 // OpenSQL connects to MySQL with dsn as Open does, on a database/sql pool
 // of at most maxConns connections, for a caller that runs its statements
 // itself (the MySQL lock table). Its connections are kept while idle, as
-// a lock's waiters come back to them, and renewed after an hour.
-func OpenSQL(dsn string, maxConns int) (*sql.DB, error) {
-	connector, err := connect(dsn, nil)
+// a lock's waiters come back to them, and renewed after ConnMaxLifetime.
+func OpenSQL(dsn string, maxConns int, opts ...Option) (*sql.DB, error) {
+	connector, err := connect(dsn, options(opts))
 	if err != nil {
 		return nil, err
 	}
 	db := sql.OpenDB(connector)
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
-	db.SetConnMaxLifetime(time.Hour)
+	db.SetConnMaxLifetime(ConnMaxLifetime)
 	return db, nil
 }
+
+// Option changes how a pool of Open or OpenSQL talks to MySQL.
+type Option func(*mysql.Config)
+
+// IOTimeout bounds every read and write on the pool's connections by d —
+// a statement, its answer, a COMMIT —, so that a server gone silent (a
+// frozen machine, a failover that leaves the old address dead without a
+// reset) fails the statement within d instead of leaving it to TCP's
+// retransmissions, some fifteen minutes. A DSN's own readTimeout or
+// writeTimeout is kept. d must outlast the pool's longest statement,
+// row-lock waits included: a statement cut short fails, and is rolled back
+// by the server.
+func IOTimeout(d time.Duration) Option {
+	return func(cfg *mysql.Config) {
+		if cfg.ReadTimeout == 0 {
+			cfg.ReadTimeout = d
+		}
+		if cfg.WriteTimeout == 0 {
+			cfg.WriteTimeout = d
+		}
+	}
+}
+
+// options is opts applied in order, as one.
+func options(opts []Option) func(*mysql.Config) {
+	return func(cfg *mysql.Config) {
+		for _, o := range opts {
+			o(cfg)
+		}
+	}
+}
+
+const (
+	// DialTimeout bounds the making of a connection (dial and TCP
+	// handshake) when the DSN's timeout does not: without one, a dial to
+	// an address that no longer answers waits for the operating system
+	// to give up on its SYNs, about two minutes on Linux.
+	DialTimeout = 5 * time.Second
+	// ConnMaxLifetime is how long a pool keeps a connection before it
+	// makes a new one. After a failover that moves the database's name to
+	// another machine (a managed database's DNS, a virtual IP), the
+	// connections made before it stay on the old one until they break or
+	// are renewed: renewing them every few minutes bounds how long a
+	// replica keeps talking to a machine that is no longer the writer, at
+	// the cost of one connection made per pool connection and period.
+	ConnMaxLifetime = 5 * time.Minute
+	// keepAliveIdle, keepAliveInterval and keepAliveCount are the TCP
+	// keep-alive probes of every connection: an idle connection whose
+	// peer is gone is closed after about a minute, rather than found dead
+	// by the next statement sent on it.
+	keepAliveIdle     = 30 * time.Second
+	keepAliveInterval = 10 * time.Second
+	keepAliveCount    = 3
+)
 
 const (
 	// OrdersIOTimeout bounds every read and write on a connection of the
@@ -108,9 +164,22 @@ func returningIn(version string) bool {
 	return major > 10 || major == 10 && minor >= 5
 }
 
-// connect is the driver's connector for dsn, read as every pool of the
-// service uses it, and changed by with when with is not nil.
+// connect is the driver's connector for dsn, read as config reads it.
 func connect(dsn string, with func(*mysql.Config)) (driver.Connector, error) {
+	cfg, err := config(dsn, with)
+	if err != nil {
+		return nil, err
+	}
+	connector, err := mysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("mysqldb: open: %w", err)
+	}
+	return connector, nil
+}
+
+// config is the driver's configuration for dsn, read as every pool of the
+// service uses it, and changed by with when with is not nil.
+func config(dsn string, with func(*mysql.Config)) (*mysql.Config, error) {
 	cfg, err := mysql.ParseDSN(dsn)
 	if err != nil {
 		return nil, fmt.Errorf("mysqldb: open: %w", err)
@@ -125,14 +194,19 @@ func connect(dsn string, with func(*mysql.Config)) (driver.Connector, error) {
 	// would write times shifted by its offset and read UTC ones as its
 	// own: pay_by would move by hours, and so would every expiry.
 	cfg.Loc = time.UTC
+	if cfg.Timeout == 0 {
+		cfg.Timeout = DialTimeout
+	}
+	if cfg.DialFunc == nil && (cfg.Net == "tcp" || cfg.Net == "tcp4" || cfg.Net == "tcp6") {
+		dialer := &net.Dialer{KeepAliveConfig: net.KeepAliveConfig{
+			Enable: true, Idle: keepAliveIdle, Interval: keepAliveInterval, Count: keepAliveCount,
+		}}
+		cfg.DialFunc = dialer.DialContext
+	}
 	if with != nil {
 		with(cfg)
 	}
-	connector, err := mysql.NewConnector(cfg)
-	if err != nil {
-		return nil, fmt.Errorf("mysqldb: open: %w", err)
-	}
-	return connector, nil
+	return cfg, nil
 }
 
 // openPool is a gorm pool of at most maxConns connections from connector.
@@ -156,6 +230,7 @@ func openPool(connector driver.Connector, maxConns int) (*gorm.DB, error) {
 	sqlDB.SetMaxOpenConns(maxConns)
 	sqlDB.SetMaxIdleConns(maxConns)
 	sqlDB.SetConnMaxIdleTime(time.Minute)
+	sqlDB.SetConnMaxLifetime(ConnMaxLifetime)
 	return db, nil
 }
 
@@ -198,10 +273,12 @@ func Ping(ctx context.Context, db *gorm.DB) error {
 const (
 	errCheckRead       = 1020 // a locking read of a row changed since the snapshot (innodb_snapshot_isolation)
 	errTooManyConns    = 1040
+	errWsrepNotReady   = 1047 // Galera: the node is not in the Primary component ("WSREP has not yet prepared node for application use")
 	errServerShutdown  = 1053 // also what MySQL sends a connection it KILLs
 	errDupEntry        = 1062
 	errLockWaitTimeout = 1205
 	errDeadlock        = 1213
+	errCommitFailed    = 1180 // the COMMIT, or Galera's replication of the statement, failed; the transaction is rolled back
 	errReadOnly        = 1290 // ER_OPTION_PREVENTS_STATEMENT: --read-only, as during a failover
 	errInterrupted     = 1317 // the statement was KILLed (KILL QUERY)
 	errConnKilled      = 1927 // MariaDB: the connection was KILLed
@@ -211,15 +288,24 @@ const (
 )
 
 // outage reports whether MySQL error n says that the server could not do
-// the work now — it is shutting down, read-only, out of connections, or it
-// gave up on a lock or the statement, refused a read made stale by another
-// transaction, or killed the connection — rather than that the work was
-// wrong. After any of them the transaction has not
-// committed, and the work may be retried.
+// the work now — it is shutting down, read-only, out of connections, cut
+// off from its cluster's Primary component, or it gave up on a lock or the
+// statement, refused a read made stale by another transaction, failed to
+// commit, or killed the connection — rather than that the work was wrong.
+// After any of them the transaction has not committed, and the work may be
+// retried.
+//
+// On a Galera node: a transaction that loses certification to a
+// conflicting one committed first on another node is 1213, as a deadlock
+// is; a statement in flight when the node is cut off from the others is
+// 1180 ("Error while appending streaming replication fragment(provider
+// status: Not connected to Primary Component)"), rolled back on the node
+// and committed on none; and every statement the cut-off node is sent
+// after that is 1047, until it rejoins.
 func outage(n uint16) bool {
 	switch n {
-	case errCheckRead, errTooManyConns, errServerShutdown, errLockWaitTimeout, errDeadlock, errReadOnly,
-		errInterrupted, errConnKilled, errMaxStmtTime, errMaxExecTime, errIdleDisconnect:
+	case errCheckRead, errTooManyConns, errWsrepNotReady, errServerShutdown, errCommitFailed, errLockWaitTimeout,
+		errDeadlock, errReadOnly, errInterrupted, errConnKilled, errMaxStmtTime, errMaxExecTime, errIdleDisconnect:
 		return true
 	}
 	return false

@@ -9,6 +9,7 @@ import (
 	"net"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/go-sql-driver/mysql"
 )
@@ -22,6 +23,12 @@ func TestTransient(t *testing.T) {
 		busy bool // an outage: the work may be retried
 	}{
 		{"1040 too many connections", &mysql.MySQLError{Number: 1040}, true},
+		{"1047 Galera node not in the Primary component", &mysql.MySQLError{Number: 1047, SQLState: [5]byte{'0', '8', 'S', '0', '1'},
+			Message: "WSREP has not yet prepared node for application use"}, true},
+		{"1180 Galera replication failed, cut off", &mysql.MySQLError{Number: 1180,
+			Message: "Error while appending streaming replication fragment(provider status: Not connected to Primary Component)"}, true},
+		{"1213 Galera certification failure", &mysql.MySQLError{Number: 1213, SQLState: [5]byte{'4', '0', '0', '0', '1'},
+			Message: "Deadlock found when trying to get lock; try restarting transaction"}, true},
 		{"1053 server shutdown (MySQL: connection killed)", &mysql.MySQLError{Number: 1053}, true},
 		{"1205 lock wait timeout", &mysql.MySQLError{Number: 1205}, true},
 		{"1213 deadlock", &mysql.MySQLError{Number: 1213}, true},
@@ -83,6 +90,34 @@ func TestConnLost(t *testing.T) {
 		if got := ReplyLost(tt.err); got != want {
 			t.Errorf("ReplyLost(%v) = %v, want %v", tt.err, got, want)
 		}
+	}
+}
+
+// Every pool dials within DialTimeout and probes idle connections unless the
+// DSN says otherwise, and IOTimeout sets the reads' and writes' bound only
+// where the DSN sets none.
+func TestConfigTimeouts(t *testing.T) {
+	cfg, err := config("root@tcp(127.0.0.1:3306)/shop", options([]Option{IOTimeout(7 * time.Second)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Timeout != DialTimeout || cfg.ReadTimeout != 7*time.Second || cfg.WriteTimeout != 7*time.Second || cfg.DialFunc == nil {
+		t.Errorf("no timeouts in the DSN: dial %s, read %s, write %s, dial func set %v; want %s, 7s, 7s, set",
+			cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout, cfg.DialFunc != nil, DialTimeout)
+	}
+	cfg, err = config("root@tcp(127.0.0.1:3306)/shop?timeout=2s&readTimeout=30s&writeTimeout=40s", options([]Option{IOTimeout(7 * time.Second)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Timeout != 2*time.Second || cfg.ReadTimeout != 30*time.Second || cfg.WriteTimeout != 40*time.Second {
+		t.Errorf("the DSN's timeouts: dial %s, read %s, write %s; want the DSN's 2s, 30s, 40s", cfg.Timeout, cfg.ReadTimeout, cfg.WriteTimeout)
+	}
+	cfg, err = config("root@tcp(127.0.0.1:3306)/shop", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.ReadTimeout != 0 || cfg.WriteTimeout != 0 {
+		t.Errorf("a pool without IOTimeout: read %s, write %s; want none", cfg.ReadTimeout, cfg.WriteTimeout)
 	}
 }
 

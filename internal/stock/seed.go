@@ -6,16 +6,20 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"gorm.io/gorm"
+
+	"shop/internal/mysqldb"
 )
 
 // A seed resets the catalog: products 1..n with their stock, and no order,
 // refund owed or order counter left from before, in one transaction. Seeds
-// of one database run one after the other, each holding the seed lock (a
-// MySQL user lock, sqlLockSeeds) from before its transaction begins until
-// after it ends.
+// of one database run one after the other: the first statement of each
+// raises the catalog's epoch (sqlRaiseEpoch), which every seed writes, and
+// so holds that row's lock until the transaction ends. The lock is a row's,
+// not a user lock (GET_LOCK) of the server the seed talks to: on a Galera
+// cluster two seeds sent to two nodes both write the row, and the one
+// ordered second fails certification (1213) instead of seeding again.
 
 // seedBatch is how many products one INSERT carries.
 const seedBatch = 1000
@@ -23,9 +27,11 @@ const seedBatch = 1000
 // unsettledNamed is how many unsettled refunds a refused seed names.
 const unsettledNamed = 10
 
-// seedLockWait bounds how long a seed waits for another seed of the same
-// database to end (the seed lock, seedLockName).
-const seedLockWait = 2 * time.Minute
+// seedAttempts is how many times a seed runs its transaction while it is
+// rolled back for a deadlock or, on Galera, a certification failure: the
+// loser of two seeds at once on two nodes runs again, after the winner,
+// and sees what the winner committed.
+const seedAttempts = 5
 
 // NotEmptyError is what SeedWindowIfEmpty returns for a catalog that has
 // products: it left the catalog, and its orders, as they were.
@@ -42,8 +48,9 @@ func (e *NotEmptyError) Error() string {
 // deletes every order, every refund owed and every user's order counter,
 // and raises the catalog's epoch (see Epoch), in one transaction.
 // Errors: ErrInvalid, ErrBusy (MySQL down or refusing work for now, or
-// another seed of the database still running after seedLockWait; a seed is
-// a reset, so it may be repeated whether or not the failed one committed).
+// another seed of the database still running after the server's row-lock
+// wait, innodb_lock_wait_timeout; a seed is a reset, so it may be repeated
+// whether or not the failed one committed).
 func (c *Catalog) Seed(ctx context.Context, n, stock int) error {
 	return c.SeedWindow(ctx, n, stock, Window{})
 }
@@ -98,19 +105,21 @@ func (c *Catalog) SeedWith(ctx context.Context, n, stock int, o SeedOptions) err
 
 // SeedWindowIfEmpty is SeedWindow on a catalog without products only. A
 // catalog that has some is left as it is, orders included, and the error is
-// a *NotEmptyError. The check is made in the seed's transaction, under the
-// seed lock: of two runs at once on an empty catalog, one seeds and the
-// other then finds its products. Errors: those of SeedWindow, and
+// a *NotEmptyError. The check is made in the seed's transaction, once it
+// holds the epoch's row: of two runs at once on an empty catalog, one seeds
+// and the other then finds its products — on a Galera cluster too, through
+// two nodes, where the other fails certification and runs again. Errors: those of SeedWindow, and
 // *NotEmptyError.
 func (c *Catalog) SeedWindowIfEmpty(ctx context.Context, n, stock int, w Window) error {
 	return c.SeedWith(ctx, n, stock, SeedOptions{Window: w, IfEmpty: true})
 }
 
-// seed is SeedWindow, or SeedWindowIfEmpty when ifEmpty is set. Every seed
-// of a database holds the seed lock, on a connection of its own, from
-// before its transaction begins until after it ends, so that seeds of one
-// database run one after the other and each sees what the one before
-// committed.
+// seed is SeedWindow, or SeedWindowIfEmpty when ifEmpty is set. Its
+// transaction raises the catalog's epoch first, and so waits there for
+// any other seed of the database to end; it sees what that one committed,
+// as its first read comes after. A transaction rolled back for a deadlock
+// or a certification failure committed nothing, and runs again, up to
+// seedAttempts times.
 func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions) error {
 	o, err := o.validate()
 	if err != nil {
@@ -122,15 +131,14 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions) error {
 	if stock < 0 || stock > 1_000_000_000 {
 		return invalidf("%s must be between 0 and 1000000000", FieldStock)
 	}
-	err = c.db.WithContext(ctx).Connection(func(conn *gorm.DB) error {
-		if err := lockSeeds(conn); err != nil {
-			return err
-		}
-		defer unlockSeeds(ctx, conn)
+	for attempt := 1; ; attempt++ {
 		// At REPEATABLE READ whatever the server's default, so that its
 		// DELETEs lock the gaps too: an order counter made meanwhile
 		// (ensureCounter) waits for the seed, and then counts what it left.
-		return conn.Transaction(func(tx *gorm.DB) error {
+		err = c.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+			if _, _, err := run(tx, sqlRaiseEpoch); err != nil {
+				return fmt.Errorf("seed: epoch: %w", err)
+			}
 			if o.IfEmpty {
 				var products int64
 				if _, err := read(tx, &products, sqlCountProducts); err != nil {
@@ -142,7 +150,10 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions) error {
 			}
 			return resetCatalog(tx, n, stock, o)
 		}, &sql.TxOptions{Isolation: sql.LevelRepeatableRead})
-	})
+		if !mysqldb.Deadlock(err) || attempt == seedAttempts || ctx.Err() != nil {
+			break
+		}
+	}
 	var notEmpty *NotEmptyError
 	if errors.As(err, &notEmpty) {
 		return notEmpty
@@ -150,30 +161,10 @@ func (c *Catalog) seed(ctx context.Context, n, stock int, o SeedOptions) error {
 	return classify(ctx, "seed", err)
 }
 
-// lockSeeds takes the seed lock on conn, waiting up to seedLockWait.
-func lockSeeds(conn *gorm.DB) error {
-	var got sql.NullInt64
-	if _, err := read(conn, &got, sqlLockSeeds, int(seedLockWait.Seconds())); err != nil {
-		return fmt.Errorf("seed lock: %w", err)
-	}
-	if !got.Valid || got.Int64 != 1 {
-		return fmt.Errorf("%w: another seed of this database has been running for over %s", ErrBusy, seedLockWait)
-	}
-	return nil
-}
-
-// unlockSeeds gives the seed lock back once the transaction has ended,
-// even when ctx has. If that fails, the connection has broken, which ends
-// its session and with it the lock.
-func unlockSeeds(ctx context.Context, conn *gorm.DB) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_, _, _ = run(conn.WithContext(ctx), sqlUnlockSeeds)
-}
-
 // resetCatalog deletes every order, every refund settled or discarded,
-// every user's order counter and every product in tx, inserts products
-// 1..n with stock units each, as o says, and raises the catalog's epoch.
+// every user's order counter and every product in tx, and inserts products
+// 1..n with stock units each, as o says; tx has raised the catalog's
+// epoch.
 // Settled refunds and the payments ledger stay: they are money's history,
 // not the sale's.
 func resetCatalog(tx *gorm.DB, n, stock int, o SeedOptions) error {
@@ -181,7 +172,7 @@ func resetCatalog(tx *gorm.DB, n, stock int, o SeedOptions) error {
 	if _, err := read(tx, &unsettled, sqlCountUnsettled); err != nil {
 		return err
 	}
-	deletes := []string{sqlDeleteOrders, sqlDeleteCounters, sqlDeleteProducts, sqlRaiseEpoch}
+	deletes := []string{sqlDeleteOrders, sqlDeleteCounters, sqlDeleteProducts}
 	if unsettled > 0 {
 		if !o.DiscardRefunds {
 			var named []string

@@ -214,13 +214,8 @@ const (
 		"sale_starts_at = ?, sale_ends_at = ?, fence = ? WHERE id = ? AND fence < ?"
 )
 
-// A seed (seed.go). Its lock is a MySQL user lock (GET_LOCK), which is
-// server-wide, so it is named after the database, hashed to stay within the
-// 64 characters a lock name may have.
+// A seed (seed.go). sqlRaiseEpoch is its first statement, and its lock.
 const (
-	seedLockName       = "CONCAT('shop_seed_', MD5(COALESCE(DATABASE(), '')))"
-	sqlLockSeeds       = "SELECT GET_LOCK(" + seedLockName + ", ?)"
-	sqlUnlockSeeds     = "DO RELEASE_LOCK(" + seedLockName + ")"
 	sqlCountProducts   = "SELECT COUNT(*) FROM products"
 	sqlPriceUnpriced   = "UPDATE products SET currency = ? WHERE currency IS NULL"
 	sqlDeleteOrders    = "DELETE FROM orders"
