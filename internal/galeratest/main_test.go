@@ -28,10 +28,14 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// galera is the package's cluster.
+// galera is the package's cluster, for t: its faults report to t, and it
+// is brought back whole (every node Synced, HAProxy sending to node 0) when
+// t ends. The tests that use it do not run in parallel.
 func galera(t *testing.T) *testenv.GaleraCluster {
 	t.Helper()
-	return cluster.Get(t, testenv.StartGalera)
+	return cluster.Get(t, func(tb testing.TB) *testenv.GaleraCluster {
+		return testenv.StartGalera(tb, testenv.OnTmpfs())
+	}).For(t)
 }
 
 // database creates a database with the schema of migrations/ on the
