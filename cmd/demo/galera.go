@@ -117,9 +117,10 @@ func (r row) dbTopology() string {
 type failover struct {
 	What string // what was done: "killed", "partitioned"
 	// Old is the writer before, New the node of the first COMMIT after,
-	// both as stack.sh counts the nodes (from 1); New is 0 when none was
-	// seen.
-	Old, New int
+	// both as stack.sh counts the nodes (from 0, its nodes n0, n1, n2);
+	// Committed tells whether that COMMIT was seen at all.
+	Old, New  int
+	Committed bool
 	// Lost is when the writer was lost, from the fault's start; Commit
 	// how long after that the first COMMIT on another node was seen.
 	Lost, Commit time.Duration
@@ -142,10 +143,10 @@ func (f *failover) String() string {
 	if f.LostSeen {
 		lost = fmt.Sprintf("%s after the fault's start", f.Lost.Round(10*time.Millisecond))
 	}
-	if f.New == 0 {
-		return fmt.Sprintf("writer node %d %s (%s), no COMMIT seen on another node", f.Old, f.What, lost)
+	if !f.Committed {
+		return fmt.Sprintf("writer n%d %s (%s), no COMMIT seen on another node", f.Old, f.What, lost)
 	}
-	return fmt.Sprintf("writer node %d %s (%s); first COMMIT on node %d %s later (wsrep_local_commits); fault done after %s",
+	return fmt.Sprintf("writer n%d %s (%s); first COMMIT on n%d %s later (wsrep_local_commits); fault done after %s",
 		f.Old, f.What, lost, f.New, f.Commit.Round(10*time.Millisecond), f.Took.Round(100*time.Millisecond))
 }
 
@@ -164,7 +165,7 @@ type failoverWatch struct {
 	f      *failover
 	writer *sql.DB   // the old writer
 	others []*sql.DB // the other nodes, in order
-	index  []int     // their numbers (from 1)
+	index  []int     // their numbers (from 0)
 	base   []int64   // their wsrep_local_commits before the fault
 	start  time.Time // the fault's start
 	done   chan struct{}
@@ -205,16 +206,16 @@ func watchFailover(ctx context.Context, state, what string) (*failoverWatch, err
 		}
 		node.SetMaxOpenConns(1)
 		if p == port {
-			w.writer, w.f.Old = node, i+1
+			w.writer, w.f.Old = node, i
 			continue
 		}
 		n, err := localCommits(ctx, node)
 		if err != nil {
 			node.Close()
 			w.close()
-			return nil, fmt.Errorf("node %d: %w", i+1, err)
+			return nil, fmt.Errorf("node n%d: %w", i, err)
 		}
-		w.others, w.index, w.base = append(w.others, node), append(w.index, i+1), append(w.base, n)
+		w.others, w.index, w.base = append(w.others, node), append(w.index, i), append(w.base, n)
 	}
 	if w.writer == nil {
 		w.close()
@@ -250,7 +251,7 @@ func (w *failoverWatch) run(ctx context.Context) {
 			cancel()
 			if err == nil && n > w.base[k] {
 				w.mu.Lock()
-				w.f.New, w.f.Commit = w.index[k], time.Since(w.start)-w.f.Lost
+				w.f.New, w.f.Committed, w.f.Commit = w.index[k], true, time.Since(w.start)-w.f.Lost
 				w.mu.Unlock()
 				return
 			}

@@ -73,10 +73,10 @@ func TestGaleraRows(t *testing.T) {
 	}
 }
 
-// fakeFailover is a failover as a Galera row measures it: node 1 killed
-// (or partitioned), the first COMMIT on node 2 6.4 s later.
+// fakeFailover is a failover as a Galera row measures it: n0 killed (or
+// partitioned), the first COMMIT on n1 6.4 s later.
 func fakeFailover(what string) *failover {
-	return &failover{What: what, Old: 1, New: 2, Lost: 30 * time.Millisecond, LostSeen: true, Commit: 6400 * time.Millisecond,
+	return &failover{What: what, Old: 0, New: 1, Committed: true, Lost: 30 * time.Millisecond, LostSeen: true, Commit: 6400 * time.Millisecond,
 		Took: 24 * time.Second}
 }
 
@@ -101,7 +101,7 @@ func TestGaleraOutcome(t *testing.T) {
 		{"killed, held", held(kill, fakeFailover("killed")), "holds, as it must"},
 		{"partitioned, held", held(part, fakeFailover("partitioned")), "holds, as it must"},
 		{"no failover measured", held(kill, nil), "FAILED: no COMMIT seen on another node after the writer was lost"},
-		{"no COMMIT on another node", held(part, &failover{What: "partitioned", Old: 1}),
+		{"no COMMIT on another node", held(part, &failover{What: "partitioned", Old: 0}),
 			"FAILED: no COMMIT seen on another node after the writer was lost"},
 		{"a buyer unanswered", func() result { r := held(kill, fakeFailover("killed")); r.Load.Unanswered = 1; return r }(),
 			"FAILED: 1 buyers unanswered"},
@@ -121,7 +121,7 @@ func TestGaleraOutcome(t *testing.T) {
 		}), "holds, as it must"},
 		{"lifecycle, no sweep stopped", fakeLife(life, nil), "FAILED: no sweep reached the failpoint"},
 		{"lifecycle, no COMMIT on another node", fakeLife(life, func(r *result) {
-			r.Life.Killed, r.Life.Failover = true, &failover{What: "killed", Old: 3}
+			r.Life.Killed, r.Life.Failover = true, &failover{What: "killed", Old: 2}
 		}), "FAILED: no COMMIT seen on another node after the writer was lost"},
 	} {
 		if got := tt.res.outcome(); got != tt.outcome {
@@ -135,14 +135,14 @@ func TestGaleraOutcome(t *testing.T) {
 	results := []result{held(kill, fakeFailover("killed")), held(part, fakeFailover("partitioned"))}
 	results[0].Num, results[1].Num = 35, 37
 	tbl := table(results)
-	for _, want := range []string{"35 ", "Galera writer killed at 1s: writer node 1 killed (30ms after the fault's start); " +
-		"first COMMIT on node 2 6.4s later (wsrep_local_commits); fault done after 24s",
-		"37 ", "Galera writer partitioned, then healed at 1s: writer node 1 partitioned"} {
+	for _, want := range []string{"35 ", "Galera writer killed at 1s: writer n0 killed (30ms after the fault's start); " +
+		"first COMMIT on n1 6.4s later (wsrep_local_commits); fault done after 24s",
+		"37 ", "Galera writer partitioned, then healed at 1s: writer n0 partitioned"} {
 		if !strings.Contains(tbl, want) {
 			t.Errorf("table lacks %q:\n%s", want, tbl)
 		}
 	}
-	if got := (&failover{What: "killed", Old: 2}).String(); got != "writer node 2 killed (from the fault's start), no COMMIT seen on another node" {
+	if got := (&failover{What: "killed", Old: 2}).String(); got != "writer n2 killed (from the fault's start), no COMMIT seen on another node" {
 		t.Errorf("a failover with no COMMIT seen: %q", got)
 	}
 	if err := writeReport(o, results, 2); err != nil {

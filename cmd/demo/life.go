@@ -216,7 +216,7 @@ func (r result) lifeProblems() []string {
 	if (r.Row.Life == lifeSweepKill || r.Row.Life == lifeWriterKill) && !l.Killed {
 		p = append(p, "no sweep reached the failpoint")
 	}
-	if r.Row.Life == lifeWriterKill && l.Killed && (l.Failover == nil || l.Failover.New == 0) {
+	if r.Row.Life == lifeWriterKill && l.Killed && (l.Failover == nil || !l.Failover.Committed) {
 		p = append(p, "no COMMIT seen on another node after the writer was lost")
 	}
 	if r.Row.Life == lifeRefundKill && !l.Killed {

@@ -561,7 +561,7 @@ func (r result) lostOnRestart() bool { return r.Row.Fault == faultRolling && r.l
 // node than the writer it lost: the failover it must show did not happen,
 // or was not measured.
 func (r result) noFailover() bool {
-	return r.Row.DB == dbGalera && r.Row.Fault != "" && (r.Failover == nil || r.Failover.New == 0)
+	return r.Row.DB == dbGalera && r.Row.Fault != "" && (r.Failover == nil || !r.Failover.Committed)
 }
 
 // soldShort reports whether a row that must sell a number of units sold
