@@ -869,7 +869,7 @@ func (p benchPhase) wsrepSummary() string {
 		p.Wsrep["wsrep_local_cert_failures"], p.Wsrep["wsrep_local_bf_aborts"],
 		float64(p.Wsrep["wsrep_flow_control_paused_ns"])/1e9)
 	var cpu []string
-	for _, g := range cpuGroups {
+	for _, g := range append(slices.Clone(cpuGroups), cpuHAProxy) {
 		if _, ok := p.CPU.Seconds[g]; ok {
 			cpu = append(cpu, fmt.Sprintf("%s %.0f", g, p.CPU.perRequest(g, p.Load.Requests)))
 		}
