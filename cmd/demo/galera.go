@@ -36,8 +36,11 @@ import (
 // transactions a node committed as their origin (writesets it replicated)
 // and not those it applied from others. Before the loss no client writes
 // to a backup node, so the first rise is the first transaction committed
-// through HAProxy on the new writer. The nodes are polled directly, on
-// their own ports (ports.env's DB_NODE_PORTS), every failoverPoll.
+// through HAProxy on the new writer. That may be the stack's own: its
+// fault commands probe with a write through HAProxy every 0.1 s until one
+// commits on another node, so the figure times the cluster and HAProxy,
+// not the buyers' backoff. The nodes are polled directly, on their own
+// ports (ports.env's DB_NODE_PORTS), every failoverPoll.
 
 // dbGalera is stack.sh's DB_TOPOLOGY of the Galera rows; dbSingle, of
 // every other row, is the one MariaDB.

@@ -910,7 +910,8 @@ shopSweepStall failpoint, %s) and the writer is SIGKILLed under it. Buyers and p
 from the writer's loss (the killed node's first failed ping, the partitioned node's provider options showing
 gmcast.isolate = 1; polled every %s, directly on the nodes' ports) to the first rise of another node's
 wsrep_local_commits, which counts only the transactions a node committed as their origin: the first COMMIT through
-HAProxy on the new writer. Expect at least the ~6 s the cluster takes to evict a node. A Galera row fails if an
+HAProxy on the new writer (possibly the stack's own probe, a write through HAProxy every 0.1 s until one commits on
+another node). Expect at least the ~6 s the cluster takes to evict a node. A Galera row fails if an
 invariant breaks, a buyer is left unanswered, or no COMMIT is seen on another node.
 `, o.galeraAfter, o.stall, failoverPoll)
 	}
