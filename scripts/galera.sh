@@ -147,6 +147,17 @@ launch_galera_node() {
   [ -f "$dir/args" ] || die "$dir is not a node of start_galera"
   need_free_port "$(cat "$dir/port")" "Galera node in $dir"
   mapfile -t args <"$dir/args"
+  if grep -qx 'seqno: *-1' "$dir/data/grastate.dat" 2>/dev/null && [ -f "$dir/data/ibdata1" ]; then
+    # A node that did not stop cleanly (killed) left no position in
+    # grastate.dat: started so, it would ask for a full state transfer
+    # (SST). Its position is in InnoDB; --wsrep-recover reads it, as
+    # mysqld_safe and systemd's galera_recovery do, and the node starts
+    # from there, fed the rest by IST from a donor's gcache.
+    local pos
+    "$mysqld" "${args[@]}" --wsrep-recover --log-error="$dir/recover.log" </dev/null >/dev/null 2>&1 || true
+    pos=$(sed -n 's/.*WSREP: Recovered position: *\([0-9a-f-]*:-\{0,1\}[0-9]*\).*/\1/p' "$dir/recover.log" | tail -1)
+    [ -z "$pos" ] || set -- "$@" --wsrep-start-position="$pos"
+  fi
   "$mysqld" "${args[@]}" "$@" </dev/null >>"$dir/stdout.log" 2>&1 &
   echo $! >"$dir/pid"
 }
