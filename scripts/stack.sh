@@ -39,6 +39,22 @@
 #                                        once another leads, start it again on its data
 #   scripts/stack.sh kill-zk-leader      (SHOP_LOCK_MODE=zookeeper) the same for the
 #                                        ZooKeeper ensemble's leader
+#   scripts/stack.sh db-writer           (DB_TOPOLOGY=galera) print the index of the
+#                                        node new connections through HAProxy reach
+#   scripts/stack.sh kill-db-writer      (Galera) SIGKILL the writer; once a write
+#                                        through HAProxy commits on another node,
+#                                        start it again on its data; returns once it
+#                                        is Synced (IST) and HAProxy sends to it
+#   scripts/stack.sh stop-db-node I      (Galera) SIGTERM node I (0..2); returns once
+#                                        HAProxy sends to a running node
+#   scripts/stack.sh start-db-node I     (Galera) start node I on its data; returns
+#                                        once it is Synced
+#   scripts/stack.sh partition-db-writer (Galera) cut the writer off from the others
+#                                        (gmcast.isolate=1); returns once a write
+#                                        through HAProxy commits on another node
+#   scripts/stack.sh heal-db-partition   (Galera) rejoin the isolated node(s); returns
+#                                        once Synced
+# Each fault prints one line of timings on stderr.
 #
 # The replicas of SHOP_LOCK_MODE=etcd or zookeeper start a private etcd
 # cluster or ZooKeeper ensemble of three on first use, which runs until down.
@@ -66,6 +82,17 @@
 # cluster a Redis Cluster of three masters; sentinel a master, one replica and
 # three Sentinels watching them as "shop". The Redlock masters stay the three
 # single servers whatever the topology.
+#
+# DB_TOPOLOGY (single or galera; read by up and replicas, which start its
+# servers, and kept in the state like REDIS_TOPOLOGY; default single): the
+# MySQL of the replicas and of `shop`. single is one MariaDB; galera three
+# MariaDB nodes with Galera (scripts/galera.sh), HAProxy in front of them and
+# a `bin/shop db-agent` per node for HAProxy's agent-check. ports.env's
+# MYSQL_PORT is the port the replicas use: HAProxy's on galera, the single
+# MariaDB's (SINGLE_MYSQL_PORT) otherwise; the cluster's ports (DB_NODE_PORTS,
+# DB_AGENT_PORTS, HAPROXY_PORT, HAPROXY_STATS_PORT, gcomm, IST, SST) are kept
+# beside them. A cluster, once started, runs until down, so that the demo can
+# switch back and forth.
 #
 # Each replica has an operators' listener of its own (SHOP_ADMIN_ADDR) on a
 # port kept with the others (ADMIN_PORTS): the admin API and /metrics are
