@@ -17,6 +17,9 @@
 #   scripts/stack.sh redis-up            start the Redis servers of the topology that
 #                                        are not running; print the replicas'
 #                                        SHOP_REDIS_* settings
+#   scripts/stack.sh db-up               start the database of DB_TOPOLOGY (and the
+#                                        Redis a seed resets) unless running,
+#                                        migrated and seeded; print SHOP_MYSQL_DSN
 #
 # Faults, for a load running through nginx; each returns once done and
 # leaves the stack serving:
@@ -135,6 +138,7 @@ need_stack() {
 case ${1:-} in
   up) ensure_go; make_state ;;
   replicas | redis-up) make_state ;;
+  db-up) ensure_go; make_state ;;
 esac
 [ ! -d "$state" ] || state=$(cd "$state" && pwd)
 ports=$state/ports.env
@@ -1329,6 +1333,12 @@ case ${1:-} in
   kill-etcd-leader) load_ports; kill_etcd_leader ;;
   kill-zk-leader) load_ports; kill_zk_leader ;;
   redis-up) repick=1; set_topology; load_ports; start_masters; start_topology; redis_env ;;
+  db-up)
+    # The Galera nodes' agents are bin/shop's db-agent.
+    go build -o bin/shop ./cmd/shop
+    repick=1; set_db_topology; load_ports; start_db; start_masters; start_topology; prepare_db
+    shop_env | grep '^SHOP_MYSQL_DSN='
+    ;;
   shop) load_ports; run_shop "${@:2}" ;;
   db-writer) load_ports; db_writer ;;
   kill-db-writer) load_ports; kill_db_writer ;;
@@ -1336,5 +1346,5 @@ case ${1:-} in
   start-db-node) db_node_arg "${2:-}" start-db-node; load_ports; start_db_node "$2" ;;
   partition-db-writer) load_ports; partition_db_writer ;;
   heal-db-partition) load_ports; heal_db_partition ;;
-  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|kill-etcd-leader|kill-zk-leader|db-writer|kill-db-writer|stop-db-node I|start-db-node I|partition-db-writer|heal-db-partition|shop ARGS..." ;;
+  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|db-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|kill-etcd-leader|kill-zk-leader|db-writer|kill-db-writer|stop-db-node I|start-db-node I|partition-db-writer|heal-db-partition|shop ARGS..." ;;
 esac
