@@ -61,8 +61,8 @@ find_bin() {
 }
 
 # ensure_deps [race] installs MariaDB, Redis (server and redis-cli), nginx,
-# etcd and ZooKeeper (the other lock families' servers) when they are
-# missing;
+# etcd and ZooKeeper (the other lock families' servers), Galera and HAProxy
+# when they are missing;
 # with "race", also a C compiler and the C library's headers when the one
 # `go test -race` would use (go env CC) cannot build a program: the race
 # detector needs cgo, and a bare Debian has neither gcc nor libc6-dev.
@@ -75,6 +75,16 @@ ensure_deps() {
   find_bin nginx >/dev/null || { apt+=(nginx); brew+=(nginx); }
   find_bin etcd >/dev/null || { apt+=(etcd-server); brew+=(etcd); }
   { zk_classpath && find_bin java; } >/dev/null || { apt+=(zookeeper); brew+=(zookeeper); }
+  # The Galera cluster behind HAProxy (DB_TOPOLOGY=galera, and the one the
+  # tests start): Galera's library, HAProxy, and what MariaDB's rsync state
+  # transfer (wsrep_sst_rsync) runs: rsync, ps, and ss or lsof to find its
+  # rsync daemon's port. Debian's mariadb-server depends on all of them but
+  # HAProxy; a MariaDB from elsewhere may not have brought them.
+  galera_provider >/dev/null || apt+=(galera-4)
+  find_bin haproxy >/dev/null || { apt+=(haproxy); brew+=(haproxy); }
+  find_bin rsync >/dev/null || apt+=(rsync)
+  find_bin ps >/dev/null || apt+=(procps)
+  find_bin ss lsof >/dev/null || apt+=(iproute2)
   if [ "${1:-}" = race ] && ! cc_works; then apt+=(gcc libc6-dev); fi
   [ ${#apt[@]} -eq 0 ] && return 0
   log "installing ${apt[*]}"
@@ -83,7 +93,7 @@ ensure_deps() {
   elif command -v brew >/dev/null 2>&1; then
     [ ${#brew[@]} -eq 0 ] || brew install "${brew[@]}"
   else
-    die "please install ${apt[*]} (MariaDB or MySQL server, Redis, nginx, etcd, ZooKeeper, a C compiler): no apt-get or brew here"
+    die "please install ${apt[*]} (MariaDB or MySQL server, Redis, nginx, etcd, ZooKeeper, Galera, HAProxy, rsync, a C compiler): no apt-get or brew here"
   fi
   if [ "${1:-}" = race ] && ! cc_works; then
     die "no working C compiler ($(go_cc)), which go test -race needs: install one (Xcode's command line tools on macOS)"
@@ -111,7 +121,10 @@ cc_works() {
 # The system services that the Debian packages of the servers start and
 # enable on install, with the port each listens on by default: NAME:PORT.
 # SHOP_SERVICES replaces the list (the tests of these scripts use it).
-system_services() { echo "${SHOP_SERVICES-mariadb:3306 redis-server:6379 nginx:80 etcd:2379 zookeeper:2181}"; }
+#
+# Debian's haproxy starts with a configuration that listens on no port: it
+# is told running by systemd alone (port 0 never answers).
+system_services() { echo "${SHOP_SERVICES-mariadb:3306 redis-server:6379 nginx:80 etcd:2379 zookeeper:2181 haproxy:0}"; }
 
 # init_system prints systemd when systemd runs this machine, else sysv (SysV
 # init, or a container without an init). SHOP_INIT_SYSTEM sets it (the
@@ -388,11 +401,21 @@ wait_port() {
   done
 }
 
+# mariadb_flags prints, one a line, the mariadbd options every private
+# MariaDB of the scripts runs with, a Galera node's too: no binary log,
+# connections enough for the replicas' pools, and InnoDB's buffer pool and
+# flushing (SHOP_INNODB_FLUSH, innodb_flush_log_at_trx_commit, default 1).
+mariadb_flags() {
+  printf '%s\n' --skip-log-bin --max-connections=1000 --innodb-buffer-pool-size=256M \
+    --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}"
+}
+
 # start_mariadb DIR PORT [OPTION...] starts a private MariaDB with its data
 # in DIR; the options go to mariadbd.
 start_mariadb() {
-  local dir=$1 port=$2 mysqld install user=()
+  local dir=$1 port=$2 mysqld install user=() flags=()
   shift 2
+  mapfile -t flags < <(mariadb_flags)
   mysqld=$(find_bin mariadbd mysqld) || die "MariaDB server not found"
   install=$(find_bin mariadb-install-db mysql_install_db) || die "mariadb-install-db not found"
   [ "$(id -u)" -eq 0 ] && user=(--user=root)
@@ -404,8 +427,7 @@ start_mariadb() {
   fi
   "$mysqld" --no-defaults --datadir="$dir/data" "${user[@]}" --bind-address=127.0.0.1 --port="$port" \
     --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" --log-error="$dir/mysqld.log" \
-    --skip-log-bin --max-connections=1000 --innodb-buffer-pool-size=256M \
-    --innodb-flush-log-at-trx-commit="${SHOP_INNODB_FLUSH:-1}" "$@" </dev/null >"$dir/stdout.log" 2>&1 &
+    "${flags[@]}" "$@" </dev/null >"$dir/stdout.log" 2>&1 &
   echo $! >"$dir/pid"
   wait_port "$port" 60 $! || { tail -20 "$dir/mysqld.log" >&2; die "MariaDB did not start on port $port"; }
   log "MariaDB on 127.0.0.1:$port (data in $dir)"
@@ -705,3 +727,5 @@ stop_stripe() {
 # ZooKeeper ensemble (SHOP_LOCK_MODE=etcd, zookeeper).
 . "$(dirname "${BASH_SOURCE[0]}")/etcd.sh"
 . "$(dirname "${BASH_SOURCE[0]}")/zookeeper.sh"
+# The Galera cluster behind HAProxy (DB_TOPOLOGY=galera).
+. "$(dirname "${BASH_SOURCE[0]}")/galera.sh"

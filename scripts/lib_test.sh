@@ -12,8 +12,10 @@
 # not. Real redis-servers stand in for the services that answer on a port.
 # make test runs it; it needs redis-server and a C compiler, as make test
 # does. `scripts/lib_test.sh TEST...` runs only the tests named. The Redis topologies of scripts/stack.sh and its failover commands
-# run on real servers too. About a minute and a half: stop_pidfile's drain
-# and the Sentinels' failovers take most of it.
+# run on real servers too, and so does one Galera stack behind HAProxy with
+# its writer killed. About two and a half minutes: stop_pidfile's drain, the
+# Sentinels' failovers and the Galera cluster's start and failover take most
+# of it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/lib.sh
@@ -777,6 +779,60 @@ test_stack_payments() {
   unset SHOP_STATE NGINX_PORT
 }
 
+# HAProxy accepts the configuration the stack writes for the Galera
+# cluster, and it names one writer, the others backups, each with its agent.
+test_haproxy_cfg() {
+  local cfg=$tmp/haproxy.cfg out
+  write_haproxy_cfg "$cfg" 10001 10002 10011:10021 10012:10022 10013:10023
+  if out=$("$(find_bin haproxy)" -c -q -f "$cfg" 2>&1) &&
+    grep -qx '  server n0 127.0.0.1:10011 agent-port 10021' "$cfg" &&
+    grep -qx '  server n1 127.0.0.1:10012 agent-port 10022 backup' "$cfg" &&
+    grep -qx '  server n2 127.0.0.1:10013 agent-port 10023 backup' "$cfg" &&
+    grep -q 'agent-check .*on-marked-down shutdown-sessions on-marked-up shutdown-backup-sessions' "$cfg"; then
+    ok "haproxy -c accepts the Galera cluster's configuration: n0 the writer, n1 and n2 backups, each with its agent"
+  else fail "the HAProxy configuration: $out; $(tr '\n' ';' <"$cfg")"; fi
+}
+
+# galera_pids DIR prints the pids the stack recorded for the Galera nodes,
+# their agents and HAProxy, one a line.
+galera_pids() { cat "$1"/galera/nodes/n?/pid "$1"/galera/agent?/pid "$1"/galera/haproxy/pid 2>/dev/null || true; }
+
+# One Galera stack for its cases, in a directory mysql cannot traverse (the
+# test's mktemp directory, 0700), as make test's would be: db-up brings up
+# three Synced nodes behind HAProxy, which sends to n0, and points MYSQL_PORT
+# at HAProxy; kill-db-writer moves the writer and brings the node back
+# Synced through IST; down leaves nothing running.
+test_stack_galera() {
+  local st=$tmp/stack-galera out i ok_nodes=0 old_pid pids nodes
+  export SHOP_STATE=$st
+  out=$(DB_TOPOLOGY=galera scripts/stack.sh db-up 2>"$tmp/galera.log") || cat "$tmp/galera.log"
+  . "$st/ports.env"
+  read -r -a dbp <<<"$DB_NODE_PORTS"
+  for i in 0 1 2; do [ "$(galera_state "${dbp[$i]}")" = "4 Primary ON" ] && ok_nodes=$((ok_nodes + 1)); done
+  if [ "$ok_nodes" = 3 ] && [ "$MYSQL_PORT" = "$HAPROXY_PORT" ] && [ "$out" = "SHOP_MYSQL_DSN=root@tcp(127.0.0.1:$HAPROXY_PORT)/shop?parseTime=true" ] &&
+    [ "$(scripts/stack.sh db-writer)" = 0 ] && [ "$(scripts/stack.sh shop verify 2>&1 | tail -1)" = "verdict: all invariants hold" ]; then
+    ok "DB_TOPOLOGY=galera stack.sh db-up: three Synced nodes behind HAProxy on MYSQL_PORT, new connections reach n0, shop verify passes through it"
+  else fail "galera db-up: $out, $ok_nodes nodes Synced, MYSQL_PORT $MYSQL_PORT, HAProxy $HAPROXY_PORT; $(tail -5 "$tmp/galera.log" | tr '\n' ';')"; fi
+
+  nodes=$(readlink -f "$st/galera/nodes")
+  old_pid=$(cat "$nodes/n0/pid")
+  scripts/stack.sh kill-db-writer 2>"$tmp/galera.log" || cat "$tmp/galera.log"
+  if grep -q '^==> the writer n0 killed; new connections reach n[12] after [0-9.]* s$' "$tmp/galera.log" &&
+    grep -q '^==> n0 started again on its data: Synced after [0-9.]* s (IST)$' "$tmp/galera.log" &&
+    [ "$(cat "$nodes/n0/pid")" != "$old_pid" ] && ! pid_alive "$old_pid" && [ "$(galera_state "${dbp[0]}")" = "4 Primary ON" ] &&
+    [ "$(scripts/stack.sh db-writer)" = 0 ]; then
+    ok "stack.sh kill-db-writer: another node takes the writes, the killed one comes back Synced through IST and HAProxy sends to it again"
+  else fail "kill-db-writer: $(tr '\n' ';' <"$tmp/galera.log") n0 is $(galera_state "${dbp[0]}")"; fi
+
+  pids=$(galera_pids "$st")
+  scripts/stack.sh down >/dev/null 2>&1
+  local left=
+  for i in $pids; do pid_alive "$i" && left+=" $i"; done
+  if [ -z "$left" ] && [ ! -e "$st" ] && [ ! -e "$nodes" ]; then ok "stack.sh down stops the Galera nodes, their agents and HAProxy, and removes the nodes' directory"
+  else fail "stack.sh down left pids$left running, or $st or $nodes behind"; fi
+  unset SHOP_STATE
+}
+
 # scripts/lib_test.sh [TEST...] runs the tests named, or all.
 tests=(
   test_go_version
@@ -797,6 +853,8 @@ tests=(
   test_stack_topologies
   test_stripe_mock
   test_stack_payments
+  test_haproxy_cfg
+  test_stack_galera
 )
 [ $# -eq 0 ] || tests=("$@")
 for t in "${tests[@]}"; do "$t"; done

@@ -17,6 +17,9 @@
 #   scripts/stack.sh redis-up            start the Redis servers of the topology that
 #                                        are not running; print the replicas'
 #                                        SHOP_REDIS_* settings
+#   scripts/stack.sh db-up               start the database of DB_TOPOLOGY (and the
+#                                        Redis a seed resets) unless running,
+#                                        migrated and seeded; print SHOP_MYSQL_DSN
 #
 # Faults, for a load running through nginx; each returns once done and
 # leaves the stack serving:
@@ -39,6 +42,22 @@
 #                                        once another leads, start it again on its data
 #   scripts/stack.sh kill-zk-leader      (SHOP_LOCK_MODE=zookeeper) the same for the
 #                                        ZooKeeper ensemble's leader
+#   scripts/stack.sh db-writer           (DB_TOPOLOGY=galera) print the index of the
+#                                        node new connections through HAProxy reach
+#   scripts/stack.sh kill-db-writer      (Galera) SIGKILL the writer; once a write
+#                                        through HAProxy commits on another node,
+#                                        start it again on its data; returns once it
+#                                        is Synced (IST) and HAProxy sends to it
+#   scripts/stack.sh stop-db-node I      (Galera) SIGTERM node I (0..2); returns once
+#                                        HAProxy sends to a running node
+#   scripts/stack.sh start-db-node I     (Galera) start node I on its data; returns
+#                                        once it is Synced
+#   scripts/stack.sh partition-db-writer (Galera) cut the writer off from the others
+#                                        (gmcast.isolate=1); returns once a write
+#                                        through HAProxy commits on another node
+#   scripts/stack.sh heal-db-partition   (Galera) rejoin the isolated node(s); returns
+#                                        once Synced
+# Each fault prints one line of timings on stderr.
 #
 # The replicas of SHOP_LOCK_MODE=etcd or zookeeper start a private etcd
 # cluster or ZooKeeper ensemble of three on first use, which runs until down.
@@ -66,6 +85,17 @@
 # cluster a Redis Cluster of three masters; sentinel a master, one replica and
 # three Sentinels watching them as "shop". The Redlock masters stay the three
 # single servers whatever the topology.
+#
+# DB_TOPOLOGY (single or galera; read by up and replicas, which start its
+# servers, and kept in the state like REDIS_TOPOLOGY; default single): the
+# MySQL of the replicas and of `shop`. single is one MariaDB; galera three
+# MariaDB nodes with Galera (scripts/galera.sh), HAProxy in front of them and
+# a `bin/shop db-agent` per node for HAProxy's agent-check. ports.env's
+# MYSQL_PORT is the port the replicas use: HAProxy's on galera, the single
+# MariaDB's (SINGLE_MYSQL_PORT) otherwise; the cluster's ports (DB_NODE_PORTS,
+# DB_AGENT_PORTS, HAPROXY_PORT, HAPROXY_STATS_PORT, gcomm, IST, SST) are kept
+# beside them. A cluster, once started, runs until down, so that the demo can
+# switch back and forth.
 #
 # Each replica has an operators' listener of its own (SHOP_ADMIN_ADDR) on a
 # port kept with the others (ADMIN_PORTS): the admin API and /metrics are
@@ -108,6 +138,7 @@ need_stack() {
 case ${1:-} in
   up) ensure_go; make_state ;;
   replicas | redis-up) make_state ;;
+  db-up) ensure_go; make_state ;;
 esac
 [ ! -d "$state" ] || state=$(cd "$state" && pwd)
 ports=$state/ports.env
@@ -144,17 +175,19 @@ load_ports() {
   local p=()
   if [ ! -f "$ports" ]; then
     mapfile -t p < <(free_ports 27)
-    MYSQL_PORT=${p[0]} REDIS_PORTS=${p[*]:1:3} REPLICA_PORTS=${p[*]:4:3} CLUSTER_PORTS=${p[*]:7:3}
+    SINGLE_MYSQL_PORT=${p[0]} REDIS_PORTS=${p[*]:1:3} REPLICA_PORTS=${p[*]:4:3} CLUSTER_PORTS=${p[*]:7:3}
     SENTINEL_REDIS_PORTS=${p[*]:10:2} SENTINEL_PORTS=${p[*]:12:3} ADMIN_PORTS=${p[*]:16:3}
     ETCD_PORTS=${p[*]:19:3} ZK_PORTS=${p[*]:22:3} STRIPE_MOCK_PORT=${p[25]} STRIPE_RECORDER_PORT=${p[26]}
-    NGINX_PORT=${NGINX_PORT:-8080}
+    NGINX_PORT=${NGINX_PORT:-8080} HAPROXY_PORT= HAPROXY_STATS_PORT=
     [ "$NGINX_PORT" != 0 ] || NGINX_PORT=${p[15]}
     ADMIN_TOKEN=$(od -An -N12 -tx1 /dev/urandom | tr -d ' \n')
     PAYMENT_WEBHOOK_SECRET=$(new_webhook_secret) STRIPE_WEBHOOK_SECRET=$(new_webhook_secret)
   else
     ADMIN_PORTS= ETCD_PORTS= ZK_PORTS= STRIPE_MOCK_PORT= STRIPE_RECORDER_PORT=
-    PAYMENT_WEBHOOK_SECRET= STRIPE_WEBHOOK_SECRET=
+    PAYMENT_WEBHOOK_SECRET= STRIPE_WEBHOOK_SECRET= SINGLE_MYSQL_PORT= HAPROXY_PORT=
     . "$ports"
+    # A stack from before DB_TOPOLOGY: MYSQL_PORT was the single MariaDB's.
+    SINGLE_MYSQL_PORT=${SINGLE_MYSQL_PORT:-$MYSQL_PORT}
   fi
   read -r -a redis_ports <<<"$REDIS_PORTS"
   read -r -a replica_ports <<<"$REPLICA_PORTS"
@@ -164,6 +197,11 @@ load_ports() {
   read -r -a sentinel_ports <<<"$SENTINEL_PORTS"
   read -r -a etcd_ports <<<"$ETCD_PORTS"
   read -r -a zk_ports <<<"$ZK_PORTS"
+  read -r -a db_node_ports <<<"${DB_NODE_PORTS:-}"
+  read -r -a db_gcomm_ports <<<"${DB_GCOMM_PORTS:-}"
+  read -r -a db_ist_ports <<<"${DB_IST_PORTS:-}"
+  read -r -a db_sst_ports <<<"${DB_SST_PORTS:-}"
+  read -r -a db_agent_ports <<<"${DB_AGENT_PORTS:-}"
   if [ ${#admin_ports[@]} -eq 0 ]; then
     # A stack from before the replicas had an operators' listener.
     mapfile -t admin_ports < <(free_ports 3)
@@ -183,18 +221,60 @@ load_ports() {
     STRIPE_RECORDER_PORT=$(free_port_except "$(taken_ports)")
     [ ! -f "$ports" ] || save_ports
   fi
-  [ -f "$ports" ] || save_ports
+  if [ -z "$HAPROXY_PORT" ]; then
+    # The Galera cluster's ports (DB_TOPOLOGY=galera), chosen with the
+    # others and kept, whichever topology runs: mysql, gcomm, IST and SST
+    # for each node, an agent per node, HAProxy and its stats.
+    p=()
+    while [ ${#p[@]} -lt 17 ]; do p+=("$(free_port_except "$(taken_ports) ${p[*]} ")"); done
+    db_node_ports=("${p[@]:0:3}") db_gcomm_ports=("${p[@]:3:3}") db_ist_ports=("${p[@]:6:3}")
+    db_sst_ports=("${p[@]:9:3}") db_agent_ports=("${p[@]:12:3}") HAPROXY_PORT=${p[15]} HAPROXY_STATS_PORT=${p[16]}
+    [ ! -f "$ports" ] || save_ports
+  fi
+  if [ ! -f "$ports" ] || [ "$MYSQL_PORT" != "$(db_port)" ]; then save_ports; fi
+}
+
+# db_topology prints the stack's database topology: single or galera.
+db_topology() { cat "$state/db-topology" 2>/dev/null || echo single; }
+
+# set_db_topology records DB_TOPOLOGY, when it is set, as the stack's
+# database topology, as set_topology does REDIS_TOPOLOGY.
+set_db_topology() {
+  case ${DB_TOPOLOGY:-} in
+    "") ;;
+    single | galera) echo "$DB_TOPOLOGY" >"$state/db-topology" ;;
+    *) die "DB_TOPOLOGY=$DB_TOPOLOGY: want single or galera" ;;
+  esac
+}
+
+# db_port prints the port the stack's shop processes reach MySQL on, ports.env's
+# MYSQL_PORT: the single MariaDB's, or HAProxy's in front of the Galera
+# cluster.
+db_port() {
+  case $(db_topology) in
+    single) echo "$SINGLE_MYSQL_PORT" ;;
+    galera) echo "$HAPROXY_PORT" ;;
+  esac
 }
 
 # taken_ports prints the stack's saved ports, between spaces (" 1 2 ").
 taken_ports() {
-  echo " $MYSQL_PORT ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} ${etcd_ports[*]} ${zk_ports[*]} ${STRIPE_MOCK_PORT:-} ${STRIPE_RECORDER_PORT:-} "
+  echo " ${SINGLE_MYSQL_PORT:-} ${HAPROXY_PORT:-} ${HAPROXY_STATS_PORT:-} ${db_node_ports[*]} ${db_gcomm_ports[*]} ${db_ist_ports[*]} ${db_sst_ports[*]} ${db_agent_ports[*]} ${redis_ports[*]} ${replica_ports[*]} $NGINX_PORT ${cluster_ports[*]} ${sentinel_redis_ports[*]} ${sentinel_ports[*]} ${admin_ports[*]} ${etcd_ports[*]} ${zk_ports[*]} ${STRIPE_MOCK_PORT:-} ${STRIPE_RECORDER_PORT:-} "
 }
 
 # save_ports writes the ports to the state.
 save_ports() {
   {
+    MYSQL_PORT=$(db_port)
     echo "MYSQL_PORT=$MYSQL_PORT"
+    echo "SINGLE_MYSQL_PORT=$SINGLE_MYSQL_PORT"
+    echo "HAPROXY_PORT=$HAPROXY_PORT"
+    echo "HAPROXY_STATS_PORT=$HAPROXY_STATS_PORT"
+    echo "DB_NODE_PORTS='${db_node_ports[*]}'"
+    echo "DB_GCOMM_PORTS='${db_gcomm_ports[*]}'"
+    echo "DB_IST_PORTS='${db_ist_ports[*]}'"
+    echo "DB_SST_PORTS='${db_sst_ports[*]}'"
+    echo "DB_AGENT_PORTS='${db_agent_ports[*]}'"
     echo "REDIS_PORTS='${redis_ports[*]}'"
     echo "REPLICA_PORTS='${replica_ports[*]}'"
     echo "NGINX_PORT=$NGINX_PORT"
@@ -214,7 +294,7 @@ save_ports() {
 }
 
 # claim_port VAR INDEX WHAT makes sure that the saved port VAR[INDEX] (an
-# array of the ports, or MYSQL_PORT with INDEX 0) is free for WHAT to start
+# array of the ports, or SINGLE_MYSQL_PORT with INDEX 0) is free for WHAT to start
 # on. Taken by another process meanwhile, it is given up for a new free
 # port, saved, where repick is set; elsewhere that fails, naming the port
 # and the process, rather than let the stack talk to that process.
@@ -270,7 +350,7 @@ redis_env() {
 
 # shop_env prints the settings every shop process of the stack shares.
 shop_env() {
-  echo "SHOP_MYSQL_DSN=root@tcp(127.0.0.1:$MYSQL_PORT)/shop?parseTime=true"
+  echo "SHOP_MYSQL_DSN=root@tcp(127.0.0.1:$(db_port))/shop?parseTime=true"
   redis_env
   echo "SHOP_REDLOCK_ADDRS=127.0.0.1:${redis_ports[0]},127.0.0.1:${redis_ports[1]},127.0.0.1:${redis_ports[2]}"
   echo "SHOP_ETCD_ENDPOINTS=$(addr_list "${etcd_ports[@]}")"
@@ -300,21 +380,113 @@ build() {
 }
 
 start_servers() {
-  local i fresh=
-  [ -d "$state/mariadb/data/mysql" ] || fresh=1
-  serving "$state/mariadb" "$MYSQL_PORT" || start_mariadb_on_port
+  start_db
   start_masters
   start_topology
+  prepare_db always
+}
+
+# start_db starts the database of the stack's topology unless it runs: the
+# single MariaDB, or the Galera cluster behind HAProxy (which then runs
+# until down, as the lock servers do, so that the demo can go back and
+# forth). It tells prepare_db whether it started one (db_started), and one
+# without data (db_fresh).
+db_started= db_fresh=
+start_db() {
+  case $(db_topology) in
+    single)
+      [ -d "$state/mariadb/data/mysql" ] || db_fresh=1
+      serving "$state/mariadb" "$SINGLE_MYSQL_PORT" || { start_mariadb_on_port; db_started=1; }
+      ;;
+    galera)
+      [ -e "$galera/nodes" ] || db_fresh=1
+      galera_serving || { start_galera_stack; db_started=1; }
+      ;;
+  esac
+}
+
+# prepare_db [always] applies the migrations to the database start_db
+# started (or, with always, to the one running), and seeds the catalog of
+# one it started without data. Redis must run: a seed resets the cache.
+prepare_db() {
+  [ -n "$db_started" ] || [ -n "${1:-}" ] || return 0
   run_shop migrate >/dev/null
-  if [ -n "$fresh" ]; then
+  if [ -n "$db_fresh" ]; then
     run_shop seed --products "${PRODUCTS:-5000}" --stock "${STOCK:-1}" >&2
   fi
 }
 
 # start_mariadb_on_port starts MariaDB on its saved port (claim_port).
 start_mariadb_on_port() {
-  claim_port MYSQL_PORT 0 MariaDB
-  start_mariadb "$state/mariadb" "$MYSQL_PORT"
+  claim_port SINGLE_MYSQL_PORT 0 MariaDB
+  start_mariadb "$state/mariadb" "$SINGLE_MYSQL_PORT"
+}
+
+# The Galera cluster, its agents and HAProxy live in $galera
+# (scripts/galera.sh).
+galera=$state/galera
+
+# galera_serving tells whether the Galera cluster's nodes, their agents and
+# HAProxy all run, each on its port.
+galera_serving() {
+  local i
+  [ -e "$galera/nodes" ] || return 1
+  for i in 0 1 2; do
+    serving "$galera/nodes/n$i" "${db_node_ports[$i]}" && serving "$galera/agent$i" "${db_agent_ports[$i]}" || return 1
+  done
+  serving "$galera/haproxy" "$HAPROXY_PORT"
+}
+
+# start_galera_stack starts what of the Galera cluster, its agents and
+# HAProxy does not run, and returns once a connection through HAProxy
+# commits. A cluster's ports are claimed when it is made: they are written
+# into its nodes' command lines.
+start_galera_stack() {
+  local i sets=() nodes=() start=$SECONDS
+  if [ ! -e "$galera/nodes" ]; then
+    claim_ports db_node_ports "a Galera node"
+    claim_ports db_gcomm_ports "a Galera node's gcomm"
+    claim_ports db_ist_ports "a Galera node's IST"
+    claim_ports db_sst_ports "a Galera node's SST"
+  fi
+  for i in 0 1 2; do
+    sets+=("${db_node_ports[$i]},${db_gcomm_ports[$i]},${db_ist_ports[$i]},${db_sst_ports[$i]}")
+    nodes+=("${db_node_ports[$i]}:${db_agent_ports[$i]}")
+  done
+  start_galera "$galera" "${sets[@]}"
+  for i in 0 1 2; do
+    serving "$galera/agent$i" "${db_agent_ports[$i]}" && continue
+    claim_port db_agent_ports "$i" "the db-agent of Galera node n$i"
+    start_db_agent "$galera/agent$i" "${db_agent_ports[$i]}" "${db_node_ports[$i]}" bin/shop
+  done
+  if ! serving "$galera/haproxy" "$HAPROXY_PORT"; then
+    claim_port HAPROXY_PORT 0 HAProxy
+    claim_port HAPROXY_STATS_PORT 0 "HAProxy's stats"
+    start_haproxy "$galera/haproxy" "$HAPROXY_PORT" "$HAPROXY_STATS_PORT" "${nodes[@]}"
+  fi
+  wait_db_write "" 60 >/dev/null || die "no write commits through HAProxy on :$HAPROXY_PORT"
+  log "Galera cluster behind HAProxy on 127.0.0.1:$HAPROXY_PORT in $((SECONDS - start))s; new connections reach n$(galera_writer "$HAPROXY_PORT")"
+}
+
+# db_write commits a row through HAProxy, into the stack's own table
+# (shop_stack.probe), and prints the index of the node it committed on.
+db_write() {
+  local name
+  name=$(galera_sql "$HAPROXY_PORT" "CREATE DATABASE IF NOT EXISTS shop_stack;
+    CREATE TABLE IF NOT EXISTS shop_stack.probe (id BIGINT AUTO_INCREMENT PRIMARY KEY, node VARCHAR(8) NOT NULL, at TIMESTAMP(6) NOT NULL DEFAULT CURRENT_TIMESTAMP(6));
+    INSERT INTO shop_stack.probe (node) VALUES (@@wsrep_node_name); SELECT @@wsrep_node_name" 2>/dev/null) || return 1
+  [[ $name == n[0-9] ]] && echo "${name#n}"
+}
+
+# wait_db_write NOT SECONDS waits until a write through HAProxy commits on a
+# node other than NOT (empty: any), and prints that node's index.
+wait_db_write() {
+  local deadline=$((SECONDS + $2)) node
+  while :; do
+    if node=$(db_write) && [ "$node" != "$1" ]; then echo "$node"; return 0; fi
+    [ $SECONDS -lt $deadline ] || return 1
+    sleep 0.1
+  done
 }
 
 # start_master I starts Redis master I on its saved port (claim_port).
@@ -638,6 +810,7 @@ up() {
   ensure_deps
   build
   set_topology
+  set_db_topology
   set_payments
   load_ports
   start_servers
@@ -674,7 +847,7 @@ up() {
     pay="Stripe on stripe-mock ($(stripe_api_base "$STRIPE_MOCK_PORT" "$STRIPE_RECORDER_PORT")$calls); its webhooks to POST http://127.0.0.1:$NGINX_PORT/api/v1/payments/stripe signed with SHOP_STRIPE_WEBHOOK_SECRET=$STRIPE_WEBHOOK_SECRET"
   fi
   cat <<EOF
-shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas, Redis: $(topology))
+shop is up: http://127.0.0.1:$NGINX_PORT  (nginx → $n replicas, Redis: $(topology), MySQL: $(db_status_line))
   try:     curl -s -XPOST http://127.0.0.1:$NGINX_PORT/api/v1/orders -H 'Content-Type: application/json' -d '{"sku_id":1,"user_id":1}'
   payments: $pay
   admin:  ${admins}  (each replica's operators' listener: /api/v1/admin/* with Authorization: Bearer $ADMIN_TOKEN)
@@ -705,6 +878,10 @@ down() {
   [ ! -d "$state/zookeeper" ] || stop_zk_ensemble "$state/zookeeper"
   stop_stripe "$state/stripe"
   stop_pidfile "$state/mariadb/pid" 30 # InnoDB writes its buffers out
+  stop_pidfile "$galera/haproxy/pid"
+  for i in 0 1 2; do stop_pidfile "$galera/agent$i/pid"; done
+  stop_galera "$galera"
+  remove_galera "$galera"
   rm -rf "$state"
   log "stack stopped, $state removed"
 }
@@ -718,7 +895,7 @@ status() {
   sum=$(binary_sum 2>/dev/null || true)
   for name in mariadb redis0 redis1 redis2 nginx replica1 replica2 replica3; do
     case $name in
-      mariadb) port=$MYSQL_PORT ;;
+      mariadb) port=$SINGLE_MYSQL_PORT ;;
       redis?) port=${redis_ports[${name#redis}]} ;;
       nginx) port=$NGINX_PORT ;;
       replica?) port=$(replica_port "${name#replica}") ;;
@@ -731,7 +908,8 @@ status() {
     else echo "$name: stopped"; fi
   done
   topology_status
-  echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]} (admin and /metrics on ${admin_ports[*]}), MariaDB $MYSQL_PORT, Redis ${redis_ports[*]}"
+  galera_status
+  echo "nginx: http://127.0.0.1:$NGINX_PORT, replicas on ${replica_ports[*]} (admin and /metrics on ${admin_ports[*]}), MySQL $(db_status_line), Redis ${redis_ports[*]}"
   echo "Redis topology: $(topology) ($(redis_env | xargs))"
   echo "payments: $(payments)"
   if [ -d "$state/stripe" ]; then
@@ -740,6 +918,37 @@ status() {
     else echo "stripe-mock: stopped"; fi
   fi
   [ ! -s "$state/replica-settings" ] || echo "replica settings: $(xargs <"$state/replica-settings")"
+}
+
+# db_status_line says which database the stack's shop processes use, and
+# on which port (MYSQL_PORT).
+db_status_line() {
+  case $(db_topology) in
+    single) echo "single MariaDB on :$SINGLE_MYSQL_PORT" ;;
+    galera) echo "Galera behind HAProxy on :$HAPROXY_PORT (nodes on ${db_node_ports[*]})" ;;
+  esac
+}
+
+# galera_status prints, once the stack has had a Galera cluster, each
+# node's state (wsrep_local_state, cluster status, ready) and HAProxy's view
+# of it, and the node new connections reach.
+galera_status() {
+  local i port st hp writer
+  [ -e "$galera/nodes" ] || return 0
+  hp=$(haproxy_servers "$HAPROXY_STATS_PORT" 2>/dev/null | tr '\n' ' ') || hp=
+  for i in 0 1 2; do
+    port=${db_node_ports[$i]}
+    if serving "$galera/nodes/n$i" "$port"; then
+      st=$(galera_state "$port") || st="no answer"
+      echo "galera n$i :$port: running (pid $(cat "$galera/nodes/n$i/pid")), wsrep state/cluster/ready: $st"
+    else echo "galera n$i :$port: stopped"; fi
+    if serving "$galera/agent$i" "${db_agent_ports[$i]}"; then echo "db-agent n$i :${db_agent_ports[$i]}: running"
+    else echo "db-agent n$i :${db_agent_ports[$i]}: stopped"; fi
+  done
+  if serving "$galera/haproxy" "$HAPROXY_PORT"; then
+    writer=$(galera_writer "$HAPROXY_PORT") && writer=n$writer || writer=none
+    echo "haproxy :$HAPROXY_PORT: running (pid $(cat "$galera/haproxy/pid")); servers: ${hp:-?}; new connections reach: $writer; stats http://127.0.0.1:$HAPROXY_STATS_PORT/;csv"
+  else echo "haproxy :$HAPROXY_PORT: stopped"; fi
 }
 
 # topology_status prints which servers of a Cluster or a Sentinel set-up
@@ -947,8 +1156,147 @@ kill_zk_leader() {
   log "ZooKeeper on :${old##*/} is back"
 }
 
+# need_galera fails unless the stack's database is the Galera cluster and
+# HAProxy runs in front of it.
+need_galera() {
+  [ "$(db_topology)" = galera ] ||
+    die "the stack's database is $(db_topology): DB_TOPOLOGY=galera $0 replicas N (or up) first"
+  serving "$galera/haproxy" "$HAPROXY_PORT" || die "HAProxy is not running: $0 up"
+}
+
+# since START prints the seconds from START (an EPOCHREALTIME) until now.
+since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.1f", b - a }'; }
+
+# A node's eviction takes the cluster about 6 s, a restart on its data
+# (IST) some 20 s: loose bounds for a slow, shared machine.
+galera_timeout=180
+
+# db_writer prints the index of the node new connections reach through
+# HAProxy.
+db_writer() {
+  need_galera
+  galera_writer "$HAPROXY_PORT" || die "no node answers through HAProxy on :$HAPROXY_PORT"
+}
+
+# wait_failback I waits until HAProxy has marked node I up (its agent
+# answers up twice, 500 ms apart) and new connections through it reach its
+# first node that is up, in its order n0, n1, n2: a node marked up again
+# takes the writer's place back, cutting the backups' connections; logs
+# where they go.
+wait_failback() {
+  local deadline=$((SECONDS + 30)) want writer servers
+  while :; do
+    servers=$(haproxy_servers "$HAPROXY_STATS_PORT" 2>/dev/null) || servers=
+    want=$(awk '$2 == "UP" { print substr($1, 2); exit }' <<<"$servers")
+    writer=$(galera_writer "$HAPROXY_PORT" 2>/dev/null) || writer=
+    if grep -qx "n$1 UP" <<<"$servers" && [ -n "$want" ] && [ "$writer" = "$want" ]; then break; fi
+    [ $SECONDS -lt $deadline ] || { log "HAProxy's first node up is n${want:-?}, new connections reach n${writer:-?}"; return 0; }
+    sleep 0.2
+  done
+  log "new connections through HAProxy reach n$writer"
+}
+
+# kill_db_writer kills the node HAProxy sends to (SIGKILL), as a machine's
+# loss would, waits until a write through HAProxy commits on another node,
+# then starts the killed node again on its data and waits until it is
+# Synced (IST: it missed only what the others' gcache holds), and until
+# HAProxy sends to it again.
+kill_db_writer() {
+  local old new t0 t1 nodes
+  old=$(db_writer)
+  nodes=$(galera_nodes_dir "$galera")
+  t0=$EPOCHREALTIME
+  kill_pidfile "$nodes/n$old/pid"
+  new=$(wait_db_write "$old" $galera_timeout) || die "no write through HAProxy committed on another node within ${galera_timeout}s of n$old's kill"
+  log "the writer n$old killed; new connections reach n$new after $(since "$t0") s"
+  t1=$EPOCHREALTIME
+  launch_galera_node "$galera" "$old"
+  wait_galera_synced "$galera" "$old" $galera_timeout || die "Galera node n$old is not Synced again"
+  log "n$old started again on its data: Synced after $(since "$t1") s ($(galera_transfer "$old"))"
+  wait_failback "$old"
+}
+
+# galera_transfer I says how node I's last join was fed, from its log: IST
+# or a full state transfer (SST).
+galera_transfer() {
+  local log
+  log=$(galera_nodes_dir "$galera")/n$1/mysqld.log
+  # The joiner's IST receiver names the first transaction it expects, and
+  # the state it starts from: none (zeros) when it is to get a full copy.
+  if grep 'IST uuid:' "$log" | tail -1 | grep -q 'uuid:00000000-0000-0000-0000-000000000000'; then
+    echo "a full state transfer, SST"
+  else echo "IST"; fi
+}
+
+# stop_db_node I stops node I (SIGTERM: it leaves the cluster cleanly and
+# writes its buffers out) and waits until HAProxy sends to a node that runs.
+stop_db_node() {
+  local nodes t0 writer
+  need_galera
+  nodes=$(galera_nodes_dir "$galera")
+  t0=$EPOCHREALTIME
+  stop_pidfile "$nodes/n$1/pid" 60
+  writer=$(wait_db_write "$1" $galera_timeout) || die "no write through HAProxy committed on a running node"
+  log "Galera node n$1 stopped; new connections reach n$writer, $(since "$t0") s after the stop began"
+}
+
+# start_db_node I starts node I again on its data, unless it runs, and
+# waits until it is Synced.
+start_db_node() {
+  local t0
+  need_galera
+  if galera_node_running "$galera" "$1"; then
+    log "Galera node n$1 is running"
+    return 0
+  fi
+  t0=$EPOCHREALTIME
+  launch_galera_node "$galera" "$1"
+  wait_galera_synced "$galera" "$1" $galera_timeout || die "Galera node n$1 is not Synced"
+  log "Galera node n$1 started on its data: Synced after $(since "$t0") s ($(galera_transfer "$1"))"
+  wait_failback "$1"
+}
+
+# partition_db_writer cuts the writer off from the other two nodes without
+# killing it (gmcast.isolate=1: it drops its group links): it becomes a
+# non-Primary component of one and refuses statements (ERROR 1047), the
+# others evict it. Returns once a write through HAProxy commits on another
+# node; heal_db_partition ends it.
+partition_db_writer() {
+  local old new t0
+  old=$(db_writer)
+  t0=$EPOCHREALTIME
+  galera_sql "${db_node_ports[$old]}" "SET GLOBAL wsrep_provider_options='gmcast.isolate=1'" ||
+    die "could not isolate n$old"
+  new=$(wait_db_write "$old" $galera_timeout) || die "no write through HAProxy committed on another node within ${galera_timeout}s of n$old's isolation"
+  log "the writer n$old isolated; new connections reach n$new after $(since "$t0") s"
+}
+
+# heal_db_partition ends the isolation of every node that is cut off from
+# the group (gmcast.isolate=0) and waits until it is Synced again.
+heal_db_partition() {
+  local i t0 healed=()
+  need_galera
+  t0=$EPOCHREALTIME
+  for i in 0 1 2; do
+    galera_node_running "$galera" "$i" || continue
+    [ "$(galera_state "${db_node_ports[$i]}" | cut -d' ' -f2)" = Primary ] && continue
+    galera_sql "${db_node_ports[$i]}" "SET GLOBAL wsrep_provider_options='gmcast.isolate=0'" || die "could not heal n$i"
+    healed+=("$i")
+  done
+  [ ${#healed[@]} -gt 0 ] || { log "no Galera node is cut off"; return 0; }
+  for i in "${healed[@]}"; do
+    wait_galera_synced "$galera" "$i" $galera_timeout || die "Galera node n$i is not Synced again"
+    log "n$i rejoined: Synced after $(since "$t0") s"
+  done
+  wait_failback "${healed[0]}"
+}
+
+# db_node_arg I fails unless I is a node's index.
+db_node_arg() { [[ ${1:-} =~ ^[0-2]$ ]] || die "usage: $0 ${2} 0..2"; }
+
 case ${1:-} in
-  kill-replica | start-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | kill-etcd-leader | kill-zk-leader | shop) need_stack ;;
+  kill-replica | start-replica | rolling-restart | restart-redis | restart-mariadb | failover-redis | kill-redis-master | kill-etcd-leader | kill-zk-leader | shop | \
+    db-writer | kill-db-writer | stop-db-node | start-db-node | partition-db-writer | heal-db-partition) need_stack ;;
 esac
 case ${1:-} in
   up) repick=1; up ;;
@@ -957,10 +1305,13 @@ case ${1:-} in
   replicas)
     [ $# -ge 2 ] && [ "$2" -ge 1 ] && [ "$2" -le $max_replicas ] || die "usage: $0 replicas 1..$max_replicas [VAR=VALUE...]"
     set_topology
+    set_db_topology
     load_ports
     stop_replicas
+    start_db
     start_masters
     start_topology
+    prepare_db
     start_replicas "${@:2}"
     nginx_up "$2"
     ;;
@@ -982,6 +1333,18 @@ case ${1:-} in
   kill-etcd-leader) load_ports; kill_etcd_leader ;;
   kill-zk-leader) load_ports; kill_zk_leader ;;
   redis-up) repick=1; set_topology; load_ports; start_masters; start_topology; redis_env ;;
+  db-up)
+    # The Galera nodes' agents are bin/shop's db-agent.
+    go build -o bin/shop ./cmd/shop
+    repick=1; set_db_topology; load_ports; start_db; start_masters; start_topology; prepare_db
+    shop_env | grep '^SHOP_MYSQL_DSN='
+    ;;
   shop) load_ports; run_shop "${@:2}" ;;
-  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|kill-etcd-leader|kill-zk-leader|shop ARGS..." ;;
+  db-writer) load_ports; db_writer ;;
+  kill-db-writer) load_ports; kill_db_writer ;;
+  stop-db-node) db_node_arg "${2:-}" stop-db-node; load_ports; stop_db_node "$2" ;;
+  start-db-node) db_node_arg "${2:-}" start-db-node; load_ports; start_db_node "$2" ;;
+  partition-db-writer) load_ports; partition_db_writer ;;
+  heal-db-partition) load_ports; heal_db_partition ;;
+  *) die "usage: $0 up|down|status|replicas N [VAR=VALUE...]|redis-up|db-up|kill-replica I|start-replica I|rolling-restart|restart-redis|restart-mariadb|failover-redis|kill-redis-master|kill-etcd-leader|kill-zk-leader|db-writer|kill-db-writer|stop-db-node I|start-db-node I|partition-db-writer|heal-db-partition|shop ARGS..." ;;
 esac
