@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -30,9 +31,10 @@ import (
 // gmcast.isolate), healed (heal-db-partition) while the sale goes on.
 //
 // Each row measures the failover: from the moment the writer is lost (the
-// killed node stops answering a ping; for the partition, the fault's
-// start, as nothing on the nodes shows the isolation until the others are
-// evicted, about 6 s later) to the first COMMIT on another node, seen as
+// killed node stops answering a ping; the partitioned node closes its
+// group connections, which the kernel's table of TCP connections shows,
+// as nothing on the nodes does until the others are evicted, about 6 s
+// later) to the first COMMIT on another node, seen as
 // the first rise of a survivor's wsrep_local_commits, which counts the
 // transactions a node committed as their origin (writesets it replicated)
 // and not those it applied from others. Before the loss no client writes
@@ -129,8 +131,8 @@ type failover struct {
 	// how long after that the first COMMIT on another node was seen.
 	Lost, Commit time.Duration
 	// LostSeen tells whether the loss was seen (a failed ping of the
-	// killed node); when not, or for a partition, Lost is 0: the fault's
-	// start stands for it.
+	// killed node, fewer group connections after a partition); when not,
+	// Lost is 0: the fault's start stands for it.
 	LostSeen bool
 	// Took is how long the fault's commands took (the kill, the wait for
 	// the new writer, the node's restart and its resync; or the
@@ -172,8 +174,13 @@ type failoverWatch struct {
 	index  []int     // their numbers (from 0)
 	base   []int64   // their wsrep_local_commits before the fault
 	start  time.Time // the fault's start
-	done   chan struct{}
-	mu     sync.Mutex
+	// gcomm are the nodes' group (gcomm) ports, and links the established
+	// connections between them before the fault; links is -1 when the
+	// kernel's table cannot be read.
+	gcomm map[int]bool
+	links int
+	done  chan struct{}
+	mu    sync.Mutex
 }
 
 // watchFailover finds the writer (the node whose port HAProxy's
@@ -198,10 +205,16 @@ func watchFailover(ctx context.Context, state, what string) (*failoverWatch, err
 	if err := db.QueryRowContext(ctx, "SELECT @@port").Scan(&port); err != nil {
 		return nil, fmt.Errorf("the writer's port, through HAProxy: %w", err)
 	}
-	w := &failoverWatch{f: &failover{What: "killed"}, done: make(chan struct{})}
+	w := &failoverWatch{f: &failover{What: "killed"}, done: make(chan struct{}), gcomm: map[int]bool{}}
 	if what == faultPartitionDB {
 		w.f.What = "partitioned"
 	}
+	for _, p := range strings.Fields(ports["DB_GCOMM_PORTS"]) {
+		if n, err := strconv.Atoi(p); err == nil {
+			w.gcomm[n] = true
+		}
+	}
+	w.links = gcommLinks(w.gcomm)
 	for i, p := range nodes {
 		node, err := sql.Open("mysql", nodeDSN(p))
 		if err != nil {
@@ -268,18 +281,62 @@ func (w *failoverWatch) run(ctx context.Context) {
 	}
 }
 
-// lost reports whether a killed writer is lost: it no longer answers a
-// ping. A partitioned one shows nothing: gmcast.isolate is not among the
-// provider options it prints, and its status is unchanged until it evicts
-// the others, so the partition's loss is never seen and the fault's start
-// stands for it.
+// lost reports whether the writer is lost: a killed one no longer answers
+// a ping; a partitioned one has closed its group connections
+// (gmcast.isolate=1 closes them all and refuses new ones), so fewer are
+// established between the nodes' gcomm ports than before. Nothing else
+// shows the partition before the eviction: gmcast.isolate is not among the
+// provider options a node prints, and its status does not change.
 func (w *failoverWatch) lost(ctx context.Context) bool {
 	if w.f.What != "killed" {
-		return false
+		n := gcommLinks(w.gcomm)
+		return w.links > 0 && n >= 0 && n < w.links
 	}
 	ctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
 	return w.writer.PingContext(ctx) != nil
+}
+
+// gcommLinks counts the established TCP connections on loopback with an
+// end on one of ports, from the kernel's table (procDir/net/tcp; the
+// nodes listen on 127.0.0.1); -1 when it cannot be read.
+func gcommLinks(ports map[int]bool) int {
+	data, err := os.ReadFile(filepath.Join(procDir, "net", "tcp"))
+	if err != nil || len(ports) == 0 {
+		return -1
+	}
+	return countLinks(string(data), ports)
+}
+
+// countLinks counts the lines of a /proc/net/tcp table that are
+// established connections (st 01) with a local or remote port among
+// ports. Each connection on loopback has two lines, one per end.
+func countLinks(table string, ports map[int]bool) int {
+	n := 0
+	for _, line := range strings.Split(table, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 4 || f[3] != "01" {
+			continue
+		}
+		if ports[hexPort(f[1])] || ports[hexPort(f[2])] {
+			n++
+		}
+	}
+	return n
+}
+
+// hexPort is the port of an address of /proc/net/tcp (0100007F:5B20);
+// -1 if it has none.
+func hexPort(addr string) int {
+	_, p, ok := strings.Cut(addr, ":")
+	if !ok {
+		return -1
+	}
+	v, err := strconv.ParseUint(p, 16, 16)
+	if err != nil {
+		return -1
+	}
+	return int(v)
 }
 
 // close closes the nodes' connections.

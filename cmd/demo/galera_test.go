@@ -80,6 +80,30 @@ func fakeFailover(what string) *failover {
 		Took: 24 * time.Second}
 }
 
+// The group connections between the nodes' gcomm ports, from the
+// kernel's table: established ones only, by either end's port.
+func TestCountLinks(t *testing.T) {
+	table := `  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:5B20 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 1 1 0 100 0 0 10 0
+   1: 0100007F:5B20 0100007F:9C41 01 00000000:00000000 00:00000000 00000000     0        0 2 1 0 100 0 0 10 0
+   2: 0100007F:9C41 0100007F:5B20 01 00000000:00000000 00:00000000 00000000     0        0 3 1 0 100 0 0 10 0
+   3: 0100007F:C350 0100007F:5B21 01 00000000:00000000 00:00000000 00000000     0        0 4 1 0 100 0 0 10 0
+   4: 0100007F:C351 0100007F:5B21 06 00000000:00000000 00:00000000 00000000     0        0 5 1 0 100 0 0 10 0
+   5: 0100007F:1F90 0100007F:C352 01 00000000:00000000 00:00000000 00000000     0        0 6 1 0 100 0 0 10 0
+`
+	// 0x5B20 = 23328, 0x5B21 = 23329: the listener (0A) and the
+	// connection in TIME_WAIT (06) are not counted, nor another port's.
+	if n := countLinks(table, map[int]bool{23328: true, 23329: true}); n != 3 {
+		t.Errorf("%d group connections, want 3", n)
+	}
+	if n := countLinks(table, map[int]bool{23329: true}); n != 1 {
+		t.Errorf("%d group connections on 23329, want 1", n)
+	}
+	if hexPort("0100007F") != -1 || hexPort("0100007F:ZZ") != -1 || hexPort("0100007F:1F90") != 8080 {
+		t.Error("hexPort")
+	}
+}
+
 func TestGaleraOutcome(t *testing.T) {
 	o, err := parse([]string{"-skus", "200", "-out", t.TempDir()})
 	if err != nil {

@@ -268,8 +268,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if slices.ContainsFunc(results, func(r result) bool { return r.Row.DB == dbGalera }) {
 		fmt.Fprintf(stdout, "Galera rows: MariaDB as three Galera nodes behind HAProxy, buyers retrying; the writer killed (SIGKILL) "+
 			"%s into the sellout, killed under a sweep's open transaction in the lifecycle sale, and cut off (gmcast.isolate) %s into "+
-			"the sellout, then healed. The failover is timed from the writer's loss (the killed node's failed ping; the partition's "+
-			"start) to the first rise of another node's wsrep_local_commits, polled every %s.\n",
+			"the sellout, then healed. The failover is timed from the writer's loss (the killed node's failed ping; the partitioned node's "+
+			"group connections closing) to the first rise of another node's wsrep_local_commits, polled every %s.\n",
 			o.galeraAfter, o.galeraAfter, failoverPoll)
 	}
 	if o.life && o.events {

@@ -908,7 +908,8 @@ backup's sessions), or cut off from the other two without being killed and then 
 heal-db-partition). In the lifecycle row the first sweep to return lapsed units is stopped before its COMMIT (the
 shopSweepStall failpoint, %s) and the writer is SIGKILLed under it. Buyers and payers retry. The failover time is
 from the writer's loss (the killed node's first failed ping, polled every %s directly on the nodes' ports; for the
-partition the fault's start, as nothing on the nodes shows the isolation until the eviction) to the first rise of another node's
+partition the first poll with fewer TCP connections between the nodes' gcomm ports in /proc/net/tcp, as nothing on
+the nodes shows the isolation until the eviction) to the first rise of another node's
 wsrep_local_commits, which counts only the transactions a node committed as their origin: the first COMMIT through
 HAProxy on the new writer (possibly the stack's own probe, a write through HAProxy every 0.1 s until one commits on
 another node). Expect at least the ~6 s the cluster takes to evict a node. A Galera row fails if an
