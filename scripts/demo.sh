@@ -5,7 +5,10 @@
 # The Sentinel rows start a Redis master, its replica and three Sentinels
 # when they come (REDIS_TOPOLOGY=sentinel scripts/stack.sh replicas ...):
 # about 10 seconds that the other rows do not need; the etcd and ZooKeeper
-# rows start a cluster of three of their own (seconds, once each).
+# rows start a cluster of three of their own (seconds, once each); the
+# Galera rows, the last, start three MariaDB nodes with Galera behind
+# HAProxy (DB_TOPOLOGY=galera scripts/stack.sh replicas ...: about 20
+# seconds, once) and leave the single MariaDB as it was.
 # Extra arguments go to bin/demo (-skus, -buyers, -c, -ttl, -pause, ...).
 # bin/demo signs its payment events with the stack's secrets
 # (SHOP_PAYMENT_WEBHOOK_SECRET, and SHOP_STRIPE_WEBHOOK_SECRET for the

@@ -92,6 +92,9 @@ type benchConfig struct {
 	// Events runs the replicas with events on, delivering to the bench's
 	// receiver (bin/eventsink) while the orders are placed.
 	Events bool
+	// DB is the stack's MariaDB (DB_TOPOLOGY): empty for the single
+	// server, dbGalera for three Galera nodes behind HAProxy.
+	DB string
 }
 
 // benchJWTSecret is the HS256 secret of the configuration with
@@ -108,7 +111,9 @@ const benchJWTSecret = "bench-orders-jwt-secret-of-32-bytes"
 // them to a receiver meanwhile), beside the default: what the outbox costs
 // an order; then the default batch on each of the
 // source articles' other lock families (the MySQL lock table, etcd, ZooKeeper), each
-// beside the Redis lock.
+// beside the Redis lock; then the default on Galera (three nodes behind
+// HAProxy, all writes on one), beside the default on the single MariaDB:
+// what certification and a replication round trip per COMMIT cost.
 func benchConfigs() []benchConfig {
 	return []benchConfig{
 		{Name: "none, batch 1 (baseline)", Env: []string{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, Baseline: true},
@@ -120,7 +125,31 @@ func benchConfigs() []benchConfig {
 		{Name: "mysql, default batch", Env: []string{"SHOP_LOCK_MODE=mysql"}, Beside: "redis, default batch"},
 		{Name: "etcd, default batch", Env: []string{"SHOP_LOCK_MODE=etcd"}, Beside: "redis, default batch"},
 		{Name: "zookeeper, default batch", Env: []string{"SHOP_LOCK_MODE=zookeeper"}, Beside: "redis, default batch"},
+		{Name: benchGaleraConfig, Env: []string{"SHOP_LOCK_MODE=redis"}, DB: dbGalera, Beside: "redis, default batch"},
 	}
+}
+
+// benchGaleraConfig is the default on Galera.
+const benchGaleraConfig = "redis, default batch, galera"
+
+// galeraGoal is the share of the single MariaDB's rate below which the
+// hot SKU on Galera is profiled (wsrepCounters, the CPU of each process).
+const galeraGoal = 0.7
+
+// wsrepCounters are the writer's Galera counters a Galera phase reports
+// (deltas over the phase, SHOW GLOBAL STATUS through HAProxy): writesets
+// replicated and their bytes, certification failures, transactions
+// aborted by a replicated one (brute force), and the time replication was
+// paused by flow control.
+var wsrepCounters = []string{"wsrep_replicated", "wsrep_replicated_bytes", "wsrep_local_cert_failures", "wsrep_local_bf_aborts",
+	"wsrep_flow_control_paused_ns"}
+
+// dbTopology is the configuration's DB_TOPOLOGY for scripts/stack.sh.
+func (c benchConfig) dbTopology() string {
+	if c.DB == "" {
+		return dbSingle
+	}
+	return c.DB
 }
 
 // benchEventsConfig is the default with events on.
@@ -154,11 +183,14 @@ type benchPhase struct {
 	Delivered float64          // events the replicas' relays delivered (shop_events_deliveries_total{result="delivered"}'s delta)
 	Sold      int64            // orders the phase added to MySQL
 	Verify    verifyReport     // shop verify --acks after the phase
+	Wsrep     map[string]int64 // on Galera, wsrepCounters' deltas over the phase on the writer
+	CPU       cpuUse           // the CPU each of the stack's processes spent over the phase
 }
 
 // snapshot is what a phase's figures are deltas of.
 type snapshot struct {
 	stmts                      map[string]int64
+	wsrep                      map[string]int64 // on Galera
 	txns, txnOrders, delivered float64
 	orders                     int64
 }
@@ -168,6 +200,9 @@ type bench struct {
 	o   benchOptions
 	env []string // of every stack.sh command
 	db  *sql.DB  // the stack's MariaDB, for its counters
+	// dbPort is the port db reaches (ports.env's MYSQL_PORT): a single
+	// MariaDB's, or HAProxy's in front of Galera.
+	dbPort string
 	// adminPorts are the replicas' operators' listeners, where their
 	// metrics are.
 	adminPorts []string
@@ -202,14 +237,11 @@ func runBench(ctx context.Context, argv []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	db, err := openStackDB(o.state)
-	if err != nil {
+	b := &bench{o: o, env: stackEnv(o.state), adminPorts: adminPorts, stderr: stderr}
+	if err := b.openDB(); err != nil {
 		return err
 	}
-	defer db.Close()
-	db.SetMaxOpenConns(1)
-
-	b := &bench{o: o, env: stackEnv(o.state), db: db, adminPorts: adminPorts, stderr: stderr}
+	defer func() { b.db.Close() }()
 	urls := make([]string, len(replicaPorts))
 	for i, p := range replicaPorts {
 		urls[i] = "http://127.0.0.1:" + p
@@ -291,7 +323,13 @@ func (b *bench) runConfig(ctx context.Context, round int, c benchConfig) ([]benc
 	if c.Events {
 		env = append(slices.Clone(env), "SHOP_EVENTS_URL="+b.events.url, "SHOP_EVENTS_SECRET="+b.eventsSecret)
 	}
-	if _, err := commandEnv(ctx, b.env, b.stderr, o.stack, append([]string{"replicas", "3"}, env...)...); err != nil {
+	stackEnv := append(slices.Clone(b.env), "DB_TOPOLOGY="+c.dbTopology())
+	if _, err := commandEnv(ctx, stackEnv, b.stderr, o.stack, append([]string{"replicas", "3"}, env...)...); err != nil {
+		return nil, err
+	}
+	// The topology's MariaDB, for the counters: on Galera, HAProxy's
+	// port, which reaches the writer.
+	if err := b.openDB(); err != nil {
 		return nil, err
 	}
 	var phases []benchPhase
@@ -342,6 +380,28 @@ func (b *bench) eventsOff(ctx context.Context) error {
 	return nil
 }
 
+// openDB opens the stack's MariaDB at ports.env's MYSQL_PORT, unless db
+// already reaches it: a configuration on another topology moves it.
+func (b *bench) openDB() error {
+	ports, err := readEnvFile(filepath.Join(b.o.state, "ports.env"))
+	if err != nil {
+		return err
+	}
+	if b.db != nil && ports["MYSQL_PORT"] == b.dbPort {
+		return nil
+	}
+	db, err := openStackDB(b.o.state)
+	if err != nil {
+		return err
+	}
+	db.SetMaxOpenConns(1)
+	if b.db != nil {
+		b.db.Close()
+	}
+	b.db, b.dbPort = db, ports["MYSQL_PORT"]
+	return nil
+}
+
 // seed resets the catalog to products with units each.
 func (b *bench) seed(ctx context.Context, products, units int) error {
 	_, err := commandEnv(ctx, b.env, b.stderr, b.o.stack, "shop", "seed",
@@ -355,20 +415,26 @@ func (b *bench) seed(ctx context.Context, products, units int) error {
 // files are base.{json,acks,log,verify.json}.
 func (b *bench) runPhase(ctx context.Context, round int, phase string, c benchConfig, base string, earlierAcks []string, args ...string) (benchPhase, error) {
 	p := benchPhase{Round: round, Phase: phase, Config: c}
-	before, err := b.snapshot(ctx)
+	before, err := b.snapshot(ctx, c)
 	if err != nil {
 		return p, err
 	}
 	args = append(append(args, c.Load...), "-url", b.url, "-c", strconv.Itoa(b.o.workers), "-src-n", strconv.Itoa(b.o.srcN),
 		"-json", base+".json", "-acks", base+".acks")
-	if _, err := runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...); err != nil {
+	p.CPU, err = measureCPU(b.o.state, func() (time.Duration, error) {
+		return runLoadtest(ctx, b.o.loadtest, base+".log", b.stderr, args...)
+	})
+	if err != nil {
 		return p, err
 	}
-	after, err := b.snapshot(ctx)
+	after, err := b.snapshot(ctx, c)
 	if err != nil {
 		return p, err
 	}
 	p.Stmts = counterDeltas(statementCounters, before.stmts, after.stmts)
+	if c.DB == dbGalera {
+		p.Wsrep = counterDeltas(wsrepCounters, before.wsrep, after.wsrep)
+	}
 	p.Txns, p.TxnOrders = after.txns-before.txns, after.txnOrders-before.txnOrders
 	p.Delivered = after.delivered - before.delivered
 	if err := readJSON(base+".json", &p.Load); err != nil {
@@ -436,13 +502,19 @@ func perRequest(deltas map[string]int64, counter string, requests int) float64 {
 	return float64(deltas[counter]) / float64(requests)
 }
 
-// snapshot reads MariaDB's statement counters and sums the replicas'
-// order transaction counters.
-func (b *bench) snapshot(ctx context.Context) (snapshot, error) {
+// snapshot reads MariaDB's statement counters (on Galera the writer's,
+// and its wsrep counters) and sums the replicas' order transaction
+// counters.
+func (b *bench) snapshot(ctx context.Context, c benchConfig) (snapshot, error) {
 	var s snapshot
 	var err error
 	if s.stmts, err = mysqlStatus(ctx, b.db, statementCounters); err != nil {
 		return s, err
+	}
+	if c.DB == dbGalera {
+		if s.wsrep, err = mysqlStatus(ctx, b.db, wsrepCounters); err != nil {
+			return s, err
+		}
 	}
 	err = scrapeMetrics(ctx, b.adminPorts, func(series string, v float64) {
 		switch series {
@@ -739,7 +811,76 @@ func benchPairs(phases []benchPhase) string {
 		b.WriteString("\nRate: orders/s, after the sell-out requests/s; on / off below 1.00× is what the one setting costs.\n")
 	}
 	b.WriteString(eventsGoals(phases))
+	b.WriteString(galeraNotes(phases))
 	return b.String()
+}
+
+// galeraNotes says, for the hot SKU and the sellout on Galera, the median
+// over the rounds of its rate over the single MariaDB's in the same round
+// (against galeraGoal in the hot SKU), and per run what the writer's wsrep
+// counters and the stack's processes' CPU show: writesets replicated per
+// order, certification failures, brute-force aborts, the time paused by
+// flow control, the CPU per request of each process group.
+// Empty when Galera did not run.
+func galeraNotes(phases []benchPhase) string {
+	var b strings.Builder
+	for _, phase := range []string{phaseHot, phaseSellout} {
+		var ratios []float64
+		for _, p := range benchOrder(phases) {
+			if p.Config.DB != dbGalera || p.Phase != phase {
+				continue
+			}
+			i := slices.IndexFunc(phases, func(q benchPhase) bool {
+				return q.Config.Name == p.Config.Beside && q.Phase == p.Phase && q.Round == p.Round
+			})
+			if i >= 0 && phases[i].rate() > 0 {
+				ratios = append(ratios, p.rate()/phases[i].rate())
+			}
+			fmt.Fprintf(&b, "\nGalera, %s, run %d: %s", phase, p.Round, p.wsrepSummary())
+		}
+		if len(ratios) == 0 {
+			continue
+		}
+		m := median(ratios)
+		fmt.Fprintf(&b, "\nGalera ÷ single MariaDB, %s: %.2f× (median of %d runs)", phase, m, len(ratios))
+		if phase == phaseHot {
+			verdict := "at or above"
+			if m < galeraGoal {
+				verdict = "BELOW"
+			}
+			fmt.Fprintf(&b, ", %s %.2f×", verdict, galeraGoal)
+		}
+		b.WriteString(".")
+	}
+	if b.Len() > 0 {
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+// wsrepSummary renders a Galera phase's wsrep counters per order and its
+// CPU per request.
+func (p benchPhase) wsrepSummary() string {
+	orders := float64(max(1, p.Load.Statuses["201"]))
+	s := fmt.Sprintf("%.2f writesets per order (%.0f B each), %d certification failures, %d brute-force aborts, "+
+		"flow control paused %.2fs",
+		float64(p.Wsrep["wsrep_replicated"])/orders,
+		float64(p.Wsrep["wsrep_replicated_bytes"])/float64(max(1, p.Wsrep["wsrep_replicated"])),
+		p.Wsrep["wsrep_local_cert_failures"], p.Wsrep["wsrep_local_bf_aborts"],
+		float64(p.Wsrep["wsrep_flow_control_paused_ns"])/1e9)
+	var cpu []string
+	for _, g := range append(slices.Clone(cpuGroups), cpuHAProxy) {
+		if _, ok := p.CPU.Seconds[g]; ok {
+			cpu = append(cpu, fmt.Sprintf("%s %.0f", g, p.CPU.perRequest(g, p.Load.Requests)))
+		}
+	}
+	if len(cpu) > 0 {
+		s += "; CPU µs per request: " + strings.Join(cpu, ", ")
+	}
+	if p.CPU.Machine {
+		s += fmt.Sprintf("; machine busy %.0f%%", 100*p.CPU.Busy)
+	}
+	return s
 }
 
 // eventsGoals says, for each run of the configuration with events on, its
@@ -801,6 +942,13 @@ func writeBenchReport(o benchOptions, tbl, notes string, cores int, command stri
   transaction, and the replicas' relays (` + "`SHOP_EVENTS_URL`" + `) deliver to a receiver (bin/eventsink) while the orders
   are placed. Beside the default in the second table, and its ratio to it against the goal of 0.90× under it. The
   bench turns events off and empties the outbox before each configuration (the service itself never turns them off).
+- **redis, default batch, galera**: the default with MariaDB as three Galera nodes behind HAProxy
+  (` + "`DB_TOPOLOGY=galera`" + `), every connection on one node, the writer: each COMMIT is certified and its writeset
+  sent to the other two before it returns. Its statement counters are the writer's. Beside the default on the single
+  MariaDB in the second table; under it, per run, the writer's wsrep counters over the phase (writesets per order and
+  their size, certification failures, brute-force aborts, time paused by flow control) and the CPU per request of
+  each group of the stack's processes, and the median over the runs of Galera's rate over the single MariaDB's
+  (the hot SKU against 0.70×).
 `)
 	fmt.Fprintf(&b, "\nCommand: `%s`\n", command)
 	return os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644)

@@ -113,7 +113,7 @@ func TestBenchNotesSaleShort(t *testing.T) {
 func TestBenchConfigs(t *testing.T) {
 	want := [][]string{{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis"},
 		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret}, {"SHOP_LOCK_MODE=redis"},
-		{"SHOP_LOCK_MODE=mysql"}, {"SHOP_LOCK_MODE=etcd"}, {"SHOP_LOCK_MODE=zookeeper"}}
+		{"SHOP_LOCK_MODE=mysql"}, {"SHOP_LOCK_MODE=etcd"}, {"SHOP_LOCK_MODE=zookeeper"}, {"SHOP_LOCK_MODE=redis"}}
 	configs := benchConfigs()
 	if len(configs) != len(want) {
 		t.Fatalf("%d configurations, want %d", len(configs), len(want))
@@ -138,6 +138,16 @@ func TestBenchConfigs(t *testing.T) {
 	}
 	if ev := configs[4]; ev.Name != benchEventsConfig || ev.Beside != def.Name || len(ev.Load) > 0 {
 		t.Errorf("events configuration %+v is not the default %+v with events on", ev, def)
+	}
+	// The one on Galera is the default on Galera, beside the default on
+	// the single MariaDB; every other is on the single MariaDB.
+	for i, c := range configs {
+		if want := dbSingle; c.dbTopology() != want && i != 8 {
+			t.Errorf("configuration %d (%s): DB_TOPOLOGY=%s, want %s", i, c.Name, c.dbTopology(), want)
+		}
+	}
+	if g := configs[8]; g.Name != benchGaleraConfig || g.dbTopology() != dbGalera || g.Beside != def.Name || len(g.Load) > 0 || g.Events {
+		t.Errorf("Galera configuration %+v is not the default %+v on Galera", g, def)
 	}
 	if len(benchJWTSecret) < 32 {
 		t.Errorf("benchJWTSecret is %d bytes; SHOP_JWT_SECRET needs 32", len(benchJWTSecret))
@@ -272,5 +282,44 @@ func TestEventsGoals(t *testing.T) {
 	}
 	if eventsGoals(phases[:1]) != "" {
 		t.Error("goals without the events configuration")
+	}
+}
+
+func TestGaleraNotes(t *testing.T) {
+	configs := benchConfigs()
+	def, gal := configs[2], configs[8]
+	galera := func(round int, phase string, sold int) benchPhase {
+		p := fakePhase(round, phase, gal, map[string]int{"201": sold}, [4]int64{}, true)
+		p.Wsrep = map[string]int64{"wsrep_replicated": int64(sold) / 4, "wsrep_replicated_bytes": int64(sold) / 4 * 900,
+			"wsrep_local_cert_failures": 2, "wsrep_local_bf_aborts": 1, "wsrep_flow_control_paused_ns": 1500e6}
+		p.CPU = cpuUse{Seconds: map[string]float64{cpuReplicas: 0.5, cpuMariaDB: 0.25}, Busy: 0.9, Machine: true}
+		return p
+	}
+	var phases []benchPhase
+	for round, r := range []struct{ def, hot, sellout int }{{1000, 600, 900}, {1000, 800, 950}, {1000, 500, 850}} {
+		phases = append(phases,
+			fakePhase(round+1, phaseHot, def, map[string]int{"201": r.def}, [4]int64{}, true), galera(round+1, phaseHot, r.hot),
+			fakePhase(round+1, phaseSellout, def, map[string]int{"201": r.def}, [4]int64{}, true), galera(round+1, phaseSellout, r.sellout),
+			galera(round+1, phaseAfter, 0))
+	}
+	got := galeraNotes(phases)
+	for _, want := range []string{
+		"Galera ÷ single MariaDB, hot SKU: 0.60× (median of 3 runs), BELOW 0.70×.",
+		"Galera ÷ single MariaDB, sellout: 0.90× (median of 3 runs).",
+		"Galera, hot SKU, run 1: 0.25 writesets per order (900 B each), 2 certification failures, 1 brute-force aborts, " +
+			"flow control paused 1.50s; CPU µs per request: replicas 833, MariaDB 417; machine busy 90%",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("Galera notes lack %q:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, phaseAfter) {
+		t.Errorf("Galera notes speak of the round after the sell-out:\n%s", got)
+	}
+	if !strings.Contains(benchPairs(phases), got) {
+		t.Error("the pairs table leaves the Galera notes out")
+	}
+	if galeraNotes(phases[:1]) != "" {
+		t.Error("Galera notes without the Galera configuration")
 	}
 }

@@ -27,6 +27,10 @@ const (
 	cpuMariaDB  = "MariaDB"
 	cpuRedis    = "Redis"
 	cpuNginx    = "nginx"
+	// cpuHAProxy is HAProxy in front of a Galera cluster and its nodes'
+	// agents (shop db-agent): read when the stack runs Galera, and shown
+	// only beside the Galera configuration of make bench-orders.
+	cpuHAProxy = "HAProxy"
 )
 
 // cpuGroups are the groups in the table's order.
@@ -34,14 +38,17 @@ var cpuGroups = []string{cpuLoadtest, cpuReplicas, cpuMariaDB, cpuRedis, cpuNgin
 
 // stackPidFiles are, for each of the stack's groups, the patterns of the
 // pid files scripts/stack.sh writes under its state directory: the
-// replicas' `shop serve`; mariadbd; every Redis server (the three masters
+// replicas' `shop serve`; mariadbd, the single server's and the Galera
+// nodes' when the stack has them; every Redis server (the three masters
 // and a Cluster's or a Sentinel set-up's, when the topology has one);
-// nginx's master, whose workers are its children.
+// nginx's master, whose workers are its children; HAProxy and the Galera
+// nodes' agents.
 var stackPidFiles = map[string][]string{
 	cpuReplicas: {"replica*/pid"},
-	cpuMariaDB:  {"mariadb/pid"},
+	cpuMariaDB:  {"mariadb/pid", "galera/nodes/n*/pid"},
 	cpuRedis:    {"redis*/pid", "redis-cluster/*/pid", "redis-sentinel/*/pid"},
 	cpuNginx:    {"nginx/pid"},
+	cpuHAProxy:  {"galera/haproxy/pid", "galera/agent*/pid"},
 }
 
 // userHZ is the unit of the times in /proc/PID/stat and /proc/stat: the

@@ -93,7 +93,8 @@ func TestCPUBetween(t *testing.T) {
 func TestPidsOf(t *testing.T) {
 	state := t.TempDir()
 	for path, pid := range map[string]string{"replica1/pid": "301\n", "replica2/pid": "302", "replica3/pid": "junk",
-		"redis0/pid": "10", "redis2/pid": "12", "redis-cluster/7001/pid": "21", "mariadb/pid": "5", "nginx/pid": "9"} {
+		"redis0/pid": "10", "redis2/pid": "12", "redis-cluster/7001/pid": "21", "mariadb/pid": "5", "nginx/pid": "9",
+		"galera/nodes/n0/pid": "40", "galera/nodes/n2/pid": "42", "galera/haproxy/pid": "50", "galera/agent1/pid": "51"} {
 		if err := os.MkdirAll(filepath.Join(state, filepath.Dir(path)), 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -101,7 +102,8 @@ func TestPidsOf(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for group, want := range map[string][]int{cpuReplicas: {301, 302}, cpuRedis: {10, 12, 21}, cpuMariaDB: {5}, cpuNginx: {9}} {
+	for group, want := range map[string][]int{cpuReplicas: {301, 302}, cpuRedis: {10, 12, 21}, cpuMariaDB: {5, 40, 42}, cpuNginx: {9},
+		cpuHAProxy: {50, 51}} {
 		if got := pidsOf(state, stackPidFiles[group]); !slices.Equal(got, want) {
 			t.Errorf("%s: pids %v, want %v", group, got, want)
 		}

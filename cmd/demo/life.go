@@ -166,6 +166,9 @@ type lifeResult struct {
 	// Events is the events row's outbox and receiver's record
 	// (events.go); nil in the other rows.
 	Events *eventsResult
+	// Failover is the Galera row's writer failover (galera.go); nil in
+	// the other rows.
+	Failover *failover
 }
 
 // lapsed counts the orders whose unit went back to the sale.
@@ -210,8 +213,11 @@ func (r result) lifeProblems() []string {
 	if n := l.Wave1.Unanswered + l.Wave2.Unanswered; r.Row.Retry && n > 0 {
 		p = append(p, fmt.Sprintf("%d buyers unanswered", n))
 	}
-	if r.Row.Life == lifeSweepKill && !l.Killed {
+	if (r.Row.Life == lifeSweepKill || r.Row.Life == lifeWriterKill) && !l.Killed {
 		p = append(p, "no sweep reached the failpoint")
+	}
+	if r.Row.Life == lifeWriterKill && l.Killed && (l.Failover == nil || !l.Failover.Committed) {
+		p = append(p, "no COMMIT seen on another node after the writer was lost")
 	}
 	if r.Row.Life == lifeRefundKill && !l.Killed {
 		p = append(p, "no refund reached the failpoint")
@@ -426,6 +432,8 @@ func runLifeRow(ctx context.Context, o options, url string, adminPorts []string,
 		go func() { faultDone <- killInRefund(faultCtx, o, l, logs, start, stderr) }()
 	case lifeEvents:
 		go func() { faultDone <- killInEvent(faultCtx, o, l, logs, start, stderr) }()
+	case lifeWriterKill:
+		go func() { faultDone <- killWriterInSweep(faultCtx, o, l, logs, start, stderr) }()
 	default:
 		faultDone <- nil
 	}

@@ -104,6 +104,9 @@ type options struct {
 	stripe       bool          // run the Stripe rows (lifecycle rows on stripe-mock)
 	events       bool          // run the events row (the lifecycle sale with events on)
 
+	galera      bool          // run the Galera rows (galera.go)
+	galeraAfter time.Duration // how long into the load a Galera row's fault begins
+
 	// webhookSecret is the payment provider's secret, the stack's
 	// SHOP_PAYMENT_WEBHOOK_SECRET (from the environment): the lifecycle
 	// rows' payments and the refunds' settlements are signed with it.
@@ -161,6 +164,9 @@ func parse(args []string) (options, error) {
 		"its late payments refunded through the Refund API, and again with a refunder's replica killed between its call and its record")
 	fs.BoolVar(&o.events, "events", true, "with the lifecycle rows, run the events row: the lifecycle sale with events on, delivered to bin/eventsink, "+
 		"the receiver down mid-sale and a relay killed between a POST and its mark")
+	fs.BoolVar(&o.galera, "galera", true, "run the Galera rows: MariaDB as three Galera nodes behind HAProxy, the writer killed mid-sale "+
+		"(the sellout, and the lifecycle sale inside a sweep) and partitioned mid-sale, buyers retrying")
+	fs.DurationVar(&o.galeraAfter, "galera-fault-after", time.Second, "how long into the load a Galera sellout row's fault begins")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -180,6 +186,8 @@ func parse(args []string) (options, error) {
 		return o, errors.New("-hot-units must not be negative, and with hot units -hot-buyers and -hot-c must be positive")
 	case o.pause <= o.ttl:
 		return o, fmt.Errorf("-pause %s must be longer than -ttl %s, or no lease runs out", o.pause, o.ttl)
+	case o.galera && o.galeraAfter <= 0:
+		return o, errors.New("-galera-fault-after must be positive")
 	case o.faults && o.faultSpan <= o.faultAfter:
 		return o, fmt.Errorf("-fault-span %s must be longer than -fault-after %s, or the fault lands after the sale", o.faultSpan, o.faultAfter)
 	}
@@ -257,6 +265,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"from the recording proxy's log; every refund owed must be refunded within %s of the sale's end (%s with the refunder killed).\n",
 			refundsWithin(row{}), refundsWithin(row{RefundStall: refundStall}))
 	}
+	if slices.ContainsFunc(results, func(r result) bool { return r.Row.DB == dbGalera }) {
+		fmt.Fprintf(stdout, "Galera rows: MariaDB as three Galera nodes behind HAProxy, buyers retrying; the writer killed (SIGKILL) "+
+			"%s into the sellout, killed under a sweep's open transaction in the lifecycle sale, and cut off (gmcast.isolate) %s into "+
+			"the sellout, then healed. The failover is timed from the writer's loss (the killed node's failed ping; the partitioned node's "+
+			"group connections closing) to the first rise of another node's wsrep_local_commits, polled every %s.\n",
+			o.galeraAfter, o.galeraAfter, failoverPoll)
+	}
 	if o.life && o.events {
 		fmt.Fprintf(stdout, "Events row: the lifecycle sale with events on, %.0f%% of the reservations also cancelled; the receiver down %s "+
 			"mid-sale; replica 1's relay killed between a POST answered 2xx and its mark; the outbox must drain within %s of the sale's end.\n",
@@ -326,6 +341,8 @@ func runRow(ctx context.Context, o options, url string, adminPorts []string, n i
 	switch {
 	case r.Kill:
 		res.Killed, pauseErr = killMaster(ctx, o, r.KilledMaster(), stderr)
+	case r.DB == dbGalera && r.Fault != "":
+		res.Killed, res.Failover, pauseErr = injectGaleraFault(ctx, o, r, stderr)
 	case r.Fault != "":
 		res.Killed, pauseErr = injectFault(ctx, o, r, stderr)
 	}
@@ -388,10 +405,10 @@ func replicaArgs(o options, r row) []string {
 }
 
 // topologyEnv is the environment of the stack script's `replicas` for row
-// r: this process's, with the row's Redis topology, which the stack then
-// keeps for the seed, the fault and the verify.
+// r: this process's, with the row's MariaDB and Redis topologies, which
+// the stack then keeps for the seed, the fault and the verify.
 func topologyEnv(r row) []string {
-	return append(os.Environ(), "REDIS_TOPOLOGY="+r.topology())
+	return append(os.Environ(), "DB_TOPOLOGY="+r.dbTopology(), "REDIS_TOPOLOGY="+r.topology())
 }
 
 // verifySale runs `shop verify --json --acks acks` on the stack (with env,
@@ -438,6 +455,9 @@ func faultLoad(o options, r row) []string {
 	case faultFailover, faultKillMaster:
 		// The sale lasts until the old master follows the new one.
 		span = max(span, o.faultAfter+redisFailoverTakes)
+	case faultKillDBWriter, faultPartitionDB:
+		// The sale lasts through the failover and the failback.
+		span = max(span, o.galeraAfter+galeraFailoverTakes)
 	}
 	rate := max(1, float64(o.skus*o.buyers)/span.Seconds())
 	workers := min(o.workers, max(1, int(rate/10)))
@@ -460,6 +480,21 @@ func injectFault(ctx context.Context, o options, r row, stderr io.Writer) (time.
 	}
 	fmt.Fprintf(stderr, "demo: %s: done after %s\n", r.faultName(), (time.Since(start) - began).Round(100*time.Millisecond))
 	return began, nil
+}
+
+// injectGaleraFault runs a Galera row's fault o.galeraAfter into the
+// load, with the failover watch beside it, and returns how far into the
+// load it began and the failover it measured.
+func injectGaleraFault(ctx context.Context, o options, r row, stderr io.Writer) (time.Duration, *failover, error) {
+	start := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, nil, ctx.Err()
+	case <-time.After(o.galeraAfter):
+	}
+	began := time.Since(start)
+	f, err := galeraFault(ctx, o, r.Fault, galeraFailoverTakes, stderr)
+	return began, f, err
 }
 
 // killMaster kills Redis master i (SIGKILL, counted from 1) o.after into the

@@ -29,6 +29,10 @@ type row struct {
 	// empty for the single server, topologySentinel for a master and its
 	// replica behind three Sentinels.
 	Topology string
+	// DB is the stack's MariaDB (scripts/stack.sh's DB_TOPOLOGY): empty
+	// for the single server, dbGalera for three Galera nodes behind
+	// HAProxy (galera.go).
+	DB       string
 	Hot      bool  // one product with many units (-hot-units) and more buyers (-hot-buyers)
 	Batch    int   // SHOP_ORDER_BATCH; zero leaves the default
 	Retry    bool  // buyers retry 502, 503, 504 and transport errors under their Idempotency-Key
@@ -80,10 +84,13 @@ const topologySentinel = "sentinel"
 // then (unless -life=false or -stripe=false) the lifecycle sale paid
 // through Stripe, its refunds paid back through the Refund API, and again
 // with a refunder killed between its call and its record; then (unless
-// -life=false or -events=false) the lifecycle sale with events on. The
-// Stripe rows and the events row come last so that the rows before keep
-// their numbers; the events row is the very last, as the events it turns
-// on stay on in the stack's database.
+// -life=false or -events=false) the lifecycle sale with events on; then
+// (unless -galera=false) the Galera rows. The Stripe rows, the events row
+// and the Galera rows come last so that the rows before keep their
+// numbers. The events row is the last on the single MariaDB, as the events
+// it turns on stay on in that database; the Galera rows run on the
+// cluster's own databases, where no row turned events on, so they come
+// after it.
 func experiment(o options) []row {
 	rows := []row{
 		{Lock: "none", Update: "naive", Replicas: 3,
@@ -122,6 +129,9 @@ func experiment(o options) []row {
 	}
 	if o.life && o.events {
 		rows = append(rows, eventsRow(o))
+	}
+	if o.galera {
+		rows = append(rows, galeraRows(o)...)
 	}
 	return rows
 }
@@ -276,11 +286,17 @@ func (r row) label() string {
 	if r.Topology != "" {
 		s += ", Redis via " + r.Topology
 	}
+	if r.DB == dbGalera {
+		s += ", MariaDB: Galera ×3 behind HAProxy"
+	}
 	if r.Life != "" {
 		s += ", SHOP_PAY_WINDOW=" + r.PayWindow.String()
 	}
 	if r.Life == lifeSweepKill {
 		s += ", a replica killed in its sweep, MariaDB restarted, buyers and payers retry"
+	}
+	if r.Life == lifeWriterKill {
+		s += ", the writer node killed in a sweep, buyers and payers retry"
 	}
 	if r.Auth != "" {
 		s += ", SHOP_AUTH=" + r.Auth
@@ -332,6 +348,10 @@ func (r row) faultName() string {
 		return "etcd leader killed"
 	case faultZKLeader:
 		return "ZooKeeper leader killed"
+	case faultKillDBWriter:
+		return "Galera writer killed"
+	case faultPartitionDB:
+		return "Galera writer partitioned, then healed"
 	}
 	return r.Fault
 }
@@ -369,6 +389,9 @@ func (r row) slug() string {
 	}
 	if r.Life != "" {
 		s += "-life-" + r.Life
+	}
+	if r.DB != "" {
+		s += "-" + r.DB
 	}
 	return s
 }
@@ -465,6 +488,8 @@ type result struct {
 	Killed time.Duration  // how far into the load the master was killed, or the fault began
 	Busy   map[string]int // the replicas' 503 busy answers by cause
 	Life   *lifeResult    // a lifecycle row's figures
+	// Failover is a Galera fault row's writer failover (galera.go).
+	Failover *failover
 }
 
 // staleHolders renders how many holders lost their lease during the order
@@ -517,7 +542,7 @@ func (r result) failed() bool {
 	case r.Row.Life != "":
 		return !r.Verify.OK || r.Verify.Orders == 0 || len(r.lifeProblems()) > 0
 	case r.Row.MustHold:
-		return !r.Verify.OK || r.Verify.Orders == 0 || r.soldShort() || r.unanswered() || r.lostOnRestart()
+		return !r.Verify.OK || r.Verify.Orders == 0 || r.soldShort() || r.unanswered() || r.lostOnRestart() || r.noFailover()
 	case r.Row.MustRace && r.Verify.OK:
 		return true
 	}
@@ -531,6 +556,13 @@ func (r result) unanswered() bool { return r.Row.Retry && r.Load.Unanswered > 0 
 // lostOnRestart reports whether a rolling restart lost a request: one that
 // got no answer from a replica, as a buyer who does not retry would.
 func (r result) lostOnRestart() bool { return r.Row.Fault == faultRolling && r.lost() > 0 }
+
+// noFailover reports whether a Galera fault row saw no COMMIT on another
+// node than the writer it lost: the failover it must show did not happen,
+// or was not measured.
+func (r result) noFailover() bool {
+	return r.Row.DB == dbGalera && r.Row.Fault != "" && (r.Failover == nil || !r.Failover.Committed)
+}
 
 // soldShort reports whether a row that must sell a number of units sold
 // another number.
@@ -552,6 +584,8 @@ func (r result) outcome() string {
 		return fmt.Sprintf("FAILED: %d buyers unanswered", r.Load.Unanswered)
 	case r.failed() && r.Verify.OK && r.lostOnRestart():
 		return fmt.Sprintf("FAILED: %d requests lost in the restart", r.lost())
+	case r.failed() && r.Verify.OK && r.noFailover():
+		return "FAILED: no COMMIT seen on another node after the writer was lost"
 	case r.failed() && r.Verify.OK:
 		return "FAILED: did not race"
 	case r.failed():
@@ -699,7 +733,7 @@ func (r result) lifeCells(n int) []string {
 		w2 = &payResult{}
 	}
 	name := r.Row.lifeName()
-	if (r.Row.Life == lifeSweepKill || r.Row.Life == lifeRefundKill || r.Row.Life == lifeEvents) && l.Fault != "" {
+	if r.Row.Life != lifeAsIs && r.Row.Life != lifeJWT && r.Row.Life != lifeStripe && l.Fault != "" {
 		name += ": " + l.Fault
 	}
 	return []string{strconv.Itoa(n), name, fmt.Sprintf("%d + %d", l.Wave1.Buyers, l.Wave2.Buyers), strconv.Itoa(l.Wave1.Acks),
@@ -712,7 +746,8 @@ func (r result) lifeCells(n int) []string {
 // lifeName names a lifecycle row in the lifecycle and Stripe tables.
 func (r row) lifeName() string {
 	return map[string]string{lifeAsIs: "as is", lifeSweepKill: "sweep killed", lifeJWT: "SHOP_AUTH=jwt",
-		lifeStripe: "Stripe", lifeRefundKill: "Stripe, refunder killed", lifeEvents: "events on, relay killed"}[r.Life]
+		lifeStripe: "Stripe", lifeRefundKill: "Stripe, refunder killed", lifeEvents: "events on, relay killed",
+		lifeWriterKill: "Galera, writer killed in a sweep"}[r.Life]
 }
 
 // stripeColumns are the Stripe table's headings; stripeCells gives a
@@ -747,6 +782,8 @@ func (r result) disruption() string {
 		return fmt.Sprintf("holder stopped %s > TTL %s", r.Paused, r.Row.TTL)
 	case r.Row.Kill:
 		return fmt.Sprintf("master %d killed at %s", r.Row.KilledMaster(), r.Killed.Round(100*time.Millisecond))
+	case r.Row.DB == dbGalera && r.Row.Fault != "":
+		return fmt.Sprintf("%s at %s: %s", r.Row.faultName(), r.Killed.Round(100*time.Millisecond), r.Failover)
 	case r.Row.Fault != "":
 		return fmt.Sprintf("%s at %s", r.Row.faultName(), r.Killed.Round(100*time.Millisecond))
 	case r.Life != nil && r.Life.Fault != "":
@@ -861,6 +898,24 @@ two holders may then both believe they hold a SKU, and fencing refuses the older
 refused"); fencing tokens are max(counter + 1, Redis's clock in µs), and a refused write raises the counter, so no
 SKU is left unsellable ("exactly its stock sold"). The replicas live through these rows, so their counts are whole.
 `)
+	if slices.ContainsFunc(results, func(r result) bool { return r.Row.DB == dbGalera }) {
+		fmt.Fprintf(&b, `
+The Galera rows run MariaDB as three Galera nodes behind HAProxy (scripts/stack.sh's DB_TOPOLOGY=galera): HAProxy sends
+every connection to one node, the writer, and to a backup only once its agent (shop db-agent) or its check marks the
+writer down. The writer is lost mid-sale, %s into the sellout: SIGKILLed (stack.sh kill-db-writer, which starts the
+node again once another node writes, and returns once it is Synced: HAProxy then fails back to it and cuts the
+backup's sessions), or cut off from the other two without being killed and then healed (partition-db-writer,
+heal-db-partition). In the lifecycle row the first sweep to return lapsed units is stopped before its COMMIT (the
+shopSweepStall failpoint, %s) and the writer is SIGKILLed under it. Buyers and payers retry. The failover time is
+from the writer's loss (the killed node's first failed ping, polled every %s directly on the nodes' ports; for the
+partition the first poll with fewer TCP connections between the nodes' gcomm ports in /proc/net/tcp, as nothing on
+the nodes shows the isolation until the eviction) to the first rise of another node's
+wsrep_local_commits, which counts only the transactions a node committed as their origin: the first COMMIT through
+HAProxy on the new writer (possibly the stack's own probe, a write through HAProxy every 0.1 s until one commits on
+another node). Expect at least the ~6 s the cluster takes to evict a node. A Galera row fails if an
+invariant breaks, a buyer is left unanswered, or no COMMIT is seen on another node.
+`, o.galeraAfter, o.stall, failoverPoll)
+	}
 	if err := os.WriteFile(filepath.Join(o.out, "report.md"), []byte(b.String()), 0o644); err != nil {
 		return err
 	}

@@ -100,7 +100,7 @@ func TestOutcome(t *testing.T) {
 }
 
 func TestReport(t *testing.T) {
-	o, err := parse([]string{"-skus", "200", "-out", t.TempDir(), "-families=false"})
+	o, err := parse([]string{"-skus", "200", "-out", t.TempDir(), "-families=false", "-galera=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -301,7 +301,7 @@ func TestReadEnvFile(t *testing.T) {
 }
 
 func TestPauseAndFaultRows(t *testing.T) {
-	o, err := parse([]string{"-skus", "200", "-pause", "1500ms", "-families=false"})
+	o, err := parse([]string{"-skus", "200", "-pause", "1500ms", "-families=false", "-galera=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,8 +324,8 @@ func TestPauseAndFaultRows(t *testing.T) {
 		if sentinel {
 			wantTopology = "REDIS_TOPOLOGY=sentinel"
 		}
-		if env := topologyEnv(r); env[len(env)-1] != wantTopology {
-			t.Errorf("%s: the stack's environment ends %q, want %q", r.label(), env[len(env)-1], wantTopology)
+		if env := topologyEnv(r); env[len(env)-1] != wantTopology || env[len(env)-2] != "DB_TOPOLOGY=single" {
+			t.Errorf("%s: the stack's environment ends %q, want DB_TOPOLOGY=single and %q", r.label(), env[len(env)-2:], wantTopology)
 		}
 		if r.Fault != "" {
 			faults++
@@ -370,9 +370,10 @@ func TestFamilyRows(t *testing.T) {
 	}
 	rows := experiment(o)
 	first := slices.IndexFunc(rows, func(r row) bool { return r.Lock == "mysql" })
-	if first != 21 || len(rows) != 34 || !rows[31].stripe() || !rows[32].stripe() || rows[33].Life != lifeEvents {
-		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them, then the 2 Stripe rows and the events row",
-			len(rows), first)
+	if first != 21 || len(rows) != 37 || !rows[31].stripe() || !rows[32].stripe() || rows[33].Life != lifeEvents ||
+		slices.IndexFunc(rows, func(r row) bool { return r.DB == dbGalera }) != 34 {
+		t.Fatalf("%d rows, the first of the families at %d; want them after the 21 others, 10 of them, then the 2 Stripe rows, "+
+			"the events row and the 3 Galera rows", len(rows), first)
 	}
 	var got []string
 	for _, r := range rows[first : first+10] {
@@ -490,7 +491,7 @@ func fakeStripe(r row) *stripeResult {
 }
 
 func TestLifeRows(t *testing.T) {
-	o, err := parse([]string{"-pay-window", "20s", "-stall", "4s"})
+	o, err := parse([]string{"-pay-window", "20s", "-stall", "4s", "-galera=false"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -529,11 +530,11 @@ func TestLifeRows(t *testing.T) {
 	if o, _ := parse([]string{"-life=false"}); slices.ContainsFunc(experiment(o), func(r row) bool { return r.Life != "" }) {
 		t.Error("-life=false kept the lifecycle rows")
 	}
-	if o, _ := parse([]string{"-stripe=false"}); slices.ContainsFunc(experiment(o), row.stripe) ||
+	if o, _ := parse([]string{"-stripe=false", "-galera=false"}); slices.ContainsFunc(experiment(o), row.stripe) ||
 		len(slices.DeleteFunc(experiment(o), func(r row) bool { return r.Life == "" })) != 4 {
 		t.Error("-stripe=false kept the Stripe rows, or dropped others")
 	}
-	if o, _ := parse([]string{"-events=false"}); slices.ContainsFunc(experiment(o), isEventsRow) ||
+	if o, _ := parse([]string{"-events=false", "-galera=false"}); slices.ContainsFunc(experiment(o), isEventsRow) ||
 		len(slices.DeleteFunc(experiment(o), func(r row) bool { return r.Life == "" })) != 5 {
 		t.Error("-events=false kept the events row, or dropped others")
 	}
