@@ -1196,6 +1196,23 @@ wait_failback() {
   log "new connections through HAProxy reach n$writer"
 }
 
+# spare_donor I prints node I's wsrep_sst_donor for a rejoin: the node that
+# is neither I nor the one HAProxy sends to, then any (the trailing comma).
+# A donor is Donor/Desynced while it sends, even an IST's write-sets, and
+# its agent says down: were it the writer, HAProxy would move the writes
+# away from it for the transfer and back after it, two failovers for one
+# rejoin.
+spare_donor() {
+  local w i
+  w=$(galera_writer "$HAPROXY_PORT" 2>/dev/null) || w=
+  for i in 0 1 2; do
+    if [ "$i" != "$1" ] && [ "$i" != "$w" ]; then
+      echo "n$i,"
+      return
+    fi
+  done
+}
+
 # kill_db_writer kills the node HAProxy sends to (SIGKILL), as a machine's
 # loss would, waits until a write through HAProxy commits on another node,
 # then starts the killed node again on its data and waits until it is
@@ -1210,22 +1227,25 @@ kill_db_writer() {
   new=$(wait_db_write "$old" $galera_timeout) || die "no write through HAProxy committed on another node within ${galera_timeout}s of n$old's kill"
   log "the writer n$old killed; new connections reach n$new after $(since "$t0") s"
   t1=$EPOCHREALTIME
-  launch_galera_node "$galera" "$old"
+  launch_galera_node "$galera" "$old" --wsrep-sst-donor="$(spare_donor "$old")"
   wait_galera_synced "$galera" "$old" $galera_timeout || die "Galera node n$old is not Synced again"
   log "n$old started again on its data: Synced after $(since "$t1") s ($(galera_transfer "$old"))"
   wait_failback "$old"
 }
 
 # galera_transfer I says how node I's last join was fed, from its log: IST
-# or a full state transfer (SST).
+# or a full state transfer (SST), and from which node.
 galera_transfer() {
-  local log
+  local log how donor
   log=$(galera_nodes_dir "$galera")/n$1/mysqld.log
   # The joiner's IST receiver names the first transaction it expects, and
   # the state it starts from: none (zeros) when it is to get a full copy.
   if grep 'IST uuid:' "$log" | tail -1 | grep -q 'uuid:00000000-0000-0000-0000-000000000000'; then
-    echo "a full state transfer, SST"
-  else echo "IST"; fi
+    how="a full state transfer, SST"
+  else how=IST; fi
+  # "Member 0.0 (n0) requested state transfer from 'n2,'. Selected 1.0 (n2)(SYNCED) as donor."
+  donor=$(sed -n "s/.*(n$1) requested state transfer.* Selected [^ ]* (\(n[0-9]\)).* as donor.*/\1/p" "$log" | tail -1)
+  echo "$how from ${donor:-?}"
 }
 
 # stop_db_node I stops node I (SIGTERM: it leaves the cluster cleanly and
@@ -1250,7 +1270,7 @@ start_db_node() {
     return 0
   fi
   t0=$EPOCHREALTIME
-  launch_galera_node "$galera" "$1"
+  launch_galera_node "$galera" "$1" --wsrep-sst-donor="$(spare_donor "$1")"
   wait_galera_synced "$galera" "$1" $galera_timeout || die "Galera node n$1 is not Synced"
   log "Galera node n$1 started on its data: Synced after $(since "$t0") s ($(galera_transfer "$1"))"
   wait_failback "$1"
@@ -1280,6 +1300,7 @@ heal_db_partition() {
   for i in 0 1 2; do
     galera_node_running "$galera" "$i" || continue
     [ "$(galera_state "${db_node_ports[$i]}" | cut -d' ' -f2)" = Primary ] && continue
+    galera_sql "${db_node_ports[$i]}" "SET GLOBAL wsrep_sst_donor='$(spare_donor "$i")'" || die "could not set n$i's donor"
     galera_sql "${db_node_ports[$i]}" "SET GLOBAL wsrep_provider_options='gmcast.isolate=0'" || die "could not heal n$i"
     healed+=("$i")
   done

@@ -501,8 +501,27 @@ func (c *GaleraCluster) Resume(i int) { c.nodes[i].signal(syscall.SIGCONT) }
 // again (SST).
 func (c *GaleraCluster) Start(i int) {
 	c.tb.Helper()
-	c.start(i, "--wsrep-start-position="+c.recover(i))
+	c.start(i, "--wsrep-start-position="+c.recover(i), "--wsrep-sst-donor="+c.spareDonor(i))
 	c.WaitSynced(c.tb, i)
+}
+
+// spareDonor is the wsrep_sst_donor for node i's rejoin: the node that is
+// neither i nor the one HAProxy sends to, then any (the trailing comma).
+// A donor is Donor/Desynced while it sends, even the write-sets of an
+// IST, and its agent says down: were it the writer, HAProxy would move
+// the writes away from it for the transfer, and back again after it, two
+// failovers for one rejoin.
+func (c *GaleraCluster) spareDonor(i int) string {
+	w, err := c.reached()
+	if err != nil {
+		w = -1
+	}
+	for j, n := range c.nodes {
+		if j != i && j != w {
+			return n.name + ","
+		}
+	}
+	return ""
 }
 
 // recover runs node i with --wsrep-recover, which recovers InnoDB, logs
@@ -564,6 +583,7 @@ func (c *GaleraCluster) Isolate(i int) {
 // only waits.
 func (c *GaleraCluster) Heal(i int) {
 	c.tb.Helper()
+	c.exec(i, "SET GLOBAL wsrep_sst_donor = '"+c.spareDonor(i)+"'")
 	c.exec(i, "SET GLOBAL wsrep_provider_options = 'gmcast.isolate=0'")
 	c.WaitSynced(c.tb, i)
 }

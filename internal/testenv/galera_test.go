@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -242,6 +243,11 @@ func testGaleraKillWriter(t *testing.T, c *GaleraCluster, db string) {
 	restart := string(log[strings.LastIndex(string(log), "Starting MariaDB"):])
 	if !strings.Contains(restart, "IST received") || strings.Contains(restart, "SST completed on joiner") {
 		t.Errorf("n%d did not rejoin by IST alone; its log since the start:\n%s", w, restart)
+	}
+	// Fed by the node that is not the writer: a donor is desynced while it
+	// sends, and HAProxy would move the writes away from it.
+	if donor := regexp.MustCompile(`Selected \S+ \((n\d)\)\S* as donor`).FindStringSubmatch(restart); donor == nil || donor[1] == fmt.Sprintf("n%d", backup) {
+		t.Errorf("n%d's donor: %v, want one that is not the writer, n%d", w, donor, backup)
 	}
 	var got string
 	if err := c.nodes[w].admin.QueryRow("SELECT node FROM "+db+".commits WHERE id = ?", id).Scan(&got); err != nil || got != node {
