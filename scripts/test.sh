@@ -116,7 +116,7 @@ fi
 # is not one of them running alone on a core while the other waits.
 pkgs=${TEST_PKGS:-}
 if [ -z "$pkgs" ]; then
-  slow="shop/cmd/shop shop/internal/stock shop/internal/cache shop/internal/handler shop/internal/lock shop/internal/verify shop/internal/testenv"
+  slow="shop/cmd/shop shop/internal/stock shop/internal/cache shop/internal/handler shop/internal/lock shop/internal/verify shop/internal/testenv shop/internal/galeratest shop/internal/dbagent"
   pkgs="$slow $(go list ./... | grep -vxF -f <(printf '%s\n' $slow) | tr '\n' ' ')"
 fi
 go test -race -count=1 -timeout 15m ${GOTESTFLAGS:-} $pkgs
