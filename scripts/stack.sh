@@ -369,8 +369,18 @@ stripe_secret_key=sk_test_123
 
 run_shop() {
   local env=()
+  need_shop
   mapfile -t env < <(shop_env)
   env "${env[@]}" bin/shop "$@"
+}
+
+# need_shop builds bin/shop when it is missing, for the stack's own uses of
+# it outside `up` (which always builds it): the migrations and the seed of
+# a database `replicas` starts, the Galera nodes' agents.
+need_shop() {
+  [ -x bin/shop ] && return 0
+  log "building bin/shop"
+  go build -o bin/shop ./cmd/shop
 }
 
 build() {
@@ -454,6 +464,7 @@ start_galera_stack() {
     nodes+=("${db_node_ports[$i]}:${db_agent_ports[$i]}")
   done
   start_galera "$galera" "${sets[@]}"
+  need_shop
   for i in 0 1 2; do
     serving "$galera/agent$i" "${db_agent_ports[$i]}" && continue
     claim_port db_agent_ports "$i" "the db-agent of Galera node n$i"
