@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -20,16 +19,12 @@ import (
 
 const testAdminToken = "a-token-of-24-characters"
 
-// deadAddr is a loopback address where nothing listens.
+// deadAddr is a loopback address where nothing listens, below the
+// ephemeral range (testenv.FreeAddr), so that a server a test starts on it
+// finds it free.
 func deadAddr(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
+	return testenv.FreeAddr(t)
 }
 
 // seedAPI serves the admin API with the seeder serve builds, on the catalog

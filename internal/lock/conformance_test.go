@@ -442,6 +442,24 @@ func testRisingTokens(t *testing.T, f family, open func(*testing.T, settings) wo
 // may take to give up on a loaded machine.
 const boundedSlack = time.Second
 
+// obtainFree obtains key, which no one holds, through h, whose wait may
+// be shorter than a loaded machine takes to grant even a free key (a
+// ZooKeeper node's create): a give-up is tried again, as a waiter that
+// gave up may, for up to 10 s.
+func obtainFree(t *testing.T, h *handle, key string) *lock.Lease {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lease, err := h.Obtain(context.Background(), key)
+		if err == nil {
+			return lease
+		}
+		if !errors.Is(err, lock.ErrNotObtained) || time.Now().After(deadline) {
+			t.Fatalf("obtain the free key %q: %v", key, err)
+		}
+	}
+}
+
 // testBoundedWaits has a key held while others wait for it: in another
 // process and in the holder's, each gives up after its wait; a caller
 // whose context ends first gives up then; and each says why, leaves the
@@ -463,7 +481,7 @@ func testBoundedWaits(t *testing.T, f family, open func(*testing.T, settings) wo
 		newProcess := open(t, settings{Wait: wait})
 		holder, other := newProcess(), newProcess()
 		key := newKey()
-		lease := obtain(t, holder, key)
+		lease := obtainFree(t, holder, key)
 		waits(key, holder, other)
 		stillHeld(t, holder, other, lease)
 		if err := lease.Release(context.Background()); err != nil {

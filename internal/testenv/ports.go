@@ -64,3 +64,13 @@ func portRange() (lo, hi int) {
 	}
 	return max(hi-16384, 1024), hi
 }
+
+// FreeAddr returns a loopback address, 127.0.0.1 and a port of freePort's,
+// that nothing listened on a moment ago: for a server a test starts itself,
+// or for an address where nothing answers. A listener on port 0 gets an
+// ephemeral port, which any outgoing connection on the machine may take
+// before the server binds it.
+func FreeAddr(tb testing.TB) string {
+	tb.Helper()
+	return net.JoinHostPort("127.0.0.1", freePort(tb))
+}
