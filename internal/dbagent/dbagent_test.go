@@ -6,7 +6,6 @@ import (
 	"database/sql"
 	"maps"
 	"net"
-	"os"
 	"strings"
 	"testing"
 
@@ -63,20 +62,11 @@ func open(t *testing.T, dsn string) *sql.DB {
 // must not send writes to what the agent cannot vouch for.
 func TestAgentSaysDownForWhatIsNotASyncedNode(t *testing.T) {
 	t.Parallel()
-	dsn := os.Getenv(testenv.MySQLEnv)
-	if dsn == "" {
-		t.Skipf("%s is not set", testenv.MySQLEnv)
-	}
-	if got := ask(t, serve(t, open(t, dsn))); got != "down #not a Galera node (no wsrep_local_state)\n" {
+	if got := ask(t, serve(t, open(t, testenv.MySQL(t).DSN))); got != "down #not a Galera node (no wsrep_local_state)\n" {
 		t.Errorf("a MariaDB without wsrep: %q", got)
 	}
-	// A port nothing listens on: the agent's own, closed.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := ln.Addr().String()
-	ln.Close()
+	// A port nothing listens on.
+	dead := testenv.FreeAddr(t)
 	if got := ask(t, serve(t, open(t, "root@tcp("+dead+")/"))); !strings.HasPrefix(got, "down #no answer: ") {
 		t.Errorf("a node that does not answer: %q", got)
 	}
