@@ -1,6 +1,7 @@
 package handler
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -138,17 +139,82 @@ var internal = answer{status: http.StatusInternalServerError, code: "internal", 
 // message through answers. It is the only place that does: every handler
 // reports failures through writeError.
 func status(err error) (int, string, string) {
-	for _, a := range answers {
+	a, _ := find(err)
+	return a.status, a.code, a.message
+}
+
+// find is the row of answers that answers err, with its message filled in
+// from err when the row has none, and the row's index; internal and -1
+// when no row does.
+func find(err error) (answer, int) {
+	for i, a := range answers {
 		if !errors.Is(err, a.err) {
 			continue
 		}
-		msg := a.message
-		if msg == "" {
-			msg = ownMessage(err)
+		if a.message == "" {
+			a.message = ownMessage(err)
 		}
-		return a.status, a.code, msg
+		return a, i
 	}
-	return internal.status, internal.code, internal.message
+	return internal, -1
+}
+
+// encodedAnswers are the bodies of the rows of answers whose message is
+// their own, encoded once rather than for each request (a crowd past a
+// sellout is answered sold_out thousands of times a second): the whole
+// body of a 4xx, and a 5xx's up to its request id, which closeRequestID
+// ends. A row whose message comes from the error has none.
+var encodedAnswers = encodeAnswers(answers)
+
+// closeRequestID ends a 5xx's encoded body after its request id.
+const closeRequestID = `"}}`
+
+func encodeAnswers(rows []answer) [][]byte {
+	bodies := make([][]byte, len(rows))
+	for i, a := range rows {
+		if a.message == "" {
+			continue
+		}
+		detail := errorDetail{Code: a.code, Message: a.message}
+		if a.status >= http.StatusInternalServerError {
+			// Encoded with an id of one letter, cut off: the id a 5xx
+			// names is the request's own.
+			detail.RequestID = "x"
+		}
+		b, err := json.Marshal(errorBody{Error: detail})
+		if err != nil {
+			panic(fmt.Sprintf("handler: answer %s: %v", a.code, err)) // strings always encode
+		}
+		if detail.RequestID != "" {
+			b = b[:len(b)-len("x"+closeRequestID)]
+		}
+		bodies[i] = b
+	}
+	return bodies
+}
+
+// errorJSON is the body of the answer a with the request id id (on a 5xx
+// only), from encodedAnswers when row i has a body there and id needs no
+// escaping (any id requestid.Choose gives), else encoded now.
+func errorJSON(a answer, i int, id string) []byte {
+	detail := errorDetail{Code: a.code, Message: a.message}
+	if a.status >= http.StatusInternalServerError {
+		detail.RequestID = id
+	}
+	if i >= 0 && encodedAnswers[i] != nil {
+		switch {
+		case a.status < http.StatusInternalServerError:
+			return encodedAnswers[i]
+		case requestid.Valid(id):
+			return append(append(append(make([]byte, 0, len(encodedAnswers[i])+len(id)+len(closeRequestID)),
+				encodedAnswers[i]...), id...), closeRequestID...)
+		}
+	}
+	b, err := json.Marshal(errorBody{Error: detail})
+	if err != nil {
+		panic(fmt.Sprintf("handler: answer %s: %v", a.code, err)) // strings always encode
+	}
+	return b
 }
 
 // ownMessage is err's own message for a client: a broken rule of input
@@ -246,20 +312,36 @@ func challenge(err error, msg string) string {
 // err on the context for the access log.
 func writeError(c *gin.Context, err error) {
 	err = clientGone(c, err)
-	code, name, msg := status(err)
-	switch code {
+	a, i := find(err)
+	switch a.status {
 	case http.StatusServiceUnavailable:
 		c.Header("Retry-After", retryAfterSeconds)
 	case http.StatusTooManyRequests:
 		c.Header("Retry-After", retryAfterHeader(err))
 	}
-	if h := challenge(err, msg); h != "" {
+	if h := challenge(err, a.message); h != "" {
 		c.Header("WWW-Authenticate", h)
 	}
-	detail := errorDetail{Code: name, Message: msg}
-	if code >= http.StatusInternalServerError {
-		detail.RequestID = requestid.FromContext(c.Request.Context())
-	}
 	_ = c.Error(err)
-	c.AbortWithStatusJSON(code, errorBody{Error: detail})
+	c.Abort()
+	writeJSON(c, a.status, errorJSON(a, i, requestid.FromContext(c.Request.Context())))
+}
+
+// jsonContentType is what gin's c.JSON sends.
+const jsonContentType = "application/json; charset=utf-8"
+
+// jsonContentTypeValue is jsonContentType as a header's values, shared by
+// every answer as gin shares its own: nothing changes a header's values
+// in place.
+var jsonContentTypeValue = []string{jsonContentType}
+
+// writeJSON answers status with body, JSON already encoded, as gin's
+// c.JSON does (the same Content-Type, unless one was set) without
+// encoding it again.
+func writeJSON(c *gin.Context, status int, body []byte) {
+	if h := c.Writer.Header(); len(h["Content-Type"]) == 0 {
+		h["Content-Type"] = jsonContentTypeValue
+	}
+	c.Status(status)
+	_, _ = c.Writer.Write(body)
 }

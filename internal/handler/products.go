@@ -23,9 +23,6 @@ type productResponse struct {
 	SaleEndsAt   *time.Time `json:"sale_ends_at"`
 }
 
-// jsonContentType is what gin's c.JSON sends.
-const jsonContentType = "application/json; charset=utf-8"
-
 type stockResponse struct {
 	SKUID int64 `json:"sku_id"`
 	Stock int   `json:"stock"`
