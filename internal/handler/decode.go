@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/gin-gonic/gin"
 
@@ -22,16 +23,63 @@ import (
 // Its errors say what is wrong in words meant for the client, without Go
 // type names.
 func decode(c *gin.Context, v any) error {
-	body, err := io.ReadAll(c.Request.Body)
+	body, err := readBody(c)
 	if err != nil {
-		if maxBytes := (*http.MaxBytesError)(nil); errors.As(err, &maxBytes) {
-			return errTooLarge
-		}
-		return invalid("the body could not be read")
+		return err
 	}
+	defer body.release()
+	return decodeBytes(body.b, v)
+}
+
+// body is a request's body, read into a buffer of bodyPool.
+type body struct{ b []byte }
+
+// bodyPool keeps the buffers bodies are read into: every order's body is
+// read whole before it is decoded, and a buffer per request would be
+// garbage at the rate orders come.
+var bodyPool = sync.Pool{New: func() any { return &body{b: make([]byte, 0, 512)} }}
+
+// readBody reads the request's body whole, into a buffer that release
+// gives back: decode's errors for a body that could not be read.
+func readBody(c *gin.Context) (*body, error) {
+	bd := bodyPool.Get().(*body)
+	b := bd.b[:0]
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := c.Request.Body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			bd.b = b
+			return bd, nil
+		}
+		if err != nil {
+			bd.b = b
+			bd.release()
+			if maxBytes := (*http.MaxBytesError)(nil); errors.As(err, &maxBytes) {
+				return nil, errTooLarge
+			}
+			return nil, invalid("the body could not be read")
+		}
+	}
+}
+
+// release gives the buffer back to bodyPool, unless it grew past what the
+// largest body allowed needs.
+func (bd *body) release() {
+	if cap(bd.b) > 2*maxBodyBytes {
+		return
+	}
+	bd.b = bd.b[:0]
+	bodyPool.Put(bd)
+}
+
+// decodeBytes is decode of a body already read.
+func decodeBytes(body []byte, v any) error {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	dec.DisallowUnknownFields()
-	err = dec.Decode(v)
+	err := dec.Decode(v)
 	if err == nil {
 		if _, terr := dec.Token(); terr != io.EOF {
 			return invalid("the body must hold a single JSON object")

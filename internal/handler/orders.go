@@ -100,7 +100,7 @@ func handlePlaceOrder(orders Orders, replays Replays, filter Filter, lim *limite
 		} else {
 			m.orders.WithLabelValues("created").Inc()
 		}
-		c.JSON(http.StatusCreated, newOrderResponse(o))
+		writeOrder(c, http.StatusCreated, o)
 	}
 }
 
@@ -133,22 +133,56 @@ func readOrder(c *gin.Context) (sku, user int64, key string, err error) {
 			return 0, 0, "", stock.CheckIdempotencyKey(key)
 		}
 	}
-	var req placeOrderRequest
-	if err := decode(c, &req); err != nil {
+	o, err := readOrderBody(c)
+	if err != nil {
 		return 0, 0, "", err
 	}
 	// Who buys before what: a body naming another buyer is refused
 	// whatever else it holds.
-	if user, err = buyer(c, req.UserID); err != nil {
+	var claimed *int64
+	if o.hasUser {
+		claimed = &o.user
+	}
+	if user, err = buyer(c, claimed); err != nil {
 		return 0, 0, "", err
 	}
-	if req.SKUID == nil {
+	if !o.hasSKU {
 		return 0, 0, "", invalid("sku_id is required")
 	}
 	// Judged here, before the rate limit: a malformed order costs no
 	// Redis call.
-	if err := stock.CheckOrder(*req.SKUID, user, key); err != nil {
+	if err := stock.CheckOrder(o.sku, user, key); err != nil {
 		return 0, 0, "", err
 	}
-	return *req.SKUID, user, key, nil
+	return o.sku, user, key, nil
+}
+
+// readOrderBody reads an order's body: by parseOrderBody when it is the
+// body buyers send, else by decode, which is the judge of every other.
+func readOrderBody(c *gin.Context) (orderBody, error) {
+	b, err := readBody(c)
+	if err != nil {
+		return orderBody{}, err
+	}
+	defer b.release()
+	if o, ok := parseOrderBody(b.b); ok {
+		return o, nil
+	}
+	return decodeOrderBody(b.b)
+}
+
+// decodeOrderBody is decode of an order's body.
+func decodeOrderBody(body []byte) (orderBody, error) {
+	var req placeOrderRequest
+	if err := decodeBytes(body, &req); err != nil {
+		return orderBody{}, err
+	}
+	var o orderBody
+	if req.SKUID != nil {
+		o.sku, o.hasSKU = *req.SKUID, true
+	}
+	if req.UserID != nil {
+		o.user, o.hasUser = *req.UserID, true
+	}
+	return o, nil
 }
