@@ -125,7 +125,7 @@ func newLimiter(store RateLimiter, l Limits, log *slog.Logger, reg prometheus.Re
 // most once every failureLogEvery per limit): a rate limit protects the
 // sale, and an outage of it must not end the sale too.
 func (l *limiter) take(c *gin.Context, name, key string, lim ratelimit.Limit) error {
-	if l.store == nil || lim.IsZero() {
+	if l.off(lim) {
 		return nil
 	}
 	wait, err := l.store.Take(c.Request.Context(), key, lim)
@@ -136,6 +136,9 @@ func (l *limiter) take(c *gin.Context, name, key string, lim ratelimit.Limit) er
 	}
 	return l.decide(name, wait)
 }
+
+// off reports that lim limits nothing: it is zero, or there is no store.
+func (l *limiter) off(lim ratelimit.Limit) bool { return l.store == nil || lim.IsZero() }
 
 // takeGuess takes one guess at the admin token from key's allowance
 // (Limits.AdminAuth) before the token is compared: taken after, a burst of
@@ -224,6 +227,11 @@ func (f *failureLog) warn(ctx context.Context, log *slog.Logger, name, done stri
 // address is the socket's peer, or what a trusted proxy says it is.
 func (l *limiter) perClient() gin.HandlerFunc {
 	return func(c *gin.Context) {
+		if l.off(l.Client) {
+			// Off (SHOP_RATE_IP=0, the default): not even the key is made.
+			c.Next()
+			return
+		}
 		if err := l.take(c, limitClient, "client:"+c.ClientIP(), l.Client); err != nil {
 			writeError(c, err)
 			return

@@ -3,6 +3,7 @@ package handler
 import (
 	"errors"
 	"net/http"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -19,6 +20,9 @@ type metrics struct {
 	// by outcome.
 	paymentEvents *prometheus.CounterVec
 	cancellations *prometheus.CounterVec
+	// codes are the status codes' labels, formatted once rather than
+	// for each request.
+	codes [600]string
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -53,6 +57,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "shop_cancellations_total",
 		Help: "Cancellations (POST /api/v1/orders/{id}/cancel) by outcome: cancelled, or the error code.",
 	}, []string{"result"})
+	for code := range m.codes {
+		m.codes[code] = strconv.Itoa(code)
+	}
 	reg.MustRegister(m.requests, m.duration, m.orders, m.busy, m.paymentEvents, m.cancellations)
 	// Every cause is exported from the start, at 0, so that a dashboard's
 	// rate of busy orders reads 0 rather than "no data" before the first.
@@ -60,6 +67,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.busy.WithLabelValues(cause)
 	}
 	return m
+}
+
+// codeLabel is a status code as a metrics label.
+func (m *metrics) codeLabel(code int) string {
+	if code >= 0 && code < len(m.codes) {
+		return m.codes[code]
+	}
+	return strconv.Itoa(code)
 }
 
 // busyCauses are the values busyCause gives.

@@ -7,7 +7,6 @@ import (
 	"mime"
 	"net/http"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"time"
 
@@ -52,7 +51,7 @@ func observe(log *slog.Logger, m *metrics, level slog.Level) gin.HandlerFunc {
 		}
 		code := c.Writer.Status()
 		method := methodLabel(c.Request.Method)
-		m.requests.WithLabelValues(method, route, strconv.Itoa(code)).Inc()
+		m.requests.WithLabelValues(method, route, m.codeLabel(code)).Inc()
 		m.duration.WithLabelValues(method, route).Observe(elapsed.Seconds())
 
 		level := level
