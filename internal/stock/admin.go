@@ -114,12 +114,17 @@ func (s *Service) ChangeProduct(ctx context.Context, sku int64, c Change) (Produ
 		}
 		defer release()
 		p, err := s.changeProduct(ctx, nil, sku, c)
+		// Once the change has committed (or may have), this Service no
+		// longer refuses orders by the window it knew; the others forget
+		// it when they hear the change (Hear).
+		s.windows.forget(sku)
 		return p, classify(ctx, "change product", err)
 	}
 	var p Product
 	err := s.withLease(ctx, sku, func(ctx context.Context, lease *lock.Lease) error {
 		var err error
 		p, err = s.changeProduct(ctx, lease, sku, c)
+		s.windows.forget(sku)
 		if mayHaveCommitted(err) {
 			s.returned(ctx, sku, s.fence(lease))
 		}

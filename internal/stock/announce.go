@@ -26,10 +26,16 @@ type Announcer interface {
 // replica, this one included: a raise of the stock forgets that the
 // product (every product, for notify.All) sold out, as of the raise's
 // fencing token; another replica's finding that it sold out is remembered.
+// A raise and a change of the product (an order's, or an operator's change
+// of its window) forget its sale window: the next transaction or read
+// finds it again.
 func (s *Service) Hear(e notify.Event) {
 	switch e.Kind {
 	case notify.Raised:
+		s.windows.forget(e.SKU)
 		s.Raised(e.SKU, e.Fence)
+	case notify.Changed:
+		s.windows.forget(e.SKU)
 	case notify.SoldOut:
 		s.SoldOutElsewhere(e.SKU, e.Fence)
 	}

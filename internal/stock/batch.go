@@ -342,14 +342,19 @@ func hasKeys(batch []*ticket) bool {
 
 // readSale reads sku's row for the careful attempt: with a lock for the
 // guarded update, so that nothing changes it until COMMIT; as the source
-// articles read it for the naive one.
+// articles read it for the naive one. Its sale window is remembered
+// (windows), so that the next orders outside it are refused without MySQL.
 func (s *Service) readSale(tx *gorm.DB, sku int64) (Product, error) {
 	q := sqlSaleOf
 	if s.set.Update == Guarded {
 		q = sqlSaleOfLocked
 	}
+	seen := s.windows.seen()
 	var p Product
 	err := readProduct(tx, &p, q, sku)
+	if err == nil {
+		s.windows.learn(sku, p.window(), seen)
+	}
 	return p, err
 }
 

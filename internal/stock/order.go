@@ -15,7 +15,8 @@ import (
 // Every order takes one path, which this file follows top to bottom. It
 // joins its SKU's queue on this Service (queue.go), and a goroutine per
 // SKU (its drain) places the queue turn by turn: it takes an order slot,
-// reads the stock, takes the SKU's lock, takes whoever is queued — up to
+// refuses what this Service remembers the product refuses (sold out, or
+// outside its sale window), takes the SKU's lock, takes whoever is queued — up to
 // Settings.Batch, never waiting for more — and places them in one
 // transaction (batch.go), then answers each. A batch of one is a batch: the
 // source articles' one order per lock hold is Batch 1, nothing else. MySQL
@@ -32,7 +33,7 @@ const (
 	// deadline of its orders, so one buyer about to give up would cut it
 	// short for every other buyer in it.
 	MinTimeLeft = time.Second
-	// TurnTimeout bounds one turn of a drain — slot, stock read, lock wait,
+	// TurnTimeout bounds one turn of a drain — slot, lock wait,
 	// transaction — so that a MySQL or Redis that stops answering fails the
 	// turn's orders instead of keeping them forever. It is the order budget
 	// up to COMMIT that the HTTP API gives a buyer.
@@ -58,7 +59,9 @@ const drainCourtesy = 3 * time.Millisecond
 // PlaceOrder sells one unit of product sku to user.
 //
 // A product this Service found sold out is refused at once, from memory
-// (see ForgetSoldOut). Otherwise the order joins its SKU's queue: whoever
+// (see ForgetSoldOut), and so is an order that arrived outside the
+// product's sale window as this Service last read it (see windows).
+// Otherwise the order joins its SKU's queue: whoever
 // holds the SKU's lock next places it with the orders queued beside it, up
 // to Settings.Batch, in one transaction that decrements the stock and
 // inserts the orders (batch.go), and answers each only after COMMIT and
@@ -84,7 +87,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 		return Order{}, err
 	}
 	arrived := s.arrival()
-	if s.soldOut.has(sku) {
+	if refused := s.remembered(sku, arrived); refused != nil {
 		// A buyer retrying an order that committed must get it back, not
 		// "sold out": with a key, look before refusing.
 		if idempotencyKey != "" {
@@ -92,7 +95,7 @@ func (s *Service) PlaceOrder(ctx context.Context, sku, user int64, idempotencyKe
 				return o, classify(ctx, "place order", err)
 			}
 		}
-		return Order{}, soldOutError(sku)
+		return Order{}, refused
 	}
 	// Queued only once the buyer's counter exists: the transaction only
 	// locks counters, it never makes them.
@@ -169,14 +172,23 @@ func (s *Service) drain(sku int64, q *queue) {
 	}
 }
 
-// turn takes a slot, reads the stock, takes the SKU's lock and places the
-// next batch. It reports whether another process was waiting for the lock
-// when it was released. A step that fails answers the queued orders with
-// its error (see fail).
+// turn takes a slot, takes the SKU's lock and places the next batch. It
+// reports whether another process was waiting for the lock when it was
+// released. A step that fails answers the queued orders with its error
+// (see fail).
 //
 // The slot is taken before the lock, so that a holder never waits for a
 // connection; a SKU's drain holds one slot at most, so a hot SKU's buyers
 // do not keep other SKUs' orders from the slots.
+//
+// The stock is not read before the lock: the transaction's guarded UPDATE
+// refuses a product sold out or closed as a read would, and a read would
+// cost a statement for every product that has stock, which is every
+// product a flash sale's peak sells. What a read would refuse without the
+// lock is refused from memory: a sell-out found here or heard from the
+// replica that sold the last unit, and the sale window a transaction (or
+// a read) last found. Only a product known sold out until lately is read
+// first, since it is most likely still gone.
 func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool) {
 	began := s.nextSeq(q)
 	release, err := s.slot(ctx, sku)
@@ -190,21 +202,11 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 	if s.refusedFromMemory(sku, q) {
 		return false
 	}
-	// A product another replica sold out is refused without the lock.
-	began = s.nextSeq(q)
-	p, err := s.stocked(ctx, sku)
-	if err != nil {
-		s.fail(q, began, classify(ctx, "place order", err))
-		return false
-	}
-	// So is each order that came outside the product's sale window; orders
-	// that arrive after the read are judged in the transaction, against
-	// the row as MySQL has it then.
-	if !s.refuse(q, func(t *ticket) error { return p.window().admits(sku, t.arrived) }) {
+	if s.soldOut.lapsed(sku) && !s.readFirst(ctx, sku, q) {
 		return false
 	}
 	began = s.nextSeq(q)
-	lease, err := s.obtain(ctx, sku, p.Stock)
+	lease, err := s.obtain(ctx, sku)
 	if err != nil {
 		if !errors.Is(err, ErrSoldOut) && !errors.Is(err, ErrNotFound) {
 			err = fmt.Errorf("%w: sku %d: %w", ErrBusy, sku, err)
@@ -213,7 +215,8 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 		return false
 	}
 	// The holder that released the lock has most likely announced the
-	// sell-out it found before it did.
+	// sell-out it found before it did; and orders queued meanwhile may
+	// have come outside a window learned meanwhile.
 	if s.refusedFromMemory(sku, q) {
 		s.release(ctx, lease)
 		return lease.Contended()
@@ -232,33 +235,43 @@ func (s *Service) turn(ctx context.Context, sku int64, q *queue) (contended bool
 	return lease.Contended()
 }
 
-// obtain takes sku's lock for a drain, whose read found stock units left.
-// While another process holds it — most likely selling the SKU's last units
-// — the stock is read again before a retry, so that a SKU sold out
-// meanwhile is refused without the lock: in a sell-out, three buyers in four
-// never take it. Not before every retry: a release ends one hold, which
-// sold a batch at most, so while the units last read, less a batch per
-// release, are more than none, the read can only find some left. (Another
-// replica with a larger batch may sell more; then the transaction finds
-// the product sold out, under the lock.)
-func (s *Service) obtain(ctx context.Context, sku int64, stock int) (*lock.Lease, error) {
-	return s.locks.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
-		// Most often the holder that kept the lock announced the sell-out
-		// it found before releasing it.
+// readFirst reads the stock and the sale window of sku, a product known
+// sold out until lately, before its lock, and refuses what the read
+// finds: each queued order that came outside the window, then — the window's
+// rule comes first — every order queued before the read began when no unit
+// is left. It reports whether orders are left for the lock. Orders that
+// arrive during the read get a turn of their own: stock also rises during a
+// sale, and the zero read is remembered (unless a raise came after it
+// began), so that turn refuses them from memory when nothing came back.
+func (s *Service) readFirst(ctx context.Context, sku int64, q *queue) bool {
+	began := s.nextSeq(q)
+	p, err := s.stocked(ctx, sku)
+	if err != nil && !errors.Is(err, ErrSoldOut) {
+		s.fail(q, began, classify(ctx, "place order", err))
+		return false
+	}
+	if !s.refuse(q, func(t *ticket) error { return p.window().admits(sku, t.arrived) }) {
+		return false
+	}
+	if err != nil {
+		s.fail(q, began, err)
+		return false
+	}
+	return true
+}
+
+// obtain takes sku's lock for a drain. While another process holds it —
+// most likely selling the SKU's last units — it stops waiting as soon as
+// the product is known sold out: the holder that sold the last unit
+// announced it before releasing the lock, so in a sell-out the losing
+// buyers never take it, and none reads the stock. With nothing heard it
+// waits on: the transaction finds the product sold out under the lock.
+func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
+	return s.locks.ObtainWhile(ctx, LockKey(sku), func(context.Context) error {
 		if s.soldOut.has(sku) {
 			return soldOutError(sku)
 		}
-		if stock -= s.set.Batch; stock > 0 {
-			return nil
-		}
-		p, err := s.stocked(ctx, sku)
-		switch {
-		case errors.Is(err, ErrSoldOut), errors.Is(err, ErrNotFound):
-			return err
-		case err == nil:
-			stock = p.Stock
-		}
-		return nil // a failed read is no reason to stop waiting
+		return nil
 	})
 }
 
@@ -393,14 +406,25 @@ func (s *Service) pending(sku int64, q *queue) bool {
 	return false
 }
 
-// refusedFromMemory answers every order queued for sku ErrSoldOut when this
-// Service knows the product sold out (soldOut), and reports whether it did.
-func (s *Service) refusedFromMemory(sku int64, q *queue) bool {
-	if !s.soldOut.has(sku) {
-		return false
+// remembered returns the error this Service refuses an order of sku that
+// arrived at arrived with from memory, without a round trip, by the rules'
+// order: outside the sale window it last found (windows), then sold out
+// (soldOut). It is nil when memory refuses nothing.
+func (s *Service) remembered(sku int64, arrived time.Time) error {
+	if err := s.windows.refuses(sku, arrived); err != nil {
+		return err
 	}
-	s.fail(q, 0, soldOutError(sku))
-	return true
+	if s.soldOut.has(sku) {
+		return soldOutError(sku)
+	}
+	return nil
+}
+
+// refusedFromMemory answers each order queued for sku that this Service
+// refuses from memory (remembered) with its refusal, and reports whether
+// none is left.
+func (s *Service) refusedFromMemory(sku int64, q *queue) bool {
+	return !s.refuse(q, func(t *ticket) error { return s.remembered(sku, t.arrived) })
 }
 
 // fail answers orders queued for sku with err. When err is final for the

@@ -348,13 +348,28 @@ func TestBuyerWhoLeftIsNotPlacedOnRetry(t *testing.T) {
 
 // When a turn's stock read fails, the orders queued when it began are
 // answered busy; an order that came during the read is not: it gets a turn
-// of its own, and is placed.
+// of its own, and is placed. A turn reads the stock of a product it knew
+// sold out until lately only: here one whose units came back behind the
+// service's back, after the memory lapsed.
 func TestArrivalDuringAFailedReadIsSpared(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
 	_, l, _ := lined(t, db, 1, 10, options{}, lock.RedisOptions{})
 	reads, p := throughProxy(t, db)
-	svc := newService(db.Open(t), l, options{Reads: reads})
+	clk := newClock(time.Now())
+	svc := newService(db.Open(t), l, options{Reads: reads, Now: clk.now})
+	setStock := func(n int) {
+		t.Helper()
+		if err := db.Gorm.Exec("UPDATE products SET stock = ? WHERE id = 1", n).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStock(0)
+	if _, err := svc.PlaceOrder(ctx, 1, 9, ""); !errors.Is(err, stock.ErrSoldOut) {
+		t.Fatalf("with no stock: %v, want ErrSoldOut", err)
+	}
+	setStock(10)
+	clk.set(clk.now().Add(stock.DefaultSoldOutTTL))
 	held, release := p.HoldReply([]byte("SELECT stock, sale_starts_at"))
 	defer release(false)
 	first := place(ctx, svc, 1, 1, "")

@@ -437,7 +437,10 @@ func TestSoldOutRemembered(t *testing.T) {
 }
 
 // Orders waiting while another replica sells the last unit are refused
-// when it lets go, without a transaction of their own.
+// when it lets go, without a transaction of their own and without a read:
+// that replica announced the sell-out before it released the lock, as the
+// order path does (a waiter reads no stock; with nothing heard its
+// transaction finds the product sold out, under the lock).
 func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.MySQL(t)
@@ -471,6 +474,7 @@ func TestBatchWaitersLearnSoldOutWithoutATransaction(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	svc.SoldOutElsewhere(1, holder.Fence()) // heard before the release, as it is announced
 	letGo(t, holder)
 	for i, ch := range answers {
 		if r := <-ch; !errors.Is(r.err, stock.ErrSoldOut) {

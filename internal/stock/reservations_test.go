@@ -81,15 +81,16 @@ func TestOrderAfterAReturnTakesTheUnit(t *testing.T) {
 	db := testenv.MySQL(t)
 	_, l, _ := lined(t, db, 1, 1, options{}, lock.RedisOptions{})
 	reads, p := throughProxy(t, db)
+	clk := newClock(time.Now())
 	svc := newService(db.Open(t), l, options{Settings: stock.Settings{PayWindow: payWindow, Fencing: true},
-		Reads: reads, Public: stock.NewCatalog(db.Gorm)})
+		Reads: reads, Public: stock.NewCatalog(db.Gorm), Now: clk.now})
 	first, err := svc.PlaceOrder(ctx, 1, 1, "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The sell-out is remembered; forgotten, as its lapse would, so that
-	// the next order reads the stock.
-	svc.ForgetSoldOut(1)
+	// The sell-out is remembered; once it lapses, the product known sold
+	// out until lately is read before its lock.
+	clk.set(clk.now().Add(stock.DefaultSoldOutTTL))
 	held, release := p.HoldReply([]byte("SELECT stock, sale_starts_at, sale_ends_at FROM products"))
 	before := place(ctx, svc, 1, 2, "")
 	select {

@@ -36,6 +36,7 @@ type Service struct {
 
 	slots   *semaphore.Weighted // nil: unbounded
 	soldOut *soldOut
+	windows *windows
 
 	mu     sync.Mutex
 	queues map[int64]*queue // SKUs with orders queued or being placed
@@ -140,7 +141,8 @@ type Settings struct {
 	Concurrency int
 	// SoldOutTTL is how long a product found sold out is refused from
 	// memory, without a query, unless ForgetSoldOut clears it first; zero
-	// means DefaultSoldOutTTL, negative turns the memory off.
+	// means DefaultSoldOutTTL, negative turns the memory off, and with it
+	// the memory of sale windows, which is kept for SoldOutHeardTTL at most.
 	SoldOutTTL time.Duration
 	// Returning says that MySQL takes INSERT … RETURNING (MariaDB 10.5 and
 	// later; see mysqldb.Returning): the orders a batch inserts come back
@@ -219,7 +221,7 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 		s.SoldOutTTL = DefaultSoldOutTTL
 	}
 	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, lookups: d.Lookups, locks: d.Locks, set: s, hooks: h,
-		log: d.Logger, now: d.Now, announcer: d.Announcer, checkouts: d.Checkouts, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), queues: make(map[int64]*queue)}
+		log: d.Logger, now: d.Now, announcer: d.Announcer, checkouts: d.Checkouts, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), windows: newWindows(min(s.SoldOutTTL, SoldOutHeardTTL), d.Now), queues: make(map[int64]*queue)}
 	if s.Concurrency > 0 {
 		svc.slots = semaphore.NewWeighted(int64(s.Concurrency))
 	}

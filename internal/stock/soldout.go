@@ -81,13 +81,19 @@ func (s *Service) SoldOutElsewhere(sku, fence int64) {
 func soldOutError(sku int64) error { return fmt.Errorf("%w: sku %d", ErrSoldOut, sku) }
 
 // stocked reads sku's stock and sale window before its lock, remembering a
-// product found sold out. Errors: ErrNotFound, ErrSoldOut, and MySQL's.
+// product found sold out, and its window. A drain reads only a product it
+// knew sold out until lately (soldOut.lapsed): one with stock goes straight
+// to the lock, whose transaction refuses what the read would have.
+// Errors: ErrNotFound, ErrSoldOut, and MySQL's.
 func (s *Service) stocked(ctx context.Context, sku int64) (Product, error) {
-	gen := s.soldOut.generation()
+	gen, seen := s.soldOut.generation(), s.windows.seen()
 	var p Product
 	err := readProduct(s.reads.WithContext(ctx), &p, sqlStockOf, sku)
-	if err == nil && p.Stock <= 0 {
-		err = soldOutError(sku)
+	if err == nil {
+		s.windows.learn(sku, p.window(), seen)
+		if p.Stock <= 0 {
+			err = soldOutError(sku)
+		}
 	}
 	s.learn(sku, gen, err)
 	return p, err
@@ -139,11 +145,27 @@ func (s *soldOut) has(sku int64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	until, ok := s.skus[sku]
-	if ok && !s.now().Before(until) {
+	return ok && s.now().Before(until)
+}
+
+// lapsed reports whether sku was known to be sold out until lately: its
+// entry lapsed less than the memory's ttl ago, and no raise of its stock
+// has been heard since. Such a product is most likely still gone, and a
+// read before its lock refuses a crowd for the price of one statement,
+// where the lock and a transaction cost more. An entry that lapsed longer
+// ago is dropped.
+func (s *soldOut) lapsed(sku int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	until, ok := s.skus[sku]
+	switch now := s.now(); {
+	case !ok || now.Before(until):
+		return false
+	case !now.Before(until.Add(s.ttl)):
 		delete(s.skus, sku)
 		return false
 	}
-	return ok
+	return true
 }
 
 // mark records that sku was found sold out by a read that started at
@@ -186,14 +208,15 @@ func (s *soldOut) add(sku int64, ttl time.Duration) {
 	if until, ok := s.skus[sku]; !ok || until.Before(now.Add(ttl)) {
 		s.skus[sku] = now.Add(ttl)
 	}
-	// Entries are dropped when looked up after they lapse; a sweep every so
-	// many marks keeps SKUs that are never asked for again from piling up.
+	// Entries are kept for a ttl after they lapse (see lapsed), and dropped
+	// when looked up after that; a sweep every so many marks keeps SKUs
+	// that are never asked for again from piling up.
 	if s.known++; s.known < 1024 {
 		return
 	}
 	s.known = 0
 	for k, until := range s.skus {
-		if !now.Before(until) {
+		if !now.Before(until.Add(s.ttl)) {
 			delete(s.skus, k)
 		}
 	}

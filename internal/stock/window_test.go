@@ -26,15 +26,22 @@ func newClock(t time.Time) *clock {
 func (c *clock) now() time.Time  { return time.Unix(0, c.ns.Load()).UTC() }
 func (c *clock) set(t time.Time) { c.ns.Store(t.UnixNano()) }
 
-// countingLocker counts the leases asked of the Locker it wraps.
+// countingLocker counts the leases asked of the Locker it wraps: by
+// Obtain (a restock, the sweep), and by ObtainWhile (an order's drain).
 type countingLocker struct {
 	stock.Locker
 	obtains atomic.Int64
+	drains  atomic.Int64
 }
 
 func (l *countingLocker) Obtain(ctx context.Context, key string) (*lock.Lease, error) {
 	l.obtains.Add(1)
 	return l.Locker.Obtain(ctx, key)
+}
+
+func (l *countingLocker) ObtainWhile(ctx context.Context, key string, still func(context.Context) error) (*lock.Lease, error) {
+	l.drains.Add(1)
+	return l.Locker.ObtainWhile(ctx, key, still)
 }
 
 // orderPaths are the settings an order is placed with: one order per lock
