@@ -8,7 +8,7 @@
 # running `bin/demo -edge`. Extra arguments go to bin/demo -edge
 # (-rounds, -units, -buyers, -c, -src-n, -flooders, -flood-for,
 # -flood-src-n, -warm-up, -bots, -ceiling-for, -sellout-skus,
-# -sellout-buyers, -sellout-c, -tap-n, -overload-buyers, -overload-units,
+# -sellout-buyers, -sellout-c, -overload-buyers, -overload-units,
 # -overload-c; -only ceiling runs the ceiling's rows alone). The ceiling
 # also measures GET /healthz through the orders' own client (bin/loadtest
 # -client direct, no proxy hop), sets that client beside hey through the

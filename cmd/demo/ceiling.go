@@ -135,12 +135,19 @@ func (row ceilingRow) atOnce(o edgeOptions) int {
 	return o.workers
 }
 
-// tapRequests is how many requests a /healthz row sends: -tap-n, rounded
-// up to a multiple of its concurrency, since the load test would rather
+// tapRequests is how many requests a /healthz row sends: as many as its
+// order row's buyers (the hot SKU's, or the sellout's), so that the two
+// are like for like in every way but the route: the same client, the same
+// concurrency, and as many requests over the same source addresses, each
+// of which dials its connections once whatever it then sends. Rounded up
+// to a multiple of the concurrency, since the load test would rather
 // lower hey's concurrency to a divisor of them (hey drops a remainder).
 func (row ceilingRow) tapRequests(o edgeOptions) int {
-	c := row.atOnce(o)
-	return (o.tapN + c - 1) / c * c
+	c, n := row.atOnce(o), o.buyers
+	if row.Like == selloutLoad {
+		n = o.selloutSKUs * o.selloutBuyers
+	}
+	return (n + c - 1) / c * c
 }
 
 // clientName is how the table names a row's client.

@@ -77,7 +77,7 @@ func TestCeilingTable(t *testing.T) {
 		{"cached page, `GET /api/v1/products/1`: 200 clients for 5s", map[string]string{"rate": "7700/s (200)",
 			"÷ `GET /healthz`": "0.70× (7700 vs 10000)", "÷ /healthz, same client": "–", "MySQL statements/req": "0.00",
 			"verify": "FAIL"}},
-		{"`GET /healthz` through the load test's own client, as the hot SKU: 20000 requests, 200 at once", map[string]string{
+		{"`GET /healthz` through the load test's own client, as the hot SKU: 6000 requests, 200 at once", map[string]string{
 			"rate": "8000/s (200)", "÷ `GET /healthz`": "0.80× (8000 vs 10000)", "÷ /healthz, same client": "1.00× (8000 vs 8000)",
 			"p99": "40ms", "verify": "ok"}},
 		{"hot SKU: 6000 buyers of one 5000-unit SKU, 200 at once", map[string]string{"rate": "4400/s (201 + 409)",
@@ -119,7 +119,7 @@ func TestParseEdge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.only != "" || o.ceilingFor != 5*time.Second || o.tapN != 20000 || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
+	if o.only != "" || o.ceilingFor != 5*time.Second || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
 		o.workers != 200 || o.srcN != crowdSources || o.rounds != 3 || o.overloadBuyers != 60000 || o.overloadUnits != 5000 ||
 		o.overloadC != 3000 {
 		t.Errorf("defaults %+v", o)
@@ -134,7 +134,7 @@ func TestParseEdge(t *testing.T) {
 	if got := o.rows(); len(got) != 1 || got[0].Name != edgeAlone {
 		t.Errorf("-only ceiling runs the edge's rows %v, want the sale alone", got)
 	}
-	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-tap-n", "0"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
+	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-tap-n", "100"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
 		{"-sellout-c", "0"}, {"-overload-buyers", "0"}, {"-overload-units", "0"}, {"-overload-c", "-3"}, {"extra"}} {
 		if _, err := parseEdge(bad); err == nil {
 			t.Errorf("parseEdge(%q) accepted", bad)
@@ -145,24 +145,25 @@ func TestParseEdge(t *testing.T) {
 // The ceiling's rows ask bin/loadtest for what the table says they are:
 // 200 clients from the crowd for -ceiling-for, the source articles' sale,
 // the overload; /healthz through a client (no -for) at the hot SKU's and
-// the sellout's concurrency, -tap-n rounded up to a multiple of it; every
+// the sellout's concurrency, as many requests as the order row's buyers
+// (-buyers 6100 at 200 at once: rounded up to 6200); every
 // order row but the hey rows through the load test's own client.
 func TestCeilingArgs(t *testing.T) {
-	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99", "-tap-n", "10100"})
+	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99", "-buyers", "6100"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string][]string{
 		ceilingHealthz: {"-scenario", "healthz", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
 		ceilingPage:    {"-scenario", "hotread", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
-		ceilingHotTap: {"-scenario", "healthz", "-url", "U", "-n", "10200", "-c", "200", "-src-n", "99",
+		ceilingHotTap: {"-scenario", "healthz", "-url", "U", "-n", "6200", "-c", "200", "-src-n", "99",
 			"-client", "direct"},
-		ceilingOrders: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "6000", "-c", "200", "-src-n", "99",
+		ceilingOrders: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "6100", "-c", "200", "-src-n", "99",
 			"-client", "direct"},
-		ceilingHeyHealthz: {"-scenario", "healthz", "-url", "U", "-n", "10200", "-c", "200", "-src-n", "99", "-client", "hey"},
-		ceilingHeyOrders: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "6000", "-c", "200", "-src-n", "99",
+		ceilingHeyHealthz: {"-scenario", "healthz", "-url", "U", "-n", "6200", "-c", "200", "-src-n", "99", "-client", "hey"},
+		ceilingHeyOrders: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "6100", "-c", "200", "-src-n", "99",
 			"-client", "hey"},
-		ceilingSelloutTap: {"-scenario", "healthz", "-url", "U", "-n", "12000", "-c", "4000", "-src-n", "99",
+		ceilingSelloutTap: {"-scenario", "healthz", "-url", "U", "-n", "20000", "-c", "4000", "-src-n", "99",
 			"-client", "direct"},
 		ceilingSellout: {"-scenario", "sellout", "-url", "U", "-skus", "5000", "-buyers", "4", "-c", "4000", "-src-n", "99",
 			"-client", "direct"},

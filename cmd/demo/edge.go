@@ -70,7 +70,6 @@ type edgeOptions struct {
 
 	only          string        // "ceiling": the ceiling's rows alone
 	ceilingFor    time.Duration // how long the ceiling's GET floods last
-	tapN          int           // requests of the ceiling's GET /healthz through a client, as its orders
 	selloutSKUs   int
 	selloutBuyers int
 	selloutC      int
@@ -103,8 +102,6 @@ func parseEdge(args []string) (edgeOptions, error) {
 	fs.StringVar(&o.only, "only", "", onlyCeiling+": run only the ceiling's rows (GET /healthz, the cached page, GET /healthz through the orders' client, "+
 		"the clients side by side, the sale alone, the sellout, the overload); empty: every row")
 	fs.DurationVar(&o.ceilingFor, "ceiling-for", 5*time.Second, "how long each of the ceiling's GET floods lasts")
-	fs.IntVar(&o.tapN, "tap-n", 20000, "requests of each of the ceiling's GET /healthz rows through the orders' client (and hey's), "+
-		"rounded up to a multiple of its concurrency: a few seconds' worth")
 	fs.IntVar(&o.selloutSKUs, "sellout-skus", 5000, "the ceiling's sellout: products, one unit each")
 	fs.IntVar(&o.selloutBuyers, "sellout-buyers", 4, "the ceiling's sellout: buyers per product")
 	fs.IntVar(&o.selloutC, "sellout-c", 4000, "the ceiling's sellout: buyers at once")
@@ -126,8 +123,8 @@ func parseEdge(args []string) (edgeOptions, error) {
 	if o.only != "" && o.only != onlyCeiling {
 		return o, fmt.Errorf("-only %q: want %s, or nothing for every row", o.only, onlyCeiling)
 	}
-	if o.ceilingFor <= 0 || o.tapN <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
-		return o, errors.New("-ceiling-for, -tap-n, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
+	if o.ceilingFor <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
+		return o, errors.New("-ceiling-for, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
 	}
 	if o.overloadBuyers <= 0 || o.overloadUnits <= 0 || o.overloadC <= 0 {
 		return o, errors.New("-overload-buyers, -overload-units and -overload-c must be positive")
