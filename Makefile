@@ -30,7 +30,7 @@ bench-sweep:
 bench-orders:
 	scripts/bench-orders.sh
 
-## bench-edge: the ceiling (GET /healthz, a cached page, the hot SKU, the sellout; rates as shares of /healthz), with the CPU per request of each process and how stale a page may be, then hot-SKU buyers through nginx alone and under floods of public routes, and a bot farm behind one address, on a private stack
+## bench-edge: the ceiling (GET /healthz, a cached page, the hot SKU, the sellout, the overload; rates as shares of /healthz, the orders through bin/loadtest's own client and beside hey), the goal table with verdicts, with the CPU per request of each process and how stale a page may be, then hot-SKU buyers through nginx alone and under floods of public routes, and a bot farm behind one address, on a private stack
 bench-edge:
 	scripts/bench-edge.sh
 

@@ -25,6 +25,12 @@
 // -c clients send its requests one after the other for D, without hey or
 // the tap, and the result counts the answers by status (flood.go).
 //
+// With -client direct, a run of -n requests goes through the load test's
+// own client instead of hey: -c workers hand each buyer to the tap's
+// bookkeeping in process, with no proxy hop (direct.go), so that the load
+// test costs about what a flood's client costs per request. hey, through
+// the tap, stays the default.
+//
 // With -src-n N, request i leaves from loopback address i mod N, so that a
 // crowd reaches nginx from many addresses, as real buyers do (source.go).
 //
@@ -166,6 +172,9 @@ type options struct {
 	rate        float64
 	srcN        int
 	srcFrom     int
+	// client sends the requests of a run of -n: hey through the tap's
+	// proxy, or the load test's own (direct.go).
+	client string
 	// run makes this run's Idempotency-Keys its own: a second wave, or the
 	// same buyers sent again, never replays an earlier run's key.
 	run string
@@ -233,6 +242,7 @@ func (t *tokens) of(user int) string {
 // Result is what -json writes.
 type Result struct {
 	Scenario    string         `json:"scenario"`
+	Client      string         `json:"client,omitempty"` // hey or direct; empty for a flood
 	URLs        []string       `json:"urls"`
 	Requests    int            `json:"requests"`
 	Concurrency int            `json:"concurrency"`
@@ -289,6 +299,8 @@ func parse(args []string) (options, error) {
 	fs.IntVar(&o.retries, "retries", 30, "-retry: the most attempts per buyer")
 	fs.DurationVar(&o.retryFor, "retry-for", 90*time.Second, "-retry: no attempt starts later than this after a buyer's first")
 	fs.Float64Var(&o.rate, "rate", 0, "the most buyers started per second, over all workers (0: no limit)")
+	fs.StringVar(&o.client, "client", clientHey, "the client of a run of -n requests: hey (hey's requester through the load test's tap, "+
+		"an HTTP proxy in this process) or direct (the load test's own client, without the proxy hop; see direct.go)")
 	fs.IntVar(&o.srcFrom, "src-from", 0, "-src-n: the first source address, counted from 127.1.1.1 (0)")
 	fs.DurationVar(&o.flood, "for", 0, "flood: send the scenario's requests (not sellout or hotsku) from -c clients for this long; 0: -n requests through hey")
 	fs.IntVar(&o.srcN, "src-n", 1, "spread the requests over this many loopback source addresses (127.1.b.c), request i from address i mod src-n; 1: the system's choice")
@@ -344,6 +356,9 @@ func parse(args []string) (options, error) {
 	if o.concurrency <= 0 {
 		return o, errors.New("-c must be positive")
 	}
+	if o.client != clientHey && o.client != clientDirect {
+		return o, fmt.Errorf("-client %q: want %s or %s", o.client, clientHey, clientDirect)
+	}
 	if o.retries <= 0 || o.retryFor <= 0 || o.timeout <= 0 {
 		return o, errors.New("-retries, -retry-for and -timeout must be positive")
 	}
@@ -364,8 +379,9 @@ func parse(args []string) (options, error) {
 		return o, nil // -c clients for -for, however many requests
 	}
 	o.concurrency = min(o.concurrency, o.n)
-	// hey gives each worker n/c requests and drops the remainder.
-	for o.n%o.concurrency != 0 {
+	// hey gives each worker n/c requests and drops the remainder; the
+	// direct client's workers take the requests in turn, however many.
+	for o.client == clientHey && o.n%o.concurrency != 0 {
 		o.concurrency--
 	}
 	return o, nil
@@ -540,18 +556,20 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.retry {
 		policy.attempts, policy.budget = o.retries, o.retryFor
 	}
-	srcs, err := newSources(o.srcFrom, o.srcN, tapConnsPerHost)
+	// Through hey, the tap's proxy caps the requests in flight to each
+	// URL; the direct client's -c workers are each one of them.
+	inFlight, conns := tapConnsPerHost, 0
+	if o.client == clientDirect {
+		inFlight = o.concurrency
+	} else {
+		conns = 2 * o.concurrency // each of hey's workers to the tap, and the tap's end
+	}
+	srcs, err := newSources(o.srcFrom, o.srcN, inFlight)
 	if err != nil {
 		return err
 	}
-	tp, err := newTap(policy, srcs)
-	if err != nil {
-		return err
-	}
-	// Each worker holds a connection to the tap, whose end is in this
-	// process too; the tap's own connections to the service are capped.
-	if err := raiseFileLimit(uint64(2*o.concurrency + len(o.urls)*tp.sources.conns() + 256)); err != nil {
-		tp.close(0)
+	tp := newTap(policy, srcs)
+	if err := raiseFileLimit(uint64(conns + len(o.urls)*tp.sources.conns() + 256)); err != nil {
 		return fmt.Errorf("%w: lower -c", err)
 	}
 	if o.provider != nil || o.cancelFrac > 0 {
@@ -566,34 +584,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if o.until > 0 {
 		tp.until, tp.untilEnd = int64(o.until), time.Now().Add(o.untilFor)
 	}
-	proxy, _ := url.Parse("http://" + tp.addr)
 	wait := policy.wait()
 	if o.until > 0 {
 		wait += o.untilFor
 	}
 
-	var report bytes.Buffer
-	w := &requester.Work{
-		Request:     requests(o)(), // hey needs Request set even with RequestFunc
-		RequestFunc: requests(o),
-		N:           o.n,
-		C:           o.concurrency,
-		QPS:         o.rate / float64(o.concurrency),
-		// Longer than the tap takes for a buyer, so that the tap's
-		// timeout, not hey's, ends an attempt and is counted.
-		Timeout:   int(math.Ceil((wait + 5*time.Second).Seconds())),
-		ProxyAddr: proxy,
-		Output:    summary,
-		Writer:    &report,
+	fmt.Fprintf(stderr, "loadtest: %s, %d requests, %d at once, through %s, to %s\n", o.scenario, o.n, o.concurrency, o.client,
+		strings.Join(o.urls, ", "))
+	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Rate: o.rate, Retry: o.retry,
+		Until: o.until, Client: o.client}
+	if o.client == clientDirect {
+		finished := make(chan struct{})
+		go progress(ctx, tp, o.n, finished, stderr, func() {})
+		// The tap answers a buyer within wait; a few seconds more, as
+		// hey's timeout has, so that the tap's timeout ends an attempt.
+		tm := direct(ctx, o, tp, wait+5*time.Second)
+		close(finished)
+		tp.close(0)
+		res.Seconds = tm.seconds
+		if tm.seconds > 0 {
+			res.RPS = float64(len(tm.lats)) / tm.seconds
+		}
+		res.P50Ms, res.P99Ms = percentile(tm.lats, 50)*1000, percentile(tm.lats, 99)*1000
+		fmt.Fprintf(stdout, "direct %s: %d buyers in %.2fs, %.0f/s, p50 %.1f ms, p99 %.1f ms\n", o.scenario, len(tm.lats),
+			res.Seconds, res.RPS, res.P50Ms, res.P99Ms)
+	} else {
+		report, err := viaHey(ctx, o, tp, wait, stderr)
+		if err != nil {
+			return err
+		}
+		printSummary(report, stdout, &res)
 	}
-	w.Init()
-
-	fmt.Fprintf(stderr, "loadtest: %s, %d requests, %d at once, to %s\n", o.scenario, o.n, o.concurrency, strings.Join(o.urls, ", "))
-	finished := make(chan struct{})
-	go progress(ctx, tp, o.n, finished, stderr, w)
-	w.Run()
-	close(finished)
-	tp.close(10 * time.Second) // buyers whose hey request gave up are still counted
 	var pays PayResult
 	var payLines []string
 	if tp.payer != nil {
@@ -615,9 +636,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pays, payLines = tp.payer.result()
 	}
 
-	res := Result{Scenario: o.scenario, URLs: o.urls, Requests: o.n, Concurrency: o.concurrency, Rate: o.rate, Retry: o.retry,
-		Until: o.until}
-	printSummary(report.String(), stdout, &res)
 	tl := tp.snapshot()
 	tl.fill(&res)
 	if o.provider != nil {
@@ -664,6 +682,36 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// viaHey sends the scenario's requests through hey's requester and the
+// tap's proxy, each buyer within wait, and returns hey's summary.
+func viaHey(ctx context.Context, o options, tp *tap, wait time.Duration, stderr io.Writer) (string, error) {
+	if err := tp.listen(); err != nil {
+		return "", err
+	}
+	proxy, _ := url.Parse("http://" + tp.addr)
+	var report bytes.Buffer
+	w := &requester.Work{
+		Request:     requests(o)(), // hey needs Request set even with RequestFunc
+		RequestFunc: requests(o),
+		N:           o.n,
+		C:           o.concurrency,
+		QPS:         o.rate / float64(o.concurrency),
+		// Longer than the tap takes for a buyer, so that the tap's
+		// timeout, not hey's, ends an attempt and is counted.
+		Timeout:   int(math.Ceil((wait + 5*time.Second).Seconds())),
+		ProxyAddr: proxy,
+		Output:    summary,
+		Writer:    &report,
+	}
+	w.Init()
+	finished := make(chan struct{})
+	go progress(ctx, tp, o.n, finished, stderr, w.Stop)
+	w.Run()
+	close(finished)
+	tp.close(10 * time.Second) // buyers whose hey request gave up are still counted
+	return report.String(), nil
 }
 
 // fill puts the tally's counts into res.
@@ -741,7 +789,7 @@ func percentile(xs []float64, p int) float64 {
 
 // progress prints a line each second until the run ends; an interrupt stops
 // the run early.
-func progress(ctx context.Context, tp *tap, total int, finished <-chan struct{}, w io.Writer, work *requester.Work) {
+func progress(ctx context.Context, tp *tap, total int, finished <-chan struct{}, w io.Writer, stop func()) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	start := time.Now()
@@ -750,7 +798,7 @@ func progress(ctx context.Context, tp *tap, total int, finished <-chan struct{},
 		case <-finished:
 			return
 		case <-ctx.Done():
-			work.Stop()
+			stop()
 			return
 		case <-tick.C:
 			tl := tp.snapshot()

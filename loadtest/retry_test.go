@@ -112,11 +112,17 @@ func (s *flakyShop) place(key string, sku, user int64) string {
 // and acks.
 func runLoad(t *testing.T, url string, args ...string) (Result, []string) {
 	t.Helper()
+	var out strings.Builder
+	return runLoadOut(t, &out, url, args...)
+}
+
+// runLoadOut is runLoad, with the load test's output written to out.
+func runLoadOut(t *testing.T, out *strings.Builder, url string, args ...string) (Result, []string) {
+	t.Helper()
 	dir := t.TempDir()
 	acks, result := filepath.Join(dir, "acks"), filepath.Join(dir, "result.json")
-	var out strings.Builder
 	args = append([]string{"-url", url, "-acks", acks, "-json", result}, args...)
-	if err := run(context.Background(), args, &out, io.Discard); err != nil {
+	if err := run(context.Background(), args, out, io.Discard); err != nil {
 		t.Fatal(err)
 	}
 	var r Result

@@ -27,7 +27,9 @@ import (
 // that hey's latency is the buyer's whole wait. A winner's payment is made
 // beside it, by the tap's payer, and is not in hey's latency. Buyer i (in
 // the order the tap is asked) is sent from source address i mod the
-// sources' number, its retries, purchases again and payment too.
+// sources' number, its retries, purchases again and payment too. The load
+// test's own client (-client direct) hands the tap its buyers without the
+// proxy (serve): the same bookkeeping, without the HTTP hop.
 type tap struct {
 	sources *sources
 	server  *http.Server
@@ -84,16 +86,12 @@ func (a ack) String() string {
 // they would in a server's accept queue.
 const tapConnsPerHost = 256
 
-// newTap starts a tap that sends each buyer's request by policy, through
-// srcs.
-func newTap(policy retryPolicy, srcs *sources) (*tap, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	t := &tap{
+// newTap makes a tap that sends each buyer's request by policy, through
+// srcs. It serves no proxy until listen: the load test's own client
+// (direct.go) hands it its buyers without one.
+func newTap(policy retryPolicy, srcs *sources) *tap {
+	return &tap{
 		sources:  srcs,
-		addr:     ln.Addr().String(),
 		policy:   policy,
 		statuses: map[int]int{},
 		errors:   map[string]int{},
@@ -101,9 +99,18 @@ func newTap(policy retryPolicy, srcs *sources) (*tap, error) {
 		acked:    map[string]bool{},
 		drained:  make(chan struct{}),
 	}
+}
+
+// listen starts the tap's proxy on a loopback port (addr), for hey.
+func (t *tap) listen() error {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	t.addr = ln.Addr().String()
 	t.server = &http.Server{Handler: t, ReadHeaderTimeout: 10 * time.Second}
 	go t.server.Serve(ln)
-	return t, nil
+	return nil
 }
 
 // close stops the tap once the buyers it is still serving have their
@@ -130,7 +137,9 @@ func (t *tap) close(wait time.Duration) {
 	}
 	// Close drops every connection, unused or idle, and any buyer still
 	// in flight past wait: its request's context ends its attempts.
-	t.server.Close()
+	if t.server != nil {
+		t.server.Close()
+	}
 	t.sources.closeIdle()
 }
 
@@ -163,10 +172,8 @@ type answer struct {
 	err    error
 }
 
-// ServeHTTP forwards a proxied request (absolute URL), retrying it by the
-// tap's policy, and copies the last answer back, recording every one. A
-// buyer who wins a reservation that the payment plan picks has it paid
-// (payer); with until set, a buyer answered 409 sold_out buys again.
+// ServeHTTP forwards a proxied request (absolute URL) as one buyer
+// (serve) and copies the buyer's last answer back.
 func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !t.enter() {
 		http.Error(w, "the load test is over", http.StatusServiceUnavailable)
@@ -179,6 +186,26 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	a := t.serve(r, body)
+	if a.err != nil {
+		http.Error(w, a.err.Error(), http.StatusBadGateway)
+		return
+	}
+	for k, vs := range a.header {
+		w.Header()[k] = vs
+	}
+	w.WriteHeader(a.status)
+	w.Write(a.body)
+}
+
+// serve is one buyer: it sends r, with body, retrying it by the tap's
+// policy, records every answer and returns the last. A buyer who wins a
+// reservation that the payment plan picks has it paid (payer); with until
+// set, a buyer answered 409 sold_out buys again. Both clients come here:
+// the proxy (ServeHTTP) with the request hey sent it, and the load test's
+// own client (direct.go) with the request it built, so that a buyer is
+// the same buyer whichever sent it.
+func (t *tap) serve(r *http.Request, body []byte) answer {
 	key := r.Header.Get("Idempotency-Key")
 	rt := t.sources.of(int(t.next.Add(1) - 1))
 	var a answer
@@ -204,20 +231,12 @@ func (t *tap) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		case <-time.After(wait):
 		}
 		if r.Context().Err() != nil {
-			break // hey gave up on this buyer
+			break // the client gave up on this buyer
 		}
 		t.rebuys.Add(1)
 	}
 	t.final(a)
-	if a.err != nil {
-		http.Error(w, a.err.Error(), http.StatusBadGateway)
-		return
-	}
-	for k, vs := range a.header {
-		w.Header()[k] = vs
-	}
-	w.WriteHeader(a.status)
-	w.Write(a.body)
+	return a
 }
 
 // buy makes one purchase attempt under Idempotency-Key key (none if

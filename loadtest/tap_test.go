@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -19,8 +20,8 @@ func newTestTap(t *testing.T) *tap {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tp, err := newTap(retryPolicy{attempts: 1, timeout: time.Minute}, srcs)
-	if err != nil {
+	tp := newTap(retryPolicy{attempts: 1, timeout: time.Minute}, srcs)
+	if err := tp.listen(); err != nil {
 		t.Fatal(err)
 	}
 	return tp
@@ -146,4 +147,42 @@ func TestTapCloseWaitsForBuyers(t *testing.T) {
 	if tl.finals["201"] != 1 || len(tl.acks) != 1 || tp.done.Load() != 1 {
 		t.Errorf("finals %v, acks %v, done %d; want the buyer in flight counted", tl.finals, tl.acks, tp.done.Load())
 	}
+}
+
+// wire records where a test server's requests came from: each request's
+// source address and the connections it opened.
+type wire struct {
+	mu      sync.Mutex
+	sources map[string]int // source IP → requests
+	conns   int            // connections opened
+	header  map[string]int // requests that carried each of the headers asked about
+}
+
+// serve starts handler behind a server that records its wire, counting
+// the requests that carry any of headers.
+func serve(t *testing.T, handler http.Handler, headers ...string) (*httptest.Server, *wire) {
+	t.Helper()
+	w := &wire{sources: map[string]int{}, header: map[string]int{}}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
+		ip, _, _ := net.SplitHostPort(r.RemoteAddr)
+		w.mu.Lock()
+		w.sources[ip]++
+		for _, h := range headers {
+			if r.Header.Get(h) != "" {
+				w.header[h]++
+			}
+		}
+		w.mu.Unlock()
+		handler.ServeHTTP(rw, r)
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			w.mu.Lock()
+			w.conns++
+			w.mu.Unlock()
+		}
+	}
+	srv.Start()
+	t.Cleanup(srv.Close)
+	return srv, w
 }

@@ -8,10 +8,14 @@
 # running `bin/demo -edge`. Extra arguments go to bin/demo -edge
 # (-rounds, -units, -buyers, -c, -src-n, -flooders, -flood-for,
 # -flood-src-n, -warm-up, -bots, -ceiling-for, -sellout-skus,
-# -sellout-buyers, -sellout-c, -tap-n; -only ceiling runs the ceiling's
-# rows alone). The ceiling also measures GET /healthz through the orders'
-# own client (hey and the load test's tap), where the CPU of each process
-# goes, and how stale a product page another replica serves may be.
+# -sellout-buyers, -sellout-c, -overload-buyers, -overload-units,
+# -overload-c; -only ceiling runs the ceiling's rows alone). The ceiling
+# also measures GET /healthz through the orders' own client (bin/loadtest
+# -client direct, no proxy hop), sets that client beside hey through the
+# load test's tap, each with its own CPU per request, runs an overload
+# (60000 buyers of 5000 units, 3000 at once), says where the CPU of each
+# process goes and how stale a product page another replica serves may
+# be, and prints the goal table with a verdict per row.
 #
 # Environment: SHOP_STATE (default .state/bench-edge), BENCH_OUT (default
 # out/bench-edge).

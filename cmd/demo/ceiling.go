@@ -29,14 +29,19 @@ import (
 // addresses, as the edge's sales do, so that nginx's per-address limits
 // are not what is measured.
 //
-// The orders' own client is hey, every request through the load test's
-// tap (an HTTP forward proxy in the same process): one more HTTP hop than
-// the flood's, on the same cores as the stack. So /healthz is measured
-// that way too, at the hot SKU's concurrency and at the sellout's, and
-// each order row is also divided by its own: the like-for-like ratio,
-// which tells what the order costs beyond what its client costs. For
-// every row, the CPU each process group spent over the load (cpu.go)
-// tells where the time went.
+// The orders' own client is bin/loadtest's (-client direct): each buyer its
+// own body, user and key, sent from the crowd's addresses over kept-alive
+// connections, without hey or the tap's proxy between (loadtest/direct.go).
+// It is still not the flood's bare client, so /healthz is measured through
+// it too, at the hot SKU's concurrency and at the sellout's, and each
+// order row is also divided by its own: the like-for-like ratio, which
+// tells what the order costs beyond what its client costs. The client that
+// sent the orders before it, hey through the tap, is measured beside it
+// once more (the clients' rows: /healthz and hot-SKU orders through each),
+// with what each costs its own process per request. For every row, the
+// CPU each process group spent over the load (cpu.go) tells where the time
+// went. Last in each round, the overload: many more buyers than units,
+// thousands at once, whose p99 and unanswered buyers are held to a goal.
 
 // The ceiling's rows, by name.
 const (
@@ -46,56 +51,82 @@ const (
 	ceilingHot        = "hot SKU"
 	ceilingSelloutTap = "GET /healthz like sellout"
 	ceilingSellout    = "sellout"
+	// The clients' rows: hot-SKU orders (no payments, no cancels) through
+	// the orders' client, and /healthz and the same orders through hey
+	// and the tap.
+	ceilingOrders     = "hot SKU orders"
+	ceilingHeyHealthz = "GET /healthz like hot SKU, hey"
+	ceilingHeyOrders  = "hot SKU orders, hey"
+	ceilingOverload   = "overload"
+)
+
+// The clients of bin/loadtest -client: the orders' own, which every order
+// row but the hey rows uses, and hey through the tap.
+const (
+	ordersClient = "direct"
+	heyClient    = "hey"
 )
 
 // ceilingKind is how a ceiling row's load is made, and when in a round it
 // runs: the floods first, then /healthz through the orders' client, then
-// the edge's rows (the sale alone among them), then the sellout.
+// the clients' rows, then the edge's rows (the sale alone among them),
+// then the sellout and the overload.
 type ceilingKind int
 
 const (
-	floodLoad   ceilingKind = iota // a flood of one GET route
-	tapLoad                        // GET /healthz through hey and the tap, as an order row sends its requests
-	aloneLoad                      // the edge's sale alone
-	selloutLoad                    // the source articles' sellout
+	floodLoad    ceilingKind = iota // a flood of one GET route
+	clientLoad                      // GET /healthz through the orders' client, as an order row sends its requests
+	clientsLoad                     // the clients side by side: /healthz and hot-SKU orders through each
+	aloneLoad                       // the edge's sale alone
+	selloutLoad                     // the source articles' sellout
+	overloadLoad                    // many more buyers of one product than its units, thousands at once
 )
 
-// ceilingRow is a row of the ceiling's table and its goals, each zero for
-// none.
+// ceilingRow is a row of the ceiling's table.
 type ceilingRow struct {
 	Name     string
 	Kind     ceilingKind
-	Scenario string   // a flood's bin/loadtest scenario
+	Scenario string   // a flood's or a clients' row's bin/loadtest scenario
 	Route    string   // a flood's route, for the table
 	Served   []string // the answers its rate counts
-	// Like is the order row whose concurrency a tapLoad row takes.
+	// Client is the bin/loadtest -client of an order or clientLoad row.
+	Client string
+	// Like is the order row whose concurrency a clientLoad row takes.
 	Like ceilingKind
 	// SameClient names the row whose load comes through the same client
-	// at the same concurrency: an order row's tapLoad row, which the
+	// at the same concurrency: an order row's /healthz row, which the
 	// like-for-like ratio divides by; "" for none.
 	SameClient string
-	// MinRatio is the least share of the /healthz rate the row must keep,
-	// MaxP99Ms its slowest p99, MaxStatements the most MySQL statements
-	// per request it may cost.
-	MinRatio, MaxP99Ms, MaxStatements float64
 }
 
 // ceilingRows are the ceiling's rows in the table's order.
 func ceilingRows() []ceilingRow {
 	return []ceilingRow{
 		{Name: ceilingHealthz, Kind: floodLoad, Scenario: "healthz", Route: "`GET /healthz`", Served: []string{"200"}},
-		{Name: ceilingPage, Kind: floodLoad, Scenario: "hotread", Route: "`GET /api/v1/products/1`", Served: []string{"200"},
-			MinRatio: 0.85},
-		{Name: ceilingHotTap, Kind: tapLoad, Scenario: "healthz", Served: []string{"200"}, Like: aloneLoad, SameClient: ceilingHotTap},
-		{Name: ceilingHot, Kind: aloneLoad, Served: buyersServed, SameClient: ceilingHotTap, MinRatio: 0.45},
-		{Name: ceilingSelloutTap, Kind: tapLoad, Scenario: "healthz", Served: []string{"200"}, Like: selloutLoad,
-			SameClient: ceilingSelloutTap},
-		{Name: ceilingSellout, Kind: selloutLoad, Served: buyersServed, SameClient: ceilingSelloutTap, MinRatio: 0.30,
-			MaxP99Ms: 500, MaxStatements: 0.8},
+		{Name: ceilingPage, Kind: floodLoad, Scenario: "hotread", Route: "`GET /api/v1/products/1`", Served: []string{"200"}},
+		{Name: ceilingHotTap, Kind: clientLoad, Scenario: "healthz", Served: []string{"200"}, Client: ordersClient, Like: aloneLoad,
+			SameClient: ceilingHotTap},
+		{Name: ceilingHot, Kind: aloneLoad, Served: buyersServed, Client: ordersClient, SameClient: ceilingHotTap},
+		{Name: ceilingOrders, Kind: clientsLoad, Scenario: "hotsku", Served: buyersServed, Client: ordersClient,
+			SameClient: ceilingHotTap},
+		{Name: ceilingHeyHealthz, Kind: clientsLoad, Scenario: "healthz", Served: []string{"200"}, Client: heyClient,
+			Like: aloneLoad, SameClient: ceilingHeyHealthz},
+		{Name: ceilingHeyOrders, Kind: clientsLoad, Scenario: "hotsku", Served: buyersServed, Client: heyClient,
+			SameClient: ceilingHeyHealthz},
+		{Name: ceilingSelloutTap, Kind: clientLoad, Scenario: "healthz", Served: []string{"200"}, Client: ordersClient,
+			Like: selloutLoad, SameClient: ceilingSelloutTap},
+		{Name: ceilingSellout, Kind: selloutLoad, Served: buyersServed, Client: ordersClient, SameClient: ceilingSelloutTap},
+		{Name: ceilingOverload, Kind: overloadLoad, Served: buyersServed, Client: ordersClient},
 	}
 }
 
-// atOnce is how many of a tapLoad row's requests are in flight at once:
+// orders tells whether the row's load places orders: its acknowledged
+// orders are verified.
+func (row ceilingRow) orders() bool {
+	return row.Kind == aloneLoad || row.Kind == selloutLoad || row.Kind == overloadLoad || row.Scenario == "hotsku"
+}
+
+// atOnce is how many of a /healthz row's requests are in flight at once:
 // as many as its order row's.
 func (row ceilingRow) atOnce(o edgeOptions) int {
 	if row.Like == selloutLoad {
@@ -104,29 +135,50 @@ func (row ceilingRow) atOnce(o edgeOptions) int {
 	return o.workers
 }
 
-// tapRequests is how many requests a tapLoad row sends: -tap-n, rounded
-// up to a multiple of its concurrency, since the load test would rather
-// lower the concurrency to a divisor of them (hey drops a remainder).
+// tapRequests is how many requests a /healthz row sends: as many as its
+// order row's buyers (the hot SKU's, or the sellout's), so that the two
+// are like for like in every way but the route: the same client, the same
+// concurrency, and as many requests over the same source addresses, each
+// of which dials its connections once whatever it then sends. Rounded up
+// to a multiple of the concurrency, since the load test would rather
+// lower hey's concurrency to a divisor of them (hey drops a remainder).
 func (row ceilingRow) tapRequests(o edgeOptions) int {
-	c := row.atOnce(o)
-	return (o.tapN + c - 1) / c * c
+	c, n := row.atOnce(o), o.buyers
+	if row.Like == selloutLoad {
+		n = o.selloutSKUs * o.selloutBuyers
+	}
+	return (n + c - 1) / c * c
+}
+
+// clientName is how the table names a row's client.
+func (row ceilingRow) clientName() string {
+	if row.Client == heyClient {
+		return "hey through the tap"
+	}
+	return "the load test's own client"
 }
 
 // load describes the row's load for the table.
 func (row ceilingRow) load(o edgeOptions) string {
-	switch row.Kind {
-	case tapLoad:
+	switch {
+	case row.Scenario == "healthz" && row.Kind != floodLoad:
 		like := ceilingHot
 		if row.Like == selloutLoad {
 			like = ceilingSellout
 		}
-		return fmt.Sprintf("`GET /healthz` through hey and the tap, as the %s: %d requests, %d at once", like,
+		return fmt.Sprintf("`GET /healthz` through %s, as the %s: %d requests, %d at once", row.clientName(), like,
 			row.tapRequests(o), row.atOnce(o))
-	case aloneLoad:
+	case row.Scenario == "hotsku":
+		return fmt.Sprintf("%s: %d buyers of one %d-unit SKU, %d at once, no payments, through %s", row.Name, o.buyers, o.units,
+			o.workers, row.clientName())
+	case row.Kind == aloneLoad:
 		return fmt.Sprintf("%s: %d buyers of one %d-unit SKU, %d at once", row.Name, o.buyers, o.units, o.workers)
-	case selloutLoad:
+	case row.Kind == selloutLoad:
 		return fmt.Sprintf("%s: %d products × 1 unit, %d buyers each, %d at once", row.Name, o.selloutSKUs, o.selloutBuyers,
 			o.selloutC)
+	case row.Kind == overloadLoad:
+		return fmt.Sprintf("%s: %d buyers of one %d-unit SKU, %d at once", row.Name, o.overloadBuyers, o.overloadUnits,
+			o.overloadC)
 	}
 	what := row.Route
 	if row.Name != ceilingHealthz {
@@ -137,18 +189,25 @@ func (row ceilingRow) load(o edgeOptions) string {
 
 // args are the load test's arguments of the row's load but its files.
 func (row ceilingRow) args(o edgeOptions, url string) []string {
-	switch row.Kind {
-	case selloutLoad:
-		return []string{"-scenario", "sellout", "-url", url, "-skus", strconv.Itoa(o.selloutSKUs),
-			"-buyers", strconv.Itoa(o.selloutBuyers), "-c", strconv.Itoa(o.selloutC), "-src-n", strconv.Itoa(o.srcN)}
-	case tapLoad:
-		// No -for: the load test sends -n requests through hey and its
-		// tap, as it sends the buyers'.
-		return []string{"-scenario", row.Scenario, "-url", url, "-n", strconv.Itoa(row.tapRequests(o)),
-			"-c", strconv.Itoa(row.atOnce(o)), "-src-n", strconv.Itoa(o.srcN)}
+	src := []string{"-src-n", strconv.Itoa(o.srcN)}
+	switch {
+	case row.Kind == selloutLoad:
+		return slices.Concat([]string{"-scenario", "sellout", "-url", url, "-skus", strconv.Itoa(o.selloutSKUs),
+			"-buyers", strconv.Itoa(o.selloutBuyers), "-c", strconv.Itoa(o.selloutC)}, src, []string{"-client", row.Client})
+	case row.Kind == overloadLoad:
+		return slices.Concat([]string{"-scenario", "hotsku", "-sku", "1", "-url", url, "-n", strconv.Itoa(o.overloadBuyers),
+			"-c", strconv.Itoa(o.overloadC)}, src, []string{"-client", row.Client})
+	case row.Scenario == "hotsku":
+		return slices.Concat([]string{"-scenario", "hotsku", "-sku", "1", "-url", url, "-n", strconv.Itoa(o.buyers),
+			"-c", strconv.Itoa(o.workers)}, src, []string{"-client", row.Client})
+	case row.Kind == clientLoad || row.Kind == clientsLoad:
+		// No -for: the load test sends -n requests through the row's
+		// client, as it sends the buyers'.
+		return slices.Concat([]string{"-scenario", row.Scenario, "-url", url, "-n", strconv.Itoa(row.tapRequests(o)),
+			"-c", strconv.Itoa(row.atOnce(o))}, src, []string{"-client", row.Client})
 	}
-	return []string{"-scenario", row.Scenario, "-url", url, "-sku", "1", "-for", o.ceilingFor.String(),
-		"-c", strconv.Itoa(o.workers), "-src-n", strconv.Itoa(o.srcN)}
+	return slices.Concat([]string{"-scenario", row.Scenario, "-url", url, "-sku", "1", "-for", o.ceilingFor.String(),
+		"-c", strconv.Itoa(o.workers)}, src)
 }
 
 // ceilingCounters are the MariaDB counters a ceiling row's statements are
@@ -220,17 +279,22 @@ func (c *ceiling) runKind(ctx context.Context, round int, k ceilingKind) ([]ceil
 	return runs, nil
 }
 
-// run reseeds the catalog for the row (a flood: the edge's one product; the
-// sellout: its products with one unit each), runs the row's load between
+// run reseeds the catalog for the row (a flood and the clients' rows: the
+// edge's one product; the sellout: its products with one unit each; the
+// overload: one product with its units), runs the row's load between
 // two readings of MariaDB's counters, and verifies the catalog: with the
-// sellout's acknowledged orders, or with none after a flood, which places
-// no order but must leave every invariant as it found it.
+// acknowledged orders of a row that places them, or with none after
+// /healthz or a flood, which place no order but must leave every
+// invariant as it found it.
 func (c *ceiling) run(ctx context.Context, round int, row ceilingRow) (ceilingRun, error) {
 	o := c.o
 	r := ceilingRun{Round: round, Row: row}
 	products, units := 1, o.units
-	if row.Kind == selloutLoad {
+	switch row.Kind {
+	case selloutLoad:
 		products, units = o.selloutSKUs, 1
+	case overloadLoad:
+		units = o.overloadUnits
 	}
 	if _, err := commandEnv(ctx, c.env, c.stderr, o.stack, "shop", "seed", "--products", strconv.Itoa(products),
 		"--stock", strconv.Itoa(units)); err != nil {
@@ -239,7 +303,7 @@ func (c *ceiling) run(ctx context.Context, round int, row ceilingRow) (ceilingRu
 	base := filepath.Join(o.out, "runs", fmt.Sprintf("%d-ceiling-%s", round, runSlug(row.Name)))
 	acks := base + ".acks"
 	args := append(row.args(o, c.url), "-json", base+".json")
-	if row.Kind == selloutLoad {
+	if row.orders() {
 		args = append(args, "-acks", acks)
 	} else if err := os.WriteFile(acks, nil, 0o644); err != nil {
 		return r, err
@@ -348,43 +412,6 @@ func mdHeading(w io.Writer, columns ...string) {
 	fmt.Fprintf(w, "|%s\n", strings.Repeat("---|", len(columns)))
 }
 
-// ceilingGoals states each of the ceiling's goals, met or not, with its
-// figure: the median over the rounds, as in the table; then each order
-// row's like-for-like ratio, which no goal is set on.
-func ceilingGoals(runs []ceilingRun) string {
-	var b strings.Builder
-	for row, rr := range ceilingRowsRun(runs) {
-		if row.MinRatio > 0 {
-			x := ratioTo(runs, rr, ceilingHealthz, ceilingRun.rate)
-			fmt.Fprintf(&b, "goal: %s ≥ %.2f× GET /healthz: %.2f×, %s\n", row.Name, row.MinRatio, x, goalVerdict(x >= row.MinRatio))
-		}
-		if row.MaxP99Ms > 0 {
-			p := medianOf(rr, ceilingRun.p99)
-			fmt.Fprintf(&b, "goal: %s p99 ≤ %s: %s, %s\n", row.Name, ms(row.MaxP99Ms), ms(p), goalVerdict(p <= row.MaxP99Ms))
-		}
-		if row.MaxStatements > 0 {
-			s := medianOf(rr, ceilingRun.statements)
-			fmt.Fprintf(&b, "goal: %s ≤ %.2f MySQL statements per request: %.2f, %s\n", row.Name, row.MaxStatements, s,
-				goalVerdict(s <= row.MaxStatements))
-		}
-	}
-	for row, rr := range ceilingRowsRun(runs) {
-		if row.SameClient == "" || row.SameClient == row.Name || len(rowRuns(runs, row.SameClient)) == 0 {
-			continue
-		}
-		fmt.Fprintf(&b, "like for like: %s ÷ %s (the same client, hey through the tap, at the same concurrency): %s\n",
-			row.Name, row.SameClient, ratioCell(runs, rr, row.SameClient, ceilingRun.rate))
-	}
-	return b.String()
-}
-
-func goalVerdict(met bool) string {
-	if met {
-		return "met"
-	}
-	return "NOT met"
-}
-
 // ceilingReport is the ceiling's section of report.md: what was run, the
 // table, the goals and what the columns mean, then where the time went.
 func ceilingReport(o edgeOptions, tbl, goals, cpu string) string {
@@ -394,11 +421,13 @@ func ceilingReport(o edgeOptions, tbl, goals, cpu string) string {
 		"how close the sale's routes come to `GET /healthz`, which asks nothing of Redis or MySQL, so that its rate is "+
 		"what nginx, the replicas' HTTP stack and the load generator manage together on this machine. Each round runs "+
 		"`GET /healthz` and the cached page as floods (`bin/loadtest -for %s`, %d clients), then `GET /healthz` through "+
-		"the orders' own client (hey through the load test's tap, `-n`, at the hot SKU's and at the sellout's concurrency), "+
-		"then the rows under floods below (the first of which, the sale alone, is the hot SKU here), then the sellout after "+
-		"`shop seed --products %d --stock 1`. Every load comes from %d loopback addresses. %d round(s); every figure is "+
-		"the median over them.\n\n",
-		o.ceilingFor, o.workers, o.selloutSKUs, o.srcN, o.rounds)
+		"the orders' own client (`bin/loadtest -client direct -n`, at the hot SKU's and at the sellout's concurrency), "+
+		"then the clients side by side (`GET /healthz` and hot-SKU orders through hey and the tap, `-client hey`, and the "+
+		"same orders through the orders' client), then the rows under floods below (the first of which, the sale alone, "+
+		"is the hot SKU here), then the sellout after `shop seed --products %d --stock 1`, then the overload after "+
+		"`shop seed --products 1 --stock %d`. Every load comes from %d loopback addresses. %d round(s), their rows "+
+		"alternating; every figure is the median over them.\n\n",
+		o.ceilingFor, o.workers, o.selloutSKUs, o.overloadUnits, o.srcN, o.rounds)
 	b.WriteString(tbl)
 	b.WriteString("\n")
 	b.WriteString(goals)
@@ -406,26 +435,30 @@ func ceilingReport(o edgeOptions, tbl, goals, cpu string) string {
 - **rate**: the answers counted (in brackets) per second: a flood's ` + "`200`" + `s per second of the flood, the buyers'
   ` + "`201`" + ` and ` + "`409`" + ` (sold out) per second of the sale.
 - **÷ ` + "`GET /healthz`" + `**: the rate over the same round's ` + "`GET /healthz`" + ` rate, the median of the rounds' ratios;
-  the absolute medians beside. The goals are set on this one.
-- **÷ /healthz, same client**: like for like. The orders' load generator is hey, and it sends every request
-  through the tap, an HTTP forward proxy in ` + "`bin/loadtest`" + `: one more HTTP hop than the flood's clients make, and
-  on the same cores as the stack, so part of what an order row loses against the flood's ` + "`/healthz`" + ` is its
-  client's cost, not the order's. This column divides the hot SKU by ` + "`GET /healthz`" + ` sent the same way at the same
-  concurrency, and the sellout likewise, in the same round; the absolute medians beside. What is left is what the
-  order itself costs beyond answering ` + "`/healthz`" + `.
-- **p99**: of every answer (a flood's answered requests; hey's timings of a sale's).
+  the absolute medians beside. The cached page's goal is set on this one.
+- **÷ /healthz, same client**: like for like. The orders' load generator is ` + "`bin/loadtest`" + `'s own client: every
+  buyer its own body, user and Idempotency-Key, without the flood's bare loop, on the same cores as the stack, so
+  part of what an order row loses against the flood's ` + "`/healthz`" + ` is its client's cost, not the order's. This
+  column divides each order row by ` + "`GET /healthz`" + ` sent through the same client at the same concurrency, in the
+  same round; the absolute medians beside. What is left is what the order itself costs beyond answering
+  ` + "`/healthz`" + `. The order rows' goals are set on this one.
+- **p99**: of every answer (a flood's answered requests; each buyer's whole wait in a sale).
 - **MySQL statements/req**: the growth of MariaDB's ` + "`Questions`" + ` (` + "`SHOW GLOBAL STATUS`" + `: every statement a client sent,
   BEGIN and the replicas' background work included) from right before to right after the load, over its requests;
   beside it ` + "`Com_select`, `Com_update`, `Com_insert`, `Com_commit`" + ` alike. The hot SKU is the sale alone below,
   which does not read them.
 - **verify**: ` + "`shop verify --acks`" + ` after each load, ok only if every round's was: with the sellout's acknowledged
   orders, and with none after a flood, which places no order.
+
+The goals are the table above the rows' notes; the clients' table beside it sets ` + "`bin/loadtest`" + `'s own client and
+hey through the tap side by side: the same ` + "`GET /healthz`" + ` and hot-SKU orders (no payments), and what each request
+cost the client's own process (its rusage).
 `)
 	b.WriteString("\n### Where the time goes\n\n")
 	b.WriteString(cpu)
 	b.WriteString(`
 - **µs/req**: CPU time (user and system) each process group spent over the row's load, over its requests: the
-  load generator (` + "`bin/loadtest`" + `'s own rusage: hey, the tap, or the flood's clients), the three ` + "`shop serve`" + `
+  load generator (` + "`bin/loadtest`" + `'s own rusage: its own client, hey and the tap, or the flood's clients), the three ` + "`shop serve`" + `
   replicas, MariaDB, every Redis server, and nginx's master and workers, read from ` + "`/proc/PID/stat`" + ` right
   before and right after the load by the pids the stack recorded. The groups together, times the rate, is about
   how many of the machine's cores they kept busy while the rate was measured.

@@ -19,7 +19,7 @@ func fakeCeiling(round int, name string, rate, p99Ms float64, questions int64, o
 	row := rows[slices.IndexFunc(rows, func(r ceilingRow) bool { return r.Name == name })]
 	r := ceilingRun{Round: round, Row: row, Verify: verifyReport{OK: ok}}
 	r.Load = loadResult{Requests: 20000, Seconds: 1, P99Ms: p99Ms, Statuses: map[string]int{"200": int(rate)}}
-	if row.Kind == aloneLoad || row.Kind == selloutLoad {
+	if row.orders() {
 		r.Load.Statuses = map[string]int{"201": int(rate) / 4, "409": int(rate) - int(rate)/4, "503": 7}
 	}
 	if row.Kind != aloneLoad {
@@ -77,13 +77,13 @@ func TestCeilingTable(t *testing.T) {
 		{"cached page, `GET /api/v1/products/1`: 200 clients for 5s", map[string]string{"rate": "7700/s (200)",
 			"÷ `GET /healthz`": "0.70× (7700 vs 10000)", "÷ /healthz, same client": "–", "MySQL statements/req": "0.00",
 			"verify": "FAIL"}},
-		{"`GET /healthz` through hey and the tap, as the hot SKU: 20000 requests, 200 at once", map[string]string{
+		{"`GET /healthz` through the load test's own client, as the hot SKU: 6000 requests, 200 at once", map[string]string{
 			"rate": "8000/s (200)", "÷ `GET /healthz`": "0.80× (8000 vs 10000)", "÷ /healthz, same client": "1.00× (8000 vs 8000)",
 			"p99": "40ms", "verify": "ok"}},
 		{"hot SKU: 6000 buyers of one 5000-unit SKU, 200 at once", map[string]string{"rate": "4400/s (201 + 409)",
 			"÷ `GET /healthz`": "0.40× (4400 vs 10000)", "÷ /healthz, same client": "0.60× (4400 vs 8000)", "p99": "320ms",
 			"MySQL statements/req": "–", "SELECT · UPDATE · INSERT · COMMIT /req": "–"}},
-		{"`GET /healthz` through hey and the tap, as the sellout: 20000 requests, 4000 at once", map[string]string{
+		{"`GET /healthz` through the load test's own client, as the sellout: 20000 requests, 4000 at once", map[string]string{
 			"rate": "5000/s (200)", "÷ /healthz, same client": "1.00× (5000 vs 5000)", "p99": "900ms"}},
 		{"sellout: 5000 products × 1 unit, 4 buyers each, 4000 at once", map[string]string{"rate": "2250/s (201 + 409)",
 			"÷ `GET /healthz`": "0.25× (2250 vs 10000)", "÷ /healthz, same client": "0.50× (2250 vs 5000)", "p99": "450ms",
@@ -98,47 +98,6 @@ func TestCeilingTable(t *testing.T) {
 	}
 	if tbl := ceilingTable(o, fakeCeilingRounds()[:2]); strings.Contains(tbl, "hot SKU") || strings.Contains(tbl, "sellout") {
 		t.Errorf("rows that did not run are shown:\n%s", tbl)
-	}
-}
-
-func TestCeilingGoals(t *testing.T) {
-	goals := ceilingGoals(fakeCeilingRounds())
-	want := []string{
-		"goal: cached page ≥ 0.85× GET /healthz: 0.70×, NOT met",
-		"goal: hot SKU ≥ 0.45× GET /healthz: 0.40×, NOT met",
-		"goal: sellout ≥ 0.30× GET /healthz: 0.25×, NOT met",
-		"goal: sellout p99 ≤ 500ms: 450ms, met",
-		"goal: sellout ≤ 0.80 MySQL statements per request: 0.90, NOT met",
-		"like for like: hot SKU ÷ GET /healthz like hot SKU (the same client, hey through the tap, at the same concurrency): 0.60× (4400 vs 8000)",
-		"like for like: sellout ÷ GET /healthz like sellout (the same client, hey through the tap, at the same concurrency): 0.50× (2250 vs 5000)",
-	}
-	if got := strings.Split(strings.TrimSpace(goals), "\n"); !slices.Equal(got, want) {
-		t.Errorf("goals:\n%s\nwant:\n%s", goals, strings.Join(want, "\n"))
-	}
-
-	// Every round well within each goal, and one exactly on each bound.
-	var runs []ceilingRun
-	for round := 1; round <= 3; round++ {
-		runs = append(runs,
-			fakeCeiling(round, ceilingHealthz, 10000, 20, 0, true),
-			fakeCeiling(round, ceilingPage, 9000, 30, 0, true),
-			fakeCeiling(round, ceilingHot, 4500, 300, 0, true),
-			fakeCeiling(round, ceilingSellout, 3500, 500, 16000, true))
-	}
-	goals = ceilingGoals(runs)
-	if strings.Contains(goals, "NOT met") || strings.Count(goals, ", met\n") != 5 {
-		t.Errorf("goals met, and on their bounds, read:\n%s", goals)
-	}
-	for _, want := range []string{"0.90×, met", "0.45×, met", "0.35×, met", "500ms: 500ms, met", "request: 0.80, met"} {
-		if !strings.Contains(goals, want) {
-			t.Errorf("goals lack %q:\n%s", want, goals)
-		}
-	}
-	if goals := ceilingGoals(runs[:1]); goals != "" {
-		t.Errorf("the /healthz row alone has no goal, but:\n%s", goals)
-	}
-	if strings.Contains(goals, "like for like") {
-		t.Errorf("a like-for-like line without /healthz through the tap:\n%s", goals)
 	}
 }
 
@@ -160,8 +119,9 @@ func TestParseEdge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if o.only != "" || o.ceilingFor != 5*time.Second || o.tapN != 20000 || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
-		o.workers != 200 || o.srcN != crowdSources || o.rounds != 3 {
+	if o.only != "" || o.ceilingFor != 5*time.Second || o.selloutSKUs != 5000 || o.selloutBuyers != 4 || o.selloutC != 4000 ||
+		o.workers != 200 || o.srcN != crowdSources || o.rounds != 3 || o.overloadBuyers != 60000 || o.overloadUnits != 5000 ||
+		o.overloadC != 3000 {
 		t.Errorf("defaults %+v", o)
 	}
 	if got := o.rows(); !slices.Equal(got, edgeRows()) {
@@ -174,38 +134,48 @@ func TestParseEdge(t *testing.T) {
 	if got := o.rows(); len(got) != 1 || got[0].Name != edgeAlone {
 		t.Errorf("-only ceiling runs the edge's rows %v, want the sale alone", got)
 	}
-	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-tap-n", "0"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
-		{"-sellout-c", "0"}, {"extra"}} {
+	for _, bad := range [][]string{{"-only", "floods"}, {"-ceiling-for", "0s"}, {"-tap-n", "100"}, {"-sellout-skus", "0"}, {"-sellout-buyers", "-1"},
+		{"-sellout-c", "0"}, {"-overload-buyers", "0"}, {"-overload-units", "0"}, {"-overload-c", "-3"}, {"extra"}} {
 		if _, err := parseEdge(bad); err == nil {
 			t.Errorf("parseEdge(%q) accepted", bad)
 		}
 	}
 }
 
-// The ceiling's flood and sellout ask bin/loadtest for what the table says
-// they are: 200 clients from the crowd for -ceiling-for, the source articles' sale;
-// /healthz through hey (no -for) at the hot SKU's and the sellout's
-// concurrency, -tap-n rounded up to a multiple of it.
+// The ceiling's rows ask bin/loadtest for what the table says they are:
+// 200 clients from the crowd for -ceiling-for, the source articles' sale,
+// the overload; /healthz through a client (no -for) at the hot SKU's and
+// the sellout's concurrency, as many requests as the order row's buyers
+// (-buyers 6100 at 200 at once: rounded up to 6200); every
+// order row but the hey rows through the load test's own client.
 func TestCeilingArgs(t *testing.T) {
-	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99", "-tap-n", "10100"})
+	o, err := parseEdge([]string{"-ceiling-for", "7s", "-src-n", "99", "-buyers", "6100"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := ceilingRows()
-	want := [][]string{
-		{"-scenario", "healthz", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
-		{"-scenario", "hotread", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
-		{"-scenario", "healthz", "-url", "U", "-n", "10200", "-c", "200", "-src-n", "99"},
-		nil,
-		{"-scenario", "healthz", "-url", "U", "-n", "12000", "-c", "4000", "-src-n", "99"},
-		{"-scenario", "sellout", "-url", "U", "-skus", "5000", "-buyers", "4", "-c", "4000", "-src-n", "99"},
+	want := map[string][]string{
+		ceilingHealthz: {"-scenario", "healthz", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
+		ceilingPage:    {"-scenario", "hotread", "-url", "U", "-sku", "1", "-for", "7s", "-c", "200", "-src-n", "99"},
+		ceilingHotTap: {"-scenario", "healthz", "-url", "U", "-n", "6200", "-c", "200", "-src-n", "99",
+			"-client", "direct"},
+		ceilingOrders: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "6100", "-c", "200", "-src-n", "99",
+			"-client", "direct"},
+		ceilingHeyHealthz: {"-scenario", "healthz", "-url", "U", "-n", "6200", "-c", "200", "-src-n", "99", "-client", "hey"},
+		ceilingHeyOrders: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "6100", "-c", "200", "-src-n", "99",
+			"-client", "hey"},
+		ceilingSelloutTap: {"-scenario", "healthz", "-url", "U", "-n", "20000", "-c", "4000", "-src-n", "99",
+			"-client", "direct"},
+		ceilingSellout: {"-scenario", "sellout", "-url", "U", "-skus", "5000", "-buyers", "4", "-c", "4000", "-src-n", "99",
+			"-client", "direct"},
+		ceilingOverload: {"-scenario", "hotsku", "-sku", "1", "-url", "U", "-n", "60000", "-c", "3000", "-src-n", "99",
+			"-client", "direct"},
 	}
-	for i, row := range rows {
+	for _, row := range ceilingRows() {
 		if row.Kind == aloneLoad {
 			continue
 		}
-		if got := row.args(o, "U"); !slices.Equal(got, want[i]) {
-			t.Errorf("%s: %q, want %q", row.Name, got, want[i])
+		if got := row.args(o, "U"); !slices.Equal(got, want[row.Name]) {
+			t.Errorf("%s: %q, want %q", row.Name, got, want[row.Name])
 		}
 	}
 	if !slices.Equal(ceilingCounters, []string{"Questions", "Com_select", "Com_update", "Com_insert", "Com_commit"}) {
@@ -224,7 +194,7 @@ func TestEdgeReportCeilingFirst(t *testing.T) {
 		Buyers: loadResult{Seconds: 4, Statuses: map[string]int{"201": 5000, "409": 1000}}}}
 	ceil := fakeCeilingRounds()
 	tbl := ceilingTable(o, ceil)
-	if err := writeEdgeReport(o, ceilingReport(o, tbl, ceilingGoals(ceil), cpuTable(ceil)), edgeTable(runs), botTable(o, runs), edgeNotes(runs), 2,
+	if err := writeEdgeReport(o, ceilingReport(o, tbl, goalTable(edgeGoals(o, ceil, runs)), cpuTable(ceil)), edgeTable(runs), botTable(o, runs), edgeNotes(runs), 2,
 		"bin/demo -edge -only ceiling"); err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +203,8 @@ func TestEdgeReportCeilingFirst(t *testing.T) {
 		t.Fatal(err)
 	}
 	md := string(data)
-	order := []string{"# The public edge", "## The ceiling", "| load | rate |", "goal: cached page", "like for like: hot SKU",
+	order := []string{"# The public edge", "## The ceiling", "| load | rate |", "| row | figure | goal | verdict |",
+		"| cached page ÷ `/healthz` |",
 		"- **rate**", "- **÷ /healthz, same client**", "### Where the time goes", "| row | requests | loadtest µs/req |",
 		"- **µs/req**", "## Under floods", "| row | flood served/s", "| alone |", "Command: `bin/demo -edge -only ceiling`"}
 	at := -1

@@ -70,10 +70,13 @@ type edgeOptions struct {
 
 	only          string        // "ceiling": the ceiling's rows alone
 	ceilingFor    time.Duration // how long the ceiling's GET floods last
-	tapN          int           // requests of the ceiling's GET /healthz through hey and the tap
 	selloutSKUs   int
 	selloutBuyers int
 	selloutC      int
+	// The overload: buyers of one product with units, so many at once.
+	overloadBuyers int
+	overloadUnits  int
+	overloadC      int
 }
 
 // onlyCeiling is -only's value that runs the ceiling's rows alone.
@@ -96,13 +99,15 @@ func parseEdge(args []string) (edgeOptions, error) {
 	fs.IntVar(&o.floodSrcN, "flood-src-n", 4096, "the flood's source addresses, other than the buyers'")
 	fs.DurationVar(&o.warmUp, "warm-up", 2*time.Second, "how long a flood runs before the buyers come")
 	fs.IntVar(&o.bots, "bots", 10000, "the bot farm's user ids, all from one address")
-	fs.StringVar(&o.only, "only", "", onlyCeiling+": run only the ceiling's rows (GET /healthz, the cached page, GET /healthz through hey and the tap, the sale alone, the sellout); empty: every row")
+	fs.StringVar(&o.only, "only", "", onlyCeiling+": run only the ceiling's rows (GET /healthz, the cached page, GET /healthz through the orders' client, "+
+		"the clients side by side, the sale alone, the sellout, the overload); empty: every row")
 	fs.DurationVar(&o.ceilingFor, "ceiling-for", 5*time.Second, "how long each of the ceiling's GET floods lasts")
-	fs.IntVar(&o.tapN, "tap-n", 20000, "requests of each of the ceiling's GET /healthz rows through hey and the tap (the orders' client), "+
-		"rounded up to a multiple of its concurrency: a few seconds' worth")
 	fs.IntVar(&o.selloutSKUs, "sellout-skus", 5000, "the ceiling's sellout: products, one unit each")
 	fs.IntVar(&o.selloutBuyers, "sellout-buyers", 4, "the ceiling's sellout: buyers per product")
 	fs.IntVar(&o.selloutC, "sellout-c", 4000, "the ceiling's sellout: buyers at once")
+	fs.IntVar(&o.overloadBuyers, "overload-buyers", 60000, "the ceiling's overload: buyers of one product, each a different user")
+	fs.IntVar(&o.overloadUnits, "overload-units", 5000, "the ceiling's overload: units of the product")
+	fs.IntVar(&o.overloadC, "overload-c", 3000, "the ceiling's overload: buyers at once")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -118,8 +123,11 @@ func parseEdge(args []string) (edgeOptions, error) {
 	if o.only != "" && o.only != onlyCeiling {
 		return o, fmt.Errorf("-only %q: want %s, or nothing for every row", o.only, onlyCeiling)
 	}
-	if o.ceilingFor <= 0 || o.tapN <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
-		return o, errors.New("-ceiling-for, -tap-n, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
+	if o.ceilingFor <= 0 || o.selloutSKUs <= 0 || o.selloutBuyers <= 0 || o.selloutC <= 0 {
+		return o, errors.New("-ceiling-for, -sellout-skus, -sellout-buyers and -sellout-c must be positive")
+	}
+	if o.overloadBuyers <= 0 || o.overloadUnits <= 0 || o.overloadC <= 0 {
+		return o, errors.New("-overload-buyers, -overload-units and -overload-c must be positive")
 	}
 	return o, nil
 }
@@ -254,7 +262,7 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 	var runs []edgeRun
 	var ceil []ceilingRun
 	for round := 1; round <= o.rounds; round++ {
-		for _, k := range []ceilingKind{floodLoad, tapLoad} {
+		for _, k := range []ceilingKind{floodLoad, clientLoad, clientsLoad} {
 			got, err := c.runKind(ctx, round, k)
 			ceil = append(ceil, got...)
 			if err != nil {
@@ -274,10 +282,12 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 				ceil = append(ceil, hotCeiling(r))
 			}
 		}
-		got, err := c.runKind(ctx, round, selloutLoad)
-		ceil = append(ceil, got...)
-		if err != nil {
-			return err
+		for _, k := range []ceilingKind{selloutLoad, overloadLoad} {
+			got, err := c.runKind(ctx, round, k)
+			ceil = append(ceil, got...)
+			if err != nil {
+				return err
+			}
 		}
 	}
 
@@ -292,7 +302,7 @@ func runEdge(ctx context.Context, argv []string, stdout, stderr io.Writer) error
 	cores := runtime.NumCPU()
 	ceilTbl := ceilingTable(o, ceil)
 	cpuTbl := cpuTable(ceil)
-	goals := ceilingGoals(ceil) + stalenessLine(stale)
+	goals := goalTable(edgeGoals(o, ceil, runs)) + "\n" + clientsTable(ceil) + "\n" + stalenessLine(stale)
 	tbl := edgeTable(runs)
 	life := edgeLifeTable(runs)
 	bots := botTable(o, runs)
@@ -368,7 +378,7 @@ func runEdgeRow(ctx context.Context, o edgeOptions, env []string, url string, ro
 		case <-time.After(o.warmUp):
 		}
 	}
-	args := []string{"-scenario", "hotsku", "-sku", "1", "-url", url, "-c", strconv.Itoa(o.workers),
+	args := []string{"-scenario", "hotsku", "-sku", "1", "-url", url, "-c", strconv.Itoa(o.workers), "-client", ordersClient,
 		"-json", base + ".json", "-acks", base + ".acks"}
 	if row.Bot {
 		args = append(args, "-n", strconv.Itoa(o.bots), "-first-user", strconv.Itoa(o.buyers+1))
