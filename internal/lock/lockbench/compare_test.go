@@ -41,10 +41,11 @@ import (
 //     wait. Its delays cannot go below 50 ms, so a waiter polls far less
 //     often than the other two.
 //
-// Ours does more per acquisition than either peer: it increments a fencing
-// counter in the same MULTI/EXEC as its SET NX and starts a watchdog per lease
-// (neither peer renews by itself). The leases here are far shorter than TTL/3,
-// so no renewal is ever sent.
+// Ours does more per acquisition than either peer: its obtain script draws a
+// fencing token (TIME and a SET … GET of the key's counter) after its SET NX,
+// and each lease has a watchdog, a timer until its first renewal is due
+// (neither peer renews by itself). The leases here are far shorter than
+// TTL/3, so no renewal is ever sent.
 const (
 	ttl        = 5 * time.Second
 	wait       = 2 * time.Second
