@@ -18,9 +18,18 @@ local function clock_us()
 end
 
 -- next_fence draws the next token from the counter at key and stores it
--- there, so that the next one is larger even if the clock steps back.
+-- there, so that the next one is larger even if the clock steps back. It
+-- writes the clock and reads the counter's old value in one SET … GET: the
+-- clock is ahead of the counter on every acquisition but those that follow
+-- the last one within its microsecond, or a counter raised ahead of the
+-- clock (RaiseFence) or left there by a clock that stepped back, and only
+-- those write the counter again, as old value + 1.
 local function next_fence(key)
-  local n = math.max((tonumber(redis.call('GET', key)) or 0) + 1, clock_us())
-  redis.call('SET', key, string.format('%.0f', n))
+  local n = clock_us()
+  local last = tonumber(redis.call('SET', key, string.format('%.0f', n), 'GET'))
+  if last and last >= n then
+    n = last + 1
+    redis.call('SET', key, string.format('%.0f', n))
+  end
   return n
 end

@@ -63,6 +63,9 @@ type Lease struct {
 	// watchdog is closed when the lease's watchdog has stopped; nil when the
 	// lease has none.
 	watchdog chan struct{}
+	// firstRenewal, on the real clock, starts the watchdog when its first
+	// renewal is due (see watch).
+	firstRenewal *time.Timer
 	// until is when the lease runs out unless renewed, in Unix nanoseconds;
 	// zero for a lease that does not expire.
 	until atomic.Int64
@@ -110,6 +113,9 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Release(ctx context.Context) error {
 	l.once.Do(func() {
 		l.cancel(errReleased)
+		if l.firstRenewal != nil && l.firstRenewal.Stop() {
+			close(l.watchdog) // it never started
+		}
 		if l.watchdog != nil {
 			<-l.watchdog
 		}
@@ -153,34 +159,52 @@ type renewFunc func(ctx context.Context, validUntil time.Time) (time.Time, error
 // watch starts l's watchdog: every interval (sooner if the lease would run
 // out first) it calls renew, until l's Context ends. When the lease is gone,
 // or runs out while renew keeps failing, it cancels l's Context with a cause
-// wrapping ErrNotHeld. after is the timer it sleeps on.
+// wrapping ErrNotHeld. after is the timer it sleeps on; nil is the real
+// clock, and then nothing runs until the first renewal is due: a lease
+// released before that (most are) costs a timer that Release stops, not a
+// goroutine that Release has to wake and wait for.
 func (l *Lease) watch(after func(time.Duration) <-chan time.Time, interval time.Duration, validUntil time.Time, renew renewFunc) {
 	l.watchdog = make(chan struct{})
 	l.until.Store(validUntil.UnixNano())
-	go func() {
-		defer close(l.watchdog)
-		for {
+	if after != nil {
+		go l.renewEvery(after, interval, validUntil, renew, false)
+		return
+	}
+	l.firstRenewal = time.AfterFunc(min(interval, time.Until(validUntil)), func() {
+		l.renewEvery(time.After, interval, validUntil, renew, true)
+	})
+}
+
+// renewEvery is the watchdog's loop (see watch), which closes l.watchdog
+// when it returns. due says the first renewal is due now.
+func (l *Lease) renewEvery(after func(time.Duration) <-chan time.Time, interval time.Duration, validUntil time.Time, renew renewFunc, due bool) {
+	defer close(l.watchdog)
+	for ; ; due = false {
+		if !due {
 			select {
 			case <-l.ctx.Done():
 				return
 			case <-after(min(interval, time.Until(validUntil))):
 			}
-			next, err := l.renewBy(after, validUntil, renew)
-			switch {
-			case l.ctx.Err() != nil:
-				return
-			case err == nil:
-				validUntil = next
-				l.until.Store(next.UnixNano())
-			case errors.Is(err, ErrNotHeld):
-				l.cancel(fmt.Errorf("%w: lease on %q was taken over or expired", ErrNotHeld, l.key))
-				return
-			case errors.Is(err, errUnanswered) || !time.Now().Before(validUntil):
-				l.cancel(fmt.Errorf("%w: lease on %q ran out unrenewed: %w", ErrNotHeld, l.key, err))
-				return
-			}
 		}
-	}()
+		if l.ctx.Err() != nil {
+			return
+		}
+		next, err := l.renewBy(after, validUntil, renew)
+		switch {
+		case l.ctx.Err() != nil:
+			return
+		case err == nil:
+			validUntil = next
+			l.until.Store(next.UnixNano())
+		case errors.Is(err, ErrNotHeld):
+			l.cancel(fmt.Errorf("%w: lease on %q was taken over or expired", ErrNotHeld, l.key))
+			return
+		case errors.Is(err, errUnanswered) || !time.Now().Before(validUntil):
+			l.cancel(fmt.Errorf("%w: lease on %q ran out unrenewed: %w", ErrNotHeld, l.key, err))
+			return
+		}
+	}
 }
 
 // errUnanswered is the error of a renewal that had not answered when the

@@ -96,9 +96,6 @@ func (opt RedisOptions) withDefaults() RedisOptions {
 	if opt.NodeTimeout <= 0 {
 		opt.NodeTimeout = min(opt.TTL/10, 200*time.Millisecond)
 	}
-	if opt.After == nil {
-		opt.After = time.After
-	}
 	return opt
 }
 

@@ -4,6 +4,9 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"maps"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -276,4 +279,71 @@ func TestRedisTryObtainWithoutFencing(t *testing.T) {
 		t.Fatalf("TryObtain after release: %v", err)
 	}
 	_ = again.Release(ctx)
+}
+
+// commandStats returns the calls per command that the Redis of c has run
+// since its statistics were last reset (INFO commandstats), the commands
+// run inside scripts included and INFO and CONFIG, the counting's own, left
+// out.
+func commandStats(t *testing.T, c *redis.Client) map[string]int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stats := map[string]int64{}
+	for line := range strings.Lines(info) {
+		name, fields, _ := strings.Cut(strings.TrimSpace(line), ":")
+		name, ok := strings.CutPrefix(name, "cmdstat_")
+		calls, _, _ := strings.Cut(strings.TrimPrefix(fields, "calls="), ",")
+		if base, _, _ := strings.Cut(name, "|"); !ok || base == "info" || base == "config" {
+			continue
+		}
+		n, err := strconv.ParseInt(calls, 10, 64)
+		if err != nil {
+			t.Fatalf("commandstats %q: %v", line, err)
+		}
+		stats[name] = n
+	}
+	return stats
+}
+
+// An uncontended Obtain and Release run seven commands in Redis, with
+// wake-on-release as the service runs the lock and without it: the obtain
+// script's EVALSHA, its SET NX PX, and the fencing token's TIME and SET …
+// GET of the counter (which writes the clock and reads the old value at
+// once); the release script's EVALSHA, its GET, and one DEL of the lock and
+// of its waiting flag, which no one set. (They were nine: the token read
+// the counter and wrote it back, and the release deleted the flag on its
+// own.)
+func TestUncontendedCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addr := testenv.StartRedis(t).Addr
+	admin := testenv.RedisAt(t, addr)
+	want := map[string]int64{"evalsha": 2, "set": 2, "time": 1, "get": 1, "del": 1}
+	for _, tc := range []struct {
+		name string
+		opt  lock.RedisOptions
+	}{
+		{"wake on release", lock.RedisOptions{Subscriber: admin}},
+		{"backoff only", lock.RedisOptions{}},
+	} {
+		l := lock.NewRedis(lockClient(t, addr, true), tc.opt)
+		t.Cleanup(func() { l.Close() })
+		// The first run loads the scripts (EVAL after EVALSHA's NOSCRIPT).
+		if err := obtain(t, l, "k").Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		lease := obtain(t, l, "k")
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if got := commandStats(t, admin); !maps.Equal(got, want) {
+			t.Errorf("%s: one Obtain and Release ran %v in Redis, want %v", tc.name, got, want)
+		}
+	}
 }

@@ -8,8 +8,9 @@
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
-redis.call('DEL', KEYS[1])
-if KEYS[2] and redis.call('DEL', KEYS[2]) == 1 then
+-- The lock and its flag go in one DEL: the lock is there, so a count of 2
+-- says the flag was there too.
+if redis.call('DEL', unpack(KEYS)) == 2 then
   redis.call('PUBLISH', ARGV[2], ARGV[3])
   return 2
 end

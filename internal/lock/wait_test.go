@@ -3,7 +3,6 @@ package lock_test
 import (
 	"context"
 	"errors"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -207,20 +206,7 @@ func TestReleaseAnnouncedOnlyWhenWaitedFor(t *testing.T) {
 	l := lock.NewRedis(c, lock.RedisOptions{Subscriber: c, MinBackoff: never, MaxBackoff: never, Wait: time.Minute})
 	t.Cleanup(func() { l.Close() })
 	ctx := context.Background()
-	publishes := func() int {
-		t.Helper()
-		stats, err := c.Info(ctx, "commandstats").Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for line := range strings.Lines(stats) {
-			if rest, ok := strings.CutPrefix(line, "cmdstat_publish:calls="); ok {
-				n, _ := strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
-				return n
-			}
-		}
-		return 0
-	}
+	publishes := func() int64 { return commandStats(t, c)["publish"] }
 
 	for range 10 {
 		obtain(t, l, "k").Release(ctx)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -41,10 +42,11 @@ import (
 //     wait. Its delays cannot go below 50 ms, so a waiter polls far less
 //     often than the other two.
 //
-// Ours does more per acquisition than either peer: it increments a fencing
-// counter in the same MULTI/EXEC as its SET NX and starts a watchdog per lease
-// (neither peer renews by itself). The leases here are far shorter than TTL/3,
-// so no renewal is ever sent.
+// Ours does more per acquisition than either peer: its obtain script draws a
+// fencing token (TIME and a SET … GET of the key's counter) after its SET NX,
+// and each lease has a watchdog, a timer until its first renewal is due
+// (neither peer renews by itself). The leases here are far shorter than
+// TTL/3, so no renewal is ever sent.
 const (
 	ttl        = 5 * time.Second
 	wait       = 2 * time.Second
@@ -617,19 +619,59 @@ func familyRatios(rows []row) []familyRatio {
 	}
 	var out []familyRatio
 	for _, r := range rows {
-		if !r.family {
-			continue
+		if r.family {
+			out = append(out, familyRatio{name: r.name, rs: rowRatios(r, rows[o])})
 		}
-		fr := familyRatio{name: r.name, rs: make([]float64, len(columns))}
-		for i, c := range columns {
-			fr.rs[i] = math.NaN()
-			if ours := c.get(rows[o]); !c.noRatio && ours != 0 {
-				fr.rs[i] = c.get(r) / ours
-			}
-		}
-		out = append(out, fr)
 	}
 	return out
+}
+
+// versus is the peer that an "ours ÷ <peer>" line compares the row named
+// ratioOf with, column by column, beside the best peer: the one the lock's
+// goal for uncontended acquisitions is set against (issue 37).
+const versus = "bsm/redislock"
+
+// versusRatios returns, from rows (one scenario's), the figures of the row
+// named ratioOf ÷ those of the row named versus, per column; nil when either
+// is missing.
+func versusRatios(rows []row) []float64 {
+	o := slices.IndexFunc(rows, func(r row) bool { return r.name == ratioOf })
+	v := slices.IndexFunc(rows, func(r row) bool { return r.name == versus })
+	if o < 0 || v < 0 {
+		return nil
+	}
+	return rowRatios(rows[o], rows[v])
+}
+
+// rowRatios returns a's figures ÷ b's, per column (NaN where it does not
+// apply).
+func rowRatios(a, b row) []float64 {
+	rs := make([]float64, len(columns))
+	for i, c := range columns {
+		rs[i] = math.NaN()
+		if d := c.get(b); !c.noRatio && d != 0 {
+			rs[i] = c.get(a) / d
+		}
+	}
+	return rs
+}
+
+// ratioLine writes one "÷" line of the table: label and rs, per column, and
+// reports the ratios of the columns whose keys are in report as metrics
+// named metric-<key>-suffix.
+func ratioLine(b *testing.B, tw io.Writer, scenario, label string, rs []float64, report []string, metric, suffix string) {
+	fmt.Fprintf(tw, "%s\t%s", scenario, label)
+	for i, c := range columns {
+		if x := rs[i]; !math.IsNaN(x) && !math.IsInf(x, 0) {
+			fmt.Fprintf(tw, "\t%.2f×", x)
+			if slices.Contains(report, c.key) {
+				b.ReportMetric(x, metric+"-"+c.key+"-"+suffix)
+			}
+		} else {
+			fmt.Fprint(tw, "\t-")
+		}
+	}
+	fmt.Fprint(tw, "\t\n")
 }
 
 // ratios returns, per column, ours ÷ the best peer in rows (one scenario's),
@@ -770,37 +812,23 @@ func BenchmarkCompare(b *testing.B) {
 			}
 			fmt.Fprintf(tw, "\t%s\n", r.mix)
 		}
+		sc := scenarios[s]
 		for _, fr := range familyRatios(rows) {
-			fmt.Fprintf(tw, "%s\t%s ÷ ours", rows[0].scenario, fr.name)
-			for i := range columns {
-				if x := fr.rs[i]; !math.IsNaN(x) && !math.IsInf(x, 0) {
-					fmt.Fprintf(tw, "\t%.2f×", x)
-				} else {
-					fmt.Fprint(tw, "\t-")
-				}
-			}
-			fmt.Fprint(tw, "\t\n")
+			ratioLine(b, tw, sc.name, fr.name+" ÷ ours", fr.rs, nil, "", "")
 		}
 		name, rs := ratios(rows)
 		if name == "" {
 			continue
 		}
 		oursName = name
-		fmt.Fprintf(tw, "%s\t%s ÷ best peer", rows[0].scenario, name)
-		for i, c := range columns {
-			if x := rs[i]; !math.IsNaN(x) && !math.IsInf(x, 0) {
-				fmt.Fprintf(tw, "\t%.2f×", x)
-				if slices.Contains(scenarios[s].report, c.key) {
-					b.ReportMetric(x, scenarios[s].metric+"-"+c.key+"-ratio")
-				}
-			} else {
-				fmt.Fprint(tw, "\t-")
-			}
+		ratioLine(b, tw, sc.name, name+" ÷ best peer", rs, sc.report, sc.metric, "ratio")
+		if rs := versusRatios(rows); rs != nil {
+			ratioLine(b, tw, sc.name, ratioOf+" ÷ "+versus, rs, sc.report, sc.metric, "bsm-ratio")
 		}
-		fmt.Fprint(tw, "\t\n")
 	}
 	tw.Flush()
 	fmt.Printf("\n%q ÷ best peer: best = highest acq/s, lowest in every other column; so ours is ahead where the acq/s ratio is > 1 or another ratio is < 1.\n", oursName)
+	fmt.Printf("%q ÷ %s: the same, against that one peer (the lock's goal for uncontended acquisitions is ns/op at or below 1×).\n", ratioOf, versus)
 	fmt.Println("<family> ÷ ours: that lock family's figure ÷ our Redis lock's (\"ours\"), column by column; acq/s below 1 or a wait above 1 is the family behind.")
 	fmt.Println("acq/s counts the locks got within the run; waits (time in obtain of the obtains that got the lock), fails (obtains that gave up)")
 	fmt.Println("and the per-acquisition columns also count the obtains finished after it. allocs/acq: all mallocs of the test process ÷ acquisitions.")
