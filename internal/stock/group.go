@@ -1,9 +1,11 @@
 package stock
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"gorm.io/gorm"
@@ -38,8 +40,11 @@ import (
 //   - a COMMIT whose answer is lost is ErrOutcomeUnknown for every part:
 //     MySQL committed all of them or none.
 //
-// Groups of different replicas never lock the same product's row at once:
-// each product is in the group of its lock's holder only.
+// Groups of different replicas never lock the same product's row at once
+// while the lock excludes: each product is in the group of its lock's
+// holder only. Where it does not (lock.None, lock.Local on several
+// replicas), a group's batches run in the order of their SKUs, so that two
+// groups lock the products' rows in one order.
 
 // errRedo rolls a group's transaction back so that it runs again.
 var errRedo = errors.New("stock: the group runs again")
@@ -135,7 +140,12 @@ func (s *Service) runGroup(parts []*part) {
 // groupTx runs the transaction of parts as many times as it must: fast
 // first (but for the naive update), then careful for a part that needs it,
 // at most maxCareful times; each run leaves out the parts decided since.
+// The parts run in the order of their SKUs, so that two groups lock the
+// products' rows in one order and never wait for each other in a cycle:
+// without a lock that excludes (lock.None), or across replicas with one
+// that does not (lock.Local), two groups may hold batches of one SKU.
 func (s *Service) groupTx(parts []*part) {
+	parts = slices.SortedStableFunc(slices.Values(parts), func(a, b *part) int { return cmp.Compare(a.sku, b.sku) })
 	for {
 		live := parts[:0:0]
 		for _, p := range parts {
