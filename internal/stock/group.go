@@ -106,9 +106,32 @@ func (s *Service) commit(p *part) {
 	g.mu.Unlock()
 	select {
 	case <-p.done:
+		return
+	case parts := <-p.lead:
+		s.runGroup(parts)
+		return
+	case <-p.ctx.Done():
+	}
+	// Its buyers' deadline came, or its lease was lost, while it waited:
+	// answered now, unless a group has taken it meanwhile.
+	g.mu.Lock()
+	if i := slices.Index(g.waiting, p); i >= 0 {
+		g.waiting = slices.Delete(g.waiting, i, i+1)
+		g.mu.Unlock()
+		p.err = p.ended()
+		return
+	}
+	g.mu.Unlock()
+	select {
+	case <-p.done:
 	case parts := <-p.lead:
 		s.runGroup(parts)
 	}
+}
+
+// ended is the answer of a part whose context ended before its COMMIT.
+func (p *part) ended() error {
+	return fmt.Errorf("%w: sku %d: %w", ErrBusy, p.sku, context.Cause(p.ctx))
 }
 
 // runGroup runs parts' transaction, hands the lead to the parts that
@@ -150,7 +173,7 @@ func (s *Service) groupTx(parts []*part) {
 		live := parts[:0:0]
 		for _, p := range parts {
 			if !p.out && p.ctx.Err() != nil {
-				p.out, p.err = true, fmt.Errorf("%w: sku %d: %w", ErrBusy, p.sku, context.Cause(p.ctx))
+				p.out, p.err = true, p.ended()
 			}
 			if !p.out {
 				live = append(live, p)

@@ -45,6 +45,51 @@ func (p *plug) hook(ctx context.Context, sku int64) func() {
 	return p.then
 }
 
+// A batch waiting for a group is answered ErrBusy when its buyer's deadline
+// comes, while the group in flight still runs: the wait for a group is
+// bounded by the deadline as the transaction is. Nothing of it is written,
+// and the group in flight commits.
+func TestGroupWaitBoundedByBuyersDeadline(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	release := make(chan struct{})
+	pl := newPlug(2, 0)
+	svc, _, _ := lined(t, db, 2, 5, options{Settings: stock.Settings{Group: 2, Fencing: true}, Hooks: stock.Hooks{BeforeWrite: func(ctx context.Context, sku int64) func() {
+		pl.hook(ctx, sku) // enters, and waits for nothing
+		<-release
+		return nil
+	}}}, lock.RedisOptions{})
+	pl.svc = svc
+	plugged := place(ctx, svc, 2, 1000, "")
+	<-pl.entered
+	hurried, cancel := context.WithTimeout(ctx, stock.MinTimeLeft+500*time.Millisecond)
+	defer cancel()
+	waiting := place(hurried, svc, 1, 100, "")
+	waitGrouping(t, svc, 1)
+	var r result
+	select {
+	case r = <-waiting:
+	case <-time.After(10 * time.Second):
+		t.Error("the order whose deadline came is not answered while the group in flight runs")
+		close(release)
+		r = <-waiting
+		release = nil
+	}
+	if release != nil {
+		close(release)
+	}
+	if !errors.Is(r.err, stock.ErrBusy) {
+		t.Errorf("order whose deadline came while it waited for a group: %+v, %v; want ErrBusy", r.order, r.err)
+	}
+	placed(t, db, <-plugged, 2, 1000, "the group in flight")
+	if st := svc.Stats(); st.Grouping != 0 || st.Batches != 1 {
+		t.Errorf("stats %+v: want nothing waiting for a group, and the one transaction in flight", st)
+	}
+	if p := product(t, db, 1); p.Stock != 5 {
+		t.Errorf("product 1's stock %d, want 5: its buyer's deadline came before its group", p.Stock)
+	}
+}
+
 // group places the plug's order, and then each order of users (one per
 // product, products 1, 2, …) once the one before waits for the group; it
 // returns the plug's answer and theirs.
