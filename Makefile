@@ -26,7 +26,7 @@ bench-lock:
 bench-sweep:
 	scripts/test.sh bench-sweep
 
-## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch, default with SHOP_AUTH=jwt, default with events on) on a private stack; one table
+## bench-orders: the order path side by side (hot SKU, sellout; lock-free, Redis lock, default batch, default with SHOP_AUTH=jwt, default with events on, grouped commits) on a private stack; one table
 bench-orders:
 	scripts/bench-orders.sh
 

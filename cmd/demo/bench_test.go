@@ -113,7 +113,8 @@ func TestBenchNotesSaleShort(t *testing.T) {
 func TestBenchConfigs(t *testing.T) {
 	want := [][]string{{"SHOP_LOCK_MODE=none", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_BATCH=1"}, {"SHOP_LOCK_MODE=redis"},
 		{"SHOP_LOCK_MODE=redis", "SHOP_AUTH=jwt", "SHOP_JWT_SECRET=" + benchJWTSecret}, {"SHOP_LOCK_MODE=redis"},
-		{"SHOP_LOCK_MODE=mysql"}, {"SHOP_LOCK_MODE=etcd"}, {"SHOP_LOCK_MODE=zookeeper"}, {"SHOP_LOCK_MODE=redis"}}
+		{"SHOP_LOCK_MODE=mysql"}, {"SHOP_LOCK_MODE=etcd"}, {"SHOP_LOCK_MODE=zookeeper"}, {"SHOP_LOCK_MODE=redis"},
+		{"SHOP_LOCK_MODE=redis", "SHOP_ORDER_GROUP=8"}, {"SHOP_LOCK_MODE=redis", "SHOP_ORDER_GROUP=8"}}
 	configs := benchConfigs()
 	if len(configs) != len(want) {
 		t.Fatalf("%d configurations, want %d", len(configs), len(want))
@@ -140,14 +141,22 @@ func TestBenchConfigs(t *testing.T) {
 		t.Errorf("events configuration %+v is not the default %+v with events on", ev, def)
 	}
 	// The one on Galera is the default on Galera, beside the default on
-	// the single MariaDB; every other is on the single MariaDB.
+	// the single MariaDB, and so is the grouped one beside the grouped one;
+	// every other is on the single MariaDB.
 	for i, c := range configs {
-		if want := dbSingle; c.dbTopology() != want && i != 8 {
+		if want := dbSingle; c.dbTopology() != want && i != 8 && i != 10 {
 			t.Errorf("configuration %d (%s): DB_TOPOLOGY=%s, want %s", i, c.Name, c.dbTopology(), want)
 		}
 	}
 	if g := configs[8]; g.Name != benchGaleraConfig || g.dbTopology() != dbGalera || g.Beside != def.Name || len(g.Load) > 0 || g.Events {
 		t.Errorf("Galera configuration %+v is not the default %+v on Galera", g, def)
+	}
+	grouped, galeraGrouped := configs[9], configs[10]
+	if grouped.Name != benchGroupConfig || grouped.Beside != def.Name || grouped.dbTopology() != dbSingle {
+		t.Errorf("grouped configuration %+v is not the default %+v with grouped commits beside it", grouped, def)
+	}
+	if galeraGrouped.dbTopology() != dbGalera || galeraGrouped.Beside != grouped.Name || !slices.Equal(galeraGrouped.Env, grouped.Env) {
+		t.Errorf("grouped Galera configuration %+v is not %+v on Galera, beside it", galeraGrouped, grouped)
 	}
 	if len(benchJWTSecret) < 32 {
 		t.Errorf("benchJWTSecret is %d bytes; SHOP_JWT_SECRET needs 32", len(benchJWTSecret))
@@ -302,8 +311,13 @@ func TestGaleraNotes(t *testing.T) {
 			fakePhase(round+1, phaseSellout, def, map[string]int{"201": r.def}, [4]int64{}, true), galera(round+1, phaseSellout, r.sellout),
 			galera(round+1, phaseAfter, 0))
 	}
+	grouped, galeraGrouped := configs[9], configs[10]
+	phases = append(phases,
+		fakePhase(1, phaseHot, grouped, map[string]int{"201": 1000}, [4]int64{}, true),
+		fakePhase(1, phaseHot, galeraGrouped, map[string]int{"201": 900}, [4]int64{}, true))
 	got := galeraNotes(phases)
 	for _, want := range []string{
+		"Galera, group 8 ÷ single MariaDB, hot SKU: 0.90× (median of 1 runs), at or above 0.70×.",
 		"Galera ÷ single MariaDB, hot SKU: 0.60× (median of 3 runs), BELOW 0.70×.",
 		"Galera ÷ single MariaDB, sellout: 0.90× (median of 3 runs).",
 		"Galera, hot SKU, run 1: 0.25 writesets per order (900 B each), 2 certification failures, 1 brute-force aborts, " +

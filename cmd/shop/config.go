@@ -94,6 +94,9 @@ type ordersConfig struct {
 	// Batch is the most orders of one SKU one lock holder places in one
 	// transaction.
 	Batch int
+	// Group is the most SKUs' batches placed in one transaction, each under
+	// its own lock; 1 is a transaction per batch.
+	Group int
 	// UserLimit is the most orders one user may hold over all products;
 	// 0 is off.
 	UserLimit int
@@ -432,6 +435,14 @@ func (e *environ) orders() ordersConfig {
 			e.bad("SHOP_ORDER_BATCH=%q: must be a whole number from 1 (one order per lock hold) to %d", v, maxOrderBatch)
 		}
 		c.Batch = n
+	}
+	c.Group = 1
+	if v := e.getenv("SHOP_ORDER_GROUP"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > ordersPoolSize {
+			e.bad("SHOP_ORDER_GROUP=%q: must be a whole number from 1 (a transaction per batch) to %d, the order slots", v, ordersPoolSize)
+		}
+		c.Group = n
 	}
 	c.UserLimit = e.count("SHOP_USER_LIMIT", "0", maxUserLimit, "no limit")
 	return c

@@ -98,7 +98,7 @@ func listen(ctx context.Context, cfg config, r *app, log *slog.Logger) error {
 func logSettings(log *slog.Logger, addr string, cfg config) {
 	log.Info("listening", "addr", addr, "drain", cfg.Stop.Drain.String(), "redis", cfg.Redis.topology(),
 		"lock_mode", cfg.Lock.Mode, "lock_ttl", cfg.Lock.TTL.String(), "lock_wait", cfg.Lock.Wait.String(),
-		"stock_update", cfg.Orders.StockUpdate, "fencing", cfg.Lock.Fencing, "order_batch", cfg.Orders.Batch,
+		"stock_update", cfg.Orders.StockUpdate, "fencing", cfg.Lock.Fencing, "order_batch", cfg.Orders.Batch, "order_group", cfg.Orders.Group,
 		"cache_ttl", cfg.Cache.TTL.String(), "cache_jitter", cfg.Cache.Jitter, "null_ttl", cfg.Cache.NullTTL.String(), "bloom", cfg.Cache.Bloom,
 		"user_limit", cfg.Orders.UserLimit, "pay_window", cfg.Orders.PayWindow.String(), "sweep_interval", cfg.Orders.SweepInterval.String(),
 		"auth", cfg.Buyers.Auth, "rate_user", cfg.Buyers.RateUser, "rate_user_burst", cfg.Buyers.RateUserBurst, "rate_ip", cfg.Buyers.RateIP,

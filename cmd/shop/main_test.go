@@ -66,6 +66,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		{"SHOP_SWEEP_INTERVAL", "11m"},
 		{"SHOP_ORDER_BATCH", "lots"},
 		{"SHOP_ORDER_BATCH", "10001"},
+		{"SHOP_ORDER_GROUP", "0"},
+		{"SHOP_ORDER_GROUP", "25"},
 		{"SHOP_LOCK_TTL", "299ms"},
 		{"SHOP_LOCK_TTL", "11m"},
 		{"SHOP_ADMIN_TOKEN", "s3cret"},

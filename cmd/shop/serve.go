@@ -297,7 +297,7 @@ func newOrders(ctx context.Context, cfg config, p pools, public *stock.Catalog, 
 		Locks: locker, Announcer: products, Checkouts: checkouts, Logger: log,
 		Transitions: transitions,
 	}, stock.Settings{
-		Update: update, Fencing: cfg.Lock.Fencing, Batch: cfg.Orders.Batch, Lanes: lanes, UserLimit: cfg.Orders.UserLimit,
+		Update: update, Fencing: cfg.Lock.Fencing, Batch: cfg.Orders.Batch, Group: cfg.Orders.Group, Lanes: lanes, UserLimit: cfg.Orders.UserLimit,
 		PayWindow: cfg.Orders.PayWindow, Returning: returning, Concurrency: ordersPoolSize,
 	}, stock.Hooks{BeforeWrite: hooks.BeforeWrite, BeforeReturn: hooks.BeforeReturn})
 	registerOrderStats(reg, orders.Stats)

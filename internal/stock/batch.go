@@ -11,7 +11,6 @@ import (
 	"gorm.io/gorm"
 
 	"shop/internal/lock"
-	"shop/internal/mysqldb"
 )
 
 // A batch — the orders of one SKU a lock holder took from the queue, in
@@ -101,16 +100,19 @@ type facts struct {
 
 // place places batch, orders of sku in arrival order, under lease, and
 // answers each once the transaction has ended and the fleet has been told.
-// The transaction ends, at the latest, at the earliest deadline of the
-// batch's orders: no statement runs for a buyer who has been answered, and
-// the COMMIT is bounded by the pool's read timeout (mysqldb.OpenOrders).
-// ctx is for what is logged.
+// The batch is a part of a group (group.go): its transaction may place the
+// batches of other SKUs too, each under its own lease, with one COMMIT. The
+// batch's part ends, at the latest, at the earliest deadline of its orders:
+// no statement of it runs for a buyer who has been answered, and the COMMIT
+// is bounded by the pool's read timeout (mysqldb.OpenOrders). ctx is for
+// what is logged.
 func (s *Service) place(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) {
 	txCtx, cancel := earliest(lease.Context(), batch)
 	defer cancel()
 	gen := s.soldOut.generation()
-	sale, err := s.sell(txCtx, lease, sku, batch)
-	s.count(len(batch))
+	p := &part{lease: lease, sku: sku, batch: batch, ctx: txCtx, done: make(chan struct{})}
+	s.commit(p)
+	sale, err := p.sale, p.err
 	if err != nil {
 		s.repairFence(ctx, err)
 		s.learn(sku, gen, err)
@@ -171,29 +173,6 @@ func earliest(parent context.Context, batch []*ticket) (context.Context, context
 		return context.WithCancel(parent)
 	}
 	return context.WithDeadlineCause(parent, first, errBuyersDeadline)
-}
-
-// sell runs batch's transaction: fast first (but for the naive update),
-// then careful, as many times as maxCareful allows.
-func (s *Service) sell(ctx context.Context, lease *lock.Lease, sku int64, batch []*ticket) (sale, error) {
-	careful := s.set.Update == Naive
-	for attempt := 0; ; attempt++ {
-		var sl sale
-		err := s.orderTx(ctx, lease, func(tx *gorm.DB, after *func()) error {
-			var err error
-			sl, err = s.sellIn(ctx, tx, after, lease.Fence(), sku, batch, careful)
-			return err
-		})
-		retry := errors.Is(err, errCareful) || mysqldb.Duplicate(err)
-		switch {
-		case retry && attempt < maxCareful:
-			careful = true
-			continue
-		case retry:
-			return sale{}, fmt.Errorf("%w: sku %d: orders of the same buyers came in during each of %d attempts: %w", ErrBusy, sku, attempt+1, err)
-		}
-		return sl, err
-	}
 }
 
 // sellIn is one attempt at batch's transaction, on tx.

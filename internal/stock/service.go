@@ -41,6 +41,8 @@ type Service struct {
 	mu     sync.Mutex
 	queues map[int64]*queue // SKUs with orders queued or being placed
 
+	group grouper // the batches waiting to be placed in a group (group.go)
+
 	sweep sweeper // what the sweep keeps between sweeps (sweep.go)
 
 	eventsSeen atomic.Bool // events are on: seen so, and so for good (events.go)
@@ -125,6 +127,13 @@ type Settings struct {
 	// queue.go). With 1, every order is placed alone under a lock hold of
 	// its own: the source articles' path.
 	Batch int
+	// Group is the most SKUs' batches placed in one transaction, each
+	// under its own SKU's lock and fenced by its own token, with one COMMIT
+	// (group.go); zero means 1, a transaction per batch. The batches that
+	// are ready while the groups in flight commit form the next group, never
+	// waiting for more: with Concurrency slots, Concurrency/Group groups (at
+	// least one) are in flight at once.
+	Group int
 	// Lanes is how many turns of one SKU's queue may run at once on this
 	// Service; zero means 1. With a lock that excludes, a second turn would
 	// only wait for the first one's lock: keep 1. The lock-free baseline
@@ -263,12 +272,15 @@ type TryLocker interface {
 
 // Stats counts the transactions that placed orders.
 type Stats struct {
-	// Batches is how many order transactions ran.
+	// Batches is how many order transactions ran: a group's is one, with
+	// the careful attempts it took.
 	Batches uint64
 	// Orders is how many orders they placed or refused.
 	Orders uint64
 	// Queued is how many orders wait, now, to be taken into a batch.
 	Queued int
+	// Grouping is how many batches wait, now, for a group's transaction.
+	Grouping int
 }
 
 // Stats reports the order transactions run so far and the orders queued.
@@ -279,7 +291,10 @@ func (s *Service) Stats() Stats {
 		queued += len(q.waiting)
 	}
 	s.mu.Unlock()
-	return Stats{Batches: s.batches.Load(), Orders: s.batched.Load(), Queued: queued}
+	s.group.mu.Lock()
+	grouping := len(s.group.waiting)
+	s.group.mu.Unlock()
+	return Stats{Batches: s.batches.Load(), Orders: s.batched.Load(), Queued: queued, Grouping: grouping}
 }
 
 const (

@@ -6,7 +6,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"shop/internal/lock"
 	"shop/internal/mysqldb"
 )
 
@@ -27,21 +26,6 @@ func (s *Service) transaction(ctx context.Context, unknown error, about string, 
 	})
 	if err != nil && committing && mysqldb.ReplyLost(err) {
 		return fmt.Errorf("%w: %s: connection lost at COMMIT: %w", unknown, about, err)
-	}
-	return err
-}
-
-// orderTx runs fn as one order transaction on ctx under lease. fn calls
-// beforeWrite with after; what the hook returned runs once the transaction
-// has ended, whatever its outcome, and before the caller releases the lease.
-// A COMMIT whose outcome is unknown is ErrOutcomeUnknown (see transaction).
-func (s *Service) orderTx(ctx context.Context, lease *lock.Lease, fn func(tx *gorm.DB, after *func()) error) error {
-	var after func()
-	err := s.transaction(ctx, ErrOutcomeUnknown, lease.Key(), func(tx *gorm.DB) error {
-		return fn(tx, &after)
-	})
-	if after != nil {
-		after()
 	}
 	return err
 }
