@@ -142,7 +142,9 @@ func TestSellOutReadsNoStockBeforeTheLock(t *testing.T) {
 	for range 2 {
 		l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: 2 * time.Second, Wait: 20 * time.Second, Subscriber: rdb})
 		t.Cleanup(func() { l.Close() })
-		r := newMetered(t, db, l, options{Settings: stock.Settings{Fencing: true, Returning: true}, Announcer: f})
+		// WaitRead out of reach: the waiters here hear the sell-out, and a
+		// wait the loaded machine draws out must not read.
+		r := newMetered(t, db, l, options{Settings: stock.Settings{Fencing: true, Returning: true, WaitRead: time.Hour}, Announcer: f})
 		f.join(r.svc)
 		replicas = append(replicas, r)
 	}
@@ -182,6 +184,50 @@ func TestSellOutReadsNoStockBeforeTheLock(t *testing.T) {
 	}
 	if r := report(t, db); !r.OK() || r.Orders != products || r.Stock != 0 {
 		t.Errorf("want every unit sold once\n%s", r)
+	}
+}
+
+// A waiter that hears no sell-out — the replica that sold the last unit
+// announced nothing, and a holder lost since keeps the lock until its lease
+// runs out — reads the stock once it has waited Settings.WaitRead, and is
+// refused sold out then, not at its deadline; the lost holder's lock is
+// left as it was.
+func TestWaiterReadsTheStockOfAProductSoldBehindAHeldLock(t *testing.T) {
+	ctx := context.Background()
+	db := testenv.MySQL(t)
+	rdb, prefix := testenv.Redis(t)
+	if err := stock.NewCatalog(db.Gorm).Seed(ctx, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	// Without wake-on-release (as Redlock's), the lock asks after each
+	// retry whether to go on waiting; with it, after each release heard.
+	newLocks := func() *lock.Redis {
+		l := lock.NewRedis(rdb, lock.RedisOptions{Prefix: prefix, TTL: time.Minute, Wait: time.Minute})
+		t.Cleanup(func() { l.Close() })
+		return l
+	}
+	seller := newService(db.Open(t), newLocks(), options{Settings: stock.Settings{Fencing: true}})
+	if r := <-place(ctx, seller, 1, 10, ""); r.err != nil {
+		t.Fatalf("the first buyer: %v, want the unit", r.err)
+	}
+	held, err := newLocks().Obtain(ctx, stock.LockKey(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := newService(db.Open(t), newLocks(), options{Settings: stock.Settings{Fencing: true, WaitRead: 100 * time.Millisecond}})
+	deadline, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if r := <-place(deadline, waiter, 1, 11, ""); !errors.Is(r.err, stock.ErrSoldOut) {
+		t.Errorf("a buyer behind the held lock: %v, want ErrSoldOut before its deadline", r.err)
+	}
+	if err := held.Context().Err(); err != nil {
+		t.Errorf("the holder's lease: %v, want it still held", err)
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Errorf("release the holder's lease: %v", err)
+	}
+	if r := report(t, db); !r.OK() || r.Orders != 1 || r.Stock != 0 {
+		t.Errorf("want the one unit sold once\n%s", r)
 	}
 }
 

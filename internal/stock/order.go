@@ -264,14 +264,25 @@ func (s *Service) readFirst(ctx context.Context, sku int64, q *queue) bool {
 // most likely selling the SKU's last units — it stops waiting as soon as
 // the product is known sold out: the holder that sold the last unit
 // announced it before releasing the lock, so in a sell-out the losing
-// buyers never take it, and none reads the stock. With nothing heard it
-// waits on: the transaction finds the product sold out under the lock.
+// buyers never take it, and none reads the stock. With nothing heard for
+// Settings.WaitRead it reads the stock, and again after each WaitRead: a
+// holder lost before it released (its lease runs out by itself), or an
+// announcement missed, would otherwise keep the waiter until its buyers'
+// deadline for a product long gone.
 func (s *Service) obtain(ctx context.Context, sku int64) (*lock.Lease, error) {
-	return s.locks.ObtainWhile(ctx, LockKey(sku), func(context.Context) error {
+	next := s.now().Add(s.set.WaitRead)
+	return s.locks.ObtainWhile(ctx, LockKey(sku), func(ctx context.Context) error {
 		if s.soldOut.has(sku) {
 			return soldOutError(sku)
 		}
-		return nil
+		if s.set.WaitRead < 0 || s.now().Before(next) {
+			return nil
+		}
+		next = s.now().Add(s.set.WaitRead)
+		if _, err := s.stocked(ctx, sku); errors.Is(err, ErrSoldOut) || errors.Is(err, ErrNotFound) {
+			return err
+		}
+		return nil // a failed read is no reason to stop waiting
 	})
 }
 

@@ -153,6 +153,14 @@ type Settings struct {
 	// means DefaultSoldOutTTL, negative turns the memory off, and with it
 	// the memory of sale windows, which is kept for SoldOutHeardTTL at most.
 	SoldOutTTL time.Duration
+	// WaitRead is how long a drain waits for a lock another holds before it
+	// reads the stock, and then between its reads (at the times the lock
+	// asks whether to go on waiting): a holder that sold the last unit
+	// announces it, but a waiter that missed the announcement, or outlived
+	// its memory (SoldOutHeardTTL) while a lost holder's lease runs out,
+	// learns the sell-out from MySQL rather than wait until its buyers'
+	// deadline. Zero means DefaultWaitRead; negative, never.
+	WaitRead time.Duration
 	// Returning says that MySQL takes INSERT … RETURNING (MariaDB 10.5 and
 	// later; see mysqldb.Returning): the orders a batch inserts come back
 	// with the INSERT, not from a read after it.
@@ -179,6 +187,11 @@ const DefaultBatch = 64
 // (ForgetSoldOut); the lapse only bounds how long a change made behind the
 // service's back, by hand in MySQL, goes unseen.
 const DefaultSoldOutTTL = time.Minute
+
+// DefaultWaitRead is Settings.WaitRead's default: far longer than a holder
+// keeps a lock to sell a batch, so that a sell-out's waiters, who hear of
+// it, never read.
+const DefaultWaitRead = time.Second
 
 // Hooks are places where tests and the demo step into a Service's work. A
 // Service without them runs as it would without the seam.
@@ -228,6 +241,9 @@ func NewService(d Deps, s Settings, h Hooks) *Service {
 	}
 	if s.SoldOutTTL == 0 {
 		s.SoldOutTTL = DefaultSoldOutTTL
+	}
+	if s.WaitRead == 0 {
+		s.WaitRead = DefaultWaitRead
 	}
 	svc := &Service{db: d.DB, reads: d.Reads, public: d.Public, lookups: d.Lookups, locks: d.Locks, set: s, hooks: h,
 		log: d.Logger, now: d.Now, announcer: d.Announcer, checkouts: d.Checkouts, transitioned: d.Transitions, soldOut: newSoldOut(s.SoldOutTTL, d.Now), windows: newWindows(min(s.SoldOutTTL, SoldOutHeardTTL), d.Now), queues: make(map[int64]*queue)}
