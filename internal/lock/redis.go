@@ -154,9 +154,10 @@ func (opt RedisOptions) raising(key string, atLeast int64) error {
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
 type Redis struct {
-	client Client
-	opt    RedisOptions
-	waiter *waiter
+	client   Client
+	opt      RedisOptions
+	waiter   *waiter
+	renewals renewals
 }
 
 // Client is what a Redis lock needs of its go-redis client; *redis.Client
@@ -273,7 +274,7 @@ func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Le
 	}
 	ttl := r.opt.TTL.Milliseconds()
 	var l *Lease
-	l = leaseIn(ctx, r.opt, key, fence, start,
+	l = leaseIn(ctx, r.opt, &r.renewals, key, fence, start,
 		func(ctx context.Context) (bool, error) {
 			n, err := r.release(ctx, key, token)
 			l.contended.Store(n == releasedAnnounced)
@@ -312,8 +313,8 @@ func settle(tryCtx context.Context, key string, start time.Time, ttl time.Durati
 
 // leaseIn is a lease on key in one Redis, taken at start: release frees the
 // lock and reports whether it was still held; renew extends it and returns 1
-// if it was held.
-func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, start time.Time,
+// if it was held. rs, if not nil, starts its watchdog (see Lease.watch).
+func leaseIn(ctx context.Context, opt RedisOptions, rs *renewals, key string, fence int64, start time.Time,
 	release func(context.Context) (bool, error), renew func(context.Context) (int64, error)) *Lease {
 	l := newLease(ctx, key, fence, func(ctx context.Context) error {
 		released, err := release(ctx)
@@ -325,7 +326,7 @@ func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, sta
 		}
 		return nil
 	})
-	l.watch(opt.After, opt.TTL/3, start.Add(opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
+	l.watch(rs, opt.After, opt.TTL/3, start.Add(opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
 		ctx, cancel := context.WithDeadline(ctx, validUntil)
 		defer cancel()
