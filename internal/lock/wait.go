@@ -81,6 +81,20 @@ func (w *waiter) flags(wait bool) string {
 	return "0"
 }
 
+// The values of the obtain scripts' flag argument (see flags), boxed once.
+var (
+	flagOn  any = "1"
+	flagOff any = "0"
+)
+
+// flagArg is flags, boxed.
+func (w *waiter) flagArg(wait bool) any {
+	if wait && w.wake != nil {
+		return flagOn
+	}
+	return flagOff
+}
+
 // attemptFunc tries to take the lock once, under tryCtx, for a lease that
 // lives on ctx. A key held by someone else is ErrNotObtained.
 type attemptFunc func(ctx, tryCtx context.Context) (*Lease, error)
@@ -327,6 +341,8 @@ func (w *waiter) close() error {
 type wakeups struct {
 	subs    []Subscriber
 	channel string
+	// channelArg is channel, boxed once for the release scripts.
+	channelArg any
 	// id prefixes this process's messages, so that it can skip them when
 	// skipOwn is set: its waiters queue in line and are handed the key.
 	id      string
@@ -343,7 +359,7 @@ type wakeups struct {
 }
 
 func newWakeups(subs []Subscriber, channel string, skipOwn bool) *wakeups {
-	return &wakeups{subs: subs, channel: channel, id: rand.Text(), skipOwn: skipOwn,
+	return &wakeups{subs: subs, channel: channel, channelArg: channel, id: rand.Text(), skipOwn: skipOwn,
 		waiting: make(map[string][]chan struct{}), listening: make(chan struct{})}
 }
 
