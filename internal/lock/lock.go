@@ -66,9 +66,10 @@ type Lease struct {
 	// firstRenewal, on the real clock, starts the watchdog when its first
 	// renewal is due (see watch), for a lease without renewals.
 	firstRenewal *time.Timer
-	// renewals, on the real clock, starts the watchdog when its first
-	// renewal is due (see watch); due, interval and renew are what it needs
-	// for that (validUntil: until its first renewal), and index is the lease's place in its heap (-1 when out).
+	// renewals, the lock's, on the real clock, starts the watchdog when its
+	// first renewal is due (see watch): at due, with validUntil (the
+	// lease's end until then), interval and renew. index is the lease's
+	// place in renewals' heap, -1 once out of it.
 	renewals   *renewals
 	due        time.Time
 	validUntil time.Time

@@ -295,7 +295,9 @@ type redisAttempt struct {
 	nRelease    int
 	// renewArgs are renew.lua's ARGV.
 	renewArgs [2]any
-	names     [3]string
+	// names are the lock's key, its waiting flag's and its counter's,
+	// which keys and releaseKeys slice.
+	names [3]string
 }
 
 // newAttempt builds the attempt's keys, all three in one string, and the

@@ -74,12 +74,7 @@ func newWaiter(opt RedisOptions, queue bool, subscribers []Subscriber) *waiter {
 
 // flags tells an obtain script whether to flag a key it finds held: when the
 // caller will wait for it and releases are announced.
-func (w *waiter) flags(wait bool) string {
-	if wait && w.wake != nil {
-		return "1"
-	}
-	return "0"
-}
+func (w *waiter) flags(wait bool) string { return w.flagArg(wait).(string) }
 
 // The values of the obtain scripts' flag argument (see flags), boxed once.
 var (
