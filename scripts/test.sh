@@ -94,7 +94,7 @@ if [ "${1:-}" = bench-sweep ]; then
   exit
 fi
 if [ "${1:-}" = bench-lock ]; then
-  go test -run '^$' -bench '^BenchmarkCompare$' -benchtime 1x ./internal/lock/lockbench
+  go test -run '^$' -bench '^BenchmarkCompare$' -benchtime 1x -timeout 30m ./internal/lock/lockbench
   exit
 fi
 unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))

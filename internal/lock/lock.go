@@ -61,11 +61,21 @@ type Lease struct {
 	cancel  context.CancelCauseFunc
 	release func(context.Context) error
 	// watchdog is closed when the lease's watchdog has stopped; nil when the
-	// lease has none.
+	// lease has none (or, with renewals, until it is started).
 	watchdog chan struct{}
 	// firstRenewal, on the real clock, starts the watchdog when its first
-	// renewal is due (see watch).
+	// renewal is due (see watch), for a lease without renewals.
 	firstRenewal *time.Timer
+	// renewals, the lock's, on the real clock, starts the watchdog when its
+	// first renewal is due (see watch): at due, with validUntil (the
+	// lease's end until then), interval and renew. index is the lease's
+	// place in renewals' heap, -1 once out of it.
+	renewals   *renewals
+	due        time.Time
+	validUntil time.Time
+	interval   time.Duration
+	renew      renewFunc
+	index      int
 	// until is when the lease runs out unless renewed, in Unix nanoseconds;
 	// zero for a lease that does not expire.
 	until atomic.Int64
@@ -113,10 +123,14 @@ func (l *Lease) Context() context.Context { return l.ctx }
 func (l *Lease) Release(ctx context.Context) error {
 	l.once.Do(func() {
 		l.cancel(errReleased)
-		if l.firstRenewal != nil && l.firstRenewal.Stop() {
-			close(l.watchdog) // it never started
-		}
-		if l.watchdog != nil {
+		switch {
+		case l.renewals != nil:
+			if !l.renewals.remove(l) {
+				<-l.watchdog // started: remove has seen it set
+			}
+		case l.firstRenewal != nil && l.firstRenewal.Stop():
+			// It never started.
+		case l.watchdog != nil:
 			<-l.watchdog
 		}
 		l.err = l.release(ctx)
@@ -161,18 +175,149 @@ type renewFunc func(ctx context.Context, validUntil time.Time) (time.Time, error
 // or runs out while renew keeps failing, it cancels l's Context with a cause
 // wrapping ErrNotHeld. after is the timer it sleeps on; nil is the real
 // clock, and then nothing runs until the first renewal is due: a lease
-// released before that (most are) costs a timer that Release stops, not a
-// goroutine that Release has to wake and wait for.
-func (l *Lease) watch(after func(time.Duration) <-chan time.Time, interval time.Duration, validUntil time.Time, renew renewFunc) {
-	l.watchdog = make(chan struct{})
+// released before that (most are) costs neither a goroutine that Release
+// has to wake and wait for nor, with rs (the lock's renewals), a timer of
+// its own: starting and stopping a timer per lease wakes another thread of
+// the runtime on every Obtain. Without rs it has a timer that Release stops.
+func (l *Lease) watch(rs *renewals, after func(time.Duration) <-chan time.Time, interval time.Duration, validUntil time.Time, renew renewFunc) {
 	l.until.Store(validUntil.UnixNano())
-	if after != nil {
+	switch {
+	case after != nil:
+		l.watchdog = make(chan struct{})
 		go l.renewEvery(after, interval, validUntil, renew, false)
+	case rs != nil:
+		l.renewals, l.validUntil, l.interval, l.renew = rs, validUntil, interval, renew
+		l.due = time.Now().Add(min(interval, time.Until(validUntil)))
+		rs.add(l)
+	default:
+		l.watchdog = make(chan struct{})
+		l.firstRenewal = time.AfterFunc(min(interval, time.Until(validUntil)), func() {
+			l.renewEvery(time.After, interval, validUntil, renew, true)
+		})
+	}
+}
+
+// renewals starts the watchdogs of one lock's leases, on the real clock,
+// when their first renewals are due: a heap of the leases by due time and
+// one timer, set for the earliest, that runs only while the lock has leases
+// waiting for a first renewal. A lease taken while the timer is set for an
+// earlier one costs no timer at all, and one released before it is due only
+// leaves the heap; the timer, when it fires, starts the watchdogs that are
+// due, and is set again for the next, if any. The zero value is ready.
+type renewals struct {
+	mu     sync.Mutex
+	leases []*Lease // a heap by due
+	timer  *time.Timer
+	// at is when the timer fires; zero when it is not set.
+	at time.Time
+}
+
+// add puts l, whose due is set, in the heap, and sets the timer sooner if
+// l is due before it.
+func (rs *renewals) add(l *Lease) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	l.index = len(rs.leases)
+	rs.leases = append(rs.leases, l)
+	rs.up(l.index)
+	if rs.at.IsZero() || l.due.Before(rs.at) {
+		rs.set(l.due)
+	}
+}
+
+// remove takes l out of the heap and reports whether it was there: its
+// watchdog had not started. Otherwise it had, and l.watchdog is set.
+func (rs *renewals) remove(l *Lease) bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if l.index < 0 {
+		return false
+	}
+	rs.cut(l.index)
+	return true
+}
+
+// set sets the timer for at; rs.mu is held.
+func (rs *renewals) set(at time.Time) {
+	rs.at = at
+	if rs.timer == nil {
+		rs.timer = time.AfterFunc(time.Until(at), rs.fire)
 		return
 	}
-	l.firstRenewal = time.AfterFunc(min(interval, time.Until(validUntil)), func() {
-		l.renewEvery(time.After, interval, validUntil, renew, true)
-	})
+	rs.timer.Reset(time.Until(at))
+}
+
+// fire starts the watchdog of every lease that is due, each on a goroutine
+// of its own, and sets the timer for the next. A fire that comes early (a
+// timer that was set again while it ran) starts nothing.
+func (rs *renewals) fire() {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.at = time.Time{}
+	now := time.Now()
+	for len(rs.leases) > 0 && !rs.leases[0].due.After(now) {
+		l := rs.leases[0]
+		rs.cut(0)
+		l.watchdog = make(chan struct{})
+		go l.renewEvery(time.After, l.interval, l.validUntil, l.renew, true)
+	}
+	if len(rs.leases) > 0 {
+		rs.set(rs.leases[0].due)
+	}
+}
+
+// cut takes the lease at i out of the heap.
+func (rs *renewals) cut(i int) {
+	h := rs.leases
+	last := len(h) - 1
+	h[i].index = -1
+	if i != last {
+		h[i] = h[last]
+		h[i].index = i
+	}
+	h[last] = nil
+	rs.leases = h[:last]
+	if i != last {
+		rs.down(i)
+		rs.up(i)
+	}
+}
+
+// up and down restore the heap's order around i.
+func (rs *renewals) up(i int) {
+	h := rs.leases
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h[i].due.Before(h[p].due) {
+			return
+		}
+		rs.swap(i, p)
+		i = p
+	}
+}
+
+func (rs *renewals) down(i int) {
+	h := rs.leases
+	for {
+		c := 2*i + 1
+		if c >= len(h) {
+			return
+		}
+		if c+1 < len(h) && h[c+1].due.Before(h[c].due) {
+			c++
+		}
+		if !h[c].due.Before(h[i].due) {
+			return
+		}
+		rs.swap(i, c)
+		i = c
+	}
+}
+
+func (rs *renewals) swap(i, j int) {
+	h := rs.leases
+	h[i], h[j] = h[j], h[i]
+	h[i].index, h[j].index = i, j
 }
 
 // renewEvery is the watchdog's loop (see watch), which closes l.watchdog

@@ -283,7 +283,7 @@ func (m *MySQL) attempt(ctx, tryCtx context.Context, key string) (*Lease, error)
 	}
 	ttl := m.opt.TTL.Microseconds()
 	// leaseIn wants the two fields of RedisOptions that a lease uses.
-	return leaseIn(ctx, RedisOptions{TTL: m.opt.TTL, After: m.opt.After}, key, fence, start,
+	return leaseIn(ctx, RedisOptions{TTL: m.opt.TTL, After: m.opt.After}, nil, key, fence, start,
 		func(ctx context.Context) (bool, error) { return m.release(ctx, key, token) },
 		func(ctx context.Context) (int64, error) {
 			id, err := m.exec(ctx, m.renewSQL, ttl, key, token)

@@ -154,9 +154,12 @@ func (opt RedisOptions) raising(key string, atLeast int64) error {
 // Keys are hash-tagged ("{sku:42}") so a key and its counter share a slot on
 // Redis Cluster.
 type Redis struct {
-	client Client
-	opt    RedisOptions
-	waiter *waiter
+	client   Client
+	opt      RedisOptions
+	waiter   *waiter
+	renewals renewals
+	// ttlArg is the lease length in ms, boxed once for the scripts.
+	ttlArg any
 }
 
 // Client is what a Redis lock needs of its go-redis client; *redis.Client
@@ -184,7 +187,7 @@ type Client interface {
 // by itself (see Client). Close it when done if opt.Subscriber is set.
 func NewRedis(client Client, opt RedisOptions) *Redis {
 	opt = opt.withDefaults()
-	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, opt.subscribers())}
+	return &Redis{client: client, opt: opt, waiter: newWaiter(opt, true, opt.subscribers()), ttlArg: opt.TTL.Milliseconds()}
 }
 
 // subscribers returns opt.Subscriber, if set, as the one subscriber of a
@@ -265,24 +268,79 @@ func (r *Redis) TryObtain(ctx context.Context, key string) (*Lease, error) {
 // A key held by someone else is ErrNotObtained; wait says the caller will
 // wait for it.
 func (r *Redis) attempt(ctx, tryCtx context.Context, key string, wait bool) (*Lease, error) {
-	token := rand.Text()
+	a := r.newAttempt(key, rand.Text(), wait)
 	start := time.Now()
-	fence, err := r.take(tryCtx, key, token, wait)
-	if err := settle(tryCtx, key, start, r.opt.TTL, fence, err, func() { r.cleanup(ctx, key, token) }); err != nil {
+	fence, err := r.take(tryCtx, a)
+	if err := settle(tryCtx, key, start, r.opt.TTL, fence, err, func() { r.cleanup(ctx, a) }); err != nil {
 		return nil, err
 	}
-	ttl := r.opt.TTL.Milliseconds()
-	var l *Lease
-	l = leaseIn(ctx, r.opt, key, fence, start,
-		func(ctx context.Context) (bool, error) {
-			n, err := r.release(ctx, key, token)
-			l.contended.Store(n == releasedAnnounced)
-			return n >= released, err
-		},
-		func(ctx context.Context) (int64, error) {
-			return renewScript.Run(ctx, r.client, []string{r.Key(key)}, token, ttl).Int64()
-		})
-	return l, nil
+	a.lease = leaseIn(ctx, r.opt, &r.renewals, key, fence, start, a.release, a.renew)
+	return a.lease, nil
+}
+
+// redisAttempt is one attempt on a key and, if it takes the lock, its
+// lease: the scripts' keys and arguments, built once for the obtain, the
+// renewals and the release (each string boxed in an interface is an
+// allocation).
+type redisAttempt struct {
+	r     *Redis
+	lease *Lease
+	// keys are obtain.lua's KEYS: the lock, its waiting flag and, with
+	// fencing, its counter; release.lua's are the first one or two.
+	keys       []string
+	obtainArgs [3]any
+	// releaseArgs are release.lua's ARGV: the token and, with
+	// wake-on-release, the channel and the message.
+	releaseArgs [3]any
+	nRelease    int
+	// renewArgs are renew.lua's ARGV.
+	renewArgs [2]any
+	// names are the lock's key, its waiting flag's and its counter's,
+	// which keys and releaseKeys slice.
+	names [3]string
+}
+
+// newAttempt builds the attempt's keys, all three in one string, and the
+// scripts' arguments.
+func (r *Redis) newAttempt(key, token string, wait bool) *redisAttempt {
+	a := &redisAttempt{r: r}
+	n := len(r.opt.Prefix) + len(key) + 2
+	all := r.opt.Prefix + "{" + key + "}" + waitingSuffix + r.opt.Prefix + "{" + key + "}" + fenceSuffix
+	a.names = [3]string{all[:n], all[:n+len(waitingSuffix)], all[n+len(waitingSuffix):]}
+	a.keys = a.names[:]
+	if r.opt.NoFencing {
+		a.keys = a.names[:2]
+	}
+	t := any(token)
+	a.obtainArgs = [3]any{t, r.ttlArg, r.waiter.flagArg(wait)}
+	a.renewArgs = [2]any{t, r.ttlArg}
+	a.releaseArgs[0], a.nRelease = t, 1
+	if w := r.waiter.wake; w != nil {
+		a.releaseArgs[1], a.releaseArgs[2], a.nRelease = w.channelArg, w.id+key, 3
+	}
+	return a
+}
+
+// releaseKeys are release.lua's KEYS: the lock and, with wake-on-release,
+// its waiting flag.
+func (a *redisAttempt) releaseKeys() []string {
+	if a.r.waiter.wake == nil {
+		return a.names[:1]
+	}
+	return a.names[:2]
+}
+
+// release is the lease's: it frees the lock and reports whether it was
+// still held.
+func (a *redisAttempt) release(ctx context.Context) (bool, error) {
+	n, err := a.r.release(ctx, a)
+	a.lease.contended.Store(n == releasedAnnounced)
+	return n >= released, err
+}
+
+// renew is the lease's: it extends the lock and returns 1 if it was held.
+func (a *redisAttempt) renew(ctx context.Context) (int64, error) {
+	return renewScript.Run(ctx, a.r.client, a.names[:1], a.renewArgs[:]...).Int64()
 }
 
 // settle decides an attempt in one Redis that started at start, from the
@@ -312,8 +370,8 @@ func settle(tryCtx context.Context, key string, start time.Time, ttl time.Durati
 
 // leaseIn is a lease on key in one Redis, taken at start: release frees the
 // lock and reports whether it was still held; renew extends it and returns 1
-// if it was held.
-func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, start time.Time,
+// if it was held. rs, if not nil, starts its watchdog (see Lease.watch).
+func leaseIn(ctx context.Context, opt RedisOptions, rs *renewals, key string, fence int64, start time.Time,
 	release func(context.Context) (bool, error), renew func(context.Context) (int64, error)) *Lease {
 	l := newLease(ctx, key, fence, func(ctx context.Context) error {
 		released, err := release(ctx)
@@ -325,7 +383,7 @@ func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, sta
 		}
 		return nil
 	})
-	l.watch(opt.After, opt.TTL/3, start.Add(opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
+	l.watch(rs, opt.After, opt.TTL/3, start.Add(opt.TTL), func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
 		ctx, cancel := context.WithDeadline(ctx, validUntil)
 		defer cancel()
@@ -342,20 +400,20 @@ func leaseIn(ctx context.Context, opt RedisOptions, key string, fence int64, sta
 	return l
 }
 
-// take sets key's lock to token if it is free and returns the fencing token
-// (0 without fencing), or -1 if the lock is held; then, if wait is set and
-// waiters are woken on release, it flags the lock as waited for.
-func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, error) {
-	flag := r.waiter.flags(wait)
-	if r.opt.NoFencing && flag == "0" {
+// take sets a's key's lock to its token if it is free and returns the
+// fencing token (0 without fencing), or -1 if the lock is held; then, if the
+// attempt waits and waiters are woken on release, it flags the lock as
+// waited for.
+func (r *Redis) take(ctx context.Context, a *redisAttempt) (int64, error) {
+	if r.opt.NoFencing && a.obtainArgs[2] == flagOff {
 		// No counter and no flag: a plain SET NX does it.
-		ok, err := r.client.SetNX(ctx, r.Key(key), token, r.opt.TTL).Result()
+		ok, err := r.client.SetNX(ctx, a.names[0], a.obtainArgs[0], r.opt.TTL).Result()
 		if err != nil || !ok {
 			return -1, err
 		}
 		return 0, nil
 	}
-	return obtainScript.Run(ctx, r.client, r.opt.obtainKeys(key), token, r.opt.TTL.Milliseconds(), flag).Int64()
+	return obtainScript.Run(ctx, r.client, a.keys, a.obtainArgs[:]...).Int64()
 }
 
 // cleanupTimeout bounds the clean-up of an attempt that failed: long enough
@@ -363,12 +421,12 @@ func (r *Redis) take(ctx context.Context, key, token string, wait bool) (int64, 
 // for long when Redis does not answer (the key then expires on its own).
 const cleanupTimeout = time.Second
 
-// cleanup gives back key's lock after an attempt that may hold it, if token
-// holds it, on a context of its own: the attempt's may have ended.
-func (r *Redis) cleanup(ctx context.Context, key, token string) {
+// cleanup gives back the lock after an attempt a that may hold it, if a's
+// token holds it, on a context of its own: the attempt's may have ended.
+func (r *Redis) cleanup(ctx context.Context, a *redisAttempt) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, _ = r.release(ctx, key, token)
+	_, _ = r.release(ctx, a)
 }
 
 // What release.lua answers when the caller held the lock.
@@ -377,14 +435,16 @@ const (
 	releasedAnnounced = 2 // and a waiter was told
 )
 
-// release deletes key's lock if token holds it and announces it when
-// waiters are woken on release. It returns release.lua's answer; a "not
-// held" that follows a try whose reply was lost is that try's release.
-func (r *Redis) release(ctx context.Context, key, token string) (int64, error) {
-	keys, args := r.waiter.release(r.Key(key), key, token)
-	return releaseLost(ctx, func(ctx context.Context) (int64, error) {
-		return releaseScript.Run(ctx, r.client, keys, args...).Int64()
-	})
+// release deletes a's key's lock if a's token holds it and announces it
+// when waiters are woken on release. It returns release.lua's answer; a
+// "not held" that follows a try whose reply was lost is that try's release.
+func (r *Redis) release(ctx context.Context, a *redisAttempt) (int64, error) {
+	return releaseLost(ctx, a.runRelease)
+}
+
+// runRelease runs release.lua once.
+func (a *redisAttempt) runRelease(ctx context.Context) (int64, error) {
+	return releaseScript.Run(ctx, a.r.client, a.releaseKeys(), a.releaseArgs[:a.nRelease]...).Int64()
 }
 
 // releaseLost runs a release script (release.lua) with retryLost and
@@ -454,12 +514,15 @@ func sleep(ctx context.Context, d time.Duration) bool {
 // connection was made (refused, the pool exhausted or closed), nor when ctx
 // has ended, which ends the tries.
 func replyLost(ctx context.Context, err error) bool {
+	if err == nil {
+		return false // before the variables that errors.As moves to the heap
+	}
 	var (
 		answer redis.Error
 		op     *net.OpError
 	)
 	switch {
-	case err == nil, ended(ctx), errors.As(err, &answer),
+	case ended(ctx), errors.As(err, &answer),
 		errors.Is(err, redis.ErrClosed), errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrPoolExhausted),
 		errors.As(err, &op) && op.Op == "dial":
 		return false

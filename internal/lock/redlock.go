@@ -327,7 +327,7 @@ func (r *Redlock) attempt(ctx, tryCtx context.Context, key string, wait bool) (*
 		}
 		return err
 	})
-	l.watch(r.opt.After, r.opt.TTL/3, validUntil, func(ctx context.Context, validUntil time.Time) (time.Time, error) {
+	l.watch(nil, r.opt.After, r.opt.TTL/3, validUntil, func(ctx context.Context, validUntil time.Time) (time.Time, error) {
 		start := time.Now()
 		replies := r.each(ctx, 1, func(ctx context.Context, node redis.Scripter) (int64, error) {
 			return renewScript.Run(ctx, node, []string{r.Key(key)}, token, ttl).Int64()

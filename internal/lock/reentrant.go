@@ -59,9 +59,10 @@ var (
 // retried or not, or by the clean-up of an attempt whose reply was lost,
 // which cannot know whether it started a hold or joined one.
 type Reentrant struct {
-	client redis.Scripter
-	opt    RedisOptions
-	waiter *waiter
+	client   redis.Scripter
+	opt      RedisOptions
+	waiter   *waiter
+	renewals renewals
 }
 
 // NewReentrant returns a reentrant lock on client. Close it when done if
@@ -103,7 +104,7 @@ func (r *Reentrant) attempt(ctx, tryCtx context.Context, key, owner string) (*Le
 		return nil, err
 	}
 	ttl := r.opt.TTL.Milliseconds()
-	return leaseIn(ctx, r.opt, key, fence, start,
+	return leaseIn(ctx, r.opt, &r.renewals, key, fence, start,
 		func(ctx context.Context) (bool, error) {
 			n, err := r.release(ctx, key, owner, hold, acq)
 			return n >= 0, err

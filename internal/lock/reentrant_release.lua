@@ -19,8 +19,9 @@ local depth = redis.call('HINCRBY', KEYS[1], 'depth', -1)
 if depth > 0 then
   return depth
 end
-redis.call('DEL', KEYS[1])
-if KEYS[2] and redis.call('DEL', KEYS[2]) == 1 then
+-- The lock and its flag go in one DEL: the lock is there, so a count of 2
+-- says the flag was there too.
+if redis.call('DEL', unpack(KEYS)) == 2 then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 return 0

@@ -290,3 +290,28 @@ func TestReentrantOldHoldCannotTouchNewHold(t *testing.T) {
 		}
 	})
 }
+
+// TestReentrantReleaseCommands: the release that frees a reentrant lock
+// deletes the hash and its waiting flag in one DEL, as release.lua does.
+func TestReentrantReleaseCommands(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	addr := testenv.StartRedis(t).Addr
+	admin := testenv.RedisAt(t, addr)
+	l := lock.NewReentrant(lockClient(t, addr, true), lock.RedisOptions{Subscriber: admin})
+	t.Cleanup(func() { l.Close() })
+	a := lock.WithOwner(ctx, lock.NewOwner())
+	// The first run loads the scripts (EVAL after EVALSHA's NOSCRIPT).
+	if err := obtainAs(t, l, a, "k").Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := obtainAs(t, l, a, "k").Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := commandStats(t, admin); got["del"] != 1 {
+		t.Errorf("one Obtain and Release ran %v in Redis, want one DEL", got)
+	}
+}

@@ -74,11 +74,20 @@ func newWaiter(opt RedisOptions, queue bool, subscribers []Subscriber) *waiter {
 
 // flags tells an obtain script whether to flag a key it finds held: when the
 // caller will wait for it and releases are announced.
-func (w *waiter) flags(wait bool) string {
+func (w *waiter) flags(wait bool) string { return w.flagArg(wait).(string) }
+
+// The values of the obtain scripts' flag argument (see flags), boxed once.
+var (
+	flagOn  any = "1"
+	flagOff any = "0"
+)
+
+// flagArg is flags, boxed.
+func (w *waiter) flagArg(wait bool) any {
 	if wait && w.wake != nil {
-		return "1"
+		return flagOn
 	}
-	return "0"
+	return flagOff
 }
 
 // attemptFunc tries to take the lock once, under tryCtx, for a lease that
@@ -327,6 +336,8 @@ func (w *waiter) close() error {
 type wakeups struct {
 	subs    []Subscriber
 	channel string
+	// channelArg is channel, boxed once for the release scripts.
+	channelArg any
 	// id prefixes this process's messages, so that it can skip them when
 	// skipOwn is set: its waiters queue in line and are handed the key.
 	id      string
@@ -343,7 +354,7 @@ type wakeups struct {
 }
 
 func newWakeups(subs []Subscriber, channel string, skipOwn bool) *wakeups {
-	return &wakeups{subs: subs, channel: channel, id: rand.Text(), skipOwn: skipOwn,
+	return &wakeups{subs: subs, channel: channel, channelArg: channel, id: rand.Text(), skipOwn: skipOwn,
 		waiting: make(map[string][]chan struct{}), listening: make(chan struct{})}
 }
 

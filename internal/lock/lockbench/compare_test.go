@@ -44,8 +44,8 @@ import (
 //
 // Ours does more per acquisition than either peer: its obtain script draws a
 // fencing token (TIME and a SET … GET of the key's counter) after its SET NX,
-// and each lease has a watchdog, a timer until its first renewal is due
-// (neither peer renews by itself). The leases here are far shorter than
+// and each lease has a watchdog, started by its lock's one timer when its
+// first renewal is due (neither peer renews by itself). The leases here are far shorter than
 // TTL/3, so no renewal is ever sent.
 const (
 	ttl        = 5 * time.Second
