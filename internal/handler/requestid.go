@@ -16,9 +16,12 @@ import (
 // answers some requests without running any middleware (the redirect of a
 // path with a trailing slash), and those must carry an id too.
 func withRequestID(h http.Handler) http.Handler {
+	// The header's name in the form http.Header keeps it: a name in another
+	// form is put in that one, in a new string, on each lookup.
+	name := http.CanonicalHeaderKey(requestid.Header)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := requestid.Choose(r.Header.Values(requestid.Header))
-		w.Header().Set(requestid.Header, id)
+		id := requestid.Choose(r.Header[name])
+		w.Header()[name] = []string{id}
 		h.ServeHTTP(w, r.WithContext(requestid.NewContext(r.Context(), id)))
 	})
 }
