@@ -105,6 +105,12 @@ func edgeGoals(o edgeOptions, ceil []ceilingRun, edge []edgeRun) []goal {
 	gs = append(gs, atLeast("hot SKU ÷ `/healthz`, same client, same concurrency", x, goalHotRatio,
 		ratioFigure(x, "%.0f/s", rowMedian(ceil, ceilingHot, rate), rowMedian(ceil, ceilingHotTap, rate)), "≥ 0.5×"))
 
+	// The same buyers placing orders alone, without the sale's payments and
+	// cancels: the order path's own share.
+	x = roundRatio(ceil, ceilingOrders, ceilingHotTap, rate)
+	gs = append(gs, atLeast("hot SKU orders, no payments ÷ `/healthz`, same client, same concurrency", x, goalHotRatio,
+		ratioFigure(x, "%.0f/s", rowMedian(ceil, ceilingOrders, rate), rowMedian(ceil, ceilingHotTap, rate)), "≥ 0.5×"))
+
 	x = roundRatio(ceil, ceilingSellout, ceilingSelloutTap, rate)
 	gs = append(gs, atLeast(fmt.Sprintf("sellout (%d × %d, %d at once) ÷ `/healthz` at %d at once, same client", o.selloutSKUs,
 		o.selloutBuyers, o.selloutC, o.selloutC), x, goalSelloutRatio,
